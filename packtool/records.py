@@ -1,0 +1,165 @@
+"""The typed records that cross stage boundaries.
+
+    sources -> Example -> render -> Rendered -> encode -> Tokenized -> truncate -> Tokenized -> pack/emit
+
+Each record is frozen and checks its own invariants, so a bug in one stage surfaces where it
+happens instead of as a wrong label three stages later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ROLES = ("system", "user", "assistant", "tool")
+# Per-token role codes stored in shards; TEMPLATE marks text the chat template wrote itself
+# (headers, separators), which belongs to no message.
+ROLE_CODES = {"template": 0, "system": 1, "user": 2, "assistant": 3, "tool": 4, "text": 5, "padding": 6}
+ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message in OpenAI shape. `train` is the per-message override read from the data."""
+
+    role: str
+    content: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    train: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; expected one of {', '.join(ROLES)}")
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The dict a Hugging Face chat template expects (keys absent when unset, as HF callers pass them)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One input record in canonical form.
+
+    A chat example has `messages`; a plain-text example has `text` and no messages (every token
+    is a target). `sample_hash` is the sha256 of the raw record, so provenance survives any
+    re-rendering.
+    """
+
+    id: str
+    source: str
+    sample_hash: str
+    messages: tuple[Message, ...] = ()
+    tools: tuple[dict[str, Any], ...] | None = None
+    text: str | None = None
+    location: str = ""  # "file:row", for error messages
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (not self.messages):
+            raise ValueError(f"example {self.id!r} must have either text or messages, not both or neither")
+
+    @property
+    def is_text(self) -> bool:
+        return self.text is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A character range [start, end) of the rendered text that belongs to one message."""
+
+    start: int
+    end: int
+    message: int  # index into Example.messages; -1 for plain text
+    role: str
+    target: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """Rendered text plus character spans. Characters outside every span were written by the template."""
+
+    example: Example
+    text: str
+    spans: tuple[Span, ...]
+    # Character ranges whose text came from the data (message contents): the special-token
+    # literal policy applies inside them and never to template structure.
+    content_ranges: tuple[tuple[int, int], ...] = ()
+    target_ranges: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """Token ids with per-token facts.
+
+    `targets[t]` is True when token t is something the model must learn to produce. The label
+    array is derived later (labels.labels_for) because it also depends on where the segment
+    starts inside a pack: the first token of a segment is never a target.
+    `message_index[t]` is the message the token belongs to (-1: template text).
+    """
+
+    example_id: str
+    source: str
+    sample_hash: str
+    input_ids: np.ndarray  # int32 [L]
+    targets: np.ndarray  # bool [L]
+    roles: np.ndarray  # int8 [L], ROLE_CODES
+    message_index: np.ndarray  # int16 [L]
+    message_roles: tuple[str, ...] = ()
+    # Messages that must never be cut in half by truncation (tool calls, tool results).
+    structured_messages: frozenset[int] = field(default_factory=frozenset)
+    repeat: int = 0  # >0 for a copy made by source up-sampling
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        for name in ("targets", "roles", "message_index"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{self.example_id}: {name} has {len(getattr(self, name))} entries, input_ids {n}")
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_targets(self) -> int:
+        """Targets that survive as labels once this sample starts a segment (its first token never counts)."""
+        return int(self.targets[1:].sum())
+
+    def sliced(self, keep: np.ndarray | slice) -> Tokenized:
+        """A copy holding only the kept tokens (a boolean mask or a slice)."""
+        return Tokenized(
+            example_id=self.example_id,
+            source=self.source,
+            sample_hash=self.sample_hash,
+            input_ids=self.input_ids[keep],
+            targets=self.targets[keep],
+            roles=self.roles[keep],
+            message_index=self.message_index[keep],
+            message_roles=self.message_roles,
+            structured_messages=self.structured_messages,
+            repeat=self.repeat,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """A sample that will not be trained, with the reason it is counted under in stats."""
+
+    example_id: str
+    source: str
+    reason: str  # short key: "no_targets", "too_long", "template_error", ...
+    detail: str
+    location: str = ""
+    tokens: int = 0
+    targets: int = 0

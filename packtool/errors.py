@@ -10,13 +10,26 @@ class PacktoolError(Exception):
 class RecordError(PacktoolError):
     """One input record cannot be used. Carries where it came from so the message names file, row and field."""
 
-    def __init__(self, reason: str, *, file: str = "", row: int | None = None, field: str = "", sample_id: str = ""):
+    def __init__(
+        self,
+        reason: str,
+        *,
+        kind: str = "bad_record",
+        file: str = "",
+        row: int | None = None,
+        field: str = "",
+        sample_id: str = "",
+    ):
         self.reason = reason
+        self.kind = kind  # the short key rejects and stats count under
         self.file = file
         self.row = row
         self.field = field
         self.sample_id = sample_id
-        super().__init__(self.describe())
+        super().__init__(reason)
+
+    def __str__(self) -> str:
+        return self.describe()
 
     def describe(self) -> str:
         where = []

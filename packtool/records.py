@@ -97,7 +97,8 @@ class Rendered:
     # Character ranges whose text came from the data (message contents): the special-token
     # literal policy applies inside them and never to template structure.
     content_ranges: tuple[tuple[int, int], ...] = ()
-    target_ranges: tuple[tuple[int, int], ...] = ()
+    # (start, end, message index or -1): characters the model must learn to produce.
+    target_ranges: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,118 @@
+"""Thin command-line interface: parse, call one library function, print.
+
+`PacktoolError` becomes one line and exit code 1; anything else keeps its traceback (a bug).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+import packtool
+from packtool.errors import PacktoolError
+
+
+def _fail(error: PacktoolError) -> click.ClickException:
+    return click.ClickException(str(error))
+
+
+@click.group()
+@click.version_option(packtool.__version__, prog_name="packtool")
+def main() -> None:
+    """Turn chat, instruction, tool-calling and plain-text data into packed training shards.
+
+    \b
+    Example:
+        packtool build configs/quickstart.yaml --output out/quickstart
+        packtool inspect out/quickstart/shard-00000.parquet --row 0 --limit 40
+        packtool stats out/quickstart
+    """
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--output", "-o", help="Output folder (overrides `output` in the config).")
+@click.option("--capacity", type=int, help="Tokens per pack (overrides `capacity` in the config).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+def build(config: Path, output: str | None, capacity: int | None, quiet: bool) -> None:
+    """Render, tokenize, truncate, pack and write shards as CONFIG describes.
+
+    CONFIG may also be the name of a bundled config (e.g. `quickstart`).
+
+    \b
+    Example:
+        packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048
+    """
+    from packtool.config import load_config, resolve_config_path
+    from packtool.pipeline import build as run_build
+    from packtool.stats import format_stats
+
+    try:
+        settings = load_config(resolve_config_path(config), output=output, capacity=capacity)
+        show_bar = not quiet and sys.stderr.isatty()
+        with tqdm(desc="samples", unit=" samples", disable=not show_bar) as bar:
+            manifest = run_build(settings, progress=bar.update)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    if not quiet:
+        click.echo(format_stats(manifest["stats"]))
+        click.echo(f"\nwrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        rejected = manifest["rejects"]["count"]
+        if rejected:
+            click.echo(
+                f"{rejected} sample(s) not trained, each with its reason, in "
+                f"{Path(settings.output) / manifest['rejects']['file']}"
+            )
+
+
+@main.command(name="inspect")
+@click.argument("shard", type=click.Path(exists=True, path_type=Path))
+@click.option("--row", "-r", default=0, show_default=True, help="Pack (row) index in the shard.")
+@click.option("--limit", "-n", type=int, help="Show at most this many tokens per document.")
+@click.option(
+    "--tokenizer", type=click.Path(exists=True), help="tokenizer.json to decode with (default: from manifest)."
+)
+@click.option("--color/--no-color", default=None, help="Highlight targets (default: when writing to a terminal).")
+def inspect_command(shard: Path, row: int, limit: int | None, tokenizer: str | None, color: bool | None) -> None:
+    """Print one pack token by token: id, piece, role, segment, position, attention range, label.
+
+    SHARD is a .parquet shard or an output folder (its first shard).
+
+    \b
+    Example:
+        packtool inspect out/quickstart/shard-00000.parquet --row 3 --limit 30
+    """
+    from packtool.show import inspect_pack
+
+    use_color = sys.stdout.isatty() if color is None else color
+    try:
+        click.echo(inspect_pack(shard, row=row, limit=limit, tokenizer=tokenizer, color=use_color))
+    except PacktoolError as error:
+        raise _fail(error) from None
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+def stats(path: Path, as_json: bool) -> None:
+    """Token efficiency, targets, per-source shares, and what was dropped or truncated, and why.
+
+    PATH is an output folder or one shard.
+
+    \b
+    Example:
+        packtool stats out/quickstart --json
+    """
+    from packtool.shards import locate
+    from packtool.stats import format_stats, summarize
+
+    try:
+        _, manifest, files = locate(path)
+        summary = summarize(files, manifest)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else format_stats(summary))

@@ -1,0 +1,230 @@
+"""Tokenize rendered text and map character spans to per-token targets, roles and messages.
+
+A token is a target when its first character lies inside a target range. Every sample is then
+checked: no token may straddle the start of a target range (the first target character would
+hide in a context token), and a token that runs past the end may only absorb whitespace (some
+SentencePiece added tokens swallow the newline after `<|end|>`). A mismatch is an error for that
+sample, never a silently shifted mask.
+
+Special-token literals inside message content (a user typing `<|im_end|>`) follow the source
+policy: `escape` tokenizes content with special-token matching off, so such text stays plain
+text; `keep` tokenizes it as a serving stack would; `reject` drops the sample. Template
+structure is always tokenized with special tokens on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from itertools import pairwise
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from packtool.config import TokenizerConfig
+from packtool.errors import PacktoolError, RecordError
+from packtool.records import ROLE_CODES, Rendered, Tokenized
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` plus what packtool needs around it."""
+
+    tokenizer: Tokenizer
+    literal_tokenizer: Tokenizer  # same vocabulary, special-token matching off (for escaped content)
+    path: str
+    sha256: str
+    config: dict[str, Any]
+    special_literals: re.Pattern[str] | None
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, text: str | None) -> int | None:
+        return None if text is None else self.tokenizer.token_to_id(text)
+
+    def decode_piece(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
+    path = Path(config.path)
+    try:
+        raw = path.read_bytes()
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+        raise PacktoolError(f"{path}: cannot load tokenizer: {exc}") from None
+    # Some tokenizer.json files carry fixed padding/truncation (BERT-style); packing needs neither.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    literal = Tokenizer.from_str(tokenizer.to_str())
+    literal.encode_special_tokens = True
+    tokenizer_config: dict[str, Any] = {}
+    if config.config_path:
+        tokenizer_config = json.loads(Path(config.config_path).read_text(encoding="utf-8"))
+    specials = sorted(
+        (t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content),
+        key=len,
+        reverse=True,
+    )
+    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+
+    def config_token(key: str) -> str | None:
+        value = tokenizer_config.get(key)
+        return value.get("content") if isinstance(value, dict) else value
+
+    return TextTokenizer(
+        tokenizer=tokenizer,
+        literal_tokenizer=literal,
+        path=str(path),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        config=tokenizer_config,
+        special_literals=pattern,
+        bos_id=_id_or_none(tokenizer, config_token("bos_token")),
+        eos_id=_id_or_none(tokenizer, config_token("eos_token")),
+        pad_id=_id_or_none(tokenizer, config_token("pad_token")),
+    )
+
+
+def _id_or_none(tokenizer: Tokenizer, text: str | None) -> int | None:
+    return tokenizer.token_to_id(text) if isinstance(text, str) else None
+
+
+def has_special_literal(rendered: Rendered, tokenizer: TextTokenizer) -> bool:
+    if tokenizer.special_literals is None:
+        return False
+    return any(tokenizer.special_literals.search(rendered.text, s, e) for s, e in rendered.content_ranges)
+
+
+def encode_batch(
+    batch: list[tuple[Rendered, str]], tokenizer: TextTokenizer, *, add_bos: bool = False
+) -> list[Tokenized | RecordError]:
+    """Encode rendered samples; each comes with its source's special-token policy."""
+    results: list[Tokenized | RecordError | None] = [None] * len(batch)
+    whole: list[int] = []
+    for i, (rendered, policy) in enumerate(batch):
+        if policy != "keep" and has_special_literal(rendered, tokenizer):
+            if policy == "reject":
+                results[i] = RecordError(
+                    "message content spells a special token (special_tokens: reject)",
+                    kind="special_token_literal",
+                    sample_id=rendered.example.id,
+                )
+                continue
+            ids, offsets = _encode_escaped(rendered, tokenizer)
+            results[i] = _checked(rendered, ids, offsets, tokenizer, add_bos)
+        else:
+            whole.append(i)
+    encodings = tokenizer.tokenizer.encode_batch([batch[i][0].text for i in whole], add_special_tokens=False)
+    for i, encoding in zip(whole, encodings):
+        ids, offsets = _arrays(encoding, 0)
+        results[i] = _checked(batch[i][0], ids, offsets, tokenizer, add_bos)
+    return [r for r in results if r is not None]
+
+
+def _arrays(encoding: Encoding, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(encoding.ids, dtype=np.int32)
+    offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2) + shift
+    return ids, offsets
+
+
+def _encode_escaped(rendered: Rendered, tokenizer: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Content pieces with special-token matching off, template pieces with it on."""
+    text = rendered.text
+    cuts = sorted({0, len(text), *(x for r in rendered.content_ranges for x in r)})
+    content_starts = {s for s, _ in rendered.content_ranges}
+    ids_parts, offset_parts = [], []
+    for start, end in pairwise(cuts):
+        if start == end:
+            continue
+        engine = tokenizer.literal_tokenizer if start in content_starts else tokenizer.tokenizer
+        ids, offsets = _arrays(engine.encode(text[start:end], add_special_tokens=False), start)
+        ids_parts.append(ids)
+        offset_parts.append(offsets)
+    return np.concatenate(ids_parts), np.concatenate(offset_parts)
+
+
+def _in_ranges(positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the (sorted, disjoint) range holding each position, or -1."""
+    if len(starts) == 0:
+        return np.full(len(positions), -1, dtype=np.int64)
+    index = np.searchsorted(starts, positions, side="right") - 1
+    inside = (index >= 0) & (positions < ends[np.maximum(index, 0)])
+    return np.where(inside, index, -1)
+
+
+def _checked(
+    rendered: Rendered, ids: np.ndarray, offsets: np.ndarray, tokenizer: TextTokenizer, add_bos: bool
+) -> Tokenized | RecordError:
+    example = rendered.example
+    text = rendered.text
+    token_start, token_end = offsets[:, 0], offsets[:, 1]
+
+    targets_sorted = sorted(rendered.target_ranges)
+    t_start = np.array([r[0] for r in targets_sorted], dtype=np.int64)
+    t_end = np.array([r[1] for r in targets_sorted], dtype=np.int64)
+    t_msg = np.array([r[2] for r in targets_sorted], dtype=np.int64)
+    for start, end, message in targets_sorted:
+        straddles_start = (token_start < start) & (token_end > start)
+        overrun = (token_start < end) & (token_end > end)
+        bad_end = (
+            overrun & np.array([bool(text[end:e].strip()) for e in token_end], dtype=bool) if overrun.any() else overrun
+        )
+        if straddles_start.any() or bad_end.any():
+            t = int(np.flatnonzero(straddles_start | bad_end)[0])
+            piece = text[token_start[t] : token_end[t]]
+            return RecordError(
+                f"token {piece!r} crosses the edge of the target span of message {message}; "
+                "the mask cannot be aligned to tokens",
+                kind="mask_check",
+                sample_id=example.id,
+            )
+
+    in_target = _in_ranges(token_start, t_start, t_end)
+    targets = in_target >= 0
+
+    spans = sorted(rendered.spans, key=lambda s: s.start)
+    c_start = np.array([s.start for s in spans], dtype=np.int64)
+    c_end = np.array([s.end for s in spans], dtype=np.int64)
+    in_content = _in_ranges(token_start, c_start, c_end)
+    message_index = np.where(
+        in_content >= 0,
+        np.array([s.message for s in spans] + [-1])[in_content],
+        np.where(targets, t_msg[np.maximum(in_target, 0)] if len(t_msg) else -1, -1),
+    )
+    message_roles = tuple(m.role for m in example.messages)
+    if example.is_text:
+        roles = np.full(len(ids), ROLE_CODES["text"], dtype=np.int8)
+    else:
+        role_of_message = np.array([ROLE_CODES[r] for r in message_roles] + [ROLE_CODES["template"]], dtype=np.int8)
+        roles = role_of_message[message_index]
+        roles[(message_index < 0) & targets] = ROLE_CODES["assistant"]
+
+    if add_bos and tokenizer.bos_id is not None and (len(ids) == 0 or ids[0] != tokenizer.bos_id):
+        ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+        targets = np.concatenate([[False], targets])
+        roles = np.concatenate([[ROLE_CODES["template"]], roles]).astype(np.int8)
+        message_index = np.concatenate([[-1], message_index])
+    if tokenizer.bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == tokenizer.bos_id:
+        return RecordError(
+            "doubled BOS: the template prints one and another was added", kind="double_bos", sample_id=example.id
+        )
+    return Tokenized(
+        example_id=example.id,
+        source=example.source,
+        sample_hash=example.sample_hash,
+        input_ids=ids.astype(np.int32),
+        targets=targets,
+        roles=roles.astype(np.int8),
+        message_index=message_index.astype(np.int16),
+        message_roles=message_roles,
+        structured_messages=frozenset(i for i, m in enumerate(example.messages) if m.tool_calls or m.role == "tool"),
+    )

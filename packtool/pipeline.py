@@ -1,0 +1,478 @@
+"""The build: the only module that knows the order of the stages.
+
+    read -> render -> encode -> truncate -> mix -> plan -> emit -> manifest
+
+Stages never call each other; this module drains one into the next, applies the error policy,
+and counts every sample that does not reach a pack under a reason, so that for each source
+
+    read == rejected + dropped + kept        and        packed segments == kept x copies (+ split pieces)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import packtool
+from packtool.config import BuildConfig, SourceConfig
+from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
+from packtool.errors import PacktoolError, RecordError
+from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
+from packtool.packing import PackPlan, StreamPlan, plan_packs, plan_stream
+from packtool.records import ROLE_CODES, Drop, Example, Rendered, Tokenized
+from packtool.render import ChatTemplate, load_template, render_chat, render_text, special_token_strings
+from packtool.shards import MANIFEST, REJECTS, PackRow, ShardInfo, write_json_atomic, write_shards
+from packtool.sources import read_source
+from packtool.stats import summarize
+from packtool.truncate import truncate
+
+ENCODE_BATCH = 512
+
+
+@dataclass
+class SourceCounts:
+    """What happened to each record of one source (the manifest's `accounting`)."""
+
+    read: int = 0
+    kept: int = 0
+    overflow: int = 0
+    rejected: Counter = field(default_factory=Counter)  # bad input, by reason
+    dropped: Counter = field(default_factory=Counter)  # valid input not trained (too_long, no_targets), by reason
+    truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # strategy -> samples/tokens/targets removed
+    special_token_literals: int = 0
+    copies: int = 0  # segments after mixing
+
+    def note_truncation(self, strategy: str, tokens: int, targets: int) -> None:
+        entry = self.truncated.setdefault(strategy, {"samples": 0, "tokens": 0, "targets": 0})
+        entry["samples"] += 1
+        entry["tokens"] += tokens
+        entry["targets"] += targets
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "kept": self.kept,
+            "overflow": self.overflow,
+            "rejected": dict(sorted(self.rejected.items())),
+            "dropped": dict(sorted(self.dropped.items())),
+            "truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
+            "special_token_literals": self.special_token_literals,
+            "segments": self.copies,
+        }
+
+
+class _Rejects:
+    """Collects rejected and dropped samples; applies on_error=fail to bad input."""
+
+    def __init__(self, on_error: str):
+        self.on_error = on_error
+        self.entries: list[Drop] = []
+
+    def bad_input(self, error: RecordError, source: str, counts: SourceCounts, location: str = "") -> None:
+        if not error.file and location:
+            error.file = location
+        if self.on_error == "fail":
+            raise PacktoolError(f"{error.describe()} [{error.kind}] (on_error: skip sends such records to {REJECTS})")
+        counts.rejected[error.kind] += 1
+        where = error.file if error.row is None else f"{error.file}:{error.row}"
+        self.entries.append(Drop(error.sample_id, source, error.kind, error.reason, where))
+
+    def drop(self, drop: Drop, counts: SourceCounts) -> None:
+        counts.dropped[drop.reason] += 1
+        self.entries.append(drop)
+
+
+def build(config: BuildConfig, *, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Run the whole build and return the manifest (also written to OUTPUT/manifest.json, last)."""
+    output = Path(config.output)
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in (output / MANIFEST, output / "overflow" / MANIFEST):
+        stale.unlink(missing_ok=True)
+    tokenizer = load_tokenizer(config.tokenizer)
+    needs_template = any(s.format != "text" for s in config.sources)
+    template = load_template(config.template, tokenizer.config, config.template_vars) if needs_template else None
+
+    rejects = _Rejects(config.on_error)
+    counts: dict[str, SourceCounts] = {s.name: SourceCounts() for s in config.sources}
+    kept: list[Tokenized] = []
+    overflow: list[Tokenized] = []
+    for source in config.sources:
+        samples = _tokenized(source, template, tokenizer, config, rejects, counts[source.name], progress)
+        for sample, location in samples:
+            routed = _fit(sample, location, source, config, rejects, counts[source.name])
+            if routed is None:
+                continue
+            bucket, pieces = routed
+            (overflow if bucket else kept).extend(pieces)
+
+    kept = _mixed(kept, config, counts)
+    for sample in kept + overflow:
+        counts[sample.source].copies += 1
+    extra: dict[str, Any] = {}
+    if config.overflow == "bucket":
+        capacity = config.overflow_capacity or config.capacity
+        bucket = _emit(overflow, output / "overflow", capacity, config, tokenizer, template, counts, [], {})
+        extra["overflow"] = {
+            "folder": "overflow",
+            "capacity": capacity,
+            "packs": bucket["stats"]["packs"],
+            "segments": len(overflow),
+        }
+    # The main manifest goes last: its presence means every shard, the bucket included, is complete.
+    return _emit(kept, output, config.capacity, config, tokenizer, template, counts, rejects.entries, extra)
+
+
+def _tokenized(
+    source: SourceConfig,
+    template: ChatTemplate | None,
+    tokenizer: TextTokenizer,
+    config: BuildConfig,
+    rejects: _Rejects,
+    counts: SourceCounts,
+    progress: Callable[[int], None] | None,
+) -> Iterator[tuple[Tokenized, str]]:
+    """Examples of one source, rendered and encoded in batches (tokenizers parallelizes a batch)."""
+    pending: list[tuple[Rendered, str]] = []
+
+    def flush() -> Iterator[tuple[Tokenized, str]]:
+        results = encode_batch(pending, tokenizer, add_bos=bool(config.add_bos))
+        for (rendered, _), result in zip(pending, results):
+            location = rendered.example.location
+            if isinstance(result, RecordError):
+                if result.kind == "special_token_literal":
+                    counts.special_token_literals += 1
+                    rejects.drop(Drop(rendered.example.id, source.name, result.kind, result.reason, location), counts)
+                else:
+                    result.sample_id = rendered.example.id
+                    rejects.bad_input(result, source.name, counts, location)
+            else:
+                yield result, location
+        if progress:
+            progress(len(pending))
+        pending.clear()
+
+    for item in read_source(source):
+        counts.read += 1
+        if isinstance(item, RecordError):
+            rejects.bad_input(item, source.name, counts)
+            continue
+        try:
+            rendered = _render(item, source, template, tokenizer, config)
+        except RecordError as error:
+            error.sample_id = item.id
+            rejects.bad_input(error, source.name, counts, item.location)
+            continue
+        if source.special_tokens == "escape" and has_special_literal(rendered, tokenizer):
+            counts.special_token_literals += 1
+        pending.append((rendered, source.special_tokens))
+        if len(pending) == ENCODE_BATCH:
+            yield from flush()
+    if pending:
+        yield from flush()
+
+
+def _render(
+    example: Example, source: SourceConfig, template: ChatTemplate | None, tokenizer: TextTokenizer, config: BuildConfig
+) -> Rendered:
+    if example.is_text:
+        specials = template.special_tokens if template else special_token_strings(tokenizer.config)
+        add_eos = True if config.add_eos is None else config.add_eos
+        return render_text(example, specials, add_bos=bool(config.add_bos), add_eos=add_eos)
+    if template is None:
+        raise PacktoolError("internal: chat source without a template")
+    return render_chat(example, template, source.train)
+
+
+def _fit(
+    sample: Tokenized, location: str, source: SourceConfig, config: BuildConfig, rejects: _Rejects, counts: SourceCounts
+) -> tuple[bool, list[Tokenized]] | None:
+    """Truncate (or route to the overflow bucket) one sample; None when it is dropped."""
+    capacity = config.capacity
+    bucket = config.overflow == "bucket" and len(sample) > capacity
+    if bucket:
+        capacity = config.overflow_capacity or capacity
+        counts.overflow += 1
+    strategy = source.truncation or config.truncation
+    if config.packing == "stream":
+        strategy = "none"  # stream mode cuts windows itself; nothing is removed
+    if strategy != "none" and len(sample) > capacity:
+        result = truncate(sample, capacity, strategy, fallback=config.truncation_fallback, seed=config.seed)
+        if result.removed_tokens or result.strategy == "split":
+            counts.note_truncation(result.strategy, result.removed_tokens, result.removed_targets)
+        if result.drop_reason is not None or not result.samples:
+            reason = result.drop_reason or "no_targets"
+            detail = (
+                f"{len(sample)} tokens > capacity {capacity} (truncation: drop)"
+                if reason == "too_long"
+                else f"no target left after '{result.strategy}' truncation to {capacity} tokens"
+            )
+            rejects.drop(
+                Drop(sample.example_id, source.name, reason, detail, location, len(sample), sample.n_targets), counts
+            )
+            return None
+        pieces = list(result.samples)
+    else:
+        pieces = [sample]
+    pieces = [p for p in pieces if p.n_targets > 0]
+    if not pieces:
+        rejects.drop(
+            Drop(
+                sample.example_id,
+                source.name,
+                "no_targets",
+                "no token of this sample is a target (check the train policy and template)",
+                location,
+                len(sample),
+                0,
+            ),
+            counts,
+        )
+        return None
+    counts.kept += 1
+    return bucket, pieces
+
+
+def _mixed(samples: list[Tokenized], config: BuildConfig, counts: dict[str, SourceCounts]) -> list[Tokenized]:
+    """Realize source weights by seeded up- or down-sampling; copies keep their id and get a repeat index."""
+    by_source: dict[str, list[Tokenized]] = defaultdict(list)
+    for sample in samples:
+        by_source[sample.source].append(sample)
+    weights = {s.name: s.weight for s in config.sources}
+    multipliers = source_multipliers(
+        {name: len(items) for name, items in by_source.items()},
+        {name: sum(len(s) for s in items) for name, items in by_source.items()},
+        weights,
+        config.mix_by,
+    )
+    out: list[Tokenized] = []
+    for name in (s.name for s in config.sources):
+        items = by_source.get(name, [])
+        out.extend(repeat_samples(items, multipliers.get(name, 1.0), seed=_seed(config.seed, name)))
+    return out
+
+
+def source_multipliers(
+    samples: dict[str, int], tokens: dict[str, int], weights: dict[str, float], mode: str
+) -> dict[str, float]:
+    """How many copies of each source's samples to take.
+
+    multiplier: the weight itself (2.0 doubles a source). samples/tokens: weights are target
+    shares of samples/tokens; multipliers m_i = share_i * total / own_i keep the total unchanged.
+    """
+    present = [name for name in samples if samples[name] > 0]
+    if mode == "multiplier":
+        return {name: weights[name] for name in present}
+    amount = samples if mode == "samples" else tokens
+    total = sum(amount[n] for n in present)
+    weight_sum = sum(weights[n] for n in present)
+    return {n: (weights[n] / weight_sum) * total / amount[n] for n in present}
+
+
+def repeat_samples(samples: list[Tokenized], multiplier: float, *, seed: int) -> list[Tokenized]:
+    """floor(m) full copies plus round(frac(m) * n) samples chosen by a seeded permutation."""
+    if multiplier == 1.0 or not samples:
+        return list(samples)
+    whole = int(np.floor(multiplier))
+    extra = round((multiplier - whole) * len(samples))
+    chosen = np.sort(np.random.default_rng(seed).permutation(len(samples))[:extra])
+    out = [_copy(s, k) for k in range(whole) for s in samples]
+    out.extend(_copy(samples[i], whole) for i in chosen)
+    return out
+
+
+def _copy(sample: Tokenized, repeat: int) -> Tokenized:
+    if repeat == sample.repeat:
+        return sample
+    return Tokenized(**{**{f: getattr(sample, f) for f in Tokenized.__slots__}, "repeat": repeat})
+
+
+def _seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest(), "little")
+
+
+def _emit(
+    samples: list[Tokenized],
+    folder: Path,
+    capacity: int,
+    config: BuildConfig,
+    tokenizer: TextTokenizer,
+    template: ChatTemplate | None,
+    counts: dict[str, SourceCounts],
+    entries: list[Drop],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("shard-*.parquet"):
+        old.unlink()
+    lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    stream = config.packing == "stream"
+    if stream:
+        rows: Iterator[PackRow] = _stream_rows(samples, plan_stream(lengths, capacity))
+    else:
+        plan = _plan(samples, lengths, capacity, config)
+        rows = (_pack_row([samples[i] for i in plan.members[a:b]]) for a, b in zip(plan.offsets, plan.offsets[1:]))
+    metadata = {
+        "packtool.version": packtool.__version__,
+        "packtool.capacity": str(capacity),
+        "packtool.mode": "stream" if stream else "packed",
+    }
+    shards = write_shards(
+        rows, folder, rows_per_shard=config.rows_per_shard, row_group_rows=config.row_group_rows, metadata=metadata
+    )
+    _write_rejects(folder / REJECTS, entries)
+    manifest = {**_manifest(config, capacity, tokenizer, template, shards, counts, entries, stream), **extra}
+    manifest["stats"] = summarize([folder / s.file for s in shards], manifest)
+    write_json_atomic(folder / MANIFEST, manifest)
+    return manifest
+
+
+def _plan(samples: list[Tokenized], lengths: np.ndarray, capacity: int, config: BuildConfig) -> PackPlan:
+    """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
+    if config.group_by != "source":
+        return plan_packs(
+            lengths,
+            capacity,
+            config.packing,
+            seed=config.seed,
+            max_segments=config.max_segments,
+            shuffle=config.shuffle_packs,
+        )
+    group_of = {s.name: s.group or s.name for s in config.sources}
+    groups = np.array([group_of[s.source] for s in samples])
+    members, offsets = [], [0]
+    for group in sorted(set(groups.tolist())):
+        index = np.flatnonzero(groups == group)
+        plan = plan_packs(
+            lengths[index],
+            capacity,
+            config.packing,
+            seed=config.seed,
+            max_segments=config.max_segments,
+            shuffle=config.shuffle_packs,
+        )
+        members.append(index[plan.members])
+        offsets.extend((offsets[-1] + plan.offsets[1:]).tolist())
+    combined = PackPlan(np.concatenate(members) if members else np.zeros(0, np.int64), np.array(offsets, np.int64))
+    if not config.shuffle_packs:
+        return combined
+    order = np.random.default_rng(config.seed).permutation(combined.n_packs)
+    starts, ends = combined.offsets[:-1][order], combined.offsets[1:][order]
+    new_members = (
+        np.concatenate([combined.members[a:b] for a, b in zip(starts, ends)]) if len(order) else combined.members
+    )
+    new_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+    return PackPlan(new_members, new_offsets)
+
+
+def _pack_row(members: list[Tokenized]) -> PackRow:
+    ids = np.concatenate([m.input_ids for m in members])
+    targets = np.concatenate([m.targets for m in members])
+    cu = cu_seqlens_from_lengths([len(m) for m in members])
+    return PackRow(
+        input_ids=ids,
+        labels=labels_for(ids, targets, cu),
+        cu_seqlens=cu,
+        doc_cu_seqlens=cu,
+        token_roles=np.concatenate([m.roles for m in members]),
+        sample_ids=[m.example_id for m in members],
+        sample_hashes=[m.sample_hash for m in members],
+        sample_repeats=[m.repeat for m in members],
+        sources=[m.source for m in members],
+    )
+
+
+def _stream_rows(samples: list[Tokenized], plan: StreamPlan) -> Iterator[PackRow]:
+    """Continuous pretraining windows: one attention segment per window; documents see each other."""
+    for a, b in zip(plan.offsets, plan.offsets[1:]):
+        pieces = [
+            (samples[s], int(st), int(en)) for s, st, en in zip(plan.samples[a:b], plan.starts[a:b], plan.ends[a:b])
+        ]
+        ids = np.concatenate([s.input_ids[st:en] for s, st, en in pieces])
+        labels = ids.astype(np.int32).copy()
+        labels[0] = IGNORE_INDEX  # a window's first token has no context inside the window
+        yield PackRow(
+            input_ids=ids,
+            labels=labels,
+            cu_seqlens=np.array([0, len(ids)], dtype=np.int32),
+            doc_cu_seqlens=cu_seqlens_from_lengths([en - st for _, st, en in pieces]),
+            token_roles=np.full(len(ids), ROLE_CODES["text"], dtype=np.int8),
+            sample_ids=[s.example_id for s, _, _ in pieces],
+            sample_hashes=[s.sample_hash for s, _, _ in pieces],
+            sample_repeats=[s.repeat for s, _, _ in pieces],
+            sources=[s.source for s, _, _ in pieces],
+        )
+
+
+def _write_rejects(path: Path, entries: list[Drop]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for drop in entries:
+            record = {
+                "id": drop.example_id,
+                "source": drop.source,
+                "location": drop.location,
+                "reason": drop.reason,
+                "detail": drop.detail,
+            }
+            handle.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+    temporary.replace(path)
+
+
+def _manifest(
+    config: BuildConfig,
+    capacity: int,
+    tokenizer: TextTokenizer,
+    template: ChatTemplate | None,
+    shards: list[ShardInfo],
+    counts: dict[str, SourceCounts],
+    entries: list[Drop],
+    stream: bool,
+) -> dict[str, Any]:
+    by_reason = Counter(d.reason for d in entries)
+    return {
+        "packtool_version": packtool.__version__,
+        "schema_version": packtool.SCHEMA_VERSION,
+        "mode": "stream" if stream else "packed",
+        "capacity": capacity,
+        "seed": config.seed,
+        "config": config.raw,
+        "config_hash": config.config_hash,
+        "tokenizer": {
+            "file": tokenizer.path,
+            "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size,
+            "bos_token_id": tokenizer.bos_id,
+            "eos_token_id": tokenizer.eos_id,
+            "pad_token_id": tokenizer.pad_id,
+        },
+        "template": None if template is None else {"name": template.name, "sha256": template.sha256},
+        "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
+        "packing": {
+            "strategy": config.packing,
+            "group_by": config.group_by,
+            "max_segments": config.max_segments,
+            "shuffle": config.shuffle_packs,
+        },
+        "mixing": {
+            "by": config.mix_by,
+            "weights": {s.name: s.weight for s in config.sources},
+            "loss_normalization": "token-level: sum of target losses / targets in the update window",
+        },
+        "conventions": {
+            "labels": "hf_unshifted",
+            "ignore_index": IGNORE_INDEX,
+            "positions": "continuous" if stream else "restart_per_segment",
+            "attention": "causal_across_documents" if stream else "block_diagonal_causal",
+        },
+        "role_codes": ROLE_CODES,
+        "shards": [asdict(s) for s in shards],
+        "accounting": {name: c.as_dict() for name, c in counts.items()},
+        "rejects": {"file": REJECTS, "count": len(entries), "by_reason": dict(sorted(by_reason.items()))},
+    }

@@ -1,0 +1,403 @@
+"""Render an Example with a chat template and track, for every character, whose it is and whether it is trained.
+
+One render, two views. Each message's content (whitespace-trimmed core) is wrapped in a pair of
+private-use sentinel characters that carry the message index, the template runs once with the
+marked messages, the sentinels are cut out, and their positions become content spans. The
+template also runs on the unmarked messages and the two texts must be byte-identical: a template
+that rewrites content (strips, splits, reorders it) is caught here instead of yielding a
+shifted mask.
+
+    messages  = [user "Hi", assistant "Hello!"]
+    marked    = <|im_start|>user\\n⟦0 Hi 0⟧<|im_end|>\\n<|im_start|>assistant\\n⟦1 Hello! 1⟧<|im_end|>\\n
+    text      = <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
+    targets   =                                                      ^^^^^^^^^^^^^^^^   (content + end marker)
+
+An assistant target starts right after the assistant header the template prints for
+`add_generation_prompt` (so tool calls and think blocks that follow the header are trained),
+and ends after the first end-of-turn marker behind the content. Templates that carry
+`{% generation %}` blocks define targets themselves, exactly as transformers'
+`return_assistant_tokens_mask` reads them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from packtool.config import TrainPolicy
+from packtool.errors import PacktoolError, RecordError
+from packtool.records import Example, Message, Rendered, Span
+
+# Plane-16 private-use characters: never meaningful text, and removed before tokenization.
+_MARK_BASE = 0x100000
+_GEN_OPEN = chr(0x10FFF0)
+_GEN_CLOSE = chr(0x10FFF1)
+_MAX_MESSAGES = (0x10FFF0 - _MARK_BASE) // 2
+_MARKERS = re.compile("[\U00100000-\U0010ffff]")
+
+# End-of-turn markers of the common chat formats; the template's eos_token is added to these.
+END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
+# Fixed so that templates calling strftime_now (Llama 3.x prints "Today Date") render the same
+# text on every run; override with template_vars.date (ISO) or date_string.
+DEFAULT_DATE = "2026-01-01"
+
+
+def open_mark(index: int) -> str:
+    return chr(_MARK_BASE + 2 * index)
+
+
+def close_mark(index: int) -> str:
+    return chr(_MARK_BASE + 2 * index + 1)
+
+
+class TemplateRaised(Exception):
+    """A template called raise_exception: the template's own verdict on one sample."""
+
+
+class _GenerationBlocks(Extension):
+    """`{% generation %}...{% endgeneration %}` as transformers defines it; marks assistant output."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja's Extension API declares tags as a class attribute
+
+    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        mark = nodes.Name("__packtool_mark", "load")
+        return nodes.CallBlock(self.call_method("_wrap", [mark]), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _wrap(mark: Any, caller: Any) -> str:
+        body = caller()
+        return f"{_GEN_OPEN}{body}{_GEN_CLOSE}" if mark is True else body
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRaised(message)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # transformers' tojson: no HTML escaping (jinja's built-in escapes <, >, & and breaks tool JSON).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def make_environment() -> ImmutableSandboxedEnvironment:
+    """The sandbox transformers renders chat templates in: untrusted templates cannot reach Python internals."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlocks, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTemplate:
+    name: str
+    source: str
+    special_tokens: dict[str, str]  # bos_token, eos_token, ... as strings
+    variables: dict[str, Any] = field(default_factory=dict)
+    compiled: Any = None
+    generation_header: str | None = None
+    has_generation_blocks: bool = False
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def end_markers(self) -> tuple[str, ...]:
+        eos = self.special_tokens.get("eos_token")
+        return tuple(dict.fromkeys([*(m for m in [eos] if m), *END_MARKERS]))
+
+    def render(
+        self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
+    ) -> str:
+        try:
+            return self.compiled.render(
+                **self.special_tokens,
+                **self.variables,
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                __packtool_mark=mark,
+            )
+        except SecurityError as exc:
+            raise PacktoolError(
+                f"template {self.name!r} tried to reach Python internals and was stopped: {exc}"
+            ) from None
+
+
+def bundled_templates() -> list[str]:
+    folder = resources.files("packtool.templates")
+    return sorted(p.name.removesuffix(".jinja") for p in folder.iterdir() if p.name.endswith(".jinja"))
+
+
+def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[str, Any] | None = None) -> ChatTemplate:
+    """`spec` is `model` (the tokenizer's own chat_template), a bundled template name, or a .jinja path."""
+    if spec == "model":
+        source = tokenizer_config.get("chat_template")
+        if isinstance(source, list):  # some configs hold several named templates
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        if not isinstance(source, str):
+            raise PacktoolError(
+                "template: model, but tokenizer_config.json has no chat_template; "
+                f"use a bundled template ({', '.join(bundled_templates())}) or a .jinja file"
+            )
+        name = "model"
+    elif spec.endswith(".jinja"):
+        source, name = Path(spec).read_text(encoding="utf-8"), Path(spec).name
+    else:
+        path = resources.files("packtool.templates") / f"{spec}.jinja"
+        if not path.is_file():
+            raise PacktoolError(
+                f"template: unknown bundled template {spec!r}; "
+                f"choose one of {', '.join(bundled_templates())}, 'model' or a .jinja path"
+            )
+        source, name = path.read_text(encoding="utf-8"), spec
+    env = make_environment()
+    try:
+        compiled = env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise PacktoolError(f"template {name!r} line {exc.lineno}: {exc.message}") from None
+
+    variables = dict(variables or {})
+    date = _dt.date.fromisoformat(str(variables.pop("date", DEFAULT_DATE)))
+    compiled.globals["strftime_now"] = lambda fmt: date.strftime(fmt)
+    template = ChatTemplate(
+        name=name,
+        source=source,
+        special_tokens=special_token_strings(tokenizer_config),
+        variables=variables,
+        compiled=compiled,
+        has_generation_blocks="{% generation %}" in source or "{%- generation %}" in source,
+    )
+    return _with_generation_header(template)
+
+
+def special_token_strings(tokenizer_config: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = tokenizer_config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _with_generation_header(template: ChatTemplate) -> ChatTemplate:
+    """Find what the template prints to open an assistant turn: the difference add_generation_prompt makes."""
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        closed = template.render(probe, None)
+        opened = template.render(probe, None, add_generation_prompt=True)
+    except (TemplateRaised, jinja2.TemplateError):
+        return template
+    if opened.startswith(closed) and len(opened) > len(closed):
+        header = opened[len(closed) :]
+        return ChatTemplate(**{**_fields(template), "generation_header": header})
+    return template
+
+
+def _fields(template: ChatTemplate) -> dict[str, Any]:
+    return {name: getattr(template, name) for name in ChatTemplate.__slots__}
+
+
+def trained_messages(messages: tuple[Message, ...], policy: TrainPolicy) -> list[bool]:
+    """Which messages are targets: the role policy, `last` vs `all` turns, then the per-message override."""
+    trained = [m.role in policy.roles and m.role != "tool" for m in messages]
+    if not policy.tool_calls:
+        trained = [t and not m.tool_calls for t, m in zip(trained, messages)]
+    if policy.turns == "last":
+        last = max((i for i, t in enumerate(trained) if t), default=None)
+        trained = [i == last for i in range(len(messages))]
+    return [m.train if m.train is not None and m.role != "tool" else t for t, m in zip(trained, messages)]
+
+
+def render_text(example: Example, special_tokens: dict[str, str], *, add_bos: bool, add_eos: bool) -> Rendered:
+    """A plain document: every character is a target; BOS/EOS strings are structure, not content."""
+    document = example.text or ""
+    bos = special_tokens.get("bos_token", "") if add_bos else ""
+    eos = special_tokens.get("eos_token", "") if add_eos else ""
+    text = f"{bos}{document}{eos}"
+    content = (len(bos), len(bos) + len(document))
+    return Rendered(
+        example=example,
+        text=text,
+        spans=(Span(content[0], content[1], -1, "text", True),),
+        content_ranges=(content,),
+        target_ranges=((0, len(text), -1),),
+    )
+
+
+def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -> Rendered:
+    """Render one conversation and derive its target character ranges. Raises RecordError for this sample only."""
+    messages = example.messages
+    if len(messages) > _MAX_MESSAGES:
+        raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
+    for i, message in enumerate(messages):
+        if _MARKERS.search(message.content):
+            raise RecordError(
+                "content holds plane-16 private-use characters, which packtool reserves as markers",
+                field=f"messages[{i}].content",
+            )
+    plain = [m.as_template_dict() for m in messages]
+    marked = [_marked(m, i) for i, m in enumerate(messages)]
+    tools = list(example.tools) if example.tools else None
+    try:
+        text = template.render(plain, tools)
+        marked_text = template.render(marked, tools, mark=True)
+    except TemplateRaised as exc:
+        raise RecordError(f"template refused the sample: {exc}", kind="template_error") from None
+    except jinja2.TemplateError as exc:
+        raise RecordError(f"template failed: {exc}", kind="template_error") from None
+
+    clean, contents, generations = _strip_markers(marked_text)
+    if clean != text:
+        raise RecordError(
+            "the template rewrites message content (trims, splits or reorders it), so its mask "
+            "cannot be derived safely",
+            kind="mask_check",
+        )
+    trained = trained_messages(messages, policy)
+    spans = tuple(
+        Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
+    )
+    if template.has_generation_blocks:
+        targets = _targets_from_generation_blocks(generations, contents, trained)
+    else:
+        targets = _targets_from_headers(text, messages, contents, trained, template, policy)
+    return Rendered(
+        example=example,
+        text=text,
+        spans=spans,
+        content_ranges=tuple((s.start, s.end) for s in spans),
+        target_ranges=tuple(targets),
+    )
+
+
+def _marked(message: Message, index: int) -> dict[str, Any]:
+    """The message with its content core wrapped in sentinels; surrounding whitespace stays outside so
+    templates that trim content still produce the same text."""
+    out = message.as_template_dict()
+    core = message.content.strip()
+    if core:
+        lead = message.content[: len(message.content) - len(message.content.lstrip())]
+        trail = message.content[len(lead) + len(core) :]
+        out["content"] = f"{lead}{open_mark(index)}{core}{close_mark(index)}{trail}"
+    return out
+
+
+def _strip_markers(marked: str) -> tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]]]:
+    pieces: list[str] = []
+    length = 0
+    last = 0
+    opened: dict[int, int] = {}
+    contents: dict[int, list[tuple[int, int]]] = {}
+    generations: list[tuple[int, int]] = []
+    gen_start: int | None = None
+    for match in _MARKERS.finditer(marked):
+        pieces.append(marked[last : match.start()])
+        length += match.start() - last
+        last = match.end()
+        char = match.group()
+        if char == _GEN_OPEN:
+            gen_start = length
+        elif char == _GEN_CLOSE:
+            if gen_start is not None:
+                generations.append((gen_start, length))
+            gen_start = None
+        else:
+            index, is_close = divmod(ord(char) - _MARK_BASE, 2)
+            if is_close:
+                if index in opened:
+                    contents.setdefault(index, []).append((opened.pop(index), length))
+            else:
+                opened[index] = length
+    pieces.append(marked[last:])
+    return "".join(pieces), contents, generations
+
+
+def _targets_from_generation_blocks(
+    generations: list[tuple[int, int]], contents: dict[int, list[tuple[int, int]]], trained: list[bool]
+) -> list[tuple[int, int, int]]:
+    targets = []
+    for start, end in generations:
+        owners = [i for i, ranges in contents.items() for s, e in ranges if start <= s and e <= end]
+        if not owners or any(trained[i] for i in owners):
+            targets.append((start, end, owners[0] if owners else -1))
+    return targets
+
+
+def _targets_from_headers(
+    text: str,
+    messages: tuple[Message, ...],
+    contents: dict[int, list[tuple[int, int]]],
+    trained: list[bool],
+    template: ChatTemplate,
+    policy: TrainPolicy,
+) -> list[tuple[int, int, int]]:
+    starts = sorted((s, i) for i, ranges in contents.items() for s, _ in ranges)
+    ends = sorted(e for ranges in contents.values() for _, e in ranges)
+    targets = []
+    for i, message in enumerate(messages):
+        if not trained[i]:
+            continue
+        ranges = contents.get(i, [])
+        if len(ranges) > 1:
+            raise RecordError(
+                f"the template prints message {i} ({message.role}) {len(ranges)} times; "
+                "cannot tell which copy to train",
+                kind="mask_check",
+            )
+        own = ranges[0] if ranges else None
+        following = [s for s, j in starts if j > i and (own is None or s >= own[1])]
+        upper = own[0] if own else min(following, default=len(text))
+        lower = max((e for e in ends if e <= upper and (own is None or e != own[1])), default=0)
+        if message.role == "assistant" and template.generation_header:
+            header_at = text.rfind(template.generation_header, lower, upper)
+            start = header_at + len(template.generation_header) if header_at >= 0 else (own[0] if own else -1)
+        else:
+            start = own[0] if own else -1
+        if start < 0:
+            raise RecordError(
+                f"cannot locate message {i} ({message.role}) in the rendered text; the template "
+                "drops it or prints it without an assistant header",
+                kind="mask_check",
+            )
+        search_from = own[1] if own else start
+        limit = min((s for s, j in starts if s >= search_from and j != i), default=len(text))
+        end = _end_of_turn(text, search_from, limit, template.end_markers, include=policy.end_of_turn)
+        if end is None:
+            if not policy.end_of_turn and own:
+                end = own[1]
+            else:
+                raise RecordError(
+                    f"no end-of-turn marker ({', '.join(template.end_markers[:3])}, ...) after "
+                    f"message {i} ({message.role})",
+                    kind="mask_check",
+                )
+        targets.append((start, end, i))
+    return targets
+
+
+def _end_of_turn(text: str, start: int, limit: int, markers: tuple[str, ...], *, include: bool) -> int | None:
+    found = [(at, marker) for marker in markers if (at := text.find(marker, start, limit)) >= 0]
+    if not found:
+        return None
+    at, marker = min(found)
+    return at + len(marker) if include else at

@@ -1,0 +1,156 @@
+"""Summary statistics of an output, computed from the shards themselves (plus the manifest's accounting).
+
+Reading the shards rather than trusting build-time counters means `packtool stats` reports the
+same numbers for any output, including one built elsewhere or edited after the fact.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from packtool.labels import IGNORE_INDEX
+from packtool.shards import shard_metadata
+
+STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
+
+
+def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, Any]:
+    capacity = _capacity(shards, manifest)
+    packs = 0
+    tokens = targets = 0
+    segments_per_pack: list[int] = []
+    segment_lengths: list[np.ndarray] = []
+    pack_lengths: list[int] = []
+    per_source: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"segments": 0, "tokens": 0, "targets": 0, "repeats": 0}
+    )
+    for shard in shards:
+        table = pq.read_table(shard, columns=STAT_COLUMNS)
+        for row in table.to_pylist():
+            labels = np.asarray(row["labels"], dtype=np.int32)
+            docs = np.asarray(row["doc_cu_seqlens"], dtype=np.int64)
+            attention = np.asarray(row["cu_seqlens"], dtype=np.int64)
+            packs += 1
+            tokens += len(labels)
+            pack_lengths.append(len(labels))
+            segments_per_pack.append(len(docs) - 1)
+            segment_lengths.append(np.diff(attention))
+            is_target = labels != IGNORE_INDEX
+            targets += int(is_target.sum())
+            doc_targets = np.add.reduceat(is_target, docs[:-1]) if len(labels) else np.zeros(0)
+            for source, length, n_targets, repeat in zip(
+                row["sources"], np.diff(docs), doc_targets, row["sample_repeats"]
+            ):
+                entry = per_source[source]
+                entry["segments"] += 1
+                entry["tokens"] += int(length)
+                entry["targets"] += int(n_targets)
+                entry["repeats"] += int(repeat > 0)
+    lengths = np.concatenate(segment_lengths) if segment_lengths else np.zeros(0, dtype=np.int64)
+    total_segments = sum(e["segments"] for e in per_source.values())
+    slots = packs * capacity
+    stats: dict[str, Any] = {
+        "capacity": capacity,
+        "packs": packs,
+        "segments": total_segments,
+        "tokens": tokens,
+        "targets": targets,
+        "target_ratio": _ratio(targets, tokens),
+        "token_efficiency": _ratio(tokens, slots),
+        "padding_share_if_padded_to_capacity": _ratio(slots - tokens, slots),
+        "segments_per_pack": {"mean": _ratio(total_segments, packs), "max": max(segments_per_pack, default=0)},
+        "sources": {
+            name: {
+                **entry,
+                "segment_share": _ratio(entry["segments"], total_segments),
+                "token_share": _ratio(entry["tokens"], tokens),
+                "target_share": _ratio(entry["targets"], targets),
+            }
+            for name, entry in sorted(per_source.items())
+        },
+        "attention": _attention(lengths, np.asarray(pack_lengths, dtype=np.int64)),
+    }
+    if manifest is not None:
+        stats["accounting"] = manifest.get("accounting", {})
+        stats["mixing"] = manifest.get("mixing", {})
+        stats["mode"] = manifest.get("mode", "packed")
+    return stats
+
+
+def _capacity(shards: list[Path], manifest: dict[str, Any] | None) -> int:
+    if manifest is not None:
+        return int(manifest["capacity"])
+    if shards:
+        return int(shard_metadata(shards[0]).get("packtool.capacity", 0))
+    return 0
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 6) if b else 0.0
+
+
+def _attention(lengths: np.ndarray, pack_lengths: np.ndarray) -> dict[str, int]:
+    """Token and score slots of the same segments padded one per row, packed block-diagonally, or flat per pack."""
+    longest = int(lengths.max()) if len(lengths) else 0
+    return {
+        "token_slots_padded": len(lengths) * longest,
+        "token_slots_packed": int(lengths.sum()),
+        "score_slots_padded": len(lengths) * longest**2,
+        "score_slots_packed": int((lengths**2).sum()),
+        "score_slots_flat": int((pack_lengths**2).sum()),
+        "causal_pairs": int((lengths * (lengths + 1) // 2).sum()),
+        "causal_pairs_flat": int((pack_lengths * (pack_lengths + 1) // 2).sum()),
+    }
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    lines = [
+        f"packs              {stats['packs']:>12,}   capacity {stats['capacity']:,}",
+        f"segments           {stats['segments']:>12,}   per pack: mean {stats['segments_per_pack']['mean']:.2f}, "
+        f"max {stats['segments_per_pack']['max']}",
+        f"tokens             {stats['tokens']:>12,}",
+        f"token efficiency   {stats['token_efficiency']:>12.4f}   (tokens / (packs x capacity))",
+        f"padding if padded  {stats['padding_share_if_padded_to_capacity']:>12.4f}   (share of padding slots)",
+        f"targets            {stats['targets']:>12,}   target ratio {stats['target_ratio']:.4f}",
+        "",
+        f"{'source':<20} {'segments':>9} {'share':>7} {'tokens':>11} {'share':>7} {'targets':>10} {'share':>7} "
+        f"{'repeats':>8}",
+    ]
+    for name, s in stats["sources"].items():
+        lines.append(
+            f"{name:<20} {s['segments']:>9,} {s['segment_share']:>7.3f} {s['tokens']:>11,} {s['token_share']:>7.3f} "
+            f"{s['targets']:>10,} {s['target_share']:>7.3f} {s['repeats']:>8,}"
+        )
+    accounting = stats.get("accounting") or {}
+    if accounting:
+        lines += ["", f"{'source':<20} {'read':>7} {'kept':>7} {'overflow':>8}  rejected / dropped / truncated"]
+        for name, a in accounting.items():
+            details = [f"rejected.{k}={v}" for k, v in a["rejected"].items()]
+            details += [f"dropped.{k}={v}" for k, v in a["dropped"].items()]
+            details += [
+                f"truncated.{k}={v['samples']} (-{v['tokens']} tok, -{v['targets']} tgt)"
+                for k, v in a["truncated"].items()
+            ]
+            if a.get("special_token_literals"):
+                details.append(f"special_token_literals={a['special_token_literals']}")
+            lines.append(f"{name:<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}")
+    mixing = stats.get("mixing") or {}
+    if mixing:
+        lines += ["", f"mixing: weights by {mixing.get('by')}; loss normalization: {mixing.get('loss_normalization')}"]
+    att = stats["attention"]
+    lines += [
+        "",
+        "attention accounting      padded (1 per row)    packed (block-diag)    flat (one causal row per pack)",
+        f"  token slots          {att['token_slots_padded']:>18,} {att['token_slots_packed']:>22,} "
+        f"{att['token_slots_packed']:>22,}",
+        f"  score slots          {att['score_slots_padded']:>18,} {att['score_slots_packed']:>22,} "
+        f"{att['score_slots_flat']:>22,}",
+        f"  legal causal pairs   {att['causal_pairs']:>18,} {att['causal_pairs']:>22,} {att['causal_pairs_flat']:>22,}"
+        "  (flat counts cross-sample pairs)",
+    ]
+    return "\n".join(lines)

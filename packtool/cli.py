@@ -52,7 +52,12 @@ def build(config: Path, output: str | None, capacity: int | None, quiet: bool) -
     from packtool.stats import format_stats
 
     try:
-        settings = load_config(resolve_config_path(config), output=output, capacity=capacity)
+        config_path = resolve_config_path(config)
+        if output is None and not config.is_file():
+            output = f"out/{config.name}"  # a bundled config: write under the working folder, not site-packages
+        # --output is a path the user typed, so it is relative to the working folder
+        output = str(Path(output).resolve()) if output is not None else None
+        settings = load_config(config_path, output=output, capacity=capacity)
         show_bar = not quiet and sys.stderr.isatty()
         with tqdm(desc="samples", unit=" samples", disable=not show_bar) as bar:
             manifest = run_build(settings, progress=bar.update)

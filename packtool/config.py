@@ -266,7 +266,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     template_vars = p.take(raw, "template_vars", dict, "", {})
 
     capacity = p.take(raw, "capacity", int, "", 0, required=True)
-    if capacity is not None and capacity < 2 and "capacity" in raw:
+    if isinstance(raw.get("capacity"), int) and capacity < 2:
         p.add("capacity", f"must be at least 2 tokens, got {capacity}")
     output_raw = p.take(raw, "output", str, "", None, required=True)
 

@@ -273,6 +273,14 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
             "cannot be derived safely",
             kind="mask_check",
         )
+    for i, ranges in contents.items():
+        expected = messages[i].content.strip()
+        if any(text[start:end] != expected for start, end in ranges):
+            raise RecordError(
+                f"the template changes the content of message {i} ({messages[i].role}) while "
+                "printing it, so its targets would not be the data's words",
+                kind="mask_check",
+            )
     trained = trained_messages(messages, policy)
     spans = tuple(
         Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges

@@ -1,0 +1,1 @@
+"""Build configs shipped with packtool (package data)."""

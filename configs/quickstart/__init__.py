@@ -1,0 +1,1 @@
+"""Quickstart data and tokenizer, written and built for packtool."""

@@ -1,0 +1,300 @@
+"""Make a sample fit `capacity` tokens, and record what that cost.
+
+A sample longer than a pack cannot be packed. `truncate` applies one named strategy and
+returns a `Truncation`: the samples that remain (none, one, or several for `split`), the
+strategy actually applied, how many tokens and targets were removed, and a drop reason when
+nothing remains. Stats count it (`truncated.left`, `dropped.too_long`); rejects explain it.
+
+Worked example: a conversation of 13 tokens, capacity 8. `P` is what the template writes
+before message 0 (BOS, a default system block, message 0's header), `h` a separator/header it
+writes between messages (message_index -1); `s`, `u`, `a` are system, user and assistant
+tokens; `*` marks a target.
+
+    position        0   1   2   3   4   5   6   7   8   9  10  11  12
+    tokens          P   s0  h   u0  u1  h   a0* a1* h   u2  h   a2* a3*
+    message_index  -1   0  -1   1   1  -1   2   2  -1   3  -1   4   4
+                    [head    ]  [turn 0              ]  [turn 1      ]
+
+    right    0..7           P  s0 h  u0 u1 h  a0* a1*    the final answer is lost
+    left     5..12          h  a0* a1* h  u2 h  a2* a3*  the system prompt is lost; position 5
+                                                         starts the segment, so a0* is the
+                                                         first label (the label builder's rule)
+    middle   0..3 + 9..12   P  s0 h  u0 u2 h  a2* a3*    head 4 + tail 4 (the head gets an odd
+                                                         token); one segment with a seam
+    turns    0..2 + 9..12   P  s0 h  u2 h  a2* a3*       turn 0 removed whole (7 tokens fit)
+
+`turns` removes the oldest turns as one token range, from the first removed user message's
+own tokens (position 3) up to the next kept user message's own tokens (position 9). Both ends
+sit just after a user header, so the header kept at 2 now introduces message 3 and the row
+still reads as a well-formed chat: no orphan header, no empty message. (Attaching template
+tokens to the *next* message instead breaks exactly when message 0 is a user message, the
+common case when the template writes its own default system block: the kept preamble would
+end with message 0's header and be followed by message 3's, an empty user turn.)
+
+Every strategy keeps structured messages (tool calls, tool results) whole: half a JSON call
+teaches broken syntax. A cut that would land inside one moves outward, dropping the message.
+
+Whatever a strategy keeps, a sample left without targets is removed (`no_targets`): it would
+cost pack space and train nothing. The first token of a sample never counts
+(`Tokenized.n_targets`), because a segment start never carries a label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from packtool.records import Tokenized
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """What truncating one sample produced.
+
+    `removed_tokens + sum(len(s) for s in samples)` is the original length, and
+    `removed_targets + sum(s.targets.sum() for s in samples)` its target count: the counts are
+    of removed tokens and their target flags. A target that survives as a sample's first token
+    is not counted as removed although it will not be a label; `n_targets` on each sample is
+    the number that trains. `detail` is one line for the rejects file when `drop_reason` is set.
+    """
+
+    samples: tuple[Tokenized, ...]
+    strategy: str
+    removed_tokens: int
+    removed_targets: int
+    drop_reason: str | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.drop_reason is None) != bool(self.samples):
+            raise ValueError(
+                f"Truncation has {len(self.samples)} samples and drop_reason {self.drop_reason!r}; "
+                "a drop reason is set exactly when no sample remains"
+            )
+
+    @property
+    def kept_tokens(self) -> int:
+        return sum(len(s) for s in self.samples)
+
+
+class Strategy(Protocol):
+    def __call__(self, sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation: ...
+
+
+def truncate(sample: Tokenized, capacity: int, strategy: str, *, fallback: str = "right", seed: int = 0) -> Truncation:
+    """Fit `sample` into `capacity` tokens with the named strategy (see the module docstring).
+
+    A sample that already fits comes back unchanged with strategy "none". `fallback` is what
+    `turns` applies when removing turns is not enough (or the sample is plain text).
+    """
+    check_strategy(strategy, fallback)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
+        raise ValueError(
+            f"capacity {capacity!r} must be an integer >= 2: a segment's first token is never a label, "
+            "so a one-token row trains nothing"
+        )
+    if sample.n_targets == 0 or len(sample) <= capacity:
+        # Without targets nothing a strategy keeps could train: report no_targets, not too_long.
+        return _finish(sample, (sample,), "none")
+    return STRATEGIES[strategy](sample, capacity, fallback=fallback, seed=seed)
+
+
+def check_strategy(strategy: str, fallback: str = "right") -> None:
+    """Raise ValueError for a strategy/fallback pair `truncate` cannot run (config validation calls this)."""
+    valid = ", ".join(STRATEGIES)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown truncation strategy {strategy!r}; expected one of {valid}")
+    if fallback == "turns":
+        raise ValueError(
+            "truncation fallback 'turns' is not allowed: the fallback runs when removing turns was not "
+            f"enough; choose one of {', '.join(name for name in STRATEGIES if name != 'turns')}"
+        )
+    if fallback not in STRATEGIES:
+        raise ValueError(f"unknown truncation fallback {fallback!r}; expected one of {valid}")
+
+
+def _finish(
+    sample: Tokenized, pieces: tuple[Tokenized, ...], strategy: str, drop_reason: str | None = None, detail: str = ""
+) -> Truncation:
+    kept = tuple(piece for piece in pieces if piece.n_targets > 0)
+    if not kept and drop_reason is None:
+        drop_reason = "no_targets"
+        if strategy == "none":
+            detail = f"sample {sample.example_id!r}: no target token (the first token of a segment is never a label)"
+        else:
+            left = sum(len(piece) for piece in pieces)
+            detail = (
+                f"sample {sample.example_id!r}: no target token left after '{strategy}' kept {left} of {len(sample)}"
+            )
+    kept_targets = sum(int(piece.targets.sum()) for piece in kept)
+    return Truncation(
+        samples=kept,
+        strategy=strategy,
+        removed_tokens=len(sample) - sum(len(piece) for piece in kept),
+        removed_targets=int(sample.targets.sum()) - kept_targets,
+        drop_reason=drop_reason,
+        detail=detail if drop_reason else "",
+    )
+
+
+def _too_long(sample: Tokenized, capacity: int) -> str:
+    return f"sample {sample.example_id!r}: {len(sample)} tokens > capacity {capacity}"
+
+
+def _plain_text_only(sample: Tokenized, capacity: int, strategy: str) -> Truncation:
+    detail = (
+        f"{_too_long(sample, capacity)}; strategy '{strategy}' applies to plain text, this sample is a "
+        "conversation; use 'turns' (or right/left/middle) for chat sources, or raise capacity"
+    )
+    return _finish(sample, (), strategy, drop_reason="too_long", detail=detail)
+
+
+# -- structured messages stay whole ---------------------------------------------------------
+
+
+def _structured_spans(sample: Tokenized) -> list[tuple[int, int]]:
+    """(first, last) token position of each structured message present in the sample."""
+    spans = []
+    for message in sorted(sample.structured_messages):
+        where = np.flatnonzero(sample.message_index == message)
+        if len(where):
+            spans.append((int(where[0]), int(where[-1])))
+    return spans
+
+
+def _end_outside_structured(sample: Tokenized, end: int) -> int:
+    """The largest end' <= end such that keeping [0, end') splits no structured message."""
+    spans = _structured_spans(sample)
+    moved = True
+    while moved:  # more than one pass only when a template interleaves messages
+        moved = False
+        for first, last in spans:
+            if first < end <= last:
+                # Cut before the message's own tokens: its header stays, but nothing after it
+                # is kept, so those few tokens carry no label and shape no prediction.
+                end, moved = first, True
+    return end
+
+
+def _start_outside_structured(sample: Tokenized, start: int) -> int:
+    """The smallest start' >= start such that keeping [start', L) splits no structured message."""
+    spans = _structured_spans(sample)
+    moved = True
+    while moved:
+        moved = False
+        for first, last in spans:
+            if first < start <= last:
+                start, moved = last + 1, True
+    return start
+
+
+# -- the strategies -----------------------------------------------------------------------
+
+
+def _drop(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    detail = f"{_too_long(sample, capacity)}; set truncation.strategy or raise capacity"
+    return _finish(sample, (), "drop", drop_reason="too_long", detail=detail)
+
+
+def _right(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    end = _end_outside_structured(sample, capacity)
+    return _finish(sample, (sample.sliced(slice(0, end)),), "right")
+
+
+def _left(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    # The first kept token becomes a segment start and loses its label; the label builder
+    # applies that rule, so slicing here stays a plain slice.
+    start = _start_outside_structured(sample, len(sample) - capacity)
+    return _finish(sample, (sample.sliced(slice(start, len(sample))),), "left")
+
+
+def _middle(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    # The head gets the odd token: the prompt start (system, task) is usually the part the
+    # answer depends on most.
+    head = _end_outside_structured(sample, capacity - capacity // 2)
+    tail = _start_outside_structured(sample, len(sample) - capacity // 2)
+    keep = np.zeros(len(sample), dtype=bool)
+    keep[:head] = True
+    keep[tail:] = True
+    return _finish(sample, (sample.sliced(keep),), "middle")
+
+
+def _window(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    if sample.message_roles:
+        return _plain_text_only(sample, capacity, "window")
+    # blake2b, not hash(): str hashes are salted per process, and the same seed must pick the
+    # same window on every run and machine.
+    digest = hashlib.blake2b(f"{seed}\x00{sample.example_id}".encode(), digest_size=8).digest()
+    start = int.from_bytes(digest, "little") % (len(sample) - capacity + 1)
+    return _finish(sample, (sample.sliced(slice(start, start + capacity)),), "window")
+
+
+def _split(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    if sample.message_roles:
+        return _plain_text_only(sample, capacity, "split")
+    # Each piece is its own segment: piece k cannot see piece k-1, and its first token loses
+    # its label; the price of keeping every token of a long document.
+    pieces = tuple(sample.sliced(slice(start, start + capacity)) for start in range(0, len(sample), capacity))
+    return _finish(sample, pieces, "split")
+
+
+def _turns(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
+    reduced = _without_old_turns(sample, capacity)
+    if len(reduced) == len(sample):
+        return STRATEGIES[fallback](sample, capacity, fallback=fallback, seed=seed)
+    if len(reduced) <= capacity:
+        return _finish(sample, (reduced,), "turns")
+    rest = STRATEGIES[fallback](reduced, capacity, fallback=fallback, seed=seed)
+    detail = rest.detail
+    if rest.drop_reason:
+        then = rest.detail.removeprefix(f"sample {sample.example_id!r}: ")
+        detail = f"{_too_long(sample, capacity)}; {len(reduced)} after removing old turns, then {then}"
+    return _finish(sample, rest.samples, f"turns+{rest.strategy}", rest.drop_reason, detail)
+
+
+def _without_old_turns(sample: Tokenized, capacity: int) -> Tokenized:
+    """Remove the oldest whole turns, as few as fit `capacity` (all removable ones if none do).
+
+    A turn is a user message and everything up to the next user message. Messages before the
+    first user message (system) stay, as does the turn holding the last message with a target
+    and anything after it. Returns `sample` itself when nothing can be removed.
+    """
+    index = sample.message_index.astype(np.int64)
+    own = index[index >= 0]
+    if not sample.message_roles or np.any(own[1:] < own[:-1]):
+        # Plain text, or a template that interleaves messages: no turn is a contiguous range.
+        return sample
+    # Every token gets the latest message seen so far; with ordered messages this makes the
+    # first position of message m a binary search, and a trailing template token (an end
+    # marker that is a target) belong to the message it closes.
+    latest = np.maximum.accumulate(index)
+    if not sample.targets.any():
+        return sample
+    last_target = int(np.flatnonzero(sample.targets)[-1])
+    final_trained = int(latest[last_target])
+    starts = [m for m, role in enumerate(sample.message_roles) if role == "user" and m <= final_trained]
+    if len(starts) < 2:
+        return sample
+    # Cut from a user message's own tokens to another user message's own tokens: the header
+    # left in front is the same kind (see the module docstring).
+    bounds = [int(np.searchsorted(latest, m, side="left")) for m in starts]
+    excess = len(sample) - capacity
+    removed = next((r for r in range(1, len(bounds)) if bounds[r] - bounds[0] >= excess), len(bounds) - 1)
+    keep = np.ones(len(sample), dtype=bool)
+    keep[bounds[0] : bounds[removed]] = False
+    return sample.sliced(keep)
+
+
+# Named truncation strategies; config names are checked against these keys.
+STRATEGIES: dict[str, Strategy] = {
+    "drop": _drop,
+    "right": _right,
+    "left": _left,
+    "middle": _middle,
+    "turns": _turns,
+    "window": _window,
+    "split": _split,
+}

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from packtool.config import ConfigError, load_config, resolve_config_path
+from packtool.errors import PacktoolError
+from tests.conftest import QUICKSTART
+
+
+def _base(tmp_path: Path) -> dict:
+    (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
+    return {
+        "sources": [{"name": "docs", "path": "data.jsonl", "format": "text"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 64,
+        "output": "out",
+    }
+
+
+def test_loads_typed_settings_and_resolves_relative_paths(tmp_path, write_config):
+    config = load_config(write_config(_base(tmp_path)))
+    assert config.capacity == 64
+    assert config.sources[0].paths == (str(tmp_path / "data.jsonl"),)
+    assert config.output == str(tmp_path / "out")
+    assert config.tokenizer.path.endswith("tokenizer.json")
+    assert config.tokenizer.config_path and config.tokenizer.config_path.endswith("tokenizer_config.json")
+    assert config.packing == "bfd" and config.truncation == "right" and config.on_error == "fail"
+
+
+def test_every_problem_is_reported_at_once_with_its_yaml_path(tmp_path, write_config):
+    raw = _base(tmp_path)
+    raw["capacty"] = 10
+    raw["capacity"] = "big"
+    raw["sources"].append({"name": "chat", "path": "missing-*.jsonl", "format": "chatml", "weight": -1})
+    raw["sources"][0]["fields"] = {"body": "text"}
+    raw["tokenizer"] = "nowhere/tokenizer.json"
+    raw["packing"] = {"strategy": "magic"}
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(raw))
+    message = str(info.value)
+    for expected in [
+        "capacty: unknown key",
+        "capacity: expected an integer",
+        "sources[1].path: no file matches 'missing-*.jsonl'",
+        "sources[1].format: 'chatml' is not one of",
+        "sources[1].weight: must be positive",
+        "sources[0].fields.body: unknown field",
+        "tokenizer: not found",
+        "packing.strategy: 'magic' is not one of",
+    ]:
+        assert expected in message
+    assert len(info.value.problems) == 8
+
+
+def test_command_line_overrides(tmp_path, write_config):
+    config = load_config(write_config(_base(tmp_path)), output=str(tmp_path / "elsewhere"), capacity=128)
+    assert config.capacity == 128
+    assert config.output == str(tmp_path / "elsewhere")
+
+
+def test_stream_mode_is_only_for_text(tmp_path, write_config):
+    raw = _base(tmp_path)
+    (tmp_path / "chat.jsonl").write_text('{"messages": []}\n')
+    raw["sources"].append({"name": "chat", "path": "chat.jsonl", "format": "messages"})
+    raw["packing"] = "stream"
+    with pytest.raises(ConfigError, match="only for format: text"):
+        load_config(write_config(raw))
+
+
+def test_tool_results_are_never_trained(tmp_path, write_config):
+    raw = _base(tmp_path)
+    raw["sources"][0]["train"] = {"roles": ["assistant", "tool"]}
+    with pytest.raises(ConfigError, match="tool results are never trained"):
+        load_config(write_config(raw))
+
+
+def test_bundled_config_by_name_and_missing_file():
+    assert resolve_config_path("quickstart").name == "quickstart.yaml"
+    with pytest.raises(PacktoolError, match="not a bundled config"):
+        resolve_config_path("nope")
+    with pytest.raises(PacktoolError, match="config file not found"):
+        load_config("nope.yaml")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 

@@ -82,7 +82,8 @@ class _Rejects:
             raise PacktoolError(f"{error.describe()} [{error.kind}] (on_error: skip sends such records to {REJECTS})")
         counts.rejected[error.kind] += 1
         where = error.file if error.row is None else f"{error.file}:{error.row}"
-        self.entries.append(Drop(error.sample_id, source, error.kind, error.reason, where))
+        detail = f"field '{error.field}': {error.reason}" if error.field else error.reason
+        self.entries.append(Drop(error.sample_id, source, error.kind, detail, where))
 
     def drop(self, drop: Drop, counts: SourceCounts) -> None:
         counts.dropped[drop.reason] += 1

@@ -3,10 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import QUICKSTART
 
 from packtool.config import ConfigError, load_config, resolve_config_path
 from packtool.errors import PacktoolError
-from tests.conftest import QUICKSTART
 
 
 def _base(tmp_path: Path) -> dict:

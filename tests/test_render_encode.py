@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from support import QUICKSTART, shared
 
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import encode_batch, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import load_template, render_chat, render_text
-from tests.conftest import QUICKSTART, shared
 
 
 def qwen():

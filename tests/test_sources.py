@@ -6,11 +6,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support import shared
 
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
 from packtool.sources import read_source, record_hash
-from tests.conftest import shared
 
 
 def source(fmt: str, *paths: Path, **fields) -> SourceConfig:

@@ -1,0 +1,212 @@
+"""The three commands end to end through click's CliRunner, on the shipped quickstart and on bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from support import QUICKSTART
+
+from packtool.cli import main
+from packtool.labels import IGNORE_INDEX
+
+
+@pytest.fixture(scope="module")
+def quickstart_build(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("qs") / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "token efficiency" in result.output
+    return out
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*")) if p.is_file()}
+
+
+def test_quickstart_build_writes_a_complete_self_describing_output(quickstart_build):
+    manifest = json.loads((quickstart_build / "manifest.json").read_text())
+    assert manifest["schema_version"] == 1 and manifest["mode"] == "packed"
+    assert manifest["conventions"]["ignore_index"] == IGNORE_INDEX
+    assert manifest["template"]["name"] == "model" and len(manifest["tokenizer"]["sha256"]) == 64
+    assert manifest["stats"]["token_efficiency"] > 0.95
+    for shard in manifest["shards"]:
+        path = quickstart_build / shard["file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == shard["sha256"]
+        assert pq.read_metadata(path).num_rows == shard["rows"]
+    # every read record is accounted for: kept, rejected or dropped
+    for name, a in manifest["accounting"].items():
+        assert a["read"] == a["kept"] + sum(a["rejected"].values()) + sum(a["dropped"].values()), name
+    assert not list(quickstart_build.glob("*.tmp"))
+
+
+def test_shards_keep_labels_inside_segments(quickstart_build):
+    table = pq.read_table(quickstart_build / "shard-00000.parquet")
+    capacity = json.loads((quickstart_build / "manifest.json").read_text())["capacity"]
+    for row in table.to_pylist():
+        ids, labels = np.array(row["input_ids"]), np.array(row["labels"])
+        cu = np.array(row["cu_seqlens"])
+        assert len(ids) == len(labels) == cu[-1] <= capacity
+        assert (labels[cu[:-1]] == IGNORE_INDEX).all()
+        kept = labels != IGNORE_INDEX
+        assert (labels[kept] == ids[kept]).all()
+        assert row["n_targets"] == kept.sum() and row["attn_cost"] == int((np.diff(cu) ** 2).sum())
+        assert len(row["sample_ids"]) == len(cu) - 1 == len(row["sources"]) == len(row["sample_hashes"])
+
+
+def test_same_inputs_give_byte_identical_shards(quickstart_build, tmp_path):
+    again = tmp_path / "again"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(again), "-q"])
+    assert result.exit_code == 0, result.output
+    first, second = _digest(quickstart_build), _digest(again)
+    assert first.keys() == second.keys()
+    for name in first:
+        if name != "manifest.json":  # the manifest names the output's own path in nothing but config; compare below
+            assert first[name] == second[name], name
+    m1 = json.loads((quickstart_build / "manifest.json").read_text())
+    m2 = json.loads((again / "manifest.json").read_text())
+    assert m1 == m2
+
+
+def test_inspect_shows_each_token_with_its_label(quickstart_build):
+    result = CliRunner().invoke(
+        main, ["inspect", str(quickstart_build / "shard-00000.parquet"), "--row", "1", "--limit", "12", "--no-color"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("shard-00000.parquet row 1:")
+    header = next(line for line in lines if line.split()[:3] == ["idx", "id", "piece"])
+    assert header.split()[-4:] == ["seg", "pos", "attends", "label"]
+    first_tokens = [line for line in lines if line.strip().startswith("0 ")]
+    assert first_tokens and first_tokens[0].rstrip().endswith("·")  # a segment start is never a target
+    assert any(line.endswith("*") for line in lines) or "targets" in lines[0]
+    assert "text:" in result.output
+
+
+def test_stats_json_and_text(quickstart_build):
+    result = CliRunner().invoke(main, ["stats", str(quickstart_build), "--json"])
+    assert result.exit_code == 0
+    stats = json.loads(result.output)
+    assert set(stats["sources"]) == {"chat", "instructions", "docs"}
+    assert abs(sum(s["token_share"] for s in stats["sources"].values()) - 1) < 1e-3
+    assert stats["accounting"]["docs"]["truncated"]["split"]["samples"] > 0
+    single = CliRunner().invoke(main, ["stats", str(quickstart_build / "shard-00000.parquet")])
+    assert single.exit_code == 0 and "token efficiency" in single.output
+
+
+BAD_ROWS = [
+    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}', None),
+    ("{broken json", "parse_error"),
+    ('{"conversation": []}', "bad_record"),
+    ('{"messages": [{"role": "robot", "content": "beep"}]}', "bad_record"),
+    ('{"messages": [{"role": "user", "content": ["not a part"]}]}', "bad_record"),
+    ('{"messages": []}', "bad_record"),
+]
+
+
+def _bad_config(tmp_path: Path, write_config, on_error: str) -> Path:
+    data = tmp_path / "bad.jsonl"
+    data.write_text("".join(row + "\n" for row, _ in BAD_ROWS))
+    return write_config(
+        {
+            "sources": [{"name": "bad", "path": "bad.jsonl", "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 256,
+            "output": "out",
+            "on_error": on_error,
+        }
+    )
+
+
+def test_bad_input_fails_with_one_line_naming_file_line_and_field(tmp_path, write_config):
+    result = CliRunner().invoke(main, ["build", str(_bad_config(tmp_path, write_config, "fail"))])
+    assert result.exit_code == 1
+    message = result.output.strip()
+    assert message.startswith("Error: ") and "Traceback" not in message
+    assert f"{tmp_path / 'bad.jsonl'}:2" in message and "not valid JSON" in message
+
+
+def test_bad_input_is_skipped_into_rejects_and_counted(tmp_path, write_config):
+    result = CliRunner().invoke(main, ["build", str(_bad_config(tmp_path, write_config, "skip")), "-q"])
+    assert result.exit_code == 0, result.output
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in rejects] == [kind for _, kind in BAD_ROWS if kind]
+    assert rejects[1]["location"].endswith("bad.jsonl:3") and "messages" in rejects[1]["detail"]
+    assert rejects[2]["location"].endswith("bad.jsonl:4") and "robot" in rejects[2]["detail"]
+    stats = json.loads(CliRunner().invoke(main, ["stats", str(tmp_path / "out"), "--json"]).output)
+    assert stats["accounting"]["bad"] == {
+        "read": 6,
+        "kept": 1,
+        "overflow": 0,
+        "rejected": {"bad_record": 4, "parse_error": 1},
+        "dropped": {},
+        "truncated": {},
+        "special_token_literals": 0,
+        "segments": 1,
+    }
+
+
+def test_template_error_is_rejected_per_sample(tmp_path, write_config, write_jsonl):
+    (tmp_path / "strict.jinja").write_text(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user') }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    write_jsonl(
+        [
+            {"messages": [{"role": "assistant", "content": "first"}, {"role": "user", "content": "x"}]},
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok"}]},
+        ]
+    )
+    config = write_config(
+        {
+            "sources": [{"name": "s", "path": "data.jsonl", "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "template": "strict.jinja",
+            "capacity": 128,
+            "output": "out",
+            "on_error": "skip",
+        }
+    )
+    result = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert result.exit_code == 0, result.output
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert reject["reason"] == "template_error" and "Conversations must start with a user" in reject["detail"]
+    failing = CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(tmp_path / "o2")], obj=None)
+    assert failing.exit_code == 0
+    config.write_text(config.read_text().replace("on_error: skip", "on_error: fail"))
+    failing = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert failing.exit_code == 1 and "Conversations must start with a user" in failing.output
+    assert "data.jsonl:1" in failing.output
+
+
+def test_config_problems_are_listed_together(tmp_path, write_config):
+    config = write_config({"sources": [{"name": "s", "path": "none.jsonl", "format": "nope"}], "capacity": "x"})
+    result = CliRunner().invoke(main, ["build", str(config)])
+    assert result.exit_code == 1
+    for expected in [
+        "sources[0].format",
+        "sources[0].path",
+        "capacity: expected an integer",
+        "tokenizer: is required",
+        "output: is required",
+    ]:
+        assert expected in result.output
+
+
+def test_every_command_is_documented_with_an_example():
+    for name, command in main.commands.items():
+        assert command.help and "Example:" in command.help, f"`packtool {name}` needs help text with an example"
+    assert "Example:" in (main.help or "")
+
+
+def test_python_dash_m_works():
+    result = subprocess.run([sys.executable, "-m", "packtool", "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and "build" in result.stdout

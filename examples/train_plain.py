@@ -1,0 +1,84 @@
+"""Plain PyTorch training on a packtool build: gradient accumulation, token-level normalisation.
+
+    python examples/train_plain.py OUT/ --steps 5 --accum 2 --token-budget 2048
+
+Every update window (`--accum` micro-batches on each rank) is normalised by its total target
+count N (one all_reduce across ranks), so each target token weighs 1/N whatever the packing or
+the micro-batch split. Uses a tiny random Llama so it runs on CPU; swap in your model.
+Multi-GPU: launch with torchrun; PackedDataset reads rank/world size from torch.distributed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import transformers
+
+from packtool.loader import PackedDataset, packed_batches, token_loss_sum, window_norm
+
+
+def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        use_cache=False,  # a KV cache would disable packed-sequence detection (DESIGN.md)
+    )
+    config._attn_implementation = "sdpa"
+    return transformers.LlamaForCausalLM(config)
+
+
+def forward(model, mb):
+    # position_ids restarting per segment with attention_mask=None is how HF models take packed
+    # rows (tests/loader/test_proofs.py checks it isolates samples); flash-attention backends
+    # also read the explicit offsets in mb.flash_kwargs().
+    extra = mb.flash_kwargs() if "flash" in model.config._attn_implementation else {}
+    return model(input_ids=mb.input_ids, position_ids=mb.position_ids, **extra).logits
+
+
+def main(argv: list[str] | None = None) -> list[float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("build", help="a packtool build folder (with manifest.json)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
+    parser.add_argument("--token-budget", type=int, default=2048, help="max tokens per micro-batch")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--vocab-size", type=int, default=None, help="default: the manifest's tokenizer vocab_size")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    dataset = PackedDataset(args.build, seed=0, num_workers=args.workers)
+    vocab = args.vocab_size or (dataset.manifest.get("tokenizer") or {}).get("vocab_size") or 32000
+    model = tiny_model(vocab).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    losses: list[float] = []
+    batches = packed_batches(dataset, token_budget=args.token_budget)
+    while len(losses) < args.steps:
+        window = list(itertools.islice(batches, args.accum))
+        if not window:  # epoch done: the next one is shuffled differently
+            dataset.set_epoch(dataset.epoch + 1)
+            batches = packed_batches(dataset, token_budget=args.token_budget)
+            continue
+        norm = window_norm(window)  # N over all micro-batches and ranks, one all_reduce
+        if norm.skip:  # no target anywhere in the window: every rank skips together
+            continue
+        total = 0.0
+        for mb in window:  # under DDP wrap all but the last in model.no_sync()
+            loss_sum, _ = token_loss_sum(forward(model, mb), mb.labels)
+            norm.loss_for_backward(loss_sum).backward()  # W * S / N; DDP's average makes it S / N
+            total += loss_sum.item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total / norm.n_global)
+        print(f"step {len(losses)}: loss {losses[-1]:.4f} over {norm.n_global} targets, state {dataset.state_dict()}")
+    return losses
+
+
+if __name__ == "__main__":
+    main()

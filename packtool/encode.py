@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,6 @@ class TextTokenizer:
     """A `tokenizers.Tokenizer` plus what packtool needs around it."""
 
     tokenizer: Tokenizer
-    literal_tokenizer: Tokenizer  # same vocabulary, special-token matching off (for escaped content)
     path: str
     sha256: str
     config: dict[str, Any]
@@ -43,6 +43,14 @@ class TextTokenizer:
     bos_id: int | None
     eos_id: int | None
     pad_id: int | None
+
+    @cached_property
+    def literal_tokenizer(self) -> Tokenizer:
+        """Same vocabulary with special-token matching off, for escaped content. Built on first use:
+        cloning a large vocabulary costs about as much as loading it."""
+        literal = Tokenizer.from_str(self.tokenizer.to_str())
+        literal.encode_special_tokens = True
+        return literal
 
     @property
     def vocab_size(self) -> int:
@@ -65,8 +73,6 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
     # Some tokenizer.json files carry fixed padding/truncation (BERT-style); packing needs neither.
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    literal = Tokenizer.from_str(tokenizer.to_str())
-    literal.encode_special_tokens = True
     tokenizer_config: dict[str, Any] = {}
     if config.config_path:
         tokenizer_config = json.loads(Path(config.config_path).read_text(encoding="utf-8"))
@@ -83,7 +89,6 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
 
     return TextTokenizer(
         tokenizer=tokenizer,
-        literal_tokenizer=literal,
         path=str(path),
         sha256=hashlib.sha256(raw).hexdigest(),
         config=tokenizer_config,

@@ -1,10 +1,12 @@
 """Plain PyTorch training on a packtool build: gradient accumulation, token-level normalisation.
 
     python examples/train_plain.py OUT/ --steps 5 --accum 2 --token-budget 2048
+    python examples/train_plain.py OUT/ --steps 5 --packs-per-step 16 --alpha 2048
 
-Every update window (`--accum` micro-batches on each rank) is normalised by its total target
-count N (one all_reduce across ranks), so each target token weighs 1/N whatever the packing or
-the micro-batch split. Uses a tiny random Llama so it runs on CPU; swap in your model.
+Every update window (`--accum` micro-batches on each rank, or with `--packs-per-step` one step
+of the attention-balanced plan) is normalised by its total target count N (one all_reduce
+across ranks), so each target token weighs 1/N whatever the packing or the micro-batch split.
+Uses a tiny random Llama so it runs on CPU; swap in your model.
 Multi-GPU: launch with torchrun; PackedDataset reads rank/world size from torch.distributed.
 """
 
@@ -16,7 +18,7 @@ import itertools
 import torch
 import transformers
 
-from packtool.loader import PackedDataset, packed_batches, token_loss_sum, window_norm
+from packtool.loader import PackedDataset, packed_batches, packed_steps, token_loss_sum, window_norm
 
 
 def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
@@ -48,22 +50,33 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--token-budget", type=int, default=2048, help="max tokens per micro-batch")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument(
+        "--packs-per-step", type=int, default=None, help="balance ranks by attention cost: global packs per step"
+    )
+    parser.add_argument("--alpha", type=float, default=0.0, help="linear term of a pack's cost (with --packs-per-step)")
     parser.add_argument("--vocab-size", type=int, default=None, help="default: the manifest's tokenizer vocab_size")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    dataset = PackedDataset(args.build, seed=0, num_workers=args.workers)
+    balance = {"balance": "attention", "packs_per_step": args.packs_per_step, "alpha": args.alpha}
+    dataset = PackedDataset(args.build, seed=0, num_workers=args.workers, **(balance if args.packs_per_step else {}))
     vocab = args.vocab_size or (dataset.manifest.get("tokenizer") or {}).get("vocab_size") or 32000
     model = tiny_model(vocab).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
+    def windows():
+        if args.packs_per_step:  # the plan's steps: every rank has the same number, of balanced cost
+            return packed_steps(dataset, token_budget=args.token_budget)
+        batches = packed_batches(dataset, token_budget=args.token_budget)
+        return iter(lambda: list(itertools.islice(batches, args.accum)), [])
+
     losses: list[float] = []
-    batches = packed_batches(dataset, token_budget=args.token_budget)
+    epoch = windows()
     while len(losses) < args.steps:
-        window = list(itertools.islice(batches, args.accum))
-        if not window:  # epoch done: the next one is shuffled differently
+        window = next(epoch, None)
+        if window is None:  # epoch done: the next one is shuffled differently
             dataset.set_epoch(dataset.epoch + 1)
-            batches = packed_batches(dataset, token_budget=args.token_budget)
+            epoch = windows()
             continue
         norm = window_norm(window)  # N over all micro-batches and ranks, one all_reduce
         if norm.skip:  # no target anywhere in the window: every rank skips together

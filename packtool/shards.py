@@ -153,15 +153,22 @@ def _write_one(rows: list[PackRow], path: Path, row_group_rows: int, metadata: d
         table, temporary, row_group_size=row_group_rows, compression="zstd", use_dictionary=True, write_statistics=False
     )
     os.replace(temporary, path)
-    data = path.read_bytes()
     return ShardInfo(
         file=path.name,
         rows=len(rows),
         tokens=int(sum(len(r.input_ids) for r in rows)),
         targets=int(sum(r.n_targets for r in rows)),
-        bytes=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        bytes=path.stat().st_size,
+        sha256=sha256_file(path),
     )
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

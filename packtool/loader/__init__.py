@@ -3,6 +3,11 @@
 Needs the `loader` extra (torch). Everything here follows docs/format.md ("Loader contract" in
 DESIGN.md): micro-batches carry explicit varlen metadata, the loss is normalised by the target
 count of the whole update window, and the data order resumes from a few integers.
+
+Two reading options of `PackedDataset` (details in dataset.py): `balance="attention"` deals the
+packs of every global step to ranks by attention cost (`packed_steps` yields one step's
+micro-batches at a time), and `isolate_documents=True` turns the documents of a stream build
+into attention segments with no target across them.
 """
 
 try:
@@ -32,7 +37,7 @@ from packtool.loader.collate import (
     plan_micro_batches,
     validate_cu_seqlens,
 )
-from packtool.loader.dataset import DatasetError, PackedDataset, packed_batches
+from packtool.loader.dataset import BalancedPlan, DatasetError, PackedDataset, packed_batches, packed_steps
 from packtool.loader.loss import (
     WindowNorm,
     count_window_targets,
@@ -44,6 +49,7 @@ from packtool.loader.loss import (
 
 __all__ = [
     "IGNORE_INDEX",
+    "BalancedPlan",
     "DatasetError",
     "MicroBatch",
     "PackFormatError",
@@ -62,6 +68,7 @@ __all__ = [
     "imbalance",
     "pack_costs",
     "packed_batches",
+    "packed_steps",
     "per_segment_attention",
     "plan_micro_batches",
     "sample_mean_loss",

@@ -6,7 +6,10 @@ tokens but one long document (4096^2) is 16x the attention of sixteen 256-token 
 
 Greedy LPT (longest processing time first): sort packs by cost (ties by index), give each to the
 currently least-loaded rank (ties by rank index). Deterministic and a pure function of the step's
-packs, so a resumed run reassigns identically. LPT is within 4/3 of the optimal makespan.
+packs, so a resumed run reassigns identically. LPT is within 4/3 of the optimal makespan; it
+is not better than round robin on every step (on the synthetic test build 7 of 8 steps improve,
+one goes 1.033 -> 1.043), but the worst and the mean step are. `PackedDataset(balance="attention")`
+applies it to each global step of an epoch.
 
     costs [9, 7, 6, 5, 4, 1], 2 ranks:
     round robin   r0: 9 6 4 = 19   r1: 7 5 1 = 13    imbalance max/mean = 19/16 = 1.19

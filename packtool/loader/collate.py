@@ -61,6 +61,7 @@ class PackRow:
     attn_cost: int = -1  # sum(l_i^2); -1 when unknown (computed on demand)
     shard: str = ""
     row: int = -1
+    step: int = -1  # the global step of a balanced epoch plan (PackedDataset(balance=...)); -1 outside one
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -135,6 +136,7 @@ class MicroBatch:
     n_targets: int
     n_packs: int
     pack_hashes: tuple[str, ...] = ()  # provenance: shard rows -> sample ids via the manifest
+    step: int = -1  # the balanced-plan step of its packs (never mixed), -1 outside a balanced plan
 
     @property
     def n_tokens(self) -> int:
@@ -192,6 +194,7 @@ class MicroBatch:
             self.n_targets,
             self.n_packs,
             self.pack_hashes,
+            self.step,
         )
 
 
@@ -262,6 +265,7 @@ def collate(
     cu_seqlens = np.concatenate(cu_parts)
     validate_cu_seqlens(cu_seqlens, len(input_ids))
     max_seqlen = int(np.diff(cu_seqlens).max())
+    steps = {p.step for p in packs}
     return MicroBatch(
         input_ids=torch.from_numpy(input_ids).unsqueeze(0),
         labels=torch.from_numpy(labels).unsqueeze(0),
@@ -271,6 +275,7 @@ def collate(
         n_targets=int((labels != IGNORE_INDEX).sum()),
         n_packs=len(packs),
         pack_hashes=tuple(p.pack_hash for p in packs),
+        step=steps.pop() if len(steps) == 1 else -1,
     )
 
 
@@ -308,6 +313,8 @@ def batch_by_tokens(
 
     fixed_shape: every micro-batch holds exactly `token_budget // capacity` rows, each padded to
     `capacity`, and the last one is filled with padding rows, so T == that many * capacity always.
+    A micro-batch never mixes packs of two balanced-plan steps (`PackRow.step`): it is closed,
+    and with fixed_shape padded, where the step changes.
     """
     if fixed_shape:
         if capacity is None:
@@ -317,6 +324,9 @@ def batch_by_tokens(
             raise PackFormatError(f"token_budget {token_budget} < capacity {capacity}; raise the budget")
         pending: list[PackRow] = []
         for row in rows:
+            if pending and row.step != pending[-1].step:
+                yield collate(pending, capacity=capacity, pad_id=pad_id, n_padding_rows=per_batch - len(pending))
+                pending = []
             pending.append(row)
             if len(pending) == per_batch:
                 yield collate(pending, capacity=capacity, pad_id=pad_id)
@@ -329,7 +339,7 @@ def batch_by_tokens(
     current: list[PackRow] = []
     used = 0
     for row in rows:
-        if current and used + len(row) > token_budget:
+        if current and (used + len(row) > token_budget or row.step != current[-1].step):
             yield collate(current)
             current, used = [], 0
         current.append(row)

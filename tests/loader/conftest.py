@@ -1,124 +1,103 @@
-"""A build folder written per docs/format.md from synthetic packs (the real `packtool build` is separate)."""
+"""A build folder from synthetic packs, written by the project's own shard writer (packtool.shards).
+
+Only the sample contents are synthetic: rows go through `PackRow`, `write_shards` and
+`write_json_atomic` exactly as `packtool build` writes them, and the manifest carries the
+fields of `packtool.pipeline._manifest` that the loader reads.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-SCHEMA = pa.schema(
-    [
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("cu_seqlens", pa.list_(pa.int32())),
-        ("doc_cu_seqlens", pa.list_(pa.int32())),
-        ("token_roles", pa.list_(pa.int8())),
-        ("sample_ids", pa.list_(pa.string())),
-        ("sample_hashes", pa.list_(pa.string())),
-        ("sample_repeats", pa.list_(pa.int32())),
-        ("sources", pa.list_(pa.string())),
-        ("n_tokens", pa.int32()),
-        ("n_targets", pa.int32()),
-        ("attn_cost", pa.int64()),
-        ("pack_hash", pa.string()),
-    ],
-    metadata={"packtool_schema_version": "1"},
-)
+import packtool
+from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
+from packtool.records import ROLE_CODES
+from packtool.shards import MANIFEST, REJECTS, PackRow, write_json_atomic, write_shards
 
 
-def synthetic_packs(n_packs: int, capacity: int, seed: int = 0, vocab: int = 100) -> list[dict]:
-    """Packs of 1-4 samples; labels -100 at each segment start and on ~20% of other tokens."""
+def _lengths(rng: np.random.Generator, capacity: int) -> list[int]:
+    """1-4 documents of 2..capacity/2 tokens that fit in `capacity`."""
+    lengths: list[int] = []
+    room = capacity
+    for _ in range(int(rng.integers(1, 5))):
+        if room < 2:
+            break
+        n = int(rng.integers(2, min(room, capacity // 2) + 1))
+        lengths.append(n)
+        room -= n
+    return lengths
+
+
+def _row(ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, doc_cu: np.ndarray, pack: int) -> PackRow:
+    n_docs = len(doc_cu) - 1
+    return PackRow(
+        input_ids=ids,
+        labels=labels,
+        cu_seqlens=cu,
+        doc_cu_seqlens=doc_cu,
+        token_roles=np.full(len(ids), ROLE_CODES["text"], dtype=np.int8),
+        sample_ids=[f"synthetic:{pack}-{i}" for i in range(n_docs)],
+        sample_hashes=["0" * 32] * n_docs,
+        sample_repeats=[0] * n_docs,
+        sources=["synthetic"] * n_docs,
+    )
+
+
+def synthetic_packs(n_packs: int, capacity: int, seed: int = 0, vocab: int = 100, mode: str = "packed"):
+    """Packs of 1-4 documents.
+
+    packed: one attention segment per document, ~20% of tokens not targets, -100 at each start.
+    stream: one attention segment per pack (`cu_seqlens` [0, len]), documents only in
+    `doc_cu_seqlens`, every token a target but the first (as pipeline._stream_rows writes them).
+    """
     rng = np.random.default_rng(seed)
     packs = []
     for p in range(n_packs):
-        lengths = []
-        room = capacity
-        for _ in range(int(rng.integers(1, 5))):
-            if room < 2:
-                break
-            n = int(rng.integers(2, min(room, capacity // 2) + 1))
-            lengths.append(n)
-            room -= n
-        ids = rng.integers(1, vocab, size=sum(lengths)).astype(np.int32)
-        labels = ids.copy()
-        labels[rng.random(len(ids)) < 0.2] = -100
-        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        labels[cu[:-1]] = -100
-        packs.append(
-            {
-                "input_ids": ids,
-                "labels": labels,
-                "cu_seqlens": cu,
-                "sample_ids": [f"synthetic:{p}-{i}" for i in range(len(lengths))],
-            }
-        )
+        doc_cu = cu_seqlens_from_lengths(_lengths(rng, capacity))
+        ids = rng.integers(1, vocab, size=int(doc_cu[-1])).astype(np.int32)
+        if mode == "stream":
+            labels = ids.copy()
+            labels[0] = IGNORE_INDEX
+            cu = np.array([0, len(ids)], dtype=np.int32)
+        else:
+            cu = doc_cu
+            labels = labels_for(ids, rng.random(len(ids)) >= 0.2, cu)
+        packs.append(_row(ids, labels, cu, doc_cu, p))
     return packs
 
 
-def pack_row(pack: dict) -> dict:
-    ids, labels, cu = (np.asarray(pack[k], dtype="<i4") for k in ("input_ids", "labels", "cu_seqlens"))
-    digest = hashlib.sha256(ids.tobytes() + labels.tobytes() + cu.tobytes()).hexdigest()[:32]
-    n_seg = len(cu) - 1
-    return {
-        "input_ids": ids.tolist(),
-        "labels": labels.tolist(),
-        "cu_seqlens": cu.tolist(),
-        "doc_cu_seqlens": cu.tolist(),
-        "token_roles": [5] * len(ids),
-        "sample_ids": pack["sample_ids"],
-        "sample_hashes": ["0" * 32] * n_seg,
-        "sample_repeats": [0] * n_seg,
-        "sources": ["synthetic"] * n_seg,
-        "n_tokens": len(ids),
-        "n_targets": int((labels != -100).sum()),
-        "attn_cost": int((np.diff(cu).astype(np.int64) ** 2).sum()),
-        "pack_hash": digest,
-    }
-
-
-def write_build(out: Path, packs: list[dict], *, capacity: int, packs_per_shard: int, row_group_size: int) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for s, start in enumerate(range(0, len(packs), packs_per_shard)):
-        rows = [pack_row(p) for p in packs[start : start + packs_per_shard]]
-        table = pa.Table.from_pylist(rows, schema=SCHEMA)
-        name = f"shard-{s:05d}.parquet"
-        pq.write_table(table, out / name, row_group_size=row_group_size)
-        data = (out / name).read_bytes()
-        shards.append(
-            {
-                "file": name,
-                "rows": len(rows),
-                "tokens": sum(r["n_tokens"] for r in rows),
-                "targets": sum(r["n_targets"] for r in rows),
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-        )
-    (out / "rejects.jsonl").write_text("")
+def write_build(
+    out: Path, packs: list[PackRow], *, capacity: int, packs_per_shard: int, row_group_size: int, mode: str = "packed"
+) -> Path:
+    metadata = {"packtool.version": packtool.__version__, "packtool.capacity": str(capacity), "packtool.mode": mode}
+    shards = write_shards(packs, out, rows_per_shard=packs_per_shard, row_group_rows=row_group_size, metadata=metadata)
+    (out / REJECTS).write_text("")
+    stream = mode == "stream"
     manifest = {
-        "packtool_version": "0.1.0",
-        "schema_version": 1,
-        "mode": "packed",
+        "packtool_version": packtool.__version__,
+        "schema_version": packtool.SCHEMA_VERSION,
+        "mode": mode,
         "capacity": capacity,
         "seed": 0,
         "config": {},
         "config_hash": "",
-        "tokenizer": {"pad_token_id": 0},
+        "tokenizer": {"file": None, "sha256": None, "vocab_size": 100, "pad_token_id": 0},
+        "template": None,
         "conventions": {
             "labels": "hf_unshifted",
-            "ignore_index": -100,
-            "positions": "restart_per_segment",
-            "attention": "block_diagonal_causal",
+            "ignore_index": IGNORE_INDEX,
+            "positions": "continuous" if stream else "restart_per_segment",
+            "attention": "causal_across_documents" if stream else "block_diagonal_causal",
         },
-        "shards": shards,
+        "role_codes": ROLE_CODES,
+        "shards": [asdict(s) for s in shards],
+        "rejects": {"file": REJECTS, "count": 0, "by_reason": {}},
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_json_atomic(out / MANIFEST, manifest)
     return out
 
 
@@ -126,11 +105,17 @@ def write_build(out: Path, packs: list[dict], *, capacity: int, packs_per_shard:
 def make_build(tmp_path):
     """make_build(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4) -> (path, packs)."""
 
-    def make(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4, seed=0, name="build"):
-        packs = synthetic_packs(n_packs, capacity, seed=seed)
-        return write_build(
-            tmp_path / name, packs, capacity=capacity, packs_per_shard=packs_per_shard, row_group_size=row_group_size
-        ), packs
+    def make(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4, seed=0, name="build", mode="packed"):
+        packs = synthetic_packs(n_packs, capacity, seed=seed, mode=mode)
+        path = write_build(
+            tmp_path / name,
+            packs,
+            capacity=capacity,
+            packs_per_shard=packs_per_shard,
+            row_group_size=row_group_size,
+            mode=mode,
+        )
+        return path, packs
 
     return make
 

@@ -21,6 +21,9 @@ def test_train_plain_runs(make_build, examples_on_path):
     path, _ = make_build(n_packs=30, capacity=64)
     losses = train_plain.main([str(path), "--steps", "2", "--token-budget", "128", "--vocab-size", "128"])
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    balanced = ["--packs-per-step", "4", "--alpha", "32"]
+    losses = train_plain.main([str(path), "--steps", "2", "--token-budget", "128", "--vocab-size", "128", *balanced])
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
 
 
 def test_train_hf_trainer_gets_the_window_count(make_build, examples_on_path, monkeypatch):

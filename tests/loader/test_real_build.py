@@ -71,3 +71,21 @@ def test_rank_balancing_by_attention_cost_on_a_real_build(build, capsys):
     after = imbalance(step, assign_lpt(step, 8))
     print(f"attention-cost imbalance (max/mean) over 8 ranks: round-robin {before:.3f} -> LPT {after:.3f}")
     assert after <= before and after < 1.1
+
+
+def test_balanced_dataset_on_a_real_build(build):
+    options = {"world_size": 2, "seed": 2, "balance": "attention", "packs_per_step": 16, "alpha": 1024.0}
+    ranks = [PackedDataset(build, rank=r, even_ranks=False, **options) for r in range(2)]
+    seen = [h for ds in ranks for h in (row.pack_hash for row in ds)]
+    total = sum(s["rows"] for s in ranks[0].manifest["shards"])
+    assert len(seen) == total == len(set(seen))
+    plan, n = ranks[0].balanced_plan(), 16
+    lpt, rr = [], []
+    for lo in range(0, len(plan.cost) // n * n, n):
+        step = plan.cost[lo : lo + n]
+        lpt.append(imbalance(step, assign_lpt(step, 2)))
+        rr.append(imbalance(step, assign_round_robin(n, 2)))
+    print(
+        f"per-step imbalance over 2 ranks, mean: round-robin {sum(rr) / len(rr):.3f} -> LPT {sum(lpt) / len(lpt):.3f}"
+    )
+    assert max(lpt) <= max(rr) and sum(lpt) < sum(rr)

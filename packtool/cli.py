@@ -121,3 +121,29 @@ def stats(path: Path, as_json: bool) -> None:
     except PacktoolError as error:
         raise _fail(error) from None
     click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else format_stats(summary))
+
+
+@main.command(name="audit")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--rows", default=50, show_default=True, help="Rows of each source to check besides the built-in probes.")
+def audit_command(config: Path, rows: int) -> None:
+    """Check the template + tokenizer before a long build; exit 1 if a check fails.
+
+    Runs built-in probe conversations (system prompts, repeated roles, multi-turn tool calls,
+    control-token text in content) and the first ROWS rows of each source, and reports each
+    check with its evidence; the first failing sample is shown token by token.
+
+    \b
+    Example:
+        packtool audit configs/quickstart.yaml --rows 100
+    """
+    from packtool.audit import audit, format_audit
+    from packtool.config import load_config, resolve_config_path
+
+    try:
+        report = audit(load_config(resolve_config_path(config), output="."), rows=rows)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(format_audit(report))
+    if not report.ok:
+        raise SystemExit(1)

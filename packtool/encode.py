@@ -1,7 +1,7 @@
 """Tokenize rendered text and map character spans to per-token targets, roles and messages.
 
 A token is a target when its first character lies inside a target range. Every sample is then
-checked: no token may straddle the start of a target range (the first target character would
+checked: no token may straddle the start of a target range over a non-space character (it would
 hide in a context token), and a token that runs past the end may only absorb whitespace (some
 SentencePiece added tokens swallow the newline after `<|end|>`). A mismatch is an error for that
 sample, never a silently shifted mask.
@@ -179,6 +179,11 @@ def _checked(
     t_msg = np.array([r[2] for r in targets_sorted], dtype=np.int64)
     for start, end, message in targets_sorted:
         straddles_start = (token_start < start) & (token_end > start)
+        if straddles_start.any():
+            # Mirror of the end rule: a context token may swallow leading whitespace of the target
+            # (Phi-3's `<|assistant|>` strips what follows it); only a non-space character hiding
+            # in a context token shifts the mask.
+            straddles_start &= np.array([bool(text[start:e].strip()) for e in token_end], dtype=bool)
         overrun = (token_start < end) & (token_end > end)
         bad_end = (
             overrun & np.array([bool(text[end:e].strip()) for e in token_end], dtype=bool) if overrun.any() else overrun

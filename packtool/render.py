@@ -275,20 +275,42 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         )
     for i, ranges in contents.items():
         expected = messages[i].content.strip()
-        if any(text[start:end] != expected for start, end in ranges):
+        # A JSON-quoted copy is the same words: Llama 3.x prints tool results through `tojson`.
+        quoted = json.dumps(expected, ensure_ascii=False)[1:-1]
+        if any(text[start:end] not in (expected, quoted) for start, end in ranges):
             raise RecordError(
                 f"the template changes the content of message {i} ({messages[i].role}) while "
                 "printing it, so its targets would not be the data's words",
                 kind="mask_check",
+            )
+    # A message whose content never reaches the text would be lost without a trace (Mistral-Nemo's
+    # template prints the system prompt only when the conversation ends with a user turn; Phi-3's
+    # drops tool results): reject the sample and name the message instead.
+    for i, message in enumerate(messages):
+        if message.content.strip() and i not in contents:
+            raise RecordError(
+                f"the template does not print the content of message {i} ({message.role}) as given "
+                "(it drops or rewrites it), so training on this render would silently lose it",
+                kind="template_error",
             )
     trained = trained_messages(messages, policy)
     spans = tuple(
         Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
     )
     if template.has_generation_blocks:
-        targets = _targets_from_generation_blocks(generations, contents, trained)
+        targets = _targets_from_generation_blocks(generations, contents, trained, [m.role for m in messages])
     else:
         targets = _targets_from_headers(text, messages, contents, trained, template, policy)
+    # Tool calls carry no sentinel, so a template that ignores them (Gemma 3, Phi-3) would train an
+    # empty turn: each called function's name must appear inside its message's target.
+    for start, end, i in targets:
+        calls = messages[i].tool_calls if i >= 0 else ()
+        if any(str(call.get("function", {}).get("name", "")) not in text[start:end] for call in calls):
+            raise RecordError(
+                f"the template does not print the tool calls of message {i} ({messages[i].role}), "
+                "so its target would be an empty turn",
+                kind="template_error",
+            )
     return Rendered(
         example=example,
         text=text,
@@ -341,11 +363,23 @@ def _strip_markers(marked: str) -> tuple[str, dict[int, list[tuple[int, int]]], 
 
 
 def _targets_from_generation_blocks(
-    generations: list[tuple[int, int]], contents: dict[int, list[tuple[int, int]]], trained: list[bool]
+    generations: list[tuple[int, int]],
+    contents: dict[int, list[tuple[int, int]]],
+    trained: list[bool],
+    roles: list[str],
 ) -> list[tuple[int, int, int]]:
     targets = []
     for start, end in generations:
         owners = [i for i, ranges in contents.items() for s, e in ranges if start <= s and e <= end]
+        if not owners:
+            # A block without content (an assistant turn that only calls tools) belongs to the one
+            # content-less assistant message between its printed neighbours; without this, such
+            # blocks were trained even under `turns: last` or `tool_calls: false`.
+            before = max((i for i, r in contents.items() if r[-1][1] <= start), default=-1)
+            after = min((i for i, r in contents.items() if r[0][0] >= end), default=len(trained))
+            owners = [i for i in range(before + 1, after) if roles[i] == "assistant" and i not in contents]
+            if len(owners) != 1:
+                owners = []
         if not owners or any(trained[i] for i in owners):
             targets.append((start, end, owners[0] if owners else -1))
     return targets
@@ -381,6 +415,12 @@ def _targets_from_headers(
             start = header_at + len(template.generation_header) if header_at >= 0 else (own[0] if own else -1)
         else:
             start = own[0] if own else -1
+            # Without a header, the content's own leading whitespace (kept outside the sentinels)
+            # starts the target: BPE glues it to the next word (" Paris"), and a target starting
+            # mid-token fails the encode check.
+            lead = message.content[: len(message.content) - len(message.content.lstrip())]
+            if own and lead and own[0] - len(lead) >= lower and text[own[0] - len(lead) : own[0]] == lead:
+                start = own[0] - len(lead)
         if start < 0:
             raise RecordError(
                 f"cannot locate message {i} ({message.role}) in the rendered text; the template "

@@ -18,8 +18,8 @@ import click
 import numpy as np
 
 from packtool.errors import PacktoolError
-from packtool.labels import IGNORE_INDEX, position_ids
-from packtool.records import ROLE_NAMES
+from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
+from packtool.records import ROLE_NAMES, Tokenized
 from packtool.shards import locate, read_row
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
@@ -53,8 +53,6 @@ def inspect_pack(
     cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)
     docs = np.asarray(pack["doc_cu_seqlens"], dtype=np.int64)
     roles = pack["token_roles"]
-    positions = position_ids(cu)
-    segment_of = np.searchsorted(cu, np.arange(len(ids)), side="right") - 1
 
     out = [
         f"{path.name} row {row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
@@ -68,23 +66,58 @@ def inspect_pack(
             f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}), "
             f"tokens [{start}, {end}) ──"
         )
-        out.append(f"{'idx':>6} {'id':>8}  {'piece':<18} {'role':<9} {'seg':>4} {'pos':>5}  {'attends':<13} label")
-        shown = range(start, end if limit is None else min(end, start + limit))
-        for t in shown:
-            seg = int(segment_of[t])
-            label = int(labels[t])
-            target = label != IGNORE_INDEX
-            line = (
-                f"{t:>6} {int(ids[t]):>8}  {visible(decoder.decode([int(ids[t])], skip_special_tokens=False)):<18.18}"
-                f" {ROLE_NAMES.get(roles[t], '?'):<9} {seg:>4} {int(positions[t]):>5}  "
-                f"{f'[{int(cu[seg])}, {t}]':<13} {label if target else '·'}"
-            )
-            if target:
-                line = click.style(line, fg="green", bold=True) if color else f"{line}  *"
-            out.append(line)
+        out.extend(token_rows(ids, labels, roles, cu, decoder, range(start, end), limit=limit, color=color))
         if limit is not None and end - start > limit:
             out.append(f"   ... {end - start - limit} more tokens")
         text = decoder.decode(ids[start:end].tolist(), skip_special_tokens=False)
         out.append("text:")
         out.append(text)
+    return "\n".join(out)
+
+
+TABLE_HEADER = f"{'idx':>6} {'id':>8}  {'piece':<18} {'role':<9} {'seg':>4} {'pos':>5}  {'attends':<13} label"
+
+
+def token_rows(
+    ids: Any,
+    labels: Any,
+    roles: Any,
+    cu_seqlens: Any,
+    decoder: Any,
+    span: range,
+    *,
+    limit: int | None = None,
+    color: bool = False,
+) -> list[str]:
+    """The header and one line per token of `span` (at most `limit`): the table `inspect` prints.
+
+    Shared by `inspect` (a shard row) and `tokenized_table` (a sample before packing, as `audit`
+    shows its first failing sample), so both read the same.
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    positions = position_ids(cu)
+    out = [TABLE_HEADER]
+    for t in list(span)[:limit] if limit is not None else span:
+        seg = int(np.searchsorted(cu, t, side="right") - 1)
+        label = int(labels[t])
+        target = label != IGNORE_INDEX
+        line = (
+            f"{t:>6} {int(ids[t]):>8}  {visible(decoder.decode([int(ids[t])], skip_special_tokens=False)):<18.18}"
+            f" {ROLE_NAMES.get(int(roles[t]), '?'):<9} {seg:>4} {int(positions[t]):>5}  "
+            f"{f'[{int(cu[seg])}, {t}]':<13} {label if target else '·'}"
+        )
+        if target:
+            line = click.style(line, fg="green", bold=True) if color else f"{line}  *"
+        out.append(line)
+    return out
+
+
+def tokenized_table(sample: Tokenized, decoder: Any, *, limit: int | None = None, color: bool = False) -> str:
+    """One sample as `inspect` shows a document: a single segment, labels as packing would write them."""
+    ids = np.asarray(sample.input_ids, dtype=np.int64)
+    cu = cu_seqlens_from_lengths([len(ids)])
+    labels = labels_for(sample.input_ids, sample.targets, cu)
+    out = token_rows(ids, labels, sample.roles, cu, decoder, range(len(ids)), limit=limit, color=color)
+    if limit is not None and len(ids) > limit:
+        out.append(f"   ... {len(ids) - limit} more tokens")
     return "\n".join(out)

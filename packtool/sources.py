@@ -138,6 +138,9 @@ def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
             raise RecordError(f"tools string is not valid JSON: {exc.msg}", field=column) from None
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise RecordError("expected a list of tool definitions", field=column)
+    # Bare function schemas (LLaMA-Factory/glaive: {"name", "description", "parameters"}) get the
+    # OpenAI wrapper that chat templates index into (`tool.function`); Mistral's fails without it.
+    value = [{"type": "function", "function": t} if "function" not in t and "name" in t else t for t in value]
     return tuple(value) or None
 
 

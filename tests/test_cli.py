@@ -210,3 +210,9 @@ def test_every_command_is_documented_with_an_example():
 def test_python_dash_m_works():
     result = subprocess.run([sys.executable, "-m", "packtool", "--help"], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and "build" in result.stdout
+
+
+def test_audit_command_on_the_quickstart():
+    result = CliRunner().invoke(main, ["audit", str(QUICKSTART.parent / "quickstart.yaml"), "--rows", "10"])
+    assert result.exit_code == 0, result.output
+    assert "PASS  assistant_markers" in result.output and "OK" in result.output.splitlines()[-1]

@@ -255,6 +255,12 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 "content holds plane-16 private-use characters, which packtool reserves as markers",
                 field=f"messages[{i}].content",
             )
+    trained = trained_messages(messages, policy)
+    for i, message in enumerate(messages):
+        if trained[i] and message.role == "assistant" and not message.content.strip() and not message.tool_calls:
+            # Nothing but an end marker to learn; templates without an assistant header could not
+            # even place it. A data defect (seen in real alpaca sets), not a turn to train.
+            raise RecordError(f"message {i} (assistant) is empty: nothing to train", kind="bad_record")
     plain = [m.as_template_dict() for m in messages]
     marked = [_marked(m, i) for i, m in enumerate(messages)]
     tools = list(example.tools) if example.tools else None
@@ -293,7 +299,6 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 "(it drops or rewrites it), so training on this render would silently lose it",
                 kind="template_error",
             )
-    trained = trained_messages(messages, policy)
     spans = tuple(
         Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
     )

@@ -6,16 +6,16 @@ gemma-3 + glaive tool data   -> rows and multi_turn_tools fail: Gemma's template
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from support import SHARED_DATA
 
 from packtool.audit import STATUSES, AuditReport, audit, format_audit
 from packtool.config import BuildConfig, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("PACKTOOL_SHARED_DATA", "/work/shared/data"))
+DATA = SHARED_DATA
 GLAIVE = DATA / "datasets" / "llamafactory_glaive_toolcall_en_demo.json"
 
 CHECKS = {

@@ -11,13 +11,13 @@ are plain text, and again on each format's real tokenizer from the shared data w
 
 from __future__ import annotations
 
-import os
 import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import pytest
+from support import SHARED_DATA
 
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch, load_tokenizer
@@ -27,7 +27,7 @@ from packtool.render import END_MARKERS, bundled_templates, load_template, rende
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart" / "tokenizer"
-SHARED = Path(os.environ.get("PACKTOOL_SHARED_DATA", "/work/shared/data")) / "tokenizers"
+SHARED = SHARED_DATA / "tokenizers"
 
 TEMPLATES = ("alpaca", "chatml", "gemma", "llama3", "mistral", "phi3", "plain", "qwen")
 WITH_TOOLS = ("qwen", "llama3", "mistral")

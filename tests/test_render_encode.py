@@ -195,7 +195,7 @@ def _write_template(source: str):
 
 
 def test_empty_assistant_turn_is_a_bad_record_not_a_lone_end_marker():
-    tokenizer, template = quickstart()
+    _, template = quickstart()
     with pytest.raises(RecordError, match="message 1 \\(assistant\\) is empty") as info:
         render_chat(chat(("user", "Say nothing"), ("assistant", "  ")), template, TrainPolicy())
     assert info.value.kind == "bad_record"

@@ -13,6 +13,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from packtool.config import parse_config
@@ -58,6 +59,7 @@ def timed(fn, repeat: int) -> tuple[float, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2, help="processes for the parallel build row")
     args = parser.parse_args()
     if not DATA.is_dir():
         raise SystemExit(f"{DATA} not found: this bench runs on the shared real datasets")
@@ -87,11 +89,14 @@ def main() -> None:
         )
         tokens = sum(len(e.ids) for e in encodings)
         build_s, manifest = timed(lambda: build(settings), args.repeat)
+        parallel = replace(settings, workers=args.workers)
+        parallel_s, _ = timed(lambda: build(parallel), args.repeat)
 
     rows = [
         ("tokenizers.encode_batch alone (floor)", floor_s),
         ("render with span tracking", render_s),
         ("packtool build, end to end", build_s),
+        (f"packtool build, end to end, {args.workers} workers", parallel_s),
     ]
     print(
         f"{len(examples):,} samples, {tokens:,} tokens, Qwen2.5 tokenizer, capacity 4096, "

@@ -37,15 +37,16 @@ def main() -> None:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--output", "-o", help="Output folder (overrides `output` in the config).")
 @click.option("--capacity", type=int, help="Tokens per pack (overrides `capacity` in the config).")
+@click.option("--workers", "-j", help="Processes for render + encode: a number or 'auto' (overrides `workers`).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-def build(config: Path, output: str | None, capacity: int | None, quiet: bool) -> None:
+def build(config: Path, output: str | None, capacity: int | None, workers: str | None, quiet: bool) -> None:
     """Render, tokenize, truncate, pack and write shards as CONFIG describes.
 
     CONFIG may also be the name of a bundled config (e.g. `quickstart`).
 
     \b
     Example:
-        packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048
+        packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048 --workers auto
     """
     from packtool.config import load_config, resolve_config_path
     from packtool.pipeline import build as run_build
@@ -57,7 +58,7 @@ def build(config: Path, output: str | None, capacity: int | None, quiet: bool) -
             output = f"out/{config.name}"  # a bundled config: write under the working folder, not site-packages
         # --output is a path the user typed, so it is relative to the working folder
         output = str(Path(output).resolve()) if output is not None else None
-        settings = load_config(config_path, output=output, capacity=capacity)
+        settings = load_config(config_path, output=output, capacity=capacity, workers=workers)
         show_bar = not quiet and sys.stderr.isatty()
         with tqdm(desc="samples", unit=" samples", disable=not show_bar) as bar:
             manifest = run_build(settings, progress=bar.update)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -122,6 +123,7 @@ class BuildConfig:
     rows_per_shard: int = 1000
     row_group_rows: int = 128
     on_error: str = "fail"
+    workers: int = 1  # processes for render + encode; 1 = in the build process
     add_bos: bool | None = None  # None: the template decides; text documents get none
     add_eos: bool | None = None  # None: text documents end with EOS, chat follows the template
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
@@ -212,6 +214,7 @@ TOP_KEYS = {
     "on_error",
     "add_bos",
     "add_eos",
+    "workers",
 }
 SOURCE_KEYS = {
     "name",
@@ -228,8 +231,10 @@ SOURCE_KEYS = {
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 
 
-def load_config(path: str | Path, *, output: str | None = None, capacity: int | None = None) -> BuildConfig:
-    """Read and validate a build config. `output` and `capacity` override the file (command-line flags)."""
+def load_config(
+    path: str | Path, *, output: str | None = None, capacity: int | None = None, workers: str | None = None
+) -> BuildConfig:
+    """Read and validate a build config. `output`, `capacity` and `workers` override the file (command-line flags)."""
     path = Path(path)
     if not path.is_file():
         raise PacktoolError(f"{path}: config file not found")
@@ -243,6 +248,8 @@ def load_config(path: str | Path, *, output: str | None = None, capacity: int | 
         raw["output"] = output
     if capacity is not None:
         raw["capacity"] = capacity
+    if workers is not None:
+        raw["workers"] = int(workers) if workers.isdigit() else workers
     return parse_config(raw, base_dir=path.resolve().parent, config_file=str(path))
 
 
@@ -335,17 +342,31 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         rows_per_shard=p.take(raw, "rows_per_shard", int, "", 1000),
         row_group_rows=p.take(raw, "row_group_rows", int, "", 128),
         on_error=p.take(raw, "on_error", str, "", "fail", choices=ERROR_POLICIES),
+        workers=_workers(p.take(raw, "workers", (int, str), "", 1), p),
         add_bos=p.take(raw, "add_bos", bool, "", None),
         add_eos=p.take(raw, "add_eos", bool, "", None),
-        raw={k: v for k, v in raw.items() if k != "output"},
+        # where and how fast a build runs does not change what it writes: neither enters the manifest
+        raw={k: v for k, v in raw.items() if k not in ("output", "workers")},
     )
     if config.truncation == "turns" and config.truncation_fallback == "turns":
         p.add("truncation.fallback", "'turns' cannot be its own fallback")
+    if config.packing == "stream" and config.overflow == "bucket":
+        p.add("overflow", "stream mode cuts documents into windows itself; an overflow bucket does not apply")
     if config.packing == "stream" and any(s.format != "text" for s in sources):
         p.add("packing", "'stream' (documents visible to each other) is only for format: text sources")
     if p.items:
         raise ConfigError(config_file, p.items)
     return config
+
+
+def _workers(value: int | str, p: _Problems) -> int:
+    """An integer >= 1, or `auto` for one process per CPU core."""
+    if value == "auto":
+        return os.cpu_count() or 1
+    if isinstance(value, str) or value < 1:
+        p.add("workers", f"expected a positive integer or 'auto', got {value!r}")
+        return 1
+    return value
 
 
 def _resolve(base_dir: Path, value: str) -> Path:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter, defaultdict
+import multiprocessing
+import os
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,22 +100,21 @@ def build(config: BuildConfig, *, progress: Callable[[int], None] | None = None)
     output.mkdir(parents=True, exist_ok=True)
     for stale in (output / MANIFEST, output / "overflow" / MANIFEST):
         stale.unlink(missing_ok=True)
-    tokenizer = load_tokenizer(config.tokenizer)
-    needs_template = any(s.format != "text" for s in config.sources)
-    template = load_template(config.template, tokenizer.config, config.template_vars) if needs_template else None
+    stages = _Stages.load(config)
+    tokenizer, template = stages.tokenizer, stages.template
 
     rejects = _Rejects(config.on_error)
     counts: dict[str, SourceCounts] = {s.name: SourceCounts() for s in config.sources}
     kept: list[Tokenized] = []
     overflow: list[Tokenized] = []
-    for source in config.sources:
-        samples = _tokenized(source, template, tokenizer, config, rejects, counts[source.name], progress)
-        for sample, location in samples:
-            routed = _fit(sample, location, source, config, rejects, counts[source.name])
-            if routed is None:
-                continue
-            bucket, pieces = routed
-            (overflow if bucket else kept).extend(pieces)
+    with _pool(config) as pool:
+        for source in config.sources:
+            for sample, location in _tokenized(stages, pool, source, rejects, counts[source.name], progress):
+                routed = _fit(sample, location, source, config, rejects, counts[source.name])
+                if routed is None:
+                    continue
+                bucket, pieces = routed
+                (overflow if bucket else kept).extend(pieces)
 
     kept = _mixed(kept, config, counts)
     for sample in kept + overflow:
@@ -130,65 +133,146 @@ def build(config: BuildConfig, *, progress: Callable[[int], None] | None = None)
     return _emit(kept, output, config.capacity, config, tokenizer, template, counts, rejects.entries, extra)
 
 
+@dataclass(frozen=True)
+class _Stages:
+    """Render and encode, with what they need loaded once per process (the build's, or a worker's)."""
+
+    config: BuildConfig
+    tokenizer: TextTokenizer
+    template: ChatTemplate | None
+
+    @classmethod
+    def load(cls, config: BuildConfig) -> _Stages:
+        tokenizer = load_tokenizer(config.tokenizer)
+        needs_template = any(s.format != "text" for s in config.sources)
+        template = load_template(config.template, tokenizer.config, config.template_vars) if needs_template else None
+        return cls(config, tokenizer, template)
+
+    def prepare(self, chunk: list[Example | RecordError], source_name: str) -> list[_Outcome]:
+        """Each input in order: its Tokenized sample or the RecordError saying why not, and whether
+        its content spells a special token."""
+        source = next(s for s in self.config.sources if s.name == source_name)
+        outcomes: list[_Outcome] = []
+        pending: list[tuple[Rendered, str]] = []
+        waiting: list[int] = []
+        for item in chunk:
+            if isinstance(item, RecordError):
+                outcomes.append(_Outcome("", item.sample_id, item))
+                continue
+            try:
+                rendered = self.render(item, source)
+            except RecordError as error:
+                error.sample_id = item.id
+                outcomes.append(_Outcome(item.location, item.id, error))
+                continue
+            literal = source.special_tokens == "escape" and has_special_literal(rendered, self.tokenizer)
+            outcomes.append(_Outcome(item.location, item.id, None, literal))
+            pending.append((rendered, source.special_tokens))
+            waiting.append(len(outcomes) - 1)
+        results = encode_batch(pending, self.tokenizer, add_bos=bool(self.config.add_bos)) if pending else []
+        for index, result in zip(waiting, results):
+            outcomes[index] = replace(outcomes[index], result=result)
+        return outcomes
+
+    def render(self, example: Example, source: SourceConfig) -> Rendered:
+        if example.is_text:
+            specials = self.template.special_tokens if self.template else special_token_strings(self.tokenizer.config)
+            add_eos = True if self.config.add_eos is None else self.config.add_eos
+            return render_text(example, specials, add_bos=bool(self.config.add_bos), add_eos=add_eos)
+        if self.template is None:
+            raise PacktoolError("internal: chat source without a template")
+        return render_chat(example, self.template, source.train)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    location: str
+    example_id: str
+    result: Tokenized | RecordError | None
+    special_literal: bool = False
+
+
+_WORKER: _Stages | None = None
+
+
+def _start_worker(config: BuildConfig) -> None:
+    global _WORKER
+    # Each worker is one of N processes already: a tokenizer thread pool per worker would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER = _Stages.load(config)
+
+
+def _prepare_in_worker(chunk: list[Example | RecordError], source_name: str) -> list[_Outcome]:
+    if _WORKER is None:
+        raise RuntimeError("worker used before _start_worker ran")
+    return _WORKER.prepare(chunk, source_name)
+
+
+def _chunks(items: Iterator[Example | RecordError], size: int) -> Iterator[list[Example | RecordError]]:
+    chunk: list[Example | RecordError] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _prepared(stages: _Stages, pool: Executor | None, source: SourceConfig) -> Iterator[list[_Outcome]]:
+    """Chunks of outcomes in input order, whether prepared here or by a pool of worker processes."""
+    chunks = _chunks(read_source(source), ENCODE_BATCH)
+    if pool is None:
+        for chunk in chunks:
+            yield stages.prepare(chunk, source.name)
+        return
+    in_flight: deque[Future] = deque()
+    for chunk in chunks:
+        in_flight.append(pool.submit(_prepare_in_worker, chunk, source.name))
+        if len(in_flight) >= 2 * (stages.config.workers or 1):  # bounded: memory stays a few chunks deep
+            yield in_flight.popleft().result()
+    while in_flight:
+        yield in_flight.popleft().result()
+
+
+@contextmanager
+def _pool(config: BuildConfig) -> Iterator[Executor | None]:
+    """Worker processes for render + encode when config.workers > 1.
+
+    Spawned, not forked: tokenizers' thread pool does not survive a fork."""
+    if config.workers <= 1:
+        yield None
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(config.workers, mp_context=context, initializer=_start_worker, initargs=(config,)) as pool:
+        yield pool
+
+
 def _tokenized(
+    stages: _Stages,
+    pool: Executor | None,
     source: SourceConfig,
-    template: ChatTemplate | None,
-    tokenizer: TextTokenizer,
-    config: BuildConfig,
     rejects: _Rejects,
     counts: SourceCounts,
     progress: Callable[[int], None] | None,
 ) -> Iterator[tuple[Tokenized, str]]:
-    """Examples of one source, rendered and encoded in batches (tokenizers parallelizes a batch)."""
-    pending: list[tuple[Rendered, str]] = []
-
-    def flush() -> Iterator[tuple[Tokenized, str]]:
-        results = encode_batch(pending, tokenizer, add_bos=bool(config.add_bos))
-        for (rendered, _), result in zip(pending, results):
-            location = rendered.example.location
-            if isinstance(result, RecordError):
-                if result.kind == "special_token_literal":
-                    counts.special_token_literals += 1
-                    rejects.drop(Drop(rendered.example.id, source.name, result.kind, result.reason, location), counts)
-                else:
-                    result.sample_id = rendered.example.id
-                    rejects.bad_input(result, source.name, counts, location)
-            else:
-                yield result, location
+    """Samples of one source that rendered and encoded; everything else is counted and rejected in order."""
+    for outcomes in _prepared(stages, pool, source):
+        for outcome in outcomes:
+            counts.read += 1
+            counts.special_token_literals += outcome.special_literal
+            result = outcome.result
+            if isinstance(result, Tokenized):
+                yield result, outcome.location
+            elif isinstance(result, RecordError) and result.kind == "special_token_literal":
+                counts.special_token_literals += 1
+                drop = Drop(outcome.example_id, source.name, result.kind, result.reason, outcome.location)
+                rejects.drop(drop, counts)
+            elif isinstance(result, RecordError):
+                result.sample_id = result.sample_id or outcome.example_id
+                rejects.bad_input(result, source.name, counts, outcome.location)
         if progress:
-            progress(len(pending))
-        pending.clear()
-
-    for item in read_source(source):
-        counts.read += 1
-        if isinstance(item, RecordError):
-            rejects.bad_input(item, source.name, counts)
-            continue
-        try:
-            rendered = _render(item, source, template, tokenizer, config)
-        except RecordError as error:
-            error.sample_id = item.id
-            rejects.bad_input(error, source.name, counts, item.location)
-            continue
-        if source.special_tokens == "escape" and has_special_literal(rendered, tokenizer):
-            counts.special_token_literals += 1
-        pending.append((rendered, source.special_tokens))
-        if len(pending) == ENCODE_BATCH:
-            yield from flush()
-    if pending:
-        yield from flush()
-
-
-def _render(
-    example: Example, source: SourceConfig, template: ChatTemplate | None, tokenizer: TextTokenizer, config: BuildConfig
-) -> Rendered:
-    if example.is_text:
-        specials = template.special_tokens if template else special_token_strings(tokenizer.config)
-        add_eos = True if config.add_eos is None else config.add_eos
-        return render_text(example, specials, add_bos=bool(config.add_bos), add_eos=add_eos)
-    if template is None:
-        raise PacktoolError("internal: chat source without a template")
-    return render_chat(example, template, source.train)
+            progress(len(outcomes))
 
 
 def _fit(
@@ -199,7 +283,6 @@ def _fit(
     bucket = config.overflow == "bucket" and len(sample) > capacity
     if bucket:
         capacity = config.overflow_capacity or capacity
-        counts.overflow += 1
     strategy = source.truncation or config.truncation
     if config.packing == "stream":
         strategy = "none"  # stream mode cuts windows itself; nothing is removed
@@ -237,6 +320,7 @@ def _fit(
         )
         return None
     counts.kept += 1
+    counts.overflow += bucket
     return bucket, pieces
 
 

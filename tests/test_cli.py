@@ -216,3 +216,11 @@ def test_audit_command_on_the_quickstart():
     result = CliRunner().invoke(main, ["audit", str(QUICKSTART.parent / "quickstart.yaml"), "--rows", "10"])
     assert result.exit_code == 0, result.output
     assert "PASS  assistant_markers" in result.output and "OK" in result.output.splitlines()[-1]
+
+
+def test_worker_processes_write_the_same_bytes(quickstart_build, tmp_path):
+    parallel = tmp_path / "parallel"
+    args = ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(parallel), "-q", "--workers", "2"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert _digest(parallel) == _digest(quickstart_build)

@@ -29,10 +29,8 @@ from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message, Rendered, Tokenized
 from packtool.render import (
     ChatTemplate,
-    load_template,
-    render_chat,
-    render_text,
-    special_token_strings,
+    render_example,
+    template_for,
     trained_messages,
 )
 from packtool.show import tokenized_table, visible
@@ -118,13 +116,14 @@ class _Audit:
         return trial
 
     def _render(self, example: Example, policy: TrainPolicy) -> Rendered:
-        if example.is_text:
-            specials = self.template.special_tokens if self.template else special_token_strings(self.tokenizer.config)
-            add_eos = True if self.config.add_eos is None else self.config.add_eos
-            return render_text(example, specials, add_bos=bool(self.config.add_bos), add_eos=add_eos)
-        if self.template is None:
-            raise RecordError("no chat template is configured", kind="template_error")
-        return render_chat(example, self.template, policy)
+        return render_example(
+            example,
+            self.template,
+            self.tokenizer.config,
+            policy,
+            add_bos=self.config.add_bos,
+            add_eos=self.config.add_eos,
+        )
 
     def decode(self, ids: Any) -> str:
         return self.tokenizer.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -223,8 +222,7 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
     if rows < 0:
         raise PacktoolError(f"audit rows must be >= 0, got {rows}")
     tokenizer = load_tokenizer(config.tokenizer)
-    has_chat = any(s.format != "text" for s in config.sources)
-    template = load_template(config.template, tokenizer.config, config.template_vars) if has_chat else None
+    template = template_for(config, tokenizer.config)
     state = _Audit(config, tokenizer, template)
     data = {source.name: _source_trials(state, source, rows) for source in config.sources}
     chat_source = next((s for s in config.sources if s.format != "text"), None)

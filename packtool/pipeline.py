@@ -31,8 +31,8 @@ from packtool.errors import PacktoolError, RecordError
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.packing import PackPlan, StreamPlan, plan_packs, plan_stream
 from packtool.records import ROLE_CODES, Drop, Example, Rendered, Tokenized
-from packtool.render import ChatTemplate, load_template, render_chat, render_text, special_token_strings
-from packtool.shards import MANIFEST, REJECTS, PackRow, ShardInfo, write_json_atomic, write_shards
+from packtool.render import ChatTemplate, render_example, template_for
+from packtool.shards import MANIFEST, REJECTS, PackRow, ShardInfo, conventions, write_json_atomic, write_shards
 from packtool.sources import read_source
 from packtool.stats import summarize
 from packtool.truncate import truncate
@@ -144,9 +144,7 @@ class _Stages:
     @classmethod
     def load(cls, config: BuildConfig) -> _Stages:
         tokenizer = load_tokenizer(config.tokenizer)
-        needs_template = any(s.format != "text" for s in config.sources)
-        template = load_template(config.template, tokenizer.config, config.template_vars) if needs_template else None
-        return cls(config, tokenizer, template)
+        return cls(config, tokenizer, template_for(config, tokenizer.config))
 
     def prepare(self, chunk: list[Example | RecordError], source_name: str) -> list[_Outcome]:
         """Each input in order: its Tokenized sample or the RecordError saying why not, and whether
@@ -175,13 +173,14 @@ class _Stages:
         return outcomes
 
     def render(self, example: Example, source: SourceConfig) -> Rendered:
-        if example.is_text:
-            specials = self.template.special_tokens if self.template else special_token_strings(self.tokenizer.config)
-            add_eos = True if self.config.add_eos is None else self.config.add_eos
-            return render_text(example, specials, add_bos=bool(self.config.add_bos), add_eos=add_eos)
-        if self.template is None:
-            raise PacktoolError("internal: chat source without a template")
-        return render_chat(example, self.template, source.train)
+        return render_example(
+            example,
+            self.template,
+            self.tokenizer.config,
+            source.train,
+            add_bos=self.config.add_bos,
+            add_eos=self.config.add_eos,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,12 +549,7 @@ def _manifest(
             "weights": {s.name: s.weight for s in config.sources},
             "loss_normalization": "token-level: sum of target losses / targets in the update window",
         },
-        "conventions": {
-            "labels": "hf_unshifted",
-            "ignore_index": IGNORE_INDEX,
-            "positions": "continuous" if stream else "restart_per_segment",
-            "attention": "causal_across_documents" if stream else "block_diagonal_causal",
-        },
+        "conventions": conventions(stream),
         "role_codes": ROLE_CODES,
         "shards": [asdict(s) for s in shards],
         "accounting": {name: c.as_dict() for name, c in counts.items()},

@@ -35,7 +35,7 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from packtool.config import TrainPolicy
+from packtool.config import BuildConfig, TrainPolicy
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import Example, Message, Rendered, Span
 
@@ -138,6 +138,13 @@ class ChatTemplate:
             raise PacktoolError(
                 f"template {self.name!r} tried to reach Python internals and was stopped: {exc}"
             ) from None
+
+
+def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:
+    """The configured template, or None when every source is plain text (no template is needed)."""
+    if all(source.format == "text" for source in config.sources):
+        return None
+    return load_template(config.template, tokenizer_config, config.template_vars)
 
 
 def bundled_templates() -> list[str]:
@@ -454,3 +461,21 @@ def _end_of_turn(text: str, start: int, limit: int, markers: tuple[str, ...], *,
         return None
     at, marker = min(found)
     return at + len(marker) if include else at
+
+
+def render_example(
+    example: Example,
+    template: ChatTemplate | None,
+    tokenizer_config: dict[str, Any],
+    policy: TrainPolicy,
+    *,
+    add_bos: bool | None,
+    add_eos: bool | None,
+) -> Rendered:
+    """A chat example through its template, a text example as a document (EOS-terminated unless add_eos is False)."""
+    if example.is_text:
+        specials = template.special_tokens if template else special_token_strings(tokenizer_config)
+        return render_text(example, specials, add_bos=bool(add_bos), add_eos=add_eos is not False)
+    if template is None:
+        raise RecordError("no chat template is configured for a chat example", kind="template_error")
+    return render_chat(example, template, policy)

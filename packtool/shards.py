@@ -46,6 +46,16 @@ SCHEMA = pa.schema(
 )
 
 
+def conventions(stream: bool) -> dict[str, Any]:
+    """How to read labels, positions and attention in an output (the manifest's `conventions`)."""
+    return {
+        "labels": "hf_unshifted",  # the model shifts: logits at t predict labels[t + 1]
+        "ignore_index": IGNORE_INDEX,
+        "positions": "continuous" if stream else "restart_per_segment",
+        "attention": "causal_across_documents" if stream else "block_diagonal_causal",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class PackRow:
     """One pack, ready to write. See docs/format.md for each column."""

@@ -16,7 +16,7 @@ import pytest
 import packtool
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.records import ROLE_CODES
-from packtool.shards import MANIFEST, REJECTS, PackRow, write_json_atomic, write_shards
+from packtool.shards import MANIFEST, REJECTS, PackRow, conventions, write_json_atomic, write_shards
 
 
 def _lengths(rng: np.random.Generator, capacity: int) -> list[int]:
@@ -87,12 +87,7 @@ def write_build(
         "config_hash": "",
         "tokenizer": {"file": None, "sha256": None, "vocab_size": 100, "pad_token_id": 0},
         "template": None,
-        "conventions": {
-            "labels": "hf_unshifted",
-            "ignore_index": IGNORE_INDEX,
-            "positions": "continuous" if stream else "restart_per_segment",
-            "attention": "causal_across_documents" if stream else "block_diagonal_causal",
-        },
+        "conventions": conventions(stream),
         "role_codes": ROLE_CODES,
         "shards": [asdict(s) for s in shards],
         "rejects": {"file": REJECTS, "count": 0, "by_reason": {}},

@@ -108,7 +108,12 @@ class _Audit:
         except RecordError as error:
             trial.error = error
             return trial
-        (result,) = encode_batch([(trial.rendered, special_tokens)], self.tokenizer, add_bos=bool(self.config.add_bos))
+        (result,) = encode_batch(
+            [(trial.rendered, special_tokens)],
+            self.tokenizer,
+            add_bos=bool(self.config.add_bos),
+            add_eos=bool(self.config.add_eos),
+        )
         if isinstance(result, RecordError):
             trial.error = result
         else:

@@ -110,9 +110,14 @@ def has_special_literal(rendered: Rendered, tokenizer: TextTokenizer) -> bool:
 
 
 def encode_batch(
-    batch: list[tuple[Rendered, str]], tokenizer: TextTokenizer, *, add_bos: bool = False
+    batch: list[tuple[Rendered, str]], tokenizer: TextTokenizer, *, add_bos: bool = False, add_eos: bool = False
 ) -> list[Tokenized | RecordError]:
-    """Encode rendered samples; each comes with its source's special-token policy."""
+    """Encode rendered samples; each comes with its source's special-token policy.
+
+    add_bos prepends the tokenizer's BOS where the text does not start with one (never a second
+    one); add_eos appends EOS to a chat sample that does not end with one (documents get theirs
+    from render_text).
+    """
     results: list[Tokenized | RecordError | None] = [None] * len(batch)
     whole: list[int] = []
     for i, (rendered, policy) in enumerate(batch):
@@ -125,13 +130,13 @@ def encode_batch(
                 )
                 continue
             ids, offsets = _encode_escaped(rendered, tokenizer)
-            results[i] = _checked(rendered, ids, offsets, tokenizer, add_bos)
+            results[i] = _checked(rendered, ids, offsets, tokenizer, add_bos, add_eos)
         else:
             whole.append(i)
     encodings = tokenizer.tokenizer.encode_batch([batch[i][0].text for i in whole], add_special_tokens=False)
     for i, encoding in zip(whole, encodings):
         ids, offsets = _arrays(encoding, 0)
-        results[i] = _checked(batch[i][0], ids, offsets, tokenizer, add_bos)
+        results[i] = _checked(batch[i][0], ids, offsets, tokenizer, add_bos, add_eos)
     return [r for r in results if r is not None]
 
 
@@ -169,7 +174,12 @@ def _in_ranges(positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> n
 
 
 def _checked(
-    rendered: Rendered, ids: np.ndarray, offsets: np.ndarray, tokenizer: TextTokenizer, add_bos: bool
+    rendered: Rendered,
+    ids: np.ndarray,
+    offsets: np.ndarray,
+    tokenizer: TextTokenizer,
+    add_bos: bool,
+    add_eos: bool,
 ) -> Tokenized | RecordError:
     example = rendered.example
     text = rendered.text
@@ -225,6 +235,19 @@ def _checked(
         targets = np.concatenate([[False], targets])
         roles = np.concatenate([[ROLE_CODES["template"]], roles]).astype(np.int8)
         message_index = np.concatenate([[-1], message_index])
+    if (
+        add_eos
+        and not example.is_text
+        and tokenizer.eos_id is not None
+        and (len(ids) == 0 or ids[-1] != tokenizer.eos_id)
+    ):
+        # Closes the conversation; a target only when the last message is trained, so that the
+        # model learns to stop after its own final turn and never after a user's.
+        last_trained = bool(targets.any()) and int(message_index[targets].max()) == len(message_roles) - 1
+        ids = np.concatenate([ids, [tokenizer.eos_id]]).astype(np.int32)
+        targets = np.concatenate([targets, [last_trained]])
+        roles = np.concatenate([roles, [ROLE_CODES["assistant" if last_trained else "template"]]]).astype(np.int8)
+        message_index = np.concatenate([message_index, [len(message_roles) - 1 if last_trained else -1]])
     if tokenizer.bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == tokenizer.bos_id:
         return RecordError(
             "doubled BOS: the template prints one and another was added", kind="double_bos", sample_id=example.id

@@ -167,7 +167,11 @@ class _Stages:
             outcomes.append(_Outcome(item.location, item.id, None, literal))
             pending.append((rendered, source.special_tokens))
             waiting.append(len(outcomes) - 1)
-        results = encode_batch(pending, self.tokenizer, add_bos=bool(self.config.add_bos)) if pending else []
+        results = (
+            encode_batch(pending, self.tokenizer, add_bos=bool(self.config.add_bos), add_eos=bool(self.config.add_eos))
+            if pending
+            else []
+        )
         for index, result in zip(waiting, results):
             outcomes[index] = replace(outcomes[index], result=result)
         return outcomes

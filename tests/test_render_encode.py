@@ -199,3 +199,17 @@ def test_empty_assistant_turn_is_a_bad_record_not_a_lone_end_marker():
     with pytest.raises(RecordError, match="message 1 \\(assistant\\) is empty") as info:
         render_chat(chat(("user", "Say nothing"), ("assistant", "  ")), template, TrainPolicy())
     assert info.value.kind == "bad_record"
+
+
+def test_add_eos_closes_a_chat_and_is_trained_only_after_a_trained_turn():
+    tokenizer, template = quickstart()
+    eos = tokenizer.eos_id
+    answered = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    unanswered = render_chat(chat(("user", "Hi"), ("assistant", "Hello"), ("user", "Bye")), template, TrainPolicy())
+    plain, with_eos, open_end = encode_batch([(answered, "escape")], tokenizer) + encode_batch(
+        [(answered, "escape"), (unanswered, "escape")], tokenizer, add_eos=True
+    )
+    assert plain.input_ids[-1] != eos
+    assert with_eos.input_ids[-1] == eos and with_eos.targets[-1]
+    assert (with_eos.input_ids[:-1] == plain.input_ids).all()
+    assert open_end.input_ids[-1] == eos and not open_end.targets[-1]

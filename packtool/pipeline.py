@@ -1,6 +1,9 @@
 """The build: the only module that knows the order of the stages.
 
-    read -> render -> encode -> truncate -> mix -> plan -> emit -> manifest
+    read -> render -> encode -> truncate -> spill -> mix -> plan -> emit -> manifest
+
+Samples are spilled to a memory-mapped Arrow file as they are encoded (store.py); mixing and
+planning work on lengths and indices only, and emit reads back just the samples of each pack.
 
 Stages never call each other; this module drains one into the next, applies the error policy,
 and counts every sample that does not reach a pack under a reason, so that for each source
@@ -14,6 +17,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -35,9 +39,11 @@ from packtool.render import ChatTemplate, render_example, template_for
 from packtool.shards import MANIFEST, REJECTS, PackRow, ShardInfo, conventions, write_json_atomic, write_shards
 from packtool.sources import read_source
 from packtool.stats import summarize
+from packtool.store import SampleReader, SampleStore, StoredSample
 from packtool.truncate import truncate
 
 ENCODE_BATCH = 512
+WORK_DIR = ".packtool-work"  # spilled samples during a build; removed when it ends
 
 
 @dataclass
@@ -105,8 +111,10 @@ def build(config: BuildConfig, *, progress: Callable[[int], None] | None = None)
 
     rejects = _Rejects(config.on_error)
     counts: dict[str, SourceCounts] = {s.name: SourceCounts() for s in config.sources}
-    kept: list[Tokenized] = []
-    overflow: list[Tokenized] = []
+    work = output / WORK_DIR
+    store = SampleStore(work / "samples.arrow")
+    kept: list[int] = []
+    overflow: list[int] = []
     with _pool(config) as pool:
         for source in config.sources:
             for sample, location in _tokenized(stages, pool, source, rejects, counts[source.name], progress):
@@ -114,23 +122,51 @@ def build(config: BuildConfig, *, progress: Callable[[int], None] | None = None)
                 if routed is None:
                     continue
                 bucket, pieces = routed
-                (overflow if bucket else kept).extend(pieces)
+                (overflow if bucket else kept).extend(store.append(piece) for piece in pieces)
+    reader = store.close()
+    try:
+        main = _mixed(reader, np.asarray(kept, dtype=np.int64), config)
+        spilled = _Segments(reader, np.asarray(overflow, dtype=np.int64), np.zeros(len(overflow), dtype=np.int32))
+        for source in main.sources + spilled.sources:
+            counts[source].copies += 1
+        extra: dict[str, Any] = {}
+        if config.overflow == "bucket":
+            capacity = config.overflow_capacity or config.capacity
+            bucket = _emit(spilled, output / "overflow", capacity, config, tokenizer, template, counts, [], {})
+            extra["overflow"] = {
+                "folder": "overflow",
+                "capacity": capacity,
+                "packs": bucket["stats"]["packs"],
+                "segments": len(overflow),
+            }
+        # The main manifest goes last: its presence means every shard, the bucket included, is complete.
+        return _emit(main, output, config.capacity, config, tokenizer, template, counts, rejects.entries, extra)
+    finally:
+        reader.close()
+        shutil.rmtree(work, ignore_errors=True)
 
-    kept = _mixed(kept, config, counts)
-    for sample in kept + overflow:
-        counts[sample.source].copies += 1
-    extra: dict[str, Any] = {}
-    if config.overflow == "bucket":
-        capacity = config.overflow_capacity or config.capacity
-        bucket = _emit(overflow, output / "overflow", capacity, config, tokenizer, template, counts, [], {})
-        extra["overflow"] = {
-            "folder": "overflow",
-            "capacity": capacity,
-            "packs": bucket["stats"]["packs"],
-            "segments": len(overflow),
-        }
-    # The main manifest goes last: its presence means every shard, the bucket included, is complete.
-    return _emit(kept, output, config.capacity, config, tokenizer, template, counts, rejects.entries, extra)
+
+@dataclass(frozen=True)
+class _Segments:
+    """What one output packs: stored samples by index, each with its repeat number (source mixing)."""
+
+    reader: SampleReader
+    index: np.ndarray  # int64 into the store
+    repeat: np.ndarray  # int32
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.reader.lengths[self.index]
+
+    @property
+    def sources(self) -> list[str]:
+        return [self.reader.sources[i] for i in self.index]
+
+    def get(self, k: int) -> StoredSample:
+        return self.reader.get(int(self.index[k]), int(self.repeat[k]))
 
 
 @dataclass(frozen=True)
@@ -327,23 +363,25 @@ def _fit(
     return bucket, pieces
 
 
-def _mixed(samples: list[Tokenized], config: BuildConfig, counts: dict[str, SourceCounts]) -> list[Tokenized]:
+def _mixed(reader: SampleReader, kept: np.ndarray, config: BuildConfig) -> _Segments:
     """Realize source weights by seeded up- or down-sampling; copies keep their id and get a repeat index."""
-    by_source: dict[str, list[Tokenized]] = defaultdict(list)
-    for sample in samples:
-        by_source[sample.source].append(sample)
-    weights = {s.name: s.weight for s in config.sources}
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for index in kept.tolist():
+        by_source[reader.sources[index]].append(index)
     multipliers = source_multipliers(
         {name: len(items) for name, items in by_source.items()},
-        {name: sum(len(s) for s in items) for name, items in by_source.items()},
-        weights,
+        {name: int(reader.lengths[items].sum()) for name, items in by_source.items()},
+        {s.name: s.weight for s in config.sources},
         config.mix_by,
     )
-    out: list[Tokenized] = []
+    indices: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    repeats: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
     for name in (s.name for s in config.sources):
-        items = by_source.get(name, [])
-        out.extend(repeat_samples(items, multipliers.get(name, 1.0), seed=_seed(config.seed, name)))
-    return out
+        items = np.asarray(by_source.get(name, []), dtype=np.int64)
+        positions, repeat = repeat_plan(len(items), multipliers.get(name, 1.0), seed=_seed(config.seed, name))
+        indices.append(items[positions])
+        repeats.append(repeat)
+    return _Segments(reader, np.concatenate(indices), np.concatenate(repeats))
 
 
 def source_multipliers(
@@ -363,22 +401,18 @@ def source_multipliers(
     return {n: (weights[n] / weight_sum) * total / amount[n] for n in present}
 
 
-def repeat_samples(samples: list[Tokenized], multiplier: float, *, seed: int) -> list[Tokenized]:
-    """floor(m) full copies plus round(frac(m) * n) samples chosen by a seeded permutation."""
-    if multiplier == 1.0 or not samples:
-        return list(samples)
+def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, repeat numbers) of the copies of n samples: floor(m) full passes, then
+    round(frac(m) * n) samples chosen by a seeded permutation.
+
+    n=4, m=1.5 -> positions [0 1 2 3 | 1 3], repeats [0 0 0 0 | 1 1]   (which two: the seed decides)
+    """
     whole = int(np.floor(multiplier))
-    extra = round((multiplier - whole) * len(samples))
-    chosen = np.sort(np.random.default_rng(seed).permutation(len(samples))[:extra])
-    out = [_copy(s, k) for k in range(whole) for s in samples]
-    out.extend(_copy(samples[i], whole) for i in chosen)
-    return out
-
-
-def _copy(sample: Tokenized, repeat: int) -> Tokenized:
-    if repeat == sample.repeat:
-        return sample
-    return Tokenized(**{**{f: getattr(sample, f) for f in Tokenized.__slots__}, "repeat": repeat})
+    extra = round((multiplier - whole) * n)
+    chosen = np.sort(np.random.default_rng(seed).permutation(n)[:extra]) if extra else np.zeros(0, dtype=np.int64)
+    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
+    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
+    return positions, repeats
 
 
 def _seed(seed: int, name: str) -> int:
@@ -386,7 +420,7 @@ def _seed(seed: int, name: str) -> int:
 
 
 def _emit(
-    samples: list[Tokenized],
+    segments: _Segments,
     folder: Path,
     capacity: int,
     config: BuildConfig,
@@ -399,13 +433,13 @@ def _emit(
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("shard-*.parquet"):
         old.unlink()
-    lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    lengths = segments.lengths
     stream = config.packing == "stream"
     if stream:
-        rows: Iterator[PackRow] = _stream_rows(samples, plan_stream(lengths, capacity))
+        rows: Iterator[PackRow] = _stream_rows(segments, plan_stream(lengths, capacity))
     else:
-        plan = _plan(samples, lengths, capacity, config)
-        rows = (_pack_row([samples[i] for i in plan.members[a:b]]) for a, b in zip(plan.offsets, plan.offsets[1:]))
+        plan = _plan(segments.sources, lengths, capacity, config)
+        rows = (_pack_row([segments.get(k) for k in plan.members[a:b]]) for a, b in zip(plan.offsets, plan.offsets[1:]))
     metadata = {
         "packtool.version": packtool.__version__,
         "packtool.capacity": str(capacity),
@@ -421,7 +455,7 @@ def _emit(
     return manifest
 
 
-def _plan(samples: list[Tokenized], lengths: np.ndarray, capacity: int, config: BuildConfig) -> PackPlan:
+def _plan(sources: list[str], lengths: np.ndarray, capacity: int, config: BuildConfig) -> PackPlan:
     """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
     if config.group_by != "source":
         return plan_packs(
@@ -433,7 +467,7 @@ def _plan(samples: list[Tokenized], lengths: np.ndarray, capacity: int, config: 
             shuffle=config.shuffle_packs,
         )
     group_of = {s.name: s.group or s.name for s in config.sources}
-    groups = np.array([group_of[s.source] for s in samples])
+    groups = np.array([group_of[source] for source in sources])
     members, offsets = [], [0]
     for group in sorted(set(groups.tolist())):
         index = np.flatnonzero(groups == group)
@@ -459,7 +493,7 @@ def _plan(samples: list[Tokenized], lengths: np.ndarray, capacity: int, config: 
     return PackPlan(new_members, new_offsets)
 
 
-def _pack_row(members: list[Tokenized]) -> PackRow:
+def _pack_row(members: list[StoredSample]) -> PackRow:
     ids = np.concatenate([m.input_ids for m in members])
     targets = np.concatenate([m.targets for m in members])
     cu = cu_seqlens_from_lengths([len(m) for m in members])
@@ -476,11 +510,12 @@ def _pack_row(members: list[Tokenized]) -> PackRow:
     )
 
 
-def _stream_rows(samples: list[Tokenized], plan: StreamPlan) -> Iterator[PackRow]:
+def _stream_rows(segments: _Segments, plan: StreamPlan) -> Iterator[PackRow]:
     """Continuous pretraining windows: one attention segment per window; documents see each other."""
     for a, b in zip(plan.offsets, plan.offsets[1:]):
         pieces = [
-            (samples[s], int(st), int(en)) for s, st, en in zip(plan.samples[a:b], plan.starts[a:b], plan.ends[a:b])
+            (segments.get(k), int(st), int(en))
+            for k, st, en in zip(plan.samples[a:b], plan.starts[a:b], plan.ends[a:b])
         ]
         ids = np.concatenate([s.input_ids[st:en] for s, st, en in pieces])
         labels = ids.astype(np.int32).copy()

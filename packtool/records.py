@@ -121,7 +121,6 @@ class Tokenized:
     message_roles: tuple[str, ...] = ()
     # Messages that must never be cut in half by truncation (tool calls, tool results).
     structured_messages: frozenset[int] = field(default_factory=frozenset)
-    repeat: int = 0  # >0 for a copy made by source up-sampling
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -149,7 +148,6 @@ class Tokenized:
             message_index=self.message_index[keep],
             message_roles=self.message_roles,
             structured_messages=self.structured_messages,
-            repeat=self.repeat,
         )
 
 

@@ -1,0 +1,63 @@
+"""The spill store round-trips samples exactly; the mixing plan copies what the weight says."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.pipeline import repeat_plan
+from packtool.records import Tokenized
+from packtool.store import BATCH_ROWS, SampleStore
+
+
+def _sample(i: int, rng: np.random.Generator) -> Tokenized:
+    n = int(rng.integers(1, 40))
+    return Tokenized(
+        example_id=f"src:{i}",
+        source="a" if i % 3 else "b",
+        sample_hash=f"{i:032x}",
+        input_ids=rng.integers(0, 50_000, n).astype(np.int32),
+        targets=rng.random(n) > 0.4,
+        roles=rng.integers(0, 6, n).astype(np.int8),
+        message_index=np.zeros(n, dtype=np.int16),
+    )
+
+
+def test_store_round_trips_across_batch_boundaries(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = [_sample(i, rng) for i in range(BATCH_ROWS + 7)]
+    store = SampleStore(tmp_path / "samples.arrow")
+    assert [store.append(s) for s in samples] == list(range(len(samples)))
+    reader = store.close()
+    assert reader.lengths.tolist() == [len(s) for s in samples]
+    for i in (0, 1, BATCH_ROWS - 1, BATCH_ROWS, len(samples) - 1):
+        got = reader.get(i, repeat=2)
+        assert (got.input_ids == samples[i].input_ids).all() and got.input_ids.dtype == np.int32
+        assert (got.targets == samples[i].targets).all() and got.targets.dtype == bool
+        assert (got.roles == samples[i].roles).all()
+        assert (got.example_id, got.sample_hash, got.source, got.repeat) == (
+            samples[i].example_id,
+            samples[i].sample_hash,
+            samples[i].source,
+            2,
+        )
+    reader.close()
+
+
+def test_repeat_plan_worked_example():
+    positions, repeats = repeat_plan(4, 1.5, seed=0)
+    assert positions[:4].tolist() == [0, 1, 2, 3] and repeats.tolist() == [0, 0, 0, 0, 1, 1]
+    assert len(set(positions[4:].tolist())) == 2
+
+
+@settings(max_examples=60)
+@given(st.integers(0, 50), st.floats(0.05, 4.0), st.integers(0, 2**32 - 1))
+def test_repeat_plan_properties(n, multiplier, seed):
+    positions, repeats = repeat_plan(n, multiplier, seed=seed)
+    assert len(positions) == int(np.floor(multiplier)) * n + round((multiplier - np.floor(multiplier)) * n)
+    pairs = list(zip(positions.tolist(), repeats.tolist()))
+    assert len(set(pairs)) == len(pairs)  # every copy is a distinct (sample, repeat)
+    assert all(0 <= p < n for p in positions.tolist())
+    again = repeat_plan(n, multiplier, seed=seed)
+    assert (again[0] == positions).all() and (again[1] == repeats).all()

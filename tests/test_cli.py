@@ -224,3 +224,38 @@ def test_worker_processes_write_the_same_bytes(quickstart_build, tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert _digest(parallel) == _digest(quickstart_build)
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("bad_tokenizer", "cannot load tokenizer"),
+        ("bad_template", "template 'broken.jinja' line 1"),
+        ("no_chat_template", "has no chat_template"),
+    ],
+)
+def test_setup_errors_are_one_line(tmp_path, write_config, write_jsonl, setup, expected):
+    write_jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    template = "model"
+    if setup == "bad_tokenizer":
+        (tokenizer / "tokenizer.json").write_text("{not a tokenizer")
+    else:
+        (tokenizer / "tokenizer.json").write_text((QUICKSTART / "tokenizer" / "tokenizer.json").read_text())
+        (tokenizer / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+    if setup == "bad_template":
+        (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m.content }")
+        template = "broken.jinja"
+    config = write_config(
+        {
+            "sources": [{"name": "s", "path": "data.jsonl", "format": "messages"}],
+            "tokenizer": "tok",
+            "template": template,
+            "capacity": 64,
+            "output": "out",
+        }
+    )
+    result = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert expected in result.output and result.output.count("\n") == 1

@@ -80,23 +80,28 @@ def build(config: Path, output: str | None, capacity: int | None, workers: str |
 @click.option("--row", "-r", default=0, show_default=True, help="Pack (row) index in the shard.")
 @click.option("--limit", "-n", type=int, help="Show at most this many tokens per document.")
 @click.option(
+    "--around", "-a", type=int, help="Show only tokens this close to a document start or a context/target switch."
+)
+@click.option(
     "--tokenizer", type=click.Path(exists=True), help="tokenizer.json to decode with (default: from manifest)."
 )
 @click.option("--color/--no-color", default=None, help="Highlight targets (default: when writing to a terminal).")
-def inspect_command(shard: Path, row: int, limit: int | None, tokenizer: str | None, color: bool | None) -> None:
+def inspect_command(
+    shard: Path, row: int, limit: int | None, around: int | None, tokenizer: str | None, color: bool | None
+) -> None:
     """Print one pack token by token: id, piece, role, segment, position, attention range, label.
 
     SHARD is a .parquet shard or an output folder (its first shard).
 
     \b
     Example:
-        packtool inspect out/quickstart/shard-00000.parquet --row 3 --limit 30
+        packtool inspect out/quickstart/shard-00000.parquet --row 3 --around 3
     """
     from packtool.show import inspect_pack
 
     use_color = sys.stdout.isatty() if color is None else color
     try:
-        click.echo(inspect_pack(shard, row=row, limit=limit, tokenizer=tokenizer, color=use_color))
+        click.echo(inspect_pack(shard, row=row, limit=limit, around=around, tokenizer=tokenizer, color=use_color))
     except PacktoolError as error:
         raise _fail(error) from None
 

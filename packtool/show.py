@@ -42,8 +42,17 @@ def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: s
 
 
 def inspect_pack(
-    shard: str | Path, *, row: int = 0, limit: int | None = None, tokenizer: str | None = None, color: bool = False
+    shard: str | Path,
+    *,
+    row: int = 0,
+    limit: int | None = None,
+    around: int | None = None,
+    tokenizer: str | None = None,
+    color: bool = False,
 ) -> str:
+    """The table of one pack. `limit`: the first tokens of each document only; `around`: only the
+    tokens within that distance of a document start or of a switch between context and target,
+    the places where a wrong mask shows."""
     _, manifest, files = locate(shard)
     path = files[0]
     pack = read_row(path, row)
@@ -66,13 +75,24 @@ def inspect_pack(
             f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}), "
             f"tokens [{start}, {end}) ──"
         )
-        out.extend(token_rows(ids, labels, roles, cu, decoder, range(start, end), limit=limit, color=color))
-        if limit is not None and end - start > limit:
-            out.append(f"   ... {end - start - limit} more tokens")
+        shown = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
+        out.extend(token_rows(ids, labels, roles, cu, decoder, shown, limit=limit, color=color))
+        if limit is not None and len(shown) > limit:
+            out.append(f"   ... {len(shown) - limit} more tokens")
         text = decoder.decode(ids[start:end].tolist(), skip_special_tokens=False)
         out.append("text:")
         out.append(text)
     return "\n".join(out)
+
+
+def boundary_tokens(labels: Any, start: int, end: int, around: int) -> list[int]:
+    """Token indices of [start, end) within `around` of the start or of a context/target switch."""
+    is_target = np.asarray(labels[start:end]) != IGNORE_INDEX
+    switches = np.flatnonzero(is_target[1:] != is_target[:-1]) + 1
+    keep = np.zeros(end - start, dtype=bool)
+    for anchor in [0, *switches.tolist()]:
+        keep[max(anchor - around, 0) : anchor + around + 1] = True
+    return (np.flatnonzero(keep) + start).tolist()
 
 
 TABLE_HEADER = f"{'idx':>6} {'id':>8}  {'piece':<18} {'role':<9} {'seg':>4} {'pos':>5}  {'attends':<13} label"
@@ -84,7 +104,7 @@ def token_rows(
     roles: Any,
     cu_seqlens: Any,
     decoder: Any,
-    span: range,
+    span: range | list[int],
     *,
     limit: int | None = None,
     color: bool = False,
@@ -97,7 +117,11 @@ def token_rows(
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     positions = position_ids(cu)
     out = [TABLE_HEADER]
+    previous = None
     for t in list(span)[:limit] if limit is not None else span:
+        if previous is not None and t != previous + 1:
+            out.append(f"{'...':>6}")
+        previous = t
         seg = int(np.searchsorted(cu, t, side="right") - 1)
         label = int(labels[t])
         target = label != IGNORE_INDEX

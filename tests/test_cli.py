@@ -259,3 +259,13 @@ def test_setup_errors_are_one_line(tmp_path, write_config, write_jsonl, setup, e
     result = CliRunner().invoke(main, ["build", str(config), "-q"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert expected in result.output and result.output.count("\n") == 1
+
+
+def test_inspect_around_shows_the_edges_of_every_target_run(quickstart_build):
+    args = ["inspect", str(quickstart_build / "shard-00000.parquet"), "--row", "0", "--around", "1", "--no-color"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line[:6].strip().isdigit() or line.strip() == "..."]
+    assert any(line.strip() == "..." for line in rows)  # gaps between the shown edges
+    marks = [line.endswith("*") for line in rows if line.strip() != "..."]
+    assert any(a != b for a, b in zip(marks, marks[1:]))  # a context -> target switch is shown

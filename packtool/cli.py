@@ -153,3 +153,25 @@ def audit_command(config: Path, rows: int) -> None:
     click.echo(format_audit(report))
     if not report.ok:
         raise SystemExit(1)
+
+
+@main.command(name="verify")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+def verify_command(path: Path) -> None:
+    """Re-check an output from its bytes: checksums, offsets, labels, counts, pack hashes; exit 1 on a problem.
+
+    PATH is an output folder or one shard.
+
+    \b
+    Example:
+        packtool verify out/quickstart
+    """
+    from packtool.verify import format_verification, verify
+
+    try:
+        result = verify(path)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(format_verification(result))
+    if not result.ok:
+        raise SystemExit(1)

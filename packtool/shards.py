@@ -92,11 +92,16 @@ class PackRow:
 
     @property
     def pack_hash(self) -> str:
-        digest = hashlib.sha256()
-        for array in (self.input_ids, self.labels, self.cu_seqlens):
-            digest.update(np.ascontiguousarray(array, dtype="<i4").tobytes())
-            digest.update(b"|")
-        return digest.hexdigest()[:32]
+        return pack_hash(self.input_ids, self.labels, self.cu_seqlens)
+
+
+def pack_hash(input_ids: np.ndarray, labels: np.ndarray, cu_seqlens: np.ndarray) -> str:
+    """sha256 (first 16 bytes, hex) over the three arrays as little-endian int32."""
+    digest = hashlib.sha256()
+    for array in (input_ids, labels, cu_seqlens):
+        digest.update(np.ascontiguousarray(array, dtype="<i4").tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()[:32]
 
 
 def _table(rows: list[PackRow]) -> pa.Table:

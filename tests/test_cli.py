@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -268,4 +269,4 @@ def test_inspect_around_shows_the_edges_of_every_target_run(quickstart_build):
     rows = [line for line in result.output.splitlines() if line[:6].strip().isdigit() or line.strip() == "..."]
     assert any(line.strip() == "..." for line in rows)  # gaps between the shown edges
     marks = [line.endswith("*") for line in rows if line.strip() != "..."]
-    assert any(a != b for a, b in zip(marks, marks[1:]))  # a context -> target switch is shown
+    assert any(a != b for a, b in itertools.pairwise(marks))  # a context -> target switch is shown

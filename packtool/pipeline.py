@@ -20,7 +20,7 @@ import os
 import shutil
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -262,13 +262,20 @@ def _prepared(stages: _Stages, pool: Executor | None, source: SourceConfig) -> I
     """Chunks of outcomes in input order, whether prepared here or by a pool of worker processes."""
     chunks = _chunks(read_source(source), ENCODE_BATCH)
     if pool is None:
-        for chunk in chunks:
-            yield stages.prepare(chunk, source.name)
+        # One chunk renders (Python, holds the GIL) while the one before it tokenizes (Rust, releases
+        # the GIL): two threads overlap the two halves of the work on a single process.
+        with ThreadPoolExecutor(2) as threads:
+            yield from _in_order(threads, stages.prepare, chunks, source.name, depth=2)
         return
+    yield from _in_order(pool, _prepare_in_worker, chunks, source.name, depth=2 * stages.config.workers)
+
+
+def _in_order(executor: Executor, fn: Callable, chunks: Iterator, source_name: str, *, depth: int) -> Iterator:
+    """Results of fn over chunks, in input order, with at most `depth` chunks in flight (bounded memory)."""
     in_flight: deque[Future] = deque()
     for chunk in chunks:
-        in_flight.append(pool.submit(_prepare_in_worker, chunk, source.name))
-        if len(in_flight) >= 2 * (stages.config.workers or 1):  # bounded: memory stays a few chunks deep
+        in_flight.append(executor.submit(fn, chunk, source_name))
+        if len(in_flight) >= depth:
             yield in_flight.popleft().result()
     while in_flight:
         yield in_flight.popleft().result()

@@ -199,7 +199,8 @@ class _Stages:
                 error.sample_id = item.id
                 outcomes.append(_Outcome(item.location, item.id, error))
                 continue
-            literal = source.special_tokens == "escape" and has_special_literal(rendered, self.tokenizer)
+            # counted for every policy; `reject` counts when encode rejects the sample
+            literal = source.special_tokens != "reject" and has_special_literal(rendered, self.tokenizer)
             outcomes.append(_Outcome(item.location, item.id, None, literal))
             pending.append((rendered, source.special_tokens))
             waiting.append(len(outcomes) - 1)

@@ -27,10 +27,13 @@ from typing import Any
 import yaml
 
 from packtool.errors import PacktoolError
+from packtool.packing import PACKERS
+from packtool.truncate import STRATEGIES
 
 FORMATS = ("messages", "sharegpt", "alpaca", "text")
-TRUNCATION_STRATEGIES = ("drop", "right", "left", "middle", "turns", "window", "split")
-PACKING_STRATEGIES = ("bfd", "ffd", "histogram", "sequential", "pad", "stream")
+# Names come from the registries, so a new strategy is a config choice the moment it exists.
+TRUNCATION_STRATEGIES = tuple(STRATEGIES)
+PACKING_STRATEGIES = (*PACKERS, "stream")
 SPECIAL_TOKEN_POLICIES = ("escape", "keep", "reject")
 ERROR_POLICIES = ("fail", "skip")
 

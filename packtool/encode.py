@@ -59,9 +59,6 @@ class TextTokenizer:
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self.tokenizer.token_to_id(text)
 
-    def decode_piece(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
 
 def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
     path = Path(config.path)

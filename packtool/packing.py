@@ -181,9 +181,36 @@ def plan_packs(
     if strategy not in PACKERS:
         raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(PACKERS)}")
     plan = PACKERS[strategy](lengths, capacity, max_segments)
-    if shuffle and strategy not in ORDER_PRESERVING:
-        plan = _reordered(plan, np.random.default_rng(seed).permutation(plan.n_packs))
-    return plan
+    return _shuffled(plan, seed) if shuffle and strategy not in ORDER_PRESERVING else plan
+
+
+def plan_groups(
+    lengths: np.ndarray | Iterable[int],
+    groups: np.ndarray | Iterable[str],
+    capacity: int,
+    strategy: str = "bfd",
+    *,
+    seed: int = 0,
+    max_segments: int | None = None,
+    shuffle: bool = True,
+) -> PackPlan:
+    """`plan_packs` per group, so that no pack mixes groups; then one seeded shuffle over all packs.
+
+    lengths [5, 3, 4, 2], groups [a, b, a, b], capacity 9 -> packs {0, 2} and {1, 3}
+    """
+    lengths = np.asarray(lengths)
+    groups = np.asarray(groups)
+    members = [np.zeros(0, dtype=np.int64)]
+    sizes = [np.zeros(0, dtype=np.int64)]
+    for group in np.unique(groups):
+        index = np.flatnonzero(groups == group)
+        plan = plan_packs(lengths[index], capacity, strategy, max_segments=max_segments, shuffle=False)
+        members.append(index[plan.members])
+        sizes.append(plan.segments())
+    offsets = np.zeros(sum(len(s) for s in sizes) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(sizes), out=offsets[1:])
+    combined = PackPlan(members=np.concatenate(members), offsets=offsets)
+    return _shuffled(combined, seed) if shuffle and strategy not in ORDER_PRESERVING else combined
 
 
 def plan_stream(lengths: np.ndarray | Iterable[int], capacity: int) -> StreamPlan:
@@ -266,6 +293,10 @@ def _grouped(order: np.ndarray, pack_of: np.ndarray, n_packs: int) -> PackPlan:
     offsets = np.zeros(n_packs + 1, dtype=np.int64)
     np.cumsum(np.bincount(pack_of, minlength=n_packs), out=offsets[1:])
     return PackPlan(members=order[by_pack].astype(np.int64, copy=False), offsets=offsets)
+
+
+def _shuffled(plan: PackPlan, seed: int) -> PackPlan:
+    return _reordered(plan, np.random.default_rng(seed).permutation(plan.n_packs))
 
 
 def _reordered(plan: PackPlan, perm: np.ndarray) -> PackPlan:

@@ -33,7 +33,7 @@ from packtool.config import BuildConfig, SourceConfig
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
-from packtool.packing import PackPlan, StreamPlan, plan_packs, plan_stream
+from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
 from packtool.records import ROLE_CODES, Drop, Example, Rendered, Tokenized
 from packtool.render import ChatTemplate, render_example, template_for
 from packtool.shards import MANIFEST, REJECTS, PackRow, ShardInfo, conventions, write_json_atomic, write_shards
@@ -57,7 +57,7 @@ class SourceCounts:
     dropped: Counter = field(default_factory=Counter)  # valid input not trained (too_long, no_targets), by reason
     truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # strategy -> samples/tokens/targets removed
     special_token_literals: int = 0
-    copies: int = 0  # segments after mixing
+    segments: int = 0  # what reached a pack: mixing copies, split pieces and the bucket included
 
     def note_truncation(self, strategy: str, tokens: int, targets: int) -> None:
         entry = self.truncated.setdefault(strategy, {"samples": 0, "tokens": 0, "targets": 0})
@@ -74,7 +74,7 @@ class SourceCounts:
             "dropped": dict(sorted(self.dropped.items())),
             "truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
             "special_token_literals": self.special_token_literals,
-            "segments": self.copies,
+            "segments": self.segments,
         }
 
 
@@ -128,7 +128,7 @@ def build(config: BuildConfig, *, progress: Callable[[int], None] | None = None)
         main = _mixed(reader, np.asarray(kept, dtype=np.int64), config)
         spilled = _Segments(reader, np.asarray(overflow, dtype=np.int64), np.zeros(len(overflow), dtype=np.int32))
         for source in main.sources + spilled.sources:
-            counts[source].copies += 1
+            counts[source].segments += 1
         extra: dict[str, Any] = {}
         if config.overflow == "bucket":
             capacity = config.overflow_capacity or config.capacity
@@ -344,9 +344,7 @@ def _fit(
                 if reason == "too_long"
                 else f"no target left after '{result.strategy}' truncation to {capacity} tokens"
             )
-            rejects.drop(
-                Drop(sample.example_id, source.name, reason, detail, location, len(sample), sample.n_targets), counts
-            )
+            rejects.drop(Drop(sample.example_id, source.name, reason, detail, location), counts)
             return None
         pieces = list(result.samples)
     else:
@@ -360,8 +358,6 @@ def _fit(
                 "no_targets",
                 "no token of this sample is a target (check the train policy and template)",
                 location,
-                len(sample),
-                0,
             ),
             counts,
         )
@@ -465,40 +461,11 @@ def _emit(
 
 def _plan(sources: list[str], lengths: np.ndarray, capacity: int, config: BuildConfig) -> PackPlan:
     """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
+    options = {"seed": config.seed, "max_segments": config.max_segments, "shuffle": config.shuffle_packs}
     if config.group_by != "source":
-        return plan_packs(
-            lengths,
-            capacity,
-            config.packing,
-            seed=config.seed,
-            max_segments=config.max_segments,
-            shuffle=config.shuffle_packs,
-        )
+        return plan_packs(lengths, capacity, config.packing, **options)
     group_of = {s.name: s.group or s.name for s in config.sources}
-    groups = np.array([group_of[source] for source in sources])
-    members, offsets = [], [0]
-    for group in sorted(set(groups.tolist())):
-        index = np.flatnonzero(groups == group)
-        plan = plan_packs(
-            lengths[index],
-            capacity,
-            config.packing,
-            seed=config.seed,
-            max_segments=config.max_segments,
-            shuffle=config.shuffle_packs,
-        )
-        members.append(index[plan.members])
-        offsets.extend((offsets[-1] + plan.offsets[1:]).tolist())
-    combined = PackPlan(np.concatenate(members) if members else np.zeros(0, np.int64), np.array(offsets, np.int64))
-    if not config.shuffle_packs:
-        return combined
-    order = np.random.default_rng(config.seed).permutation(combined.n_packs)
-    starts, ends = combined.offsets[:-1][order], combined.offsets[1:][order]
-    new_members = (
-        np.concatenate([combined.members[a:b] for a, b in zip(starts, ends)]) if len(order) else combined.members
-    )
-    new_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
-    return PackPlan(new_members, new_offsets)
+    return plan_groups(lengths, [group_of[source] for source in sources], capacity, config.packing, **options)
 
 
 def _pack_row(members: list[StoredSample]) -> PackRow:

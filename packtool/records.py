@@ -160,5 +160,3 @@ class Drop:
     reason: str  # short key: "no_targets", "too_long", "template_error", ...
     detail: str
     location: str = ""
-    tokens: int = 0
-    targets: int = 0

@@ -25,7 +25,7 @@ import datetime as _dt
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -216,12 +216,8 @@ def _with_generation_header(template: ChatTemplate) -> ChatTemplate:
         return template
     if opened.startswith(closed) and len(opened) > len(closed):
         header = opened[len(closed) :]
-        return ChatTemplate(**{**_fields(template), "generation_header": header})
+        return replace(template, generation_header=header)
     return template
-
-
-def _fields(template: ChatTemplate) -> dict[str, Any]:
-    return {name: getattr(template, name) for name in ChatTemplate.__slots__}
 
 
 def trained_messages(messages: tuple[Message, ...], policy: TrainPolicy) -> list[bool]:

@@ -14,6 +14,7 @@ from packtool.packing import (
     StreamPlan,
     efficiency,
     lower_bound,
+    plan_groups,
     plan_packs,
     plan_stream,
 )
@@ -303,3 +304,19 @@ def test_decreasing_packers_reach_the_bound_on_sft_like_lengths():
         plan = plan_packs(lengths, capacity, strategy)
         plan.validate(lengths, capacity)
         assert plan.n_packs <= bound * 1.0005, strategy
+
+
+def test_plan_groups_worked_example_and_no_mixed_packs():
+    plan = plan_groups([5, 3, 4, 2], ["a", "b", "a", "b"], 9, shuffle=False)
+    assert sorted(sorted(plan.pack(p).tolist()) for p in range(plan.n_packs)) == [[0, 2], [1, 3]]
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 60, 300)
+    groups = rng.choice(["x", "y", "z"], 300)
+    shuffled = plan_groups(lengths, groups, 100, seed=7)
+    shuffled.validate(lengths, 100)
+    assert all(len(set(groups[shuffled.pack(p)].tolist())) == 1 for p in range(shuffled.n_packs))
+
+
+def test_plan_groups_keeps_sequential_order_inside_each_group():
+    plan = plan_groups([3, 3, 3, 3], ["a", "b", "a", "b"], 6, "sequential", seed=3)
+    assert [plan.pack(p).tolist() for p in range(plan.n_packs)] == [[0, 2], [1, 3]]

@@ -71,39 +71,47 @@ def record_hash(record: Any) -> str:
     return hashlib.sha256(canonical_json(record).encode()).hexdigest()[:32]
 
 
+def source_files(source: SourceConfig) -> list[str]:
+    """The files of a source: its globs expanded and sorted (one build work item each)."""
+    return list(source.paths)
+
+
 def read_source(source: SourceConfig) -> Iterator[Example | RecordError]:
     """Every row of a source as an Example, or the RecordError explaining why it cannot be one."""
+    for path in source_files(source):
+        yield from read_file(source, path)
+
+
+def read_file(
+    source: SourceConfig, file: str, start: int = 0, stop: int | None = None
+) -> Iterator[Example | RecordError]:
+    """Records start..stop of one file (in file order) as Examples or RecordErrors; ids need this file alone."""
     adapter = ADAPTERS[source.format]
-    index = 0
-    for path, row, record in _all_rows(source):
-        location = f"{path}:{row}"
+    for index, (path, row, record) in enumerate(read_rows(file)):
+        if index < start:
+            continue
+        if stop is not None and index >= stop:
+            return
+        default_id = f"{source.name}:{path}:{row}"
         if isinstance(record, RecordError):
-            record.sample_id = f"{source.name}:{index}"
+            record.sample_id = default_id
             yield record
-            index += 1
             continue
         try:
             if not isinstance(record, dict):
                 raise RecordError(f"expected a JSON object, got {type(record).__name__}")
-            example_id = _example_id(record, source, index)
-            yield adapter(record, source, example_id, location)
+            yield adapter(record, source, _example_id(record, source, default_id), f"{path}:{row}")
         except RecordError as error:
             error.file, error.row = path, row
-            error.sample_id = f"{source.name}:{index}"
+            error.sample_id = default_id
             yield error
-        index += 1
 
 
-def _all_rows(source: SourceConfig) -> Iterator[RawRow]:
-    for path in source.paths:
-        yield from read_rows(path)
-
-
-def _example_id(record: dict, source: SourceConfig, index: int) -> str:
+def _example_id(record: dict, source: SourceConfig, default: str) -> str:
     id_field = source.fields.get("id")
     if id_field and record.get(id_field) is not None:
         return str(record[id_field])
-    return f"{source.name}:{index}"
+    return default
 
 
 def _get(record: dict, source: SourceConfig, key: str, kind: type | tuple[type, ...], *, required: bool) -> Any:

@@ -61,7 +61,8 @@ def test_sharegpt_function_call_and_observation(write_jsonl):
     (example,) = list(read_source(source("sharegpt", write_jsonl([row]))))
     assert [m.role for m in example.messages] == ["user", "assistant", "tool", "assistant"]
     assert example.messages[1].tool_calls[0]["function"] == {"name": "convert", "arguments": {"amount": 5}}
-    assert example.id == "src:0" and example.tools is None
+    assert example.id == f"src:{example.location}" and example.location.endswith("data.jsonl:1")
+    assert example.tools is None
 
 
 def test_alpaca_with_system_and_history(tmp_path):
@@ -87,7 +88,8 @@ def test_text_from_parquet_and_globs(tmp_path):
     paths = sorted(tmp_path.glob("part-*.parquet"))
     examples = list(read_source(source("text", *paths)))
     assert [e.text for e in examples] == ["doc 0a", "doc 0b", "doc 1a", "doc 1b"]
-    assert [e.id for e in examples] == ["src:0", "src:1", "src:2", "src:3"]
+    # default ids come from one file alone: adding a file renumbers nothing
+    assert [e.id for e in examples] == [f"src:{path}:{row}" for path in paths for row in (0, 1)]
     assert examples[2].location.endswith("part-1.parquet:0")
 
 

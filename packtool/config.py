@@ -36,6 +36,7 @@ TRUNCATION_STRATEGIES = tuple(STRATEGIES)
 PACKING_STRATEGIES = (*PACKERS, "stream")
 SPECIAL_TOKEN_POLICIES = ("escape", "keep", "reject")
 ERROR_POLICIES = ("fail", "skip")
+EXECUTORS = ("processes", "serial", "ray")
 
 # ShareGPT speaker names seen in the wild, mapped to OpenAI roles. `function_call` becomes an
 # assistant tool call and `observation` a tool result (LLaMA-Factory's convention).
@@ -127,6 +128,10 @@ class BuildConfig:
     row_group_rows: int = 128
     on_error: str = "fail"
     workers: int = 1  # processes for render + encode; 1 = in the build process
+    cache: str | None = None  # token store folder; None: `.packtool-cache` beside the output
+    executor: str = "processes"  # processes | serial | ray: where encode and emit work items run
+    ray_address: str | None = None
+    max_reject_share: float = 0.5  # a source losing more than this share of its records fails the build
     add_bos: bool | None = None  # None: the template decides; text documents get none
     add_eos: bool | None = None  # None: text documents end with EOS, chat follows the template
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
@@ -218,6 +223,10 @@ TOP_KEYS = {
     "add_bos",
     "add_eos",
     "workers",
+    "cache",
+    "executor",
+    "ray_address",
+    "max_reject_share",
 }
 SOURCE_KEYS = {
     "name",
@@ -346,10 +355,14 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         row_group_rows=p.take(raw, "row_group_rows", int, "", 128),
         on_error=p.take(raw, "on_error", str, "", "fail", choices=ERROR_POLICIES),
         workers=_workers(p.take(raw, "workers", (int, str), "", 1), p),
+        cache=str(_resolve(base_dir, cache_raw)) if (cache_raw := p.take(raw, "cache", str, "", None)) else None,
+        executor=p.take(raw, "executor", str, "", "processes", choices=EXECUTORS),
+        ray_address=p.take(raw, "ray_address", str, "", None),
+        max_reject_share=_share(p.take(raw, "max_reject_share", float, "", 0.5), "max_reject_share", p),
         add_bos=p.take(raw, "add_bos", bool, "", None),
         add_eos=p.take(raw, "add_eos", bool, "", None),
         # where and how fast a build runs does not change what it writes: neither enters the manifest
-        raw={k: v for k, v in raw.items() if k not in ("output", "workers")},
+        raw={k: v for k, v in raw.items() if k not in ("output", "workers", "cache", "executor", "ray_address")},
     )
     if config.truncation == "turns" and config.truncation_fallback == "turns":
         p.add("truncation.fallback", "'turns' cannot be its own fallback")
@@ -369,6 +382,12 @@ def _workers(value: int | str, p: _Problems) -> int:
     if isinstance(value, str) or value < 1:
         p.add("workers", f"expected a positive integer or 'auto', got {value!r}")
         return 1
+    return value
+
+
+def _share(value: float, where: str, p: _Problems) -> float:
+    if not 0.0 <= value <= 1.0:
+        p.add(where, f"expected a share between 0 and 1, got {value}")
     return value
 
 

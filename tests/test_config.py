@@ -45,7 +45,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path(tmp_path, write_co
         "capacity: expected an integer",
         "sources[1].path: no file matches 'missing-*.jsonl'",
         "sources[1].format: 'chatml' is not one of",
-        "sources[1].weight: must be positive",
+        "sources[1].weight: must be a positive finite number",
         "sources[0].fields.body: unknown field",
         "tokenizer: not found",
         "packing.strategy: 'magic' is not one of",

@@ -16,7 +16,9 @@ from packtool.sources import read_source, record_hash
 def source(fmt: str, *paths: Path, **fields) -> SourceConfig:
     mapping = {**DEFAULT_FIELDS[fmt], **fields}
     roles = dict(DEFAULT_SHAREGPT_ROLES) if fmt == "sharegpt" else {}
-    return SourceConfig("src", tuple(str(p) for p in paths), (), fmt, mapping, role_map=roles)
+    # labels as the config gives them: the path relative to the config's folder
+    labels = {str(p): Path(p).name for p in paths}
+    return SourceConfig("src", tuple(labels), (), fmt, mapping, role_map=roles, labels=labels)
 
 
 def test_messages_with_tool_calls_parts_and_ids(write_jsonl):
@@ -61,7 +63,7 @@ def test_sharegpt_function_call_and_observation(write_jsonl):
     (example,) = list(read_source(source("sharegpt", write_jsonl([row]))))
     assert [m.role for m in example.messages] == ["user", "assistant", "tool", "assistant"]
     assert example.messages[1].tool_calls[0]["function"] == {"name": "convert", "arguments": {"amount": 5}}
-    assert example.id == "src:0" and example.tools is None
+    assert example.id == "src:data.jsonl:1" and example.tools is None
 
 
 def test_alpaca_with_system_and_history(tmp_path):
@@ -87,8 +89,14 @@ def test_text_from_parquet_and_globs(tmp_path):
     paths = sorted(tmp_path.glob("part-*.parquet"))
     examples = list(read_source(source("text", *paths)))
     assert [e.text for e in examples] == ["doc 0a", "doc 0b", "doc 1a", "doc 1b"]
-    assert [e.id for e in examples] == ["src:0", "src:1", "src:2", "src:3"]
-    assert examples[2].location.endswith("part-1.parquet:0")
+    # each id names its own file and row: adding a file renumbers nothing
+    assert [e.id for e in examples] == [
+        "src:part-0.parquet:0",
+        "src:part-0.parquet:1",
+        "src:part-1.parquet:0",
+        "src:part-1.parquet:1",
+    ]
+    assert examples[2].location == "part-1.parquet:0"
 
 
 @pytest.mark.parametrize(
@@ -107,9 +115,9 @@ def test_bad_records_name_file_line_and_field(write_jsonl, line, field, reason):
     first, second = list(read_source(source("messages", path)))
     assert not isinstance(first, RecordError)
     assert isinstance(second, RecordError)
-    assert second.file == str(path) and second.row == 2 and second.field == field
+    assert second.file == "data.jsonl" and second.row == 2 and second.field == field
     assert reason in second.reason
-    assert str(second).startswith(f"{path}:2")
+    assert str(second).startswith("data.jsonl:2")
 
 
 def test_real_reasoning_tool_dataset_parses():

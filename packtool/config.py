@@ -522,7 +522,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     p.number("max_reject_share", max_reject_share, 0.0, 1.0, "the share of a source's records it may lose")
     executor = p.take(raw, "executor", str, "", "processes", choices=EXECUTORS)
     ray_address = p.take(raw, "ray_address", str, "", None)
-    if ray_address is not None and executor != "ray":
+    if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
         p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
     cache_raw = p.take(raw, "cache", str, "", None)
     validation_share, validation_samples = _validation(raw.get("validation"), p)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ from support import shared
 
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
-from packtool.sources import read_source, record_hash
+from packtool.sources import read_file, read_source, record_hash, source_files
 
 
 def source(fmt: str, *paths: Path, **fields) -> SourceConfig:
@@ -126,3 +127,34 @@ def test_real_reasoning_tool_dataset_parses():
     assert len(examples) == 50 and not any(isinstance(e, RecordError) for e in examples)
     assert any(m.reasoning_content for e in examples for m in e.messages)
     assert any(m.tool_calls for e in examples for m in e.messages)
+
+
+def test_read_file_ranges_count_lines_and_rows(tmp_path, write_jsonl):
+    rows = [{"text": f"doc {i}"} for i in range(5)]
+    path = write_jsonl([rows[0], rows[1], "", rows[2], rows[3]])  # line 3 is blank: no record, still a line
+    src = source("text", path)
+    assert source_files(src) == [str(path)]
+    whole = list(read_file(src, str(path)))
+    assert [e.location for e in whole] == ["data.jsonl:1", "data.jsonl:2", "data.jsonl:4", "data.jsonl:5"]
+    # positions are 0-based lines, so a worker given [2, 4) reads lines 3 and 4
+    assert [e.location for e in read_file(src, str(path), 2, 4)] == ["data.jsonl:4"]
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"text": [r["text"] for r in rows]}), parquet, row_group_size=2)
+    psrc = source("text", parquet)
+    assert [e.id for e in read_file(psrc, str(parquet), 1, 4)] == [f"src:rows.parquet:{i}" for i in (1, 2, 3)]
+    assert [e.text for e in read_file(psrc, str(parquet), 3)] == ["doc 3", "doc 4"]
+
+
+def test_max_samples_takes_the_first_records_across_files(tmp_path):
+    for i in range(2):
+        (tmp_path / f"p{i}.jsonl").write_text("".join(json.dumps({"text": f"{i}-{j}"}) + "\n" for j in range(3)))
+    src = replace(source("text", tmp_path / "p0.jsonl", tmp_path / "p1.jsonl"), max_samples=4)
+    assert [e.text for e in read_source(src)] == ["0-0", "0-1", "0-2", "1-0"]
+
+
+def test_an_unreadable_file_is_one_error_naming_it(tmp_path):
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    (error,) = list(read_source(source("text", empty)))
+    assert isinstance(error, RecordError) and error.kind == "unreadable_file" and error.row is None
+    assert str(error) == "empty.parquet: file is empty (0 bytes)" and error.sample_id == "src:empty.parquet"

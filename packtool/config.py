@@ -15,9 +15,12 @@ one `ConfigError`, so a user fixes a config in one pass instead of one error per
 
 from __future__ import annotations
 
+import datetime
+import difflib
 import glob
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -36,7 +39,6 @@ TRUNCATION_STRATEGIES = tuple(STRATEGIES)
 PACKING_STRATEGIES = (*PACKERS, "stream")
 SPECIAL_TOKEN_POLICIES = ("escape", "keep", "reject")
 ERROR_POLICIES = ("fail", "skip")
-EXECUTORS = ("processes", "serial", "ray")
 
 # ShareGPT speaker names seen in the wild, mapped to OpenAI roles. `function_call` becomes an
 # assistant tool call and `observation` a tool result (LLaMA-Factory's convention).
@@ -70,8 +72,11 @@ DEFAULT_FIELDS = {
 class ConfigError(PacktoolError):
     def __init__(self, path: str, problems: list[str]):
         self.problems = problems
+        if len(problems) == 1:
+            super().__init__(f"{path}: {problems[0]}")
+            return
         listing = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{path}: {len(problems)} problem(s) in config:\n{listing}")
+        super().__init__(f"{path}: {len(problems)} problems in config:\n{listing}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,10 @@ class SourceConfig:
     special_tokens: str = "escape"
     truncation: str | None = None  # per-source override of the global strategy
     group: str | None = None  # packing group for group_by: source (defaults to the source name)
+    max_samples: int | None = None  # read only the first N records (all files in order)
+    # resolved path -> the path as written/globbed in the config (relative to its folder when it was
+    # relative): the FILE of every location and default id, so ids do not depend on where the data sits
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +137,12 @@ class BuildConfig:
     row_group_rows: int = 128
     on_error: str = "fail"
     workers: int = 1  # processes for render + encode; 1 = in the build process
-    cache: str | None = None  # token store folder; None: `.packtool-cache` beside the output
-    executor: str = "processes"  # processes | serial | ray: where encode and emit work items run
-    ray_address: str | None = None
-    max_reject_share: float = 0.5  # a source losing more than this share of its records fails the build
+    executor: str = "processes"  # processes | serial | ray: where work items run (never changes the bytes)
+    ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
+    cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
+    max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
+    validation_share: float | None = None  # validation: {share: x}
+    validation_samples: int | None = None  # validation: {samples: n}
     add_bos: bool | None = None  # None: the template decides; text documents get none
     add_eos: bool | None = None  # None: text documents end with EOS, chat follows the template
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
@@ -142,7 +153,8 @@ class BuildConfig:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    # default=str: Parquet and Arrow rows may hold timestamps or bytes, which JSON has no type for
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 class _Problems:
@@ -181,16 +193,36 @@ class _Problems:
             self.add(path, f"expected {_kind_name(kinds)}, got {type(value).__name__} {value!r}")
             return default
         if choices is not None and value not in choices:
-            self.add(path, f"{value!r} is not one of {', '.join(choices)}")
+            self.add(
+                path, f"{value!r} is not one of {', '.join(choices)}{_did_you_mean(value, choices, VALUE_ALIASES)}"
+            )
             return default
         return value
 
-    def unknown_keys(self, mapping: dict, allowed: set[str], where: str) -> None:
+    def number(self, where: str, value: Any, low: float, high: float, why: str) -> None:
+        """A problem when `value` (already type-checked) lies outside [low, high]; `why` says what the limit guards."""
+        if isinstance(value, (int, float)) and not (low <= value <= high):  # also false for NaN
+            self.add(where, f"must be between {low:,} and {high:,} ({why}), got {value!r}")
+
+    def unknown_keys(self, mapping: dict, allowed: set[str], where: str, peers: dict[str, str] | None = None) -> None:
         for key in mapping:
-            if key not in allowed:
-                self.add(
-                    f"{where}.{key}" if where else str(key), f"unknown key (allowed: {', '.join(sorted(allowed))})"
-                )
+            if key in allowed:
+                continue
+            hint = _did_you_mean(str(key), sorted(allowed), peers or {})
+            self.add(
+                f"{where}.{key}" if where else str(key),
+                f"unknown key{hint or ' (allowed: ' + ', '.join(sorted(allowed)) + ')'}",
+            )
+
+
+def _did_you_mean(value: Any, choices: Any, aliases: dict[str, str]) -> str:
+    """`; did you mean 'capacity'?` for a misspelling or a name another trainer uses; '' when nothing is close."""
+    if not isinstance(value, str):
+        return ""
+    if value in aliases:
+        return f"; packtool calls this {aliases[value]}"
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
@@ -223,10 +255,11 @@ TOP_KEYS = {
     "add_bos",
     "add_eos",
     "workers",
-    "cache",
     "executor",
     "ray_address",
+    "cache",
     "max_reject_share",
+    "validation",
 }
 SOURCE_KEYS = {
     "name",
@@ -239,35 +272,167 @@ SOURCE_KEYS = {
     "special_tokens",
     "truncation",
     "group",
+    "max_samples",
+    "split",
+    "revision",
 }
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
+EXECUTORS = ("processes", "serial", "ray")
+
+# Settings users bring from TRL, axolotl and LLaMA-Factory, and where packtool keeps each.
+_TRAIN_INPUTS = "sources[].train.roles: [user, assistant]"
+PEER_KEYS = {
+    **dict.fromkeys(
+        ("max_length", "max_seq_length", "sequence_len", "cutoff_len", "max_seq_len", "seq_length", "block_size"),
+        "'capacity'",
+    ),
+    "train_on_inputs": _TRAIN_INPUTS,
+    "train_on_prompt": _TRAIN_INPUTS,
+    "train_on_eos": "sources[].train.end_of_turn",
+    "mask_history": "sources[].train.turns: last",
+    "roles_to_train": "sources[].train.roles",
+    "assistant_only_loss": "sources[].train.roles (assistant only is the default)",
+    "completion_only_loss": "sources[].train.roles (assistant only is the default)",
+    **dict.fromkeys(("val_size", "val_set_size", "eval_size", "test_size"), "validation: {share: x} or {samples: n}"),
+    "max_samples": "sources[].max_samples (or --max-samples N on the command line)",
+    **dict.fromkeys(("sample_packing", "neat_packing", "padding_free"), "'packing' (documents never see each other)"),
+    **dict.fromkeys(("dataset", "datasets", "data_files"), "'sources'"),
+    **dict.fromkeys(("output_dir", "dataset_prepared_path"), "'output'"),
+    **dict.fromkeys(("num_proc", "dataset_num_proc", "preprocessing_num_workers"), "'workers'"),
+    **dict.fromkeys(("tokenizer_name", "tokenizer_name_or_path", "model_name_or_path", "base_model"), "'tokenizer'"),
+    "chat_template": "'template'",
+    "split": "sources[].split",
+}
+SOURCE_PEER_KEYS = {
+    **dict.fromkeys(("type", "formatting", "ds_type"), "'format'"),
+    **dict.fromkeys(("data_files", "file_name", "path_or_name"), "'path'"),
+    **dict.fromkeys(("columns", "field_messages"), "'fields'"),
+    "tags": "'role_map'",
+    "roles_to_train": "train.roles",
+    **dict.fromkeys(("max_length", "sequence_len", "cutoff_len"), "the top-level 'capacity'"),
+}
+# Values other tools use for a packtool choice (format names above all).
+VALUE_ALIASES = {
+    "share_gpt": "'sharegpt'",
+    "openai": "'messages'",
+    "chat_template": "'messages'",
+    "conversation": "'messages'",
+    "completion": "'text'",
+    "pretrain": "'text'",
+    "instruction": "'alpaca'",
+}
+# The longest context models train on today is ~1M tokens; several int32 arrays of `capacity`
+# are allocated per pack, so a typo like 2**31 would ask for gigabytes after the whole encode.
+MAX_CAPACITY = 1_048_576
+MAX_SEED = 2**63 - 1  # seeds feed 64-bit generators
 
 
 def load_config(
-    path: str | Path, *, output: str | None = None, capacity: int | None = None, workers: str | None = None
+    path: str | Path,
+    *,
+    output: str | None = None,
+    capacity: int | None = None,
+    workers: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    max_samples: int | None = None,
 ) -> BuildConfig:
-    """Read and validate a build config. `output`, `capacity` and `workers` override the file (command-line flags)."""
+    """Read and validate a build config.
+
+    Command-line settings override the file: `output`, `capacity`, `workers`, `max_samples` (every
+    source) and `overrides` (`--set key.sub=value`, see `apply_overrides`); all are validated like the file.
+    """
     path = Path(path)
     if not path.is_file():
         raise PacktoolError(f"{path}: config file not found")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise PacktoolError(f"{path}: not valid YAML: {exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PacktoolError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(raw, dict):
         raise PacktoolError(f"{path}: expected a mapping at the top level")
+    raw = apply_overrides(_plain(raw), overrides)
     if output is not None:
         raw["output"] = output
     if capacity is not None:
         raw["capacity"] = capacity
     if workers is not None:
         raw["workers"] = int(workers) if workers.isdigit() else workers
+    if max_samples is not None and isinstance(raw.get("sources"), list):
+        for item in raw["sources"]:
+            if isinstance(item, dict):
+                item["max_samples"] = max_samples
     return parse_config(raw, base_dir=path.resolve().parent, config_file=str(path))
+
+
+def _plain(value: Any) -> Any:
+    """YAML dates and times as ISO strings: the config is hashed and written to the manifest as JSON."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    return value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """A copy of `raw` with `key.sub=value` settings applied (the `--set` option).
+
+    Values are read as YAML scalars (`capacity=4096` is an integer, `on_error=skip` a string,
+    `add_bos=null` unsets). `sources.NAME.field=value` addresses a source by its name:
+
+        apply_overrides({"capacity": 2048, "sources": [{"name": "chat", "weight": 1}]},
+                        ["capacity=4096", "sources.chat.weight=2", "packing.shuffle=false"])
+        -> {"capacity": 4096, "sources": [{"name": "chat", "weight": 2}], "packing": {"shuffle": False}}
+    """
+    result = json.loads(json.dumps(raw, default=str))  # a deep copy; values are plain YAML data
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise PacktoolError(f"--set {override!r}: expected KEY=VALUE, e.g. capacity=4096 or sources.chat.weight=2")
+        try:
+            value = _plain(yaml.safe_load(text)) if text.strip() else None
+        except yaml.YAMLError:
+            raise PacktoolError(f"--set {key}: value {text!r} is not a valid YAML value") from None
+        *parents, last = key.split(".")
+        node: Any = result
+        walked: list[str] = []
+        for part in parents:
+            node = _child(node, part, key, walked)
+            walked.append(part)
+        if not isinstance(node, dict):
+            raise PacktoolError(f"--set {key}: {'.'.join(walked)} is {node!r}, not a mapping")
+        node[last] = value
+    return result
+
+
+def _child(node: Any, part: str, key: str, walked: list[str]) -> Any:
+    """The mapping under `part` (created when absent); in `sources`, a source is found by its name."""
+    if isinstance(node, list):
+        names = [item.get("name") for item in node if isinstance(item, dict)]
+        for item in node:
+            if isinstance(item, dict) and item.get("name") == part:
+                return item
+        if part.isdigit() and int(part) < len(node):
+            return node[int(part)]
+        raise PacktoolError(f"--set {key}: no source named {part!r} (sources: {', '.join(map(str, names)) or 'none'})")
+    if not isinstance(node, dict):
+        raise PacktoolError(f"--set {key}: {'.'.join(walked)} is {node!r}, not a mapping")
+    child = node.get(part)
+    if child is None:
+        child = node[part] = {}
+    elif not isinstance(child, (dict, list)):
+        where = ".".join([*walked, part])
+        raise PacktoolError(
+            f"--set {key}: {where} is {child!r}, not a mapping; set {where}=VALUE or write it as a mapping in the file"
+        )
+    return child
 
 
 def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<config>") -> BuildConfig:
     p = _Problems()
-    p.unknown_keys(raw, TOP_KEYS, "")
+    p.unknown_keys(raw, TOP_KEYS, "", PEER_KEYS)
 
     sources_raw = p.take(raw, "sources", list, "", [], required=True)
     sources = tuple(s for i, item in enumerate(sources_raw) if (s := _parse_source(item, i, base_dir, p)))
@@ -282,12 +447,14 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         if not template_path.is_file():
             p.add("template", f"file not found: {template_path}")
         template = str(template_path)
-    template_vars = p.take(raw, "template_vars", dict, "", {})
+    template_vars = _template_vars(p.take(raw, "template_vars", dict, "", {}), p)
 
-    capacity = p.take(raw, "capacity", int, "", 0, required=True)
-    if isinstance(raw.get("capacity"), int) and capacity < 2:
-        p.add("capacity", f"must be at least 2 tokens, got {capacity}")
+    capacity = p.take(raw, "capacity", int, "", None, required=True)
+    p.number("capacity", capacity, 2, MAX_CAPACITY, "tokens per pack")
     output_raw = p.take(raw, "output", str, "", None, required=True)
+    output = str(_resolve(base_dir, output_raw)) if output_raw else ""
+    if output:
+        _check_output(Path(output), p)
 
     truncation_raw = raw.get("truncation", "right")
     truncation, fallback = "right", "right"
@@ -297,6 +464,10 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         p.unknown_keys(truncation_raw, {"strategy", "fallback"}, "truncation")
         truncation = p.take(truncation_raw, "strategy", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
         fallback = p.take(truncation_raw, "fallback", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
+        if fallback == "turns":
+            p.add(
+                "truncation.fallback", "'turns' cannot be a fallback: it runs when removing whole turns was not enough"
+            )
     else:
         p.add("truncation", f"expected a strategy name or a mapping, got {truncation_raw!r}")
 
@@ -308,8 +479,15 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         p.unknown_keys(packing_raw, {"strategy", "max_segments", "shuffle", "group_by"}, "packing")
         packing = p.take(packing_raw, "strategy", str, "packing", "bfd", choices=PACKING_STRATEGIES)
         max_segments = p.take(packing_raw, "max_segments", int, "packing", None)
+        p.number("packing.max_segments", max_segments, 1, MAX_CAPACITY, "documents per pack; null for no limit")
         shuffle = p.take(packing_raw, "shuffle", bool, "packing", True)
         group_by = p.take(packing_raw, "group_by", str, "packing", None, choices=("source",))
+    elif isinstance(packing_raw, bool):
+        p.add(
+            "packing",
+            f"expected a strategy name ({', '.join(PACKING_STRATEGIES)}), got {packing_raw!r}; "
+            "packtool always packs, choose how (bfd is the default)",
+        )
     else:
         p.add("packing", f"expected a strategy name or a mapping, got {packing_raw!r}")
 
@@ -321,6 +499,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         p.unknown_keys(overflow_raw, {"mode", "capacity"}, "overflow")
         overflow = p.take(overflow_raw, "mode", str, "overflow", "truncate", choices=("truncate", "bucket"))
         overflow_capacity = p.take(overflow_raw, "capacity", int, "overflow", None)
+        p.number("overflow.capacity", overflow_capacity, 2, 4 * MAX_CAPACITY, "tokens per overflow pack")
     else:
         p.add("overflow", f"expected 'truncate', 'bucket' or a mapping, got {overflow_raw!r}")
     if overflow == "bucket" and isinstance(capacity, int):
@@ -333,6 +512,21 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     p.unknown_keys(mixing_raw, {"by"}, "mixing")
     mix_by = p.take(mixing_raw, "by", str, "mixing", "multiplier", choices=("multiplier", "samples", "tokens"))
 
+    seed = p.take(raw, "seed", int, "", 0)
+    p.number("seed", seed, 0, MAX_SEED, "seeds are unsigned 64-bit integers")
+    rows_per_shard = p.take(raw, "rows_per_shard", int, "", 1000)
+    p.number("rows_per_shard", rows_per_shard, 1, 10_000_000, "packs per shard file")
+    row_group_rows = p.take(raw, "row_group_rows", int, "", 128)
+    p.number("row_group_rows", row_group_rows, 1, 10_000_000, "packs per Parquet row group, the unit a loader reads")
+    max_reject_share = p.take(raw, "max_reject_share", float, "", 0.5)
+    p.number("max_reject_share", max_reject_share, 0.0, 1.0, "the share of a source's records it may lose")
+    executor = p.take(raw, "executor", str, "", "processes", choices=EXECUTORS)
+    ray_address = p.take(raw, "ray_address", str, "", None)
+    if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
+        p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
+    cache_raw = p.take(raw, "cache", str, "", None)
+    validation_share, validation_samples = _validation(raw.get("validation"), p)
+
     config = BuildConfig(
         config_file=config_file,
         sources=sources,
@@ -340,7 +534,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         template=template,
         template_vars=template_vars,
         capacity=capacity or 0,
-        output=str(_resolve(base_dir, output_raw)) if output_raw else "",
+        output=output,
         truncation=truncation,
         truncation_fallback=fallback,
         packing=packing,
@@ -350,22 +544,22 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         overflow=overflow,
         overflow_capacity=overflow_capacity,
         mix_by=mix_by,
-        seed=p.take(raw, "seed", int, "", 0),
-        rows_per_shard=p.take(raw, "rows_per_shard", int, "", 1000),
-        row_group_rows=p.take(raw, "row_group_rows", int, "", 128),
+        seed=seed,
+        rows_per_shard=rows_per_shard,
+        row_group_rows=row_group_rows,
         on_error=p.take(raw, "on_error", str, "", "fail", choices=ERROR_POLICIES),
-        workers=_workers(p.take(raw, "workers", (int, str), "", 1), p),
-        cache=str(_resolve(base_dir, cache_raw)) if (cache_raw := p.take(raw, "cache", str, "", None)) else None,
-        executor=p.take(raw, "executor", str, "", "processes", choices=EXECUTORS),
-        ray_address=p.take(raw, "ray_address", str, "", None),
-        max_reject_share=_share(p.take(raw, "max_reject_share", float, "", 0.5), "max_reject_share", p),
+        workers=_workers(p.take(raw, "workers", (int, str), "", "auto"), p),
+        executor=executor,
+        ray_address=ray_address,
+        cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
+        max_reject_share=max_reject_share,
+        validation_share=validation_share,
+        validation_samples=validation_samples,
         add_bos=p.take(raw, "add_bos", bool, "", None),
         add_eos=p.take(raw, "add_eos", bool, "", None),
-        # where and how fast a build runs does not change what it writes: neither enters the manifest
-        raw={k: v for k, v in raw.items() if k not in ("output", "workers", "cache", "executor", "ray_address")},
+        # where and how fast a build runs does not change what it writes: none of these enters the manifest
+        raw={k: v for k, v in raw.items() if k not in RUN_ONLY_KEYS},
     )
-    if config.truncation == "turns" and config.truncation_fallback == "turns":
-        p.add("truncation.fallback", "'turns' cannot be its own fallback")
     if config.packing == "stream" and config.overflow == "bucket":
         p.add("overflow", "stream mode cuts documents into windows itself; an overflow bucket does not apply")
     if config.packing == "stream" and any(s.format != "text" for s in sources):
@@ -375,19 +569,57 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     return config
 
 
+RUN_ONLY_KEYS = ("output", "workers", "executor", "ray_address", "cache")
+
+
+def _template_vars(values: dict, p: _Problems) -> dict[str, Any]:
+    for key in values:
+        if not isinstance(key, str) or not key.isidentifier():
+            p.add(f"template_vars.{key}", "must be a name a template can use (letters, digits, _)")
+    date = values.get("date")
+    if date is not None:
+        try:
+            datetime.date.fromisoformat(str(date))
+        except ValueError:
+            p.add("template_vars.date", f"expected an ISO date like 2026-01-01, got {date!r}")
+    if values.get("date_string") is not None and not isinstance(values["date_string"], str):
+        p.add("template_vars.date_string", f"expected a string, got {values['date_string']!r}")
+    return values
+
+
+def _validation(value: Any, p: _Problems) -> tuple[float | None, int | None]:
+    """`validation: {share: 0.01}` or `{samples: 500}`: exactly one of the two."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict) or len(value) != 1 or not set(value) <= {"share", "samples"}:
+        p.add("validation", f"expected {{share: 0.01}} or {{samples: 500}}, got {value!r}")
+        return None, None
+    share = p.take(value, "share", float, "validation", None)
+    p.number("validation.share", share, 1e-9, 0.5, "the share of records held out; above half is not a validation set")
+    samples = p.take(value, "samples", int, "validation", None)
+    p.number("validation.samples", samples, 1, 10**12, "records held out")
+    return share, samples
+
+
+def _check_output(output: Path, p: _Problems) -> None:
+    """An output must be a folder, or a path where one can be made (not a file, not under a file)."""
+    if output.exists() and not output.is_dir():
+        p.add("output", f"{output} is a file, not a folder; choose a folder path")
+        return
+    for parent in output.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                p.add("output", f"{output} is under {parent}, which is a file, not a folder")
+            return
+
+
 def _workers(value: int | str, p: _Problems) -> int:
-    """An integer >= 1, or `auto` for one process per CPU core."""
+    """An integer >= 1, or `auto` for one process per usable CPU core."""
     if value == "auto":
-        return os.cpu_count() or 1
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if isinstance(value, str) or value < 1:
         p.add("workers", f"expected a positive integer or 'auto', got {value!r}")
         return 1
-    return value
-
-
-def _share(value: float, where: str, p: _Problems) -> float:
-    if not 0.0 <= value <= 1.0:
-        p.add(where, f"expected a share between 0 and 1, got {value}")
     return value
 
 
@@ -396,13 +628,33 @@ def _resolve(base_dir: Path, value: str) -> Path:
     return candidate if candidate.is_absolute() else base_dir / candidate
 
 
+def _expand(patterns: tuple[str, ...], base_dir: Path, where: str, p: _Problems) -> dict[str, str]:
+    """Resolved file -> its label: the path as globbed, relative to the config's folder when the pattern was."""
+    files: dict[str, str] = {}
+    for pattern in patterns:
+        resolved = str(_resolve(base_dir, pattern))
+        matched = sorted(glob.glob(resolved, recursive=True))
+        if not matched:
+            p.add(f"{where}.path", f"no file matches {pattern!r} (relative to {base_dir})")
+        relative = not Path(pattern).expanduser().is_absolute()
+        prefix = str(base_dir).rstrip(os.sep) + os.sep
+        for path in matched:
+            if Path(path).is_dir():
+                p.add(f"{where}.path", f"{path} is a folder; give the files in it (e.g. {pattern.rstrip('/')}/*.jsonl)")
+                continue
+            files.setdefault(path, path[len(prefix) :] if relative and path.startswith(prefix) else path)
+    return files
+
+
 def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> SourceConfig | None:
     where = f"sources[{index}]"
     if not isinstance(item, dict):
         p.add(where, f"expected a mapping, got {item!r}")
         return None
-    p.unknown_keys(item, SOURCE_KEYS, where)
+    p.unknown_keys(item, SOURCE_KEYS, where, SOURCE_PEER_KEYS)
     name = p.take(item, "name", str, where, f"source{index}")
+    if ":" in name:
+        p.add(f"{where}.name", f"{name!r}: a source name cannot contain ':' (it separates the parts of sample ids)")
     fmt = p.take(item, "format", str, where, None, required=True, choices=FORMATS)
     patterns_raw = item.get("path")
     if isinstance(patterns_raw, str):
@@ -412,18 +664,16 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
     else:
         p.add(f"{where}.path", "is required: a file, a glob, or a list of them")
         patterns = ()
-    paths: list[str] = []
-    for pattern in patterns:
-        matched = sorted(glob.glob(str(_resolve(base_dir, pattern)), recursive=True))
-        if not matched:
-            p.add(f"{where}.path", f"no file matches {pattern!r} (relative to {base_dir})")
-        paths.extend(matched)
+    files = _expand(patterns, base_dir, where, p)
+    max_samples = p.take(item, "max_samples", int, where, None)
+    p.number(f"{where}.max_samples", max_samples, 1, 10**15, "records read from this source; null reads all")
 
     fields_raw = p.take(item, "fields", dict, where, {})
     mapping = dict(DEFAULT_FIELDS.get(fmt or "", {}))
     for key, value in fields_raw.items():
         if key not in mapping:
-            p.add(f"{where}.fields.{key}", f"unknown field for format {fmt!r} (allowed: {', '.join(mapping)})")
+            hint = _did_you_mean(str(key), list(mapping), {})
+            p.add(f"{where}.fields.{key}", f"unknown field for format {fmt!r}{hint} (allowed: {', '.join(mapping)})")
         elif value is not None and not isinstance(value, str):
             p.add(f"{where}.fields.{key}", f"expected a column name, got {value!r}")
         else:
@@ -437,24 +687,24 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
 
     train_raw = p.take(item, "train", dict, where, {})
     p.unknown_keys(train_raw, TRAIN_KEYS, f"{where}.train")
-    roles = tuple(p.take(train_raw, "roles", list, f"{where}.train", ["assistant"]))
+    roles = p.take(train_raw, "roles", list, f"{where}.train", ["assistant"])
     for role in roles:
         if role == "tool":
             p.add(f"{where}.train.roles", "tool results are never trained (they are the environment's words)")
         elif role not in ("system", "user", "assistant"):
             p.add(f"{where}.train.roles", f"unknown role {role!r}")
     train = TrainPolicy(
-        roles=roles,
+        roles=tuple(roles),
         turns=p.take(train_raw, "turns", str, f"{where}.train", "all", choices=("all", "last")),
         end_of_turn=p.take(train_raw, "end_of_turn", bool, f"{where}.train", True),
         tool_calls=p.take(train_raw, "tool_calls", bool, f"{where}.train", True),
     )
     weight = p.take(item, "weight", float, where, 1.0)
-    if weight is not None and weight <= 0:
-        p.add(f"{where}.weight", f"must be positive, got {weight}")
+    if weight is not None and not (math.isfinite(weight) and weight > 0):
+        p.add(f"{where}.weight", f"must be a positive finite number, got {weight}")
     return SourceConfig(
         name=name,
-        paths=tuple(paths),
+        paths=tuple(files),
         patterns=patterns,
         format=fmt or "messages",
         fields=mapping,
@@ -464,6 +714,8 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
         special_tokens=p.take(item, "special_tokens", str, where, "escape", choices=SPECIAL_TOKEN_POLICIES),
         truncation=p.take(item, "truncation", str, where, None, choices=TRUNCATION_STRATEGIES),
         group=p.take(item, "group", str, where, None),
+        max_samples=max_samples,
+        labels=files,
     )
 
 
@@ -476,12 +728,30 @@ def _parse_tokenizer(value: str | None, base_dir: Path, p: _Problems) -> Tokeniz
         if not tokenizer_file.is_file():
             p.add("tokenizer", f"folder {target} has no tokenizer.json")
         config_file = target / "tokenizer_config.json"
-        return TokenizerConfig(str(tokenizer_file), str(config_file) if config_file.is_file() else None)
-    if not target.is_file():
+        config_path = str(config_file) if config_file.is_file() else None
+    elif target.is_file():
+        tokenizer_file = target
+        sibling = target.parent / "tokenizer_config.json"
+        config_path = str(sibling) if sibling.is_file() else None
+    else:
         p.add("tokenizer", f"not found: {target}")
         return TokenizerConfig(str(target), None)
-    sibling = target.parent / "tokenizer_config.json"
-    return TokenizerConfig(str(target), str(sibling) if sibling.is_file() else None)
+    if config_path:
+        _check_tokenizer_config(Path(config_path), p)
+    return TokenizerConfig(str(tokenizer_file), config_path)
+
+
+def _check_tokenizer_config(path: Path, p: _Problems) -> None:
+    """tokenizer_config.json is read after the config; a broken one must fail here, before any work."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        p.add("tokenizer", f"{path} is not valid JSON: {exc}")
+        return
+    if not isinstance(value, dict):
+        p.add("tokenizer", f"{path}: expected a JSON object, got {type(value).__name__}")
+    elif value.get("chat_template") is not None and not isinstance(value["chat_template"], (str, list)):
+        p.add("tokenizer", f"{path}: chat_template must be a string or a list of named templates")
 
 
 def bundled_configs() -> list[str]:

@@ -1,110 +1,328 @@
-"""Read source files and turn each row into a canonical `Example`.
+"""Read source files and turn each record into a canonical `Example`.
 
-Readers yield `(location, row_number, raw_record)`; adapters map one raw record to an
-`Example` or raise `RecordError` naming the field. The pipeline applies the error policy, so a
-bad row is never silently lost: it fails the build or lands in rejects.jsonl with its reason.
+A file is read by what its bytes are (Parquet, Arrow IPC, gzip/zstd-compressed or plain JSON
+Lines, a JSON array), not by its suffix. Each record has one location, `FILE:N` (N is the line,
+1-based, for JSON Lines; the row, 0-based, for everything else) and, without an id field, the
+default id `{source}:{FILE}:{N}`, computable from that one file alone. Adapters map one raw
+record to an `Example` or raise `RecordError` naming the field. The build applies the error
+policy, so a bad record is never silently lost: it fails the build or lands in rejects.jsonl.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from itertools import chain, islice
+from typing import IO, Any
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from packtool.config import SourceConfig, canonical_json
 from packtool.errors import RecordError
 from packtool.records import ROLES, Example, Message
 
-RawRow = tuple[str, int, Any]  # (file, row number as a person counts it, parsed record or the exception)
+Adapter = Callable[[dict, SourceConfig, str, str], Example]
+Raw = tuple[int, Any]  # (N of the location, the parsed record or the RecordError saying why there is none)
+
+_BOM = b"\xef\xbb\xbf"
+# Leading bytes of the binary formats (the reader is chosen by content, not by suffix).
+_MAGIC = {
+    b"PAR1": "parquet",
+    b"ARROW1": "arrow_file",
+    b"\xff\xff\xff\xff": "arrow_stream",  # IPC stream continuation marker: datasets' .arrow files
+    b"\x1f\x8b": "gzip",
+    b"\x28\xb5\x2f\xfd": "zstd",
+}
+# A JSON escape that may decode to a NUL or a lone surrogate: only then is the parsed record walked.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 
 
-def read_rows(path: str) -> Iterator[RawRow]:
-    """Rows of one file. JSONL rows are numbered by line (1-based), JSON arrays and Parquet by index (0-based).
-
-    A JSONL line that does not parse is yielded as the `RecordError` itself, so the caller decides
-    (fail or skip) without the reader stopping.
-    """
-    suffix = Path(path).suffix.lower()
-    if suffix == ".parquet":
-        table = pq.ParquetFile(path)
-        row = 0
-        for batch in table.iter_batches(batch_size=1024):
-            for record in batch.to_pylist():
-                yield path, row, record
-                row += 1
-    elif suffix == ".json":
-        try:
-            records = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            yield (
-                path,
-                exc.lineno,
-                RecordError(f"not valid JSON: {exc.msg}", kind="parse_error", file=path, row=exc.lineno),
-            )
-            return
-        if not isinstance(records, list):
-            yield path, 0, RecordError("expected a JSON array of records", file=path)
-            return
-        for row, record in enumerate(records):
-            yield path, row, record
-    else:
-        with open(path, encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield path, line_number, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield (
-                        path,
-                        line_number,
-                        RecordError(f"not valid JSON: {exc.msg}", kind="parse_error", file=path, row=line_number),
-                    )
+class _NotFinite(ValueError):
+    """NaN and Infinity are not JSON (RFC 8259) although Python's parser accepts them."""
 
 
-def record_hash(record: Any) -> str:
-    """Content hash of the raw record: stable across key order and file format."""
-    return hashlib.sha256(canonical_json(record).encode()).hexdigest()[:32]
+def _reject_constant(literal: str) -> Any:
+    raise _NotFinite(literal)
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def source_files(source: SourceConfig) -> list[str]:
-    """The files of a source: its globs expanded and sorted (one build work item each)."""
+    """The files of a source in reading order: its globs expanded and sorted, as the config resolved them."""
     return list(source.paths)
 
 
+def file_label(source: SourceConfig, file: str) -> str:
+    """FILE in locations and default ids: the path as written in the config (relative to its folder)."""
+    return source.labels.get(file, file)
+
+
 def read_source(source: SourceConfig) -> Iterator[Example | RecordError]:
-    """Every row of a source as an Example, or the RecordError explaining why it cannot be one."""
-    for path in source_files(source):
-        yield from read_file(source, path)
+    """Every record of a source (files in order) as an Example or the RecordError saying why it is not one.
+
+    `max_samples` keeps the first N records; a bad record counts as one of them.
+    """
+    records = chain.from_iterable(read_file(source, file) for file in source_files(source))
+    return islice(records, source.max_samples) if source.max_samples is not None else records
 
 
 def read_file(
     source: SourceConfig, file: str, start: int = 0, stop: int | None = None
 ) -> Iterator[Example | RecordError]:
-    """Records start..stop of one file (in file order) as Examples or RecordErrors; ids need this file alone."""
+    """Records start..stop of one file (positions count from 0: JSON Lines lines, or rows).
+
+    A file that cannot be read at all yields one `RecordError(kind="unreadable_file", row=None)`;
+    one that breaks part way yields the records before the break, then that error with the row.
+    """
+    label = file_label(source, file)
     adapter = ADAPTERS[source.format]
-    for index, (path, row, record) in enumerate(read_rows(file)):
-        if index < start:
-            continue
-        if stop is not None and index >= stop:
-            return
-        default_id = f"{source.name}:{path}:{row}"
+    for n, record in _raw_records(file, label, start, stop):
+        location = f"{label}:{n}"
+        default_id = f"{source.name}:{location}"
         if isinstance(record, RecordError):
-            record.sample_id = default_id
+            record.sample_id = f"{source.name}:{label}" if record.row is None else default_id
             yield record
             continue
+        yield _example(record, source, adapter, label, n, default_id)
+
+
+def _example(
+    record: Any, source: SourceConfig, adapter: Adapter, label: str, n: int, default_id: str
+) -> Example | RecordError:
+    try:
+        if not isinstance(record, dict):
+            raise RecordError(f"expected a JSON object, got {type(record).__name__}")
+        example_id = _example_id(record, source, default_id)
+        return adapter(record, source, example_id, f"{label}:{n}")
+    except RecordError as error:
+        error.file, error.row = label, n
+        error.sample_id = default_id
+        return error
+    except RecursionError:
+        return RecordError("nested too deeply to read", kind="parse_error", file=label, row=n, sample_id=default_id)
+
+
+def sniff(path: str) -> str:
+    """What a file holds, from its first bytes: parquet, arrow_file, arrow_stream, gzip, zstd, text or empty."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if not head:
+        return "empty"
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
+
+
+def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterator[Raw]:
+    def unreadable(reason: str, row: int | None = None) -> Raw:
+        return (row or 0), RecordError(reason, kind="unreadable_file", file=label, row=row)
+
+    try:
+        kind = sniff(path)
+    except OSError as exc:
+        yield unreadable(f"cannot open: {exc.strerror or exc}")
+        return
+    if kind == "empty":
+        yield unreadable("file is empty (0 bytes)")
+        return
+    readers = {"parquet": _parquet_rows, "arrow_file": _arrow_rows, "arrow_stream": _arrow_rows}
+    reader = readers.get(kind)
+    rows = reader(path, start, stop) if reader else _text_records(path, kind, label, start, stop)
+    last = start - 1
+    try:
+        for n, record in rows:
+            last = n
+            yield n, record
+    except _ReadError as exc:
+        yield unreadable(str(exc))
+    except _READ_ERRORS as exc:
+        if last < start:
+            yield unreadable(f"cannot read as {kind.replace('_', ' ')}: {_short(exc)}")
+        else:
+            where = f"line {last}" if reader is None else f"row {last}"
+            yield unreadable(f"damaged after {where}: {_short(exc)}", last + 1)
+
+
+class _ReadError(Exception):
+    """The file as a whole is not something packtool reads; the message says what it found."""
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    row = 0
+    for group in range(parquet.num_row_groups):
+        size = parquet.metadata.row_group(group).num_rows
+        if row + size <= start:  # whole row groups before the range are never decoded
+            row += size
+            continue
+        if stop is not None and row >= stop:
+            return
+        for batch in parquet.iter_batches(batch_size=1024, row_groups=[group]):
+            yield from _batch_rows(batch, row, start, stop)
+            row += batch.num_rows
+
+
+def _arrow_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
+    """Arrow IPC, file or stream format (`datasets` writes streams); memory-mapped, batch by batch."""
+    with pa.memory_map(path) as source:
         try:
-            if not isinstance(record, dict):
-                raise RecordError(f"expected a JSON object, got {type(record).__name__}")
-            yield adapter(record, source, _example_id(record, source, default_id), f"{path}:{row}")
-        except RecordError as error:
-            error.file, error.row = path, row
-            error.sample_id = default_id
-            yield error
+            batches: Any = pa.ipc.open_file(source)
+            batches = (batches.get_batch(i) for i in range(batches.num_record_batches))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            batches = pa.ipc.open_stream(source)
+        row = 0
+        for batch in batches:
+            if stop is not None and row >= stop:
+                return
+            if row + batch.num_rows > start:
+                yield from _batch_rows(batch, row, start, stop)
+            row += batch.num_rows
+
+
+def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None) -> Iterator[Raw]:
+    lo = max(start - first, 0)
+    hi = batch.num_rows if stop is None else min(stop - first, batch.num_rows)
+    if lo >= hi:
+        return
+    for offset, record in enumerate(batch.slice(lo, hi - lo).to_pylist(), start=first + lo):
+        problem = _text_problem(record)
+        yield offset, record if problem is None else RecordError(problem[1], field=problem[0])
+
+
+def _open_text(path: str, kind: str) -> IO[bytes]:
+    if kind == "gzip":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if kind == "zstd":
+        import zstandard
+
+        return zstandard.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _text_records(path: str, kind: str, label: str, start: int, stop: int | None) -> Iterator[Raw]:
+    """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed."""
+    with _open_text(path, kind) as handle:
+        head = [handle.readline()]
+        if head[0].startswith(_BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
+            head[0] = head[0][len(_BOM) :]
+        while head[-1] and not head[-1].strip():
+            head.append(handle.readline())
+        first = head[-1].lstrip()
+        if not first:
+            return  # only blank lines: a file with no records
+        if first.startswith(b"["):
+            yield from _json_array(b"".join(head) + handle.read(), start, stop)
+            return
+        if not first.startswith(b"{"):
+            raise _ReadError(
+                f"not JSON Lines, a JSON array, Parquet or Arrow (starts with {first[:16]!r}); "
+                "expected one JSON object per line"
+            )
+        if first.strip() == b"{":
+            raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
+        for index, line in islice(enumerate(chain(head, handle)), start, stop):
+            if line.strip():
+                yield index + 1, _parse_line(line, label, index + 1)
+
+
+def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
+    try:
+        text = data.decode("utf-8")
+        records = _DECODER.decode(text)
+    except UnicodeDecodeError as exc:
+        raise _ReadError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _ReadError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except _NotFinite as exc:
+        raise _ReadError(f"{exc} is not valid JSON (write null or a string)") from None
+    except RecursionError:
+        raise _ReadError("JSON nested too deeply to read") from None
+    if not isinstance(records, list):
+        raise _ReadError(f"expected a JSON array of records, got {type(records).__name__}")
+    check = _SUSPECT_ESCAPE.search(text) is not None
+    for row, record in islice(enumerate(records), start, stop):
+        problem = _text_problem(record) if check else None
+        yield row, record if problem is None else RecordError(problem[1], field=problem[0])
+
+
+def _parse_line(line: bytes | str, label: str, n: int) -> Any:
+    """One JSON Lines record, or the RecordError saying why the line is not one."""
+    try:
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+    except UnicodeDecodeError as exc:
+        byte = line[exc.start] if isinstance(line, bytes) else 0
+        reason = f"not valid UTF-8: byte 0x{byte:02x} at column {exc.start + 1}"
+        return RecordError(reason, kind="parse_error", file=label, row=n)
+    try:
+        record = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        return RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", kind="parse_error", file=label, row=n)
+    except _NotFinite as exc:
+        return RecordError(f"{exc} is not valid JSON (write null or a string)", kind="parse_error", file=label, row=n)
+    except RecursionError:
+        return RecordError("nested too deeply to read (JSON depth over ~1000)", kind="parse_error", file=label, row=n)
+    if _SUSPECT_ESCAPE.search(text):
+        problem = _text_problem(record)
+        if problem is not None:
+            return RecordError(problem[1], field=problem[0], file=label, row=n)
+    return record
+
+
+def _text_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(field, reason) for the first string no tokenizer should see: a NUL or a lone surrogate."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return path, "contains a NUL character (U+0000), a sign of binary or corrupted text"
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return path, f"contains a lone surrogate (U+{ord(value[exc.start]):04X}), which is not text"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = _text_problem(key, where) or _text_problem(item, where)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = _text_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What the readers raise on bytes they cannot decode (damaged, truncated, not the format)."""
+    import zlib
+
+    errors: list[type[BaseException]] = [OSError, EOFError, ValueError, pa.ArrowException, zlib.error]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+_READ_ERRORS = _read_errors()
+
+
+def record_hash(record: Any) -> str:
+    """Content hash of the raw record: stable across key order and file format."""
+    return hashlib.sha256(canonical_json(record).encode()).hexdigest()[:32]
 
 
 def _example_id(record: dict, source: SourceConfig, default: str) -> str:
@@ -311,7 +529,7 @@ def from_text(record: dict, source: SourceConfig, example_id: str, location: str
     return Example(example_id, source.name, record_hash(record), text=text, location=location)
 
 
-ADAPTERS: dict[str, Callable[[dict, SourceConfig, str, str], Example]] = {
+ADAPTERS: dict[str, Adapter] = {
     "messages": from_messages,
     "sharegpt": from_sharegpt,
     "alpaca": from_alpaca,

@@ -45,7 +45,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path(tmp_path, write_co
         "capacity: expected an integer",
         "sources[1].path: no file matches 'missing-*.jsonl'",
         "sources[1].format: 'chatml' is not one of",
-        "sources[1].weight: must be positive",
+        "sources[1].weight: must be a positive finite number",
         "sources[0].fields.body: unknown field",
         "tokenizer: not found",
         "packing.strategy: 'magic' is not one of",
@@ -82,3 +82,29 @@ def test_bundled_config_by_name_and_missing_file():
         resolve_config_path("nope")
     with pytest.raises(PacktoolError, match="config file not found"):
         load_config("nope.yaml")
+
+
+def test_build_phase_keys_are_typed_and_validated(tmp_path, write_config):
+    raw = _base(tmp_path)
+    config = load_config(write_config(raw))
+    assert config.executor == "processes" and config.cache is None and config.max_reject_share == 0.5
+    assert config.workers >= 1 and config.validation_share is None and config.validation_samples is None
+    raw |= {"executor": "ray", "ray_address": "127.0.0.1:6379", "cache": "tokens", "max_reject_share": 0}
+    raw |= {"validation": {"samples": 50}, "workers": 3}
+    raw["sources"][0]["max_samples"] = 10
+    config = load_config(write_config(raw))
+    assert (config.executor, config.ray_address, config.cache) == ("ray", "127.0.0.1:6379", str(tmp_path / "tokens"))
+    assert config.max_reject_share == 0.0 and config.validation_samples == 50 and config.workers == 3
+    assert config.sources[0].max_samples == 10
+    # where a build runs never changes what it writes, so it stays out of the hashed config
+    assert not {"executor", "ray_address", "cache", "workers"} & set(config.raw)
+    raw |= {"executor": "slurm", "max_reject_share": 1.5, "validation": {"share": 0.1, "samples": 3}}
+    raw["sources"][0]["max_samples"] = 0
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(raw))
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "sources[0].max_samples",
+        "max_reject_share",
+        "executor",
+        "validation",
+    ]

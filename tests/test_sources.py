@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,13 +11,15 @@ from support import shared
 
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
-from packtool.sources import read_source, record_hash
+from packtool.sources import read_file, read_source, record_hash, source_files
 
 
 def source(fmt: str, *paths: Path, **fields) -> SourceConfig:
     mapping = {**DEFAULT_FIELDS[fmt], **fields}
     roles = dict(DEFAULT_SHAREGPT_ROLES) if fmt == "sharegpt" else {}
-    return SourceConfig("src", tuple(str(p) for p in paths), (), fmt, mapping, role_map=roles)
+    # labels as the config gives them: the path relative to the config's folder
+    labels = {str(p): Path(p).name for p in paths}
+    return SourceConfig("src", tuple(labels), (), fmt, mapping, role_map=roles, labels=labels)
 
 
 def test_messages_with_tool_calls_parts_and_ids(write_jsonl):
@@ -61,8 +64,7 @@ def test_sharegpt_function_call_and_observation(write_jsonl):
     (example,) = list(read_source(source("sharegpt", write_jsonl([row]))))
     assert [m.role for m in example.messages] == ["user", "assistant", "tool", "assistant"]
     assert example.messages[1].tool_calls[0]["function"] == {"name": "convert", "arguments": {"amount": 5}}
-    assert example.id == f"src:{example.location}" and example.location.endswith("data.jsonl:1")
-    assert example.tools is None
+    assert example.id == "src:data.jsonl:1" and example.tools is None
 
 
 def test_alpaca_with_system_and_history(tmp_path):
@@ -88,9 +90,14 @@ def test_text_from_parquet_and_globs(tmp_path):
     paths = sorted(tmp_path.glob("part-*.parquet"))
     examples = list(read_source(source("text", *paths)))
     assert [e.text for e in examples] == ["doc 0a", "doc 0b", "doc 1a", "doc 1b"]
-    # default ids come from one file alone: adding a file renumbers nothing
-    assert [e.id for e in examples] == [f"src:{path}:{row}" for path in paths for row in (0, 1)]
-    assert examples[2].location.endswith("part-1.parquet:0")
+    # each id names its own file and row: adding a file renumbers nothing
+    assert [e.id for e in examples] == [
+        "src:part-0.parquet:0",
+        "src:part-0.parquet:1",
+        "src:part-1.parquet:0",
+        "src:part-1.parquet:1",
+    ]
+    assert examples[2].location == "part-1.parquet:0"
 
 
 @pytest.mark.parametrize(
@@ -109,9 +116,9 @@ def test_bad_records_name_file_line_and_field(write_jsonl, line, field, reason):
     first, second = list(read_source(source("messages", path)))
     assert not isinstance(first, RecordError)
     assert isinstance(second, RecordError)
-    assert second.file == str(path) and second.row == 2 and second.field == field
+    assert second.file == "data.jsonl" and second.row == 2 and second.field == field
     assert reason in second.reason
-    assert str(second).startswith(f"{path}:2")
+    assert str(second).startswith("data.jsonl:2")
 
 
 def test_real_reasoning_tool_dataset_parses():
@@ -120,3 +127,34 @@ def test_real_reasoning_tool_dataset_parses():
     assert len(examples) == 50 and not any(isinstance(e, RecordError) for e in examples)
     assert any(m.reasoning_content for e in examples for m in e.messages)
     assert any(m.tool_calls for e in examples for m in e.messages)
+
+
+def test_read_file_ranges_count_lines_and_rows(tmp_path, write_jsonl):
+    rows = [{"text": f"doc {i}"} for i in range(5)]
+    path = write_jsonl([rows[0], rows[1], "", rows[2], rows[3]])  # line 3 is blank: no record, still a line
+    src = source("text", path)
+    assert source_files(src) == [str(path)]
+    whole = list(read_file(src, str(path)))
+    assert [e.location for e in whole] == ["data.jsonl:1", "data.jsonl:2", "data.jsonl:4", "data.jsonl:5"]
+    # positions are 0-based lines, so a worker given [2, 4) reads lines 3 and 4
+    assert [e.location for e in read_file(src, str(path), 2, 4)] == ["data.jsonl:4"]
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"text": [r["text"] for r in rows]}), parquet, row_group_size=2)
+    psrc = source("text", parquet)
+    assert [e.id for e in read_file(psrc, str(parquet), 1, 4)] == [f"src:rows.parquet:{i}" for i in (1, 2, 3)]
+    assert [e.text for e in read_file(psrc, str(parquet), 3)] == ["doc 3", "doc 4"]
+
+
+def test_max_samples_takes_the_first_records_across_files(tmp_path):
+    for i in range(2):
+        (tmp_path / f"p{i}.jsonl").write_text("".join(json.dumps({"text": f"{i}-{j}"}) + "\n" for j in range(3)))
+    src = replace(source("text", tmp_path / "p0.jsonl", tmp_path / "p1.jsonl"), max_samples=4)
+    assert [e.text for e in read_source(src)] == ["0-0", "0-1", "0-2", "1-0"]
+
+
+def test_an_unreadable_file_is_one_error_naming_it(tmp_path):
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    (error,) = list(read_source(source("text", empty)))
+    assert isinstance(error, RecordError) and error.kind == "unreadable_file" and error.row is None
+    assert str(error) == "empty.parquet: file is empty (0 bytes)" and error.sample_id == "src:empty.parquet"

@@ -6,6 +6,19 @@ from __future__ import annotations
 class PacktoolError(Exception):
     """A problem the user can fix: bad config, bad input, a template that refuses a sample."""
 
+    def __reduce__(self):
+        # Errors cross process boundaries (build workers, Ray tasks). The default pickling calls
+        # cls(*args), which fails for subclasses with required keyword-only fields; rebuilding
+        # from args and the instance's fields works for every subclass.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[PacktoolError], args: tuple, fields: dict) -> PacktoolError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
 
 class RecordError(PacktoolError):
     """One input record cannot be used. Carries where it came from so the message names file, row and field."""
@@ -41,3 +54,7 @@ class RecordError(PacktoolError):
             where.append(f"field '{self.field}'")
         prefix = ", ".join(where)
         return f"{prefix}: {self.reason}" if prefix else self.reason
+
+
+class WorkerError(PacktoolError):
+    """A worker process or Ray task was lost (killed, out of memory, a node gone), not the work item's own error."""

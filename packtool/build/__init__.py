@@ -1,0 +1,1 @@
+"""The build: its phases, and the executors that run their work items."""

@@ -1,0 +1,403 @@
+"""Where work items run: one ordered map over picklable items, in this process, in local worker processes, or on Ray.
+
+Executors know nothing of the build's stages; the build hands them a module-level function and
+an iterator of items and gets the results back in item order:
+
+    items    i0   i1   i2   i3   i4 ...      pulled lazily, at most `depth` ahead of the consumer
+    workers  [i1] [i0] [i2]                   finish in any order
+    results  r0   r1   r2   r3   r4 ...      yielded in item order
+
+An exception raised by the function is raised again in the caller with its own type and fields
+(the worker's traceback is attached as its __cause__); the items still in flight are cancelled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+from packtool.errors import PacktoolError, WorkerError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+KINDS = ("processes", "serial", "ray")
+RAY_INSTALL = 'pip install "packtool[ray]"'
+# Results wait in order behind the slowest item: two items per worker keep every worker busy
+# while one straggler finishes, and cap what is held in memory at 2 x workers results.
+ITEMS_PER_WORKER = 2
+# A local Ray node only carries items and small results through its object store; without a
+# limit Ray reserves ~30% of the machine's memory for it.
+RAY_OBJECT_STORE_BYTES = 512 * 1024**2
+_PARENT_POLL_S = 0.25  # how soon an orphaned worker notices, when the kernel's death signal is not available
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Executor(Protocol):
+    """An ordered map over work items; close() (or leaving the `with` block) stops every worker it started."""
+
+    workers: int
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+def resolve_workers(value: int | str) -> int:
+    """`auto` is the number of cores this process may run on (its CPU affinity, not the machine's count)."""
+    if value == "auto":
+        if hasattr(os, "sched_getaffinity"):
+            return len(os.sched_getaffinity(0))
+        return os.cpu_count() or 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PacktoolError(f"workers: expected a positive integer or 'auto', got {value!r}")
+    return value
+
+
+def make_executor(kind: str, workers: int, address: str | None = None) -> Executor:
+    """The executor named `kind`. `processes` with one worker runs in this process (no worker to start)."""
+    if kind not in KINDS:
+        raise PacktoolError(f"executor: expected one of {', '.join(KINDS)}, got {kind!r}")
+    if address is not None and kind != "ray":
+        raise PacktoolError(f"a Ray address ({address!r}) needs executor ray, got executor {kind!r}")
+    workers = resolve_workers(workers)
+    if kind == "ray":
+        return RayExecutor(workers, address)
+    if kind == "processes" and workers > 1:
+        return ProcessExecutor(workers)
+    return SerialExecutor()
+
+
+class _Closing:
+    """Context manager plumbing shared by the executors; SIGTERM inside the block unwinds like an exception."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._sigterm = _exit_on_sigterm()
+        self._sigterm.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.close()
+        finally:
+            self._sigterm.__exit__(exc_type, exc, tb)
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in the main thread so `finally` blocks cancel work and stop workers.
+
+    Left alone when another handler is installed (Ray installs its own, to the same effect) or off the main thread."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def raise_exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class SerialExecutor(_Closing):
+    """Every item in this process, one after the other: the reference the other executors must match."""
+
+    workers = 1
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        for item in items:
+            yield fn(item)
+
+    def close(self) -> None:
+        pass
+
+
+# -- outcomes: what a worker sends back, the same for processes and Ray ------------------------------
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, chained as its __cause__ in the caller."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _outcome(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any, str]:
+    """(True, result, "") or (False, exception, traceback text); an exception that cannot be pickled is described."""
+    try:
+        return True, fn(item), ""
+    except Exception as exc:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = WorkerError(f"{type(exc).__name__}: {exc} (raised in a worker; its type could not be pickled)")
+        return False, exc, text
+
+
+def _unwrap(outcome: tuple[bool, Any, str]) -> Any:
+    ok, value, text = outcome
+    if ok:
+        return value
+    raise value from RemoteTraceback(f'\n"""\n{text}"""')
+
+
+# -- local worker processes ---------------------------------------------------------------------------
+
+
+def _exit_with_parent(parent_pid: int, kernel_signal: bool) -> None:
+    """Make this worker die when its parent does, even by kill -9.
+
+    Linux delivers SIGKILL at once (prctl PR_SET_PDEATHSIG), but only when the spawning thread
+    is the parent's main thread: the signal follows the thread, not the process. A watchdog
+    thread covers every case by polling for the parent to change (orphans are re-parented)."""
+    if kernel_signal and sys.platform.startswith("linux"):
+        with suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="packtool-parent-watchdog", daemon=True).start()
+
+
+def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
+    """A worker process: run (fn, item) tasks from the parent until it sends None or goes away."""
+    _exit_with_parent(parent_pid, kernel_signal)
+    # Ctrl-C reaches the whole process group; the parent alone decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already: no nested thread pool
+    while True:
+        try:
+            task = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            unpacked = pickle.loads(task)
+        except Exception as exc:
+            conn.send(_outcome(_raise, exc))
+            continue
+        if unpacked is None:
+            return
+        outcome = _outcome(*unpacked)
+        try:
+            reply = pickle.dumps(outcome)
+        except Exception as exc:
+            reply = pickle.dumps(_outcome(_raise, WorkerError(f"the result of a work item cannot be pickled: {exc}")))
+        conn.send_bytes(reply)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+class _Worker:
+    def __init__(self, context: Any) -> None:
+        parent_end, child_end = multiprocessing.Pipe(duplex=True)
+        kernel_signal = threading.current_thread() is threading.main_thread()
+        self.process: BaseProcess = context.Process(
+            target=_serve, args=(child_end, os.getpid(), kernel_signal), name="packtool-worker", daemon=True
+        )
+        self.process.start()
+        child_end.close()  # only the worker holds it now, so its death reads as EOF here
+        self.conn = parent_end
+        self.item: int | None = None
+
+    def stop(self, *, now: bool) -> None:
+        if not now:
+            with suppress(OSError):
+                self.conn.send(None)
+            self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+class ProcessExecutor(_Closing):
+    """`workers` spawned processes on this machine (spawn, not fork: tokenizers' thread pool does not survive a fork).
+
+    Each worker runs one item at a time and receives the next as soon as it is done, so slow and
+    fast items mix freely; at most `depth` items are pulled from the iterator ahead of the consumer."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.depth = ITEMS_PER_WORKER * workers
+        self._context = multiprocessing.get_context("spawn")
+        self._pool: list[_Worker] = []
+        self._closed = False
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._pool) < self.workers:
+            self._pool.append(_Worker(self._context))
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        if self._closed:
+            raise PacktoolError("this executor is closed")
+        self._fill()
+        source = enumerate(items)
+        idle = list(self._pool)
+        busy: dict[Connection, _Worker] = {}
+        done: dict[int, tuple[bool, Any, str]] = {}
+        pulled = 0  # items taken from `source`
+        yielded = 0
+        exhausted = False
+        try:
+            while True:
+                while idle and not exhausted and pulled - yielded < self.depth:
+                    entry = next(source, None)
+                    if entry is None:
+                        exhausted = True
+                        break
+                    worker = idle.pop()
+                    worker.item = entry[0]
+                    worker.conn.send_bytes(pickle.dumps((fn, entry[1])))
+                    busy[worker.conn] = worker
+                    pulled += 1
+                while yielded in done:
+                    result = _unwrap(done.pop(yielded))
+                    yielded += 1
+                    yield result
+                if not busy:
+                    if exhausted:
+                        return
+                    continue
+                for conn in wait(list(busy)):
+                    worker = busy[conn]  # type: ignore[index]
+                    done[worker.item] = self._receive(worker)  # type: ignore[index]
+                    del busy[conn]  # type: ignore[arg-type]
+                    worker.item = None
+                    idle.append(worker)
+        finally:
+            # Left early (an item failed, the consumer stopped, Ctrl-C): the items still running
+            # are abandoned, so their workers are stopped now; the next map starts new ones.
+            for worker in busy.values():
+                worker.stop(now=True)
+                self._pool.remove(worker)
+
+    def _receive(self, worker: _Worker) -> tuple[bool, Any, str]:
+        try:
+            return worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=5)
+            code = worker.process.exitcode
+            raise WorkerError(
+                f"a worker process died (exit code {code}) while running work item {worker.item}; "
+                "a negative code is the signal that killed it (-9: often out of memory: lower workers)"
+            ) from None
+
+    def close(self) -> None:
+        self._closed = True
+        pool, self._pool = self._pool, []
+        for worker in pool:
+            worker.stop(now=False)
+
+
+# -- Ray ------------------------------------------------------------------------------------------------
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise PacktoolError(f"executor ray needs Ray, which is not installed: {RAY_INSTALL}") from None
+    return ray
+
+
+class RayExecutor(_Closing):
+    """Each item a plain Ray task (a CPU each); results fetched in item order.
+
+    Joins the Ray runtime already initialised in this process, else the cluster at `address` or
+    $RAY_ADDRESS, else starts a one-machine cluster with `workers` CPUs on 127.0.0.1. close()
+    shuts Ray down only when this executor initialised it. Every node must be able to import
+    packtool and see the files the items name."""
+
+    def __init__(self, workers: int, address: str | None = None) -> None:
+        import logging
+
+        ray = self._ray = _import_ray()
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+            if address is not None or os.environ.get("RAY_ADDRESS"):
+                ray.init(address=address, **quiet)
+            else:
+                ray.init(
+                    num_cpus=workers,
+                    object_store_memory=RAY_OBJECT_STORE_BYTES,
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    **quiet,
+                )
+        cpus = int(ray.cluster_resources().get("CPU", workers))
+        self.workers = max(cpus, 1)
+        self.depth = ITEMS_PER_WORKER * self.workers
+        self._task = ray.remote(_outcome)
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        ray = self._ray
+        if self._task is None:
+            raise PacktoolError("this executor is closed")
+        fn_ref = ray.put(fn)
+        in_flight: list[Any] = []  # object refs, oldest first
+        try:
+            for item in items:
+                in_flight.append(self._task.remote(fn_ref, item))
+                if len(in_flight) >= self.depth:
+                    yield self._result(in_flight.pop(0))
+            while in_flight:
+                yield self._result(in_flight.pop(0))
+        finally:
+            for ref in in_flight:
+                ray.cancel(ref, force=True)
+
+    def _result(self, ref: Any) -> Any:
+        ray = self._ray
+        try:
+            outcome = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            # Not the function's own exception (those come back as outcomes): a node or worker was lost,
+            # or the task could not start (packtool missing on a node).
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise WorkerError(f"a Ray task failed: {last}") from exc
+        return _unwrap(outcome)
+
+    def close(self) -> None:
+        if self._task is None:
+            return
+        self._task = None
+        if self._owns_ray:
+            self._ray.shutdown()

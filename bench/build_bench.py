@@ -16,9 +16,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from packtool.build import build
 from packtool.config import parse_config
 from packtool.encode import load_tokenizer
-from packtool.pipeline import build
 from packtool.render import load_template, render_chat, render_text
 from packtool.sources import read_source
 
@@ -88,9 +88,9 @@ def main() -> None:
             lambda: tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False), args.repeat
         )
         tokens = sum(len(e.ids) for e in encodings)
-        build_s, manifest = timed(lambda: build(settings), args.repeat)
+        build_s, manifest = timed(lambda: build(settings, use_cache=False).manifest, args.repeat)
         parallel = replace(settings, workers=args.workers)
-        parallel_s, _ = timed(lambda: build(parallel), args.repeat)
+        parallel_s, _ = timed(lambda: build(parallel, use_cache=False), args.repeat)
 
     rows = [
         ("tokenizers.encode_batch alone (floor)", floor_s),

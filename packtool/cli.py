@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 import packtool
 from packtool.errors import PacktoolError
@@ -37,42 +36,101 @@ def main() -> None:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--output", "-o", help="Output folder (overrides `output` in the config).")
 @click.option("--capacity", type=int, help="Tokens per pack (overrides `capacity` in the config).")
-@click.option("--workers", "-j", help="Processes for render + encode: a number or 'auto' (overrides `workers`).")
+@click.option("--workers", "-j", help="Processes for encode and emit: a number or 'auto' (overrides `workers`).")
+@click.option("--executor", type=click.Choice(["processes", "serial", "ray"]), help="Where work items run.")
+@click.option("--address", help="Ray cluster address (with --executor ray).")
+@click.option("--cache", "cache_dir", help="Token store folder (default: .packtool-cache beside the output).")
+@click.option("--no-cache", is_flag=True, help="Reuse and resume nothing; keep no token store.")
+@click.option("--strict", is_flag=True, help="Fail when any source loses a record (max_reject_share 0).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-def build(config: Path, output: str | None, capacity: int | None, workers: str | None, quiet: bool) -> None:
-    """Render, tokenize, truncate, pack and write shards as CONFIG describes.
+def build(
+    config: Path,
+    output: str | None,
+    capacity: int | None,
+    workers: str | None,
+    executor: str | None,
+    address: str | None,
+    cache_dir: str | None,
+    no_cache: bool,
+    strict: bool,
+    quiet: bool,
+) -> None:
+    """Encode, plan and emit packed shards as CONFIG describes; OUT is replaced only when the build is complete.
 
-    CONFIG may also be the name of a bundled config (e.g. `quickstart`).
+    CONFIG may also be the name of a bundled config (e.g. `quickstart`). A rerun of an interrupted
+    build resumes it; encoded files are reused from the cache while their inputs are unchanged.
 
     \b
     Example:
         packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048 --workers auto
     """
+    from packtool.build import build as run_build
+    from packtool.build.progress import BarProgress, Progress
     from packtool.config import load_config, resolve_config_path
-    from packtool.pipeline import build as run_build
     from packtool.stats import format_stats
 
+    overrides = [f"executor={executor}"] if executor else []
+    overrides += [f"ray_address={address}"] if address else []
+    # paths typed on the command line are relative to the working folder
+    overrides += [f"cache={Path(cache_dir).resolve()}"] if cache_dir else []
+    overrides += ["max_reject_share=0"] if strict else []
     try:
         config_path = resolve_config_path(config)
         if output is None and not config.is_file():
             output = f"out/{config.name}"  # a bundled config: write under the working folder, not site-packages
-        # --output is a path the user typed, so it is relative to the working folder
         output = str(Path(output).resolve()) if output is not None else None
-        settings = load_config(config_path, output=output, capacity=capacity, workers=workers)
-        show_bar = not quiet and sys.stderr.isatty()
-        with tqdm(desc="samples", unit=" samples", disable=not show_bar) as bar:
-            manifest = run_build(settings, progress=bar.update)
+        settings = load_config(config_path, output=output, capacity=capacity, workers=workers, overrides=overrides)
+        progress = BarProgress() if not quiet and sys.stderr.isatty() else Progress()
+        built = run_build(settings, progress=progress, use_cache=not no_cache)
     except PacktoolError as error:
         raise _fail(error) from None
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted; the previous output is unchanged, rerun to resume") from None
     if not quiet:
+        manifest = built.manifest
         click.echo(format_stats(manifest["stats"]))
-        click.echo(f"\nwrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        click.echo(
+            f"\nencode: {built.encode_reused} of {built.encode_items} file(s) reused from the cache; "
+            f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
+        )
+        click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:
             click.echo(
                 f"{rejected} sample(s) not trained, each with its reason, in "
                 f"{Path(settings.output) / manifest['rejects']['file']}"
             )
+
+
+@main.command(name="cache")
+@click.argument("action", type=click.Choice(["list", "clear"]), default="list")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default=".packtool-cache")
+def cache_command(action: str, folder: Path) -> None:
+    """List the token store's entries with their sizes, or clear them.
+
+    FOLDER is the cache folder (default `.packtool-cache` in the working folder; a build's default
+    is `.packtool-cache` beside its output).
+
+    \b
+    Example:
+        packtool cache list out/.packtool-cache
+        packtool cache clear out/.packtool-cache
+    """
+    from packtool.build.cache import TokenCache
+
+    store = TokenCache(folder)
+    if action == "clear":
+        freed = store.clear()
+        click.echo(f"cleared {folder}: {freed:,} bytes freed")
+        return
+    entries = store.entries()
+    for entry in entries:
+        click.echo(
+            f"{entry['key'][:12]}  {entry['bytes']:>12,} B  {entry['samples']:>9,} samples  "
+            f"{entry['source']}  {entry['file']}"
+        )
+    total = sum(e["bytes"] for e in entries)
+    click.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {total:,} bytes in {folder}")
 
 
 @main.command(name="inspect")

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from packtool.errors import PacktoolError
+from packtool.errors import ConfigError, PacktoolError
 from packtool.packing import PACKERS
 from packtool.truncate import STRATEGIES
 
@@ -67,16 +67,6 @@ DEFAULT_FIELDS = {
     },
     "text": {"text": "text", "id": None},
 }
-
-
-class ConfigError(PacktoolError):
-    def __init__(self, path: str, problems: list[str]):
-        self.problems = problems
-        if len(problems) == 1:
-            super().__init__(f"{path}: {problems[0]}")
-            return
-        listing = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{path}: {len(problems)} problems in config:\n{listing}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,3 +58,31 @@ class RecordError(PacktoolError):
 
 class WorkerError(PacktoolError):
     """A worker process or Ray task was lost (killed, out of memory, a node gone), not the work item's own error."""
+
+
+class ConfigError(PacktoolError):
+    """A config with problems: all of them, each with its YAML path, in one message."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.problems = problems
+        if len(problems) == 1:
+            super().__init__(f"{path}: {problems[0]}")
+            return
+        listing = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{path}: {len(problems)} problems in config:\n{listing}")
+
+
+class TemplateRaised(Exception):
+    """A template called raise_exception: the template's own verdict on one sample (becomes a RecordError)."""
+
+
+class PackFormatError(PacktoolError, ValueError):
+    """A pack row or manifest breaks the shard contract (docs/format.md)."""
+
+
+class DatasetError(PacktoolError):
+    """The build folder cannot be read as promised by its manifest."""
+
+
+class BuildError(PacktoolError):
+    """The build ran but its outcome must not be published (empty output, too many records lost)."""

@@ -36,7 +36,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from packtool.config import BuildConfig, TrainPolicy
-from packtool.errors import PacktoolError, RecordError
+from packtool.errors import PacktoolError, RecordError, TemplateRaised
 from packtool.records import Example, Message, Rendered, Span
 
 # Plane-16 private-use characters: never meaningful text, and removed before tokenization.
@@ -59,10 +59,6 @@ def open_mark(index: int) -> str:
 
 def close_mark(index: int) -> str:
     return chr(_MARK_BASE + 2 * index + 1)
-
-
-class TemplateRaised(Exception):
-    """A template called raise_exception: the template's own verdict on one sample."""
 
 
 class _GenerationBlocks(Extension):

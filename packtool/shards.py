@@ -1,13 +1,13 @@
 """Parquet shards and the manifest: the on-disk contract of docs/format.md.
 
-Shards are written to `NAME.tmp` and renamed when closed; the manifest is written last, so a
-folder without one is an unfinished build. Every shard's rows, tokens, targets, bytes and
+Shards are written to a temporary name and renamed when closed; the manifest is written last
+(packtool.format owns the schema, the manifest and pack_hash), so a folder without one is an
+unfinished build. Every shard's rows, tokens, targets, bytes and
 sha256 are recorded, and the same facts sit in each file's key-value metadata.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -19,45 +19,44 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool import SCHEMA_VERSION
 from packtool.errors import PacktoolError
-from packtool.labels import IGNORE_INDEX
-
-MANIFEST = "manifest.json"
-REJECTS = "rejects.jsonl"
-
-SCHEMA = pa.schema(
-    [
-        pa.field("input_ids", pa.list_(pa.int32())),
-        pa.field("labels", pa.list_(pa.int32())),
-        pa.field("cu_seqlens", pa.list_(pa.int32())),
-        pa.field("doc_cu_seqlens", pa.list_(pa.int32())),
-        pa.field("token_roles", pa.list_(pa.int8())),
-        pa.field("sample_ids", pa.list_(pa.string())),
-        pa.field("sample_hashes", pa.list_(pa.string())),
-        pa.field("sample_repeats", pa.list_(pa.int32())),
-        pa.field("sources", pa.list_(pa.string())),
-        pa.field("n_tokens", pa.int32()),
-        pa.field("n_targets", pa.int32()),
-        pa.field("attn_cost", pa.int64()),
-        pa.field("pack_hash", pa.string()),
-    ],
-    metadata={"packtool.schema_version": str(SCHEMA_VERSION)},
+from packtool.format import (
+    IGNORE_INDEX,
+    MANIFEST,
+    REJECTS,
+    SCHEMA,
+    attn_cost,
+    check_cu_seqlens,
+    conventions,
+    pack_hash,
+    read_manifest,
+    sha256_file,
+    write_json_atomic,
 )
 
-
-def conventions(stream: bool) -> dict[str, Any]:
-    """How to read labels, positions and attention in an output (the manifest's `conventions`)."""
-    return {
-        "labels": "hf_unshifted",  # the model shifts: logits at t predict labels[t + 1]
-        "ignore_index": IGNORE_INDEX,
-        "positions": "continuous" if stream else "restart_per_segment",
-        "attention": "causal_across_documents" if stream else "block_diagonal_causal",
-    }
+# Readers written before packtool.format existed import these names from here.
+__all__ = [
+    "MANIFEST",
+    "REJECTS",
+    "SCHEMA",
+    "OutputPack",
+    "ShardInfo",
+    "conventions",
+    "iter_rows",
+    "locate",
+    "pack_hash",
+    "read_manifest",
+    "read_row",
+    "sha256_file",
+    "shard_metadata",
+    "write_json_atomic",
+    "write_shard",
+    "write_shards",
+]
 
 
 @dataclass(frozen=True, slots=True)
-class PackRow:
+class OutputPack:
     """One pack, ready to write. See docs/format.md for each column."""
 
     input_ids: np.ndarray
@@ -74,10 +73,8 @@ class PackRow:
         n = len(self.input_ids)
         if len(self.labels) != n or len(self.token_roles) != n:
             raise ValueError("input_ids, labels and token_roles must have one entry per token")
-        for name in ("cu_seqlens", "doc_cu_seqlens"):
-            cu = getattr(self, name)
-            if cu[0] != 0 or cu[-1] != n or (np.diff(cu) <= 0).any():
-                raise ValueError(f"{name} {cu.tolist()} must start at 0, increase strictly and end at {n}")
+        check_cu_seqlens(self.cu_seqlens, n)
+        check_cu_seqlens(self.doc_cu_seqlens, n, "doc_cu_seqlens")
         if not len(self.sample_ids) == len(self.sample_hashes) == len(self.sources) == len(self.sample_repeats):
             raise ValueError("per-document columns differ in length")
 
@@ -87,24 +84,14 @@ class PackRow:
 
     @property
     def attn_cost(self) -> int:
-        lengths = np.diff(self.cu_seqlens.astype(np.int64))
-        return int((lengths**2).sum())
+        return attn_cost(self.cu_seqlens)
 
     @property
     def pack_hash(self) -> str:
         return pack_hash(self.input_ids, self.labels, self.cu_seqlens)
 
 
-def pack_hash(input_ids: np.ndarray, labels: np.ndarray, cu_seqlens: np.ndarray) -> str:
-    """sha256 (first 16 bytes, hex) over the three arrays as little-endian int32."""
-    digest = hashlib.sha256()
-    for array in (input_ids, labels, cu_seqlens):
-        digest.update(np.ascontiguousarray(array, dtype="<i4").tobytes())
-        digest.update(b"|")
-    return digest.hexdigest()[:32]
-
-
-def _table(rows: list[PackRow]) -> pa.Table:
+def _table(rows: list[OutputPack]) -> pa.Table:
     def lists(name: str, dtype: Any) -> pa.Array:
         arrays = [getattr(r, name) for r in rows]
         offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
@@ -141,28 +128,31 @@ class ShardInfo:
 
 
 def write_shards(
-    rows: Iterable[PackRow], folder: Path, *, rows_per_shard: int, row_group_rows: int, metadata: dict[str, str]
+    packs: Iterable[OutputPack], folder: Path, *, rows_per_shard: int, row_group_rows: int, metadata: dict[str, str]
 ) -> list[ShardInfo]:
-    """Write packs into numbered shards; each shard is complete on disk before the next starts."""
+    """Write packs into numbered shards in one process (the build writes each shard as its own work item)."""
     folder.mkdir(parents=True, exist_ok=True)
     shards: list[ShardInfo] = []
-    buffer: list[PackRow] = []
-    for row in rows:
-        buffer.append(row)
+    buffer: list[OutputPack] = []
+    for pack in packs:
+        buffer.append(pack)
         if len(buffer) == rows_per_shard:
-            shards.append(_write_one(buffer, folder / f"shard-{len(shards):05d}.parquet", row_group_rows, metadata))
+            path = folder / f"shard-{len(shards):05d}.parquet"
+            shards.append(write_shard(buffer, path, row_group_rows=row_group_rows, metadata=metadata))
             buffer = []
     if buffer:
-        shards.append(_write_one(buffer, folder / f"shard-{len(shards):05d}.parquet", row_group_rows, metadata))
+        path = folder / f"shard-{len(shards):05d}.parquet"
+        shards.append(write_shard(buffer, path, row_group_rows=row_group_rows, metadata=metadata))
     return shards
 
 
-def _write_one(rows: list[PackRow], path: Path, row_group_rows: int, metadata: dict[str, str]) -> ShardInfo:
+def write_shard(rows: list[OutputPack], path: Path, *, row_group_rows: int, metadata: dict[str, str]) -> ShardInfo:
+    """Write one shard under a temporary name and rename it: a shard on disk is always complete."""
     table = _table(rows)
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}}
     )
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     # Fixed writer options: the same packs give the same bytes (no created_by drift within a pyarrow version).
     pq.write_table(
         table, temporary, row_group_size=row_group_rows, compression="zstd", use_dictionary=True, write_statistics=False
@@ -176,27 +166,6 @@ def _write_one(rows: list[PackRow], path: Path, row_group_rows: int, metadata: d
         bytes=path.stat().st_size,
         sha256=sha256_file(path),
     )
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
-
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise PacktoolError(f"{folder}: no {MANIFEST}; not a packtool output folder, or the build did not finish")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def locate(path: str | Path) -> tuple[Path, dict[str, Any] | None, list[Path]]:

@@ -1,11 +1,18 @@
-"""Tokenized samples spilled to disk between encode and emit, so a build's memory does not grow with the data.
+"""Token-store partitions: the tokenized samples of one encode work item, on disk, memory-mapped when read.
 
-    encode --append--> samples.arrow (Arrow IPC, record batches of BATCH_ROWS samples)
-                       lengths, sources          stay in memory: all the planner needs
-    emit   <--get(i)-- memory-mapped batches     a pack reads only its own samples' bytes
+    encode --PartitionWriter.append--> PART.arrow (Arrow IPC file, record batches of BATCH_ROWS samples)
+    plan   <--lengths(), n_targets()-- two int32 columns, read without touching any token
+    emit   <--get(row)--                numpy views of the mapped buffers: a pack pages in its own samples only
 
-Sample i lives in batch i // BATCH_ROWS at row i % BATCH_ROWS; reading it slices numpy views of
-the mapped buffers, so the operating system pages in what a pack touches and nothing else.
+Columns, one row per sample (token columns share their offsets):
+
+    input_ids large_list<int32>   targets large_list<uint8>   roles large_list<int8>   message_index large_list<int16>
+    example_id, sample_hash, location: string    ordinal: int64 (record number in its file, rejects included)
+    length, n_targets: int32    special_literal: uint8 (content spells a control token)
+    message_roles: list<string>    structured: list<int32>
+
+`message_index`, `message_roles` and `structured` are what truncation needs; emit reads only the first
+three token columns and the provenance strings.
 """
 
 from __future__ import annotations
@@ -22,13 +29,21 @@ BATCH_ROWS = 4096  # samples per record batch: small enough to buffer, large eno
 
 # large_list: a batch of BATCH_ROWS long samples can pass 2^31 tokens. Targets are uint8, not
 # bool, so that reading a sample back is a zero-copy view (Arrow packs booleans into bits).
-_SCHEMA = pa.schema(
+PARTITION_SCHEMA = pa.schema(
     [
         pa.field("input_ids", pa.large_list(pa.int32())),
         pa.field("targets", pa.large_list(pa.uint8())),
         pa.field("roles", pa.large_list(pa.int8())),
+        pa.field("message_index", pa.large_list(pa.int16())),
         pa.field("example_id", pa.string()),
         pa.field("sample_hash", pa.string()),
+        pa.field("location", pa.string()),
+        pa.field("ordinal", pa.int64()),
+        pa.field("length", pa.int32()),
+        pa.field("n_targets", pa.int32()),
+        pa.field("special_literal", pa.uint8()),
+        pa.field("message_roles", pa.list_(pa.string())),
+        pa.field("structured", pa.list_(pa.int32())),
     ]
 )
 
@@ -49,30 +64,32 @@ class StoredSample:
         return len(self.input_ids)
 
 
-class SampleStore:
-    """Append-only while encoding; `close()` hands back a reader over the memory-mapped file."""
+class PartitionWriter:
+    """Append-only; `close()` finishes the file. Rows are numbered in append order from 0."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, source: str):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.rows = 0
+        self.tokens = 0
+        schema = PARTITION_SCHEMA.with_metadata({"packtool.source": source})
         self._sink = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_file(self._sink, _SCHEMA)
-        self._buffer: list[Tokenized] = []
-        self._lengths: list[int] = []
-        self._sources: list[str] = []
+        self._writer = pa.ipc.new_file(self._sink, schema)
+        self._schema = schema
+        self._buffer: list[tuple[Tokenized, str, int, bool]] = []
 
-    def append(self, sample: Tokenized) -> int:
-        self._buffer.append(sample)
-        self._lengths.append(len(sample))
-        self._sources.append(sample.source)
+    def append(self, sample: Tokenized, location: str, ordinal: int, special_literal: bool = False) -> int:
+        self._buffer.append((sample, location, ordinal, special_literal))
+        self.rows += 1
+        self.tokens += len(sample)
         if len(self._buffer) == BATCH_ROWS:
             self._flush()
-        return len(self._lengths) - 1
+        return self.rows - 1
 
     def _flush(self) -> None:
         if not self._buffer:
             return
-        samples = self._buffer
+        samples = [s for s, _, _, _ in self._buffer]
         offsets = np.zeros(len(samples) + 1, dtype=np.int64)
         np.cumsum([len(s) for s in samples], out=offsets[1:])
         self._writer.write_batch(
@@ -81,52 +98,85 @@ class SampleStore:
                     _lists([s.input_ids for s in samples], offsets, pa.int32()),
                     _lists([s.targets.view(np.uint8) for s in samples], offsets, pa.uint8()),
                     _lists([s.roles for s in samples], offsets, pa.int8()),
+                    _lists([s.message_index for s in samples], offsets, pa.int16()),
                     pa.array([s.example_id for s in samples], pa.string()),
                     pa.array([s.sample_hash for s in samples], pa.string()),
+                    pa.array([location for _, location, _, _ in self._buffer], pa.string()),
+                    pa.array([ordinal for _, _, ordinal, _ in self._buffer], pa.int64()),
+                    pa.array([len(s) for s in samples], pa.int32()),
+                    pa.array([s.n_targets for s in samples], pa.int32()),
+                    pa.array([int(literal) for _, _, _, literal in self._buffer], pa.uint8()),
+                    pa.array([list(s.message_roles) for s in samples], pa.list_(pa.string())),
+                    pa.array([sorted(s.structured_messages) for s in samples], pa.list_(pa.int32())),
                 ],
-                schema=_SCHEMA,
+                schema=self._schema,
             )
         )
         self._buffer = []
 
-    def close(self) -> SampleReader:
+    def close(self) -> None:
+        if self._sink.closed:
+            return
         self._flush()
         self._writer.close()
         self._sink.close()
-        return SampleReader(self.path, np.asarray(self._lengths, dtype=np.int64), self._sources)
 
 
 def _lists(arrays: list[np.ndarray], offsets: np.ndarray, dtype: pa.DataType) -> pa.Array:
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(arrays), type=dtype))
+    flat = np.concatenate(arrays) if arrays else np.zeros(0)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=dtype))
 
 
-class SampleReader:
-    """Random access to stored samples by index, reading from a memory map."""
+class PartitionReader:
+    """Random access to one partition's samples by row, reading from a memory map."""
 
-    def __init__(self, path: Path, lengths: np.ndarray, sources: list[str]):
+    def __init__(self, path: Path):
         self.path = path
-        self.lengths = lengths
-        self.sources = sources
         self._map = pa.memory_map(str(path), "r")
         reader = pa.ipc.open_file(self._map)
+        self.source = (reader.schema.metadata or {}).get(b"packtool.source", b"").decode()
         self._batches = [_Batch(reader.get_batch(i)) for i in range(reader.num_record_batches)]
+        self.rows = sum(b.rows for b in self._batches)
 
-    def __len__(self) -> int:
-        return len(self.lengths)
+    def column(self, name: str) -> np.ndarray:
+        """One scalar column of every row (length, n_targets, ordinal) as a numpy array."""
+        parts = [b.batch.column(name).to_numpy() for b in self._batches]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def get(self, index: int, repeat: int = 0) -> StoredSample:
-        batch = self._batches[index // BATCH_ROWS]
-        row = index % BATCH_ROWS
-        start, end = batch.offsets[row], batch.offsets[row + 1]
+    def get(self, row: int, repeat: int = 0) -> StoredSample:
+        batch = self._batches[row // BATCH_ROWS]
+        r = row % BATCH_ROWS
+        start, end = batch.offsets[r], batch.offsets[r + 1]
         return StoredSample(
             input_ids=batch.input_ids[start:end],
             targets=batch.targets[start:end].view(bool),
             roles=batch.roles[start:end],
-            example_id=batch.example_ids[row].as_py(),
-            sample_hash=batch.sample_hashes[row].as_py(),
-            source=self.sources[index],
+            example_id=batch.batch.column("example_id")[r].as_py(),
+            sample_hash=batch.batch.column("sample_hash")[r].as_py(),
+            source=self.source,
             repeat=repeat,
         )
+
+    def tokenized(self, row: int) -> Tokenized:
+        """The whole sample as encode produced it (truncation needs its message structure)."""
+        batch = self._batches[row // BATCH_ROWS]
+        r = row % BATCH_ROWS
+        start, end = batch.offsets[r], batch.offsets[r + 1]
+        columns = batch.batch
+        return Tokenized(
+            example_id=columns.column("example_id")[r].as_py(),
+            source=self.source,
+            sample_hash=columns.column("sample_hash")[r].as_py(),
+            input_ids=batch.input_ids[start:end],
+            targets=batch.targets[start:end].view(bool),
+            roles=batch.roles[start:end],
+            message_index=columns.column("message_index").values.to_numpy()[start:end],
+            message_roles=tuple(columns.column("message_roles")[r].as_py()),
+            structured_messages=frozenset(columns.column("structured")[r].as_py()),
+        )
+
+    def location(self, row: int) -> str:
+        return self._batches[row // BATCH_ROWS].batch.column("location")[row % BATCH_ROWS].as_py()
 
     def close(self) -> None:
         self._batches = []
@@ -134,12 +184,12 @@ class SampleReader:
 
 
 class _Batch:
-    """Numpy views of one mapped record batch (the three token columns share their offsets)."""
+    """Numpy views of one mapped record batch (the token columns share their offsets)."""
 
     def __init__(self, batch: pa.RecordBatch):
+        self.batch = batch
+        self.rows = batch.num_rows
         self.offsets = batch.column(0).offsets.to_numpy()
         self.input_ids = batch.column(0).values.to_numpy()
         self.targets = batch.column(1).values.to_numpy()
         self.roles = batch.column(2).values.to_numpy()
-        self.example_ids = batch.column(3)
-        self.sample_hashes = batch.column(4)

@@ -122,6 +122,7 @@ def _bad_config(tmp_path: Path, write_config, on_error: str) -> Path:
             "capacity": 256,
             "output": "out",
             "on_error": on_error,
+            "max_reject_share": 1.0,  # five of six rows are bad on purpose
         }
     )
 

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from support import QUICKSTART, shared
 
+from packtool.build import build
+from packtool.build.plan import source_multipliers
 from packtool.config import load_config
 from packtool.labels import IGNORE_INDEX
-from packtool.pipeline import build, source_multipliers
 
 
 def _rows(folder: Path) -> list[dict]:
@@ -69,7 +70,7 @@ def test_source_multipliers():
 
 def test_mixing_repeats_keep_ids_and_realize_weights(tmp_path, write_config, write_jsonl):
     config = _config(tmp_path, write_config, write_jsonl, source_0_weight=2.5, source_1_weight=0.5)
-    manifest = build(config)
+    manifest = build(config).manifest
     rows = _rows(Path(config.output))
     copies = [(sid, rep) for r in rows for sid, rep in zip(r["sample_ids"], r["sample_repeats"])]
     a = [c for c in copies if c[0].startswith("a")]
@@ -78,12 +79,12 @@ def test_mixing_repeats_keep_ids_and_realize_weights(tmp_path, write_config, wri
     assert len(set(a)) == len(a)  # each copy is a distinct (id, repeat) segment
     assert sorted({rep for _, rep in a}) == [0, 1, 2]
     assert manifest["stats"]["sources"]["a"]["repeats"] == 60
-    assert build(config)["stats"] == manifest["stats"]  # seeded: the same copies every time
+    assert build(config).manifest["stats"] == manifest["stats"]  # seeded: the same copies every time
 
 
 def test_token_share_mixing(tmp_path, write_config, write_jsonl):
     config = _config(tmp_path, write_config, write_jsonl, mixing={"by": "tokens"})
-    stats = build(config)["stats"]["sources"]
+    stats = build(config).manifest["stats"]["sources"]
     assert stats["a"]["token_share"] == pytest.approx(0.5, abs=0.03)
     assert stats["b"]["token_share"] == pytest.approx(0.5, abs=0.03)
 
@@ -94,7 +95,7 @@ def test_group_by_source_never_mixes_groups(tmp_path, write_config, write_jsonl)
     rows = _rows(Path(config.output))
     assert all(len(set(r["sources"])) == 1 for r in rows)
     assert {s for r in rows for s in r["sources"]} == {"a", "b"}
-    mixed = build(_config(tmp_path, write_config, write_jsonl))
+    mixed = build(_config(tmp_path, write_config, write_jsonl)).manifest
     assert mixed["stats"]["packs"] <= len(rows)
 
 
@@ -104,7 +105,7 @@ def test_overflow_bucket_and_accounting_add_up(tmp_path, write_config, write_jso
     config = _config(
         tmp_path, write_config, write_jsonl, extra_sources=[long_source], overflow={"mode": "bucket", "capacity": 1024}
     )
-    manifest = build(config)
+    manifest = build(config).manifest
     out = Path(tmp_path / "out")
     assert manifest["overflow"]["segments"] == 3
     bucket = json.loads((out / "overflow" / "manifest.json").read_text())
@@ -134,7 +135,7 @@ def test_stream_mode_covers_every_token_once_and_says_so(tmp_path, write_config,
             }
         )
     )
-    manifest = build(config)
+    manifest = build(config).manifest
     assert manifest["mode"] == "stream"
     assert manifest["conventions"]["attention"] == "causal_across_documents"
     rows = _rows(Path(config.output))
@@ -166,7 +167,7 @@ def test_turns_truncation_on_real_tool_calling_rows(tmp_path, write_config):
             }
         )
     )
-    manifest = build(config)
+    manifest = build(config).manifest
     glaive = manifest["accounting"]["glaive"]
     assert glaive["read"] == 300
     assert glaive["read"] == glaive["kept"] + sum(glaive["rejected"].values()) + sum(glaive["dropped"].values())
@@ -195,6 +196,6 @@ def test_special_token_literals_are_counted_under_every_policy(
             }
         )
     )
-    accounting = build(config)["accounting"]["s"]
+    accounting = build(config).manifest["accounting"]["s"]
     assert accounting["special_token_literals"] == 1
     assert accounting["kept"] == kept and accounting["dropped"] == dropped

@@ -1,4 +1,4 @@
-"""The spill store round-trips samples exactly; the mixing plan copies what the weight says."""
+"""Token-store partitions round-trip samples exactly; the mixing plan copies what the weight says."""
 
 from __future__ import annotations
 
@@ -6,42 +6,51 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.pipeline import repeat_plan
+from packtool.build.plan import repeat_plan
 from packtool.records import Tokenized
-from packtool.store import BATCH_ROWS, SampleStore
+from packtool.store import BATCH_ROWS, PartitionReader, PartitionWriter
 
 
 def _sample(i: int, rng: np.random.Generator) -> Tokenized:
     n = int(rng.integers(1, 40))
     return Tokenized(
         example_id=f"src:{i}",
-        source="a" if i % 3 else "b",
+        source="a",
         sample_hash=f"{i:032x}",
         input_ids=rng.integers(0, 50_000, n).astype(np.int32),
         targets=rng.random(n) > 0.4,
         roles=rng.integers(0, 6, n).astype(np.int8),
-        message_index=np.zeros(n, dtype=np.int16),
+        message_index=rng.integers(-1, 5, n).astype(np.int16),
+        message_roles=("user", "assistant") if i % 2 else (),
+        structured_messages=frozenset({1}) if i % 3 == 0 else frozenset(),
     )
 
 
-def test_store_round_trips_across_batch_boundaries(tmp_path):
+def test_partition_round_trips_across_batch_boundaries(tmp_path):
     rng = np.random.default_rng(0)
     samples = [_sample(i, rng) for i in range(BATCH_ROWS + 7)]
-    store = SampleStore(tmp_path / "samples.arrow")
-    assert [store.append(s) for s in samples] == list(range(len(samples)))
-    reader = store.close()
-    assert reader.lengths.tolist() == [len(s) for s in samples]
+    writer = PartitionWriter(tmp_path / "part.arrow", "a")
+    assert [writer.append(s, f"f.jsonl:{i + 1}", 2 * i, i % 5 == 0) for i, s in enumerate(samples)] == list(
+        range(len(samples))
+    )
+    writer.close()
+    reader = PartitionReader(tmp_path / "part.arrow")
+    assert reader.source == "a" and reader.rows == len(samples)
+    assert reader.column("length").tolist() == [len(s) for s in samples]
+    assert reader.column("n_targets").tolist() == [s.n_targets for s in samples]
+    assert reader.column("ordinal").tolist() == [2 * i for i in range(len(samples))]
+    assert reader.column("special_literal").astype(bool).tolist() == [i % 5 == 0 for i in range(len(samples))]
     for i in (0, 1, BATCH_ROWS - 1, BATCH_ROWS, len(samples) - 1):
         got = reader.get(i, repeat=2)
         assert (got.input_ids == samples[i].input_ids).all() and got.input_ids.dtype == np.int32
         assert (got.targets == samples[i].targets).all() and got.targets.dtype == bool
         assert (got.roles == samples[i].roles).all()
-        assert (got.example_id, got.sample_hash, got.source, got.repeat) == (
-            samples[i].example_id,
-            samples[i].sample_hash,
-            samples[i].source,
-            2,
-        )
+        assert (got.example_id, got.sample_hash, got.source, got.repeat) == ("src:" + str(i), f"{i:032x}", "a", 2)
+        whole = reader.tokenized(i)
+        assert (whole.message_index == samples[i].message_index).all()
+        assert whole.message_roles == samples[i].message_roles
+        assert whole.structured_messages == samples[i].structured_messages
+        assert reader.location(i) == f"f.jsonl:{i + 1}"
     reader.close()
 
 

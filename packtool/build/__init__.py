@@ -1,1 +1,278 @@
-"""The build: its phases, and the executors that run their work items."""
+"""The build: the only module that knows the order of the phases.
+
+    encode   one work item per input file -> a token-store partition + report   (cached by content, build.encode)
+    plan     length columns -> truncation, mixing, global packing, in numpy        (build.plan)
+    emit     one work item per output shard, gathered from the store             (build.emit)
+    publish  the staged build replaces OUT whole, manifest last                   (build.publish)
+
+Work items run on an executor (serial, local processes or Ray; build.executors) and know nothing
+of it. Every finished item stays on disk (the cache, the staging folder), so a rerun after a crash
+redoes only what did not finish, and the bytes do not depend on the executor or on a resume.
+For each source the accounting adds up:
+
+    read == rejected + dropped + kept        and        packed segments == kept x copies (+ split pieces)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import types
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import packtool
+from packtool.build.cache import TokenCache, cache_root, encode_key, file_sha256, source_settings
+from packtool.build.emit import emit_item, emit_items, release
+from packtool.build.encode import EncodeItem, Stages, encode_item, stages_for
+from packtool.build.executors import make_executor
+from packtool.build.plan import Partition, Plan, make_plan, plan_key
+from packtool.build.progress import Progress
+from packtool.build.publish import Staging
+from packtool.config import BuildConfig, canonical_json
+from packtool.errors import BuildError, PacktoolError
+from packtool.format import REJECTS, conventions, write_manifest
+from packtool.records import ROLE_CODES
+from packtool.shards import ShardInfo
+from packtool.sources import file_label, source_files
+from packtool.stats import summarize
+
+# Tests kill a build at a chosen point to prove resume: PACKTOOL_TEST_KILL=encode:2 sends SIGKILL to
+# this process once two encode items have finished (emit:N likewise).
+KILL_HOOK = "PACKTOOL_TEST_KILL"
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a build wrote and how much of it an earlier, interrupted or cached run had done."""
+
+    manifest: dict[str, Any]
+    output: Path
+    encode_items: int
+    encode_reused: int
+    shards: int
+    shards_reused: int
+
+
+def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: bool = True) -> Built:
+    """Run every phase and publish the result to config.output; the previous output stays until then.
+
+    use_cache=False reuses and resumes nothing (its token store lives in the staging folder and goes with it).
+    """
+    progress = progress or Progress()
+    staging = Staging(Path(config.output).resolve())
+    try:
+        staging.prepare()
+        if not use_cache:
+            staging.discard()
+            staging.root.mkdir(parents=True)
+        built = _build(config, progress, staging, TokenCache(cache_root(config) if use_cache else staging.cache))
+    except OSError as exc:
+        where = exc.filename or config.output
+        raise PacktoolError(
+            f"{where}: {exc.strerror or exc}; the build stopped and {staging.output} still holds the previous build"
+        ) from None
+    finally:
+        release()
+        if not use_cache:
+            staging.discard()
+    return built
+
+
+def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: TokenCache) -> Built:
+    progress.step(f"loading tokenizer {config.tokenizer.path}")
+    stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
+    items = _encode_items(config, stages, cache)
+    with make_executor(config.executor, config.workers, config.ray_address) as executor:
+        encode_reused = 0
+        with progress.phase("encode", sum(item.bytes for item in items), "B") as bar:
+            for done, (item, result) in enumerate(zip(items, executor.map(encode_item, items)), start=1):
+                if result.failure is not None:
+                    raise PacktoolError(result.failure)
+                encode_reused += result.reused
+                bar.update(item.bytes)
+                _kill_hook("encode", done)
+
+        partitions = [_partition(item, cache) for item in items]
+        key = plan_key(config, [p.key for p in partitions])
+        staging.keep_only(key)
+        with progress.phase("plan", 1, "plan") as bar:
+            plan = make_plan(config, partitions, staging.plan(key), key)
+            bar.update(1)
+        _check_outcome(config, plan)
+
+        out = staging.out(key)
+        emits = emit_items(plan, out, staging.done(key), config.rows_per_shard, config.row_group_rows)
+        infos: dict[str, list[ShardInfo]] = {f.name: [] for f in plan.folders}
+        shards_reused = 0
+        with progress.phase("emit", len(emits), "shards") as bar:
+            for done, (item, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
+                infos[item.folder].append(outcome.info)
+                shards_reused += outcome.reused
+                bar.update(1)
+                _kill_hook("emit", done)
+    release()
+
+    manifest = _write_outputs(config, stages, plan, out, infos)
+    staging.publish(key)
+    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused)
+
+
+def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:
+    tokenizer_hash = file_sha256(config.tokenizer.path)
+    if config.tokenizer.config_path:
+        tokenizer_hash += file_sha256(config.tokenizer.config_path)
+    template = stages.template
+    template_hash = "none" if template is None else f"{template.sha256}:{canonical_json(template.variables)}"
+    items = []
+    for source in config.sources:
+        settings = source_settings(source, config)
+        for file in source_files(source):
+            key = encode_key(
+                file_hash=file_sha256(file),
+                file=file_label(source, file),
+                tokenizer_hash=tokenizer_hash,
+                template_hash=template_hash,
+                settings={**settings, "stop": source.max_samples},
+            )
+            stop_at_bad = config.on_error == "fail"
+            items.append(EncodeItem(config, source.name, file, key, str(cache.root), stop_at_bad, source.max_samples))
+    return items
+
+
+def _partition(item: EncodeItem, cache: TokenCache) -> Partition:
+    report = cache.load_report(item.key)
+    if report is None:
+        raise PacktoolError(f"{cache.report(item.key)}: cache entry vanished during the build (was the cache cleared?)")
+    return Partition(item.key, str(cache.partition(item.key)), item.source, report)
+
+
+def _kill_hook(phase: str, done: int) -> None:
+    if os.environ.get(KILL_HOOK) == f"{phase}:{done}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _check_outcome(config: BuildConfig, plan: Plan) -> None:
+    """Exit status tells the truth: an empty output, or a source that lost too much, is not published."""
+    problems = []
+    for name, a in plan.accounting.items():
+        lost = sum(a["rejected"].values()) + sum(a["dropped"].values())
+        if a["read"] and lost / a["read"] > config.max_reject_share:
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(Counter(a["rejected"]) + Counter(a["dropped"]).items()))
+            problems.append(
+                f"source {name!r} lost {lost} of {a['read']} records ({lost / a['read']:.0%} > max_reject_share "
+                f"{config.max_reject_share:g}): {reasons}"
+            )
+    if problems:
+        raise BuildError(
+            "\n".join(problems) + "\nnothing was published; fix the input or template, or raise max_reject_share"
+        )
+    if sum(f.n_packs for f in plan.folders) == 0:
+        read = sum(a["read"] for a in plan.accounting.values())
+        reasons = Counter(r["reason"] for r in plan.rejects)
+        listed = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "no input records"
+        raise BuildError(f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published")
+
+
+def _write_outputs(
+    config: BuildConfig, stages: Stages, plan: Plan, out: Path, infos: dict[str, list[ShardInfo]]
+) -> dict[str, Any]:
+    """rejects.jsonl, the overflow folder's manifest, then the main manifest (last)."""
+    extra: dict[str, Any] = {}
+    for folder in plan.folders:
+        if not folder.name:
+            continue
+        path = out / folder.name
+        path.mkdir(parents=True, exist_ok=True)
+        _write_rejects(path / REJECTS, [])
+        manifest = _manifest(config, stages, plan, folder.capacity, folder.stream, infos[folder.name], [])
+        manifest["stats"] = summarize([path / s.file for s in infos[folder.name]], manifest)
+        write_manifest(path, manifest)
+        extra[folder.name] = {
+            "folder": folder.name,
+            "capacity": folder.capacity,
+            "packs": manifest["stats"]["packs"],
+            "segments": len(folder.ref),
+        }
+    main = plan.folders[0]
+    out.mkdir(parents=True, exist_ok=True)
+    _write_rejects(out / REJECTS, plan.rejects)
+    manifest = {**_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects), **extra}
+    manifest["stats"] = summarize([out / s.file for s in infos[""]], manifest)
+    write_manifest(out, manifest)
+    return manifest
+
+
+def _write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for entry in entries:
+            handle.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+    temporary.replace(path)
+
+
+def _manifest(
+    config: BuildConfig,
+    stages: Stages,
+    plan: Plan,
+    capacity: int,
+    stream: bool,
+    shards: list[ShardInfo],
+    rejects: list[dict[str, Any]],
+) -> dict[str, Any]:
+    tokenizer, template = stages.tokenizer, stages.template
+    by_reason = Counter(r["reason"] for r in rejects)
+    return {
+        "packtool_version": packtool.__version__,
+        "schema_version": packtool.SCHEMA_VERSION,
+        "mode": "stream" if stream else "packed",
+        "capacity": capacity,
+        "seed": config.seed,
+        "config": config.raw,
+        "config_hash": config.config_hash,
+        "plan_hash": plan.key,
+        "tokenizer": {
+            "file": tokenizer.path,
+            "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size,
+            "bos_token_id": tokenizer.bos_id,
+            "eos_token_id": tokenizer.eos_id,
+            "pad_token_id": tokenizer.pad_id,
+        },
+        "template": None if template is None else {"name": template.name, "sha256": template.sha256},
+        "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
+        "packing": {
+            "strategy": config.packing,
+            "group_by": config.group_by,
+            "max_segments": config.max_segments,
+            "shuffle": config.shuffle_packs,
+        },
+        "mixing": {
+            "by": config.mix_by,
+            "weights": {s.name: s.weight for s in config.sources},
+            "loss_normalization": "token-level: sum of target losses / targets in the update window",
+        },
+        "conventions": conventions(stream),
+        "role_codes": ROLE_CODES,
+        "shards": [asdict(s) for s in shards],
+        "accounting": plan.accounting,
+        "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
+    }
+
+
+class _CallableModule(types.ModuleType):
+    """`packtool.build(config)` is the library's front door, and `packtool.build` is also this package:
+    importing a submodule (packtool.build.executors) rebinds the attribute to the package, so the
+    package itself answers the call."""
+
+    def __call__(self, config: BuildConfig, **options: Any) -> Built:
+        return build(config, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["Built", "build"]

@@ -40,14 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.errors import PacktoolError
+from packtool.errors import PackFormatError
 from packtool.labels import IGNORE_INDEX, position_ids
 
 INT32_MAX = np.iinfo(np.int32).max  # varlen kernels take int32 offsets: T must fit
-
-
-class PackFormatError(PacktoolError, ValueError):
-    """A pack row breaks the shard contract (docs/format.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,7 +79,7 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from packtool.errors import PacktoolError
+from packtool.errors import DatasetError
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import assign_lpt, pack_costs
 from packtool.loader.collate import MicroBatch, PackRow, batch_by_tokens
@@ -89,10 +89,6 @@ SUPPORTED_SCHEMA_VERSIONS = (1,)
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "attn_cost", "pack_hash"]
 STATE_KEYS = ("epoch", "consumed", "seed", "world_size", "num_workers")
 BALANCE_MODES = (None, "attention")
-
-
-class DatasetError(PacktoolError):
-    """The build folder cannot be read as promised by its manifest."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """A build folder from synthetic packs, written by the project's own shard writer (packtool.shards).
 
-Only the sample contents are synthetic: rows go through `PackRow`, `write_shards` and
+Only the sample contents are synthetic: rows go through `OutputPack`, `write_shards` and
 `write_json_atomic` exactly as `packtool build` writes them, and the manifest carries the
-fields of `packtool.pipeline._manifest` that the loader reads.
+fields of `packtool.build._manifest` that the loader reads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import packtool
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.records import ROLE_CODES
-from packtool.shards import MANIFEST, REJECTS, PackRow, conventions, write_json_atomic, write_shards
+from packtool.shards import MANIFEST, REJECTS, OutputPack, conventions, write_json_atomic, write_shards
 
 
 def _lengths(rng: np.random.Generator, capacity: int) -> list[int]:
@@ -32,9 +32,9 @@ def _lengths(rng: np.random.Generator, capacity: int) -> list[int]:
     return lengths
 
 
-def _row(ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, doc_cu: np.ndarray, pack: int) -> PackRow:
+def _row(ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, doc_cu: np.ndarray, pack: int) -> OutputPack:
     n_docs = len(doc_cu) - 1
-    return PackRow(
+    return OutputPack(
         input_ids=ids,
         labels=labels,
         cu_seqlens=cu,
@@ -52,7 +52,7 @@ def synthetic_packs(n_packs: int, capacity: int, seed: int = 0, vocab: int = 100
 
     packed: one attention segment per document, ~20% of tokens not targets, -100 at each start.
     stream: one attention segment per pack (`cu_seqlens` [0, len]), documents only in
-    `doc_cu_seqlens`, every token a target but the first (as pipeline._stream_rows writes them).
+    `doc_cu_seqlens`, every token a target but the first (as packtool.build.emit writes them).
     """
     rng = np.random.default_rng(seed)
     packs = []
@@ -71,7 +71,13 @@ def synthetic_packs(n_packs: int, capacity: int, seed: int = 0, vocab: int = 100
 
 
 def write_build(
-    out: Path, packs: list[PackRow], *, capacity: int, packs_per_shard: int, row_group_size: int, mode: str = "packed"
+    out: Path,
+    packs: list[OutputPack],
+    *,
+    capacity: int,
+    packs_per_shard: int,
+    row_group_size: int,
+    mode: str = "packed",
 ) -> Path:
     metadata = {"packtool.version": packtool.__version__, "packtool.capacity": str(capacity), "packtool.mode": mode}
     shards = write_shards(packs, out, rows_per_shard=packs_per_shard, row_group_rows=row_group_size, metadata=metadata)

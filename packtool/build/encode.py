@@ -1,0 +1,230 @@
+"""Encode phase: one work item per input file -> one token-store partition and its report.
+
+    file --read_file--> Example | RecordError --render--> Rendered --encode_batch--> Tokenized
+         --PartitionWriter--> CACHE/tokens/KEY.arrow      (samples that tokenized and passed the self-check)
+         --report-----------> CACHE/tokens/KEY.json       (read, rejected/dropped by reason, each reject)
+
+A work item whose report already exists under its key is not redone. Under `on_error: fail` an item
+stops at its first bad record and writes nothing; the driver turns that into the one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from packtool.build.cache import TokenCache, publish_file
+from packtool.config import BuildConfig, SourceConfig, canonical_json
+from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
+from packtool.errors import RecordError
+from packtool.format import REJECTS
+from packtool.records import Example, Rendered, Tokenized
+from packtool.render import ChatTemplate, render_example, template_for
+from packtool.sources import read_file
+from packtool.store import PartitionWriter
+
+ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
+
+
+@dataclass(frozen=True)
+class EncodeItem:
+    """One input file of one source, and where its partition goes."""
+
+    config: BuildConfig
+    source: str
+    file: str
+    key: str
+    cache_root: str
+    stop_at_bad: bool  # on_error: fail
+    stop: int | None  # the source's max_samples: no file gives more (the plan keeps the source's first N)
+
+    @property
+    def bytes(self) -> int:
+        return os.path.getsize(self.file)
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    key: str
+    reused: bool
+    failure: str | None = None  # the one-line message for on_error: fail
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Render and encode, with the tokenizer and template loaded once per process."""
+
+    config: BuildConfig
+    tokenizer: TextTokenizer
+    template: ChatTemplate | None
+
+    @classmethod
+    def load(cls, config: BuildConfig) -> Stages:
+        tokenizer = load_tokenizer(config.tokenizer)
+        return cls(config, tokenizer, template_for(config, tokenizer.config))
+
+    def prepare(self, chunk: list[Example | RecordError], source: SourceConfig) -> list[Outcome]:
+        """Each input in order: its Tokenized sample or the RecordError saying why not, and whether
+        its content spells a special token."""
+        outcomes: list[Outcome] = []
+        pending: list[tuple[Rendered, str]] = []
+        waiting: list[int] = []
+        for item in chunk:
+            if isinstance(item, RecordError):
+                outcomes.append(Outcome("", item.sample_id, item))  # the error names its own file and row
+                continue
+            try:
+                rendered = render_example(
+                    item,
+                    self.template,
+                    self.tokenizer.config,
+                    source.train,
+                    add_bos=self.config.add_bos,
+                    add_eos=self.config.add_eos,
+                )
+            except RecordError as error:
+                error.sample_id = item.id
+                outcomes.append(Outcome(item.location, item.id, error))
+                continue
+            # counted for every policy; `reject` counts when encode rejects the sample
+            literal = source.special_tokens != "reject" and has_special_literal(rendered, self.tokenizer)
+            outcomes.append(Outcome(item.location, item.id, None, literal))
+            pending.append((rendered, source.special_tokens))
+            waiting.append(len(outcomes) - 1)
+        add_bos, add_eos = bool(self.config.add_bos), bool(self.config.add_eos)
+        results = encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos) if pending else []
+        for index, result in zip(waiting, results):
+            outcomes[index] = replace(outcomes[index], result=result)
+        return outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    location: str
+    example_id: str
+    result: Tokenized | RecordError | None
+    special_literal: bool = False
+
+
+@dataclass
+class Report:
+    """What happened to each record of one file (summed per source into the manifest's accounting)."""
+
+    source: str
+    file: str
+    read: int = 0
+    samples: int = 0
+    tokens: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    special_token_literals: int = 0
+    rejects: list[dict[str, Any]] = field(default_factory=list)  # {id, location, reason, detail, ordinal}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "file": self.file,
+            "read": self.read,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "rejected": dict(sorted(self.rejected.items())),
+            "dropped": dict(sorted(self.dropped.items())),
+            "special_token_literals": self.special_token_literals,
+            "rejects": self.rejects,
+        }
+
+
+# One Stages per distinct (tokenizer, template, settings) in this process: a worker serves many items.
+_STAGES: dict[str, Stages] = {}
+
+
+def stages_for(config: BuildConfig) -> Stages:
+    key = canonical_json(
+        [config.tokenizer.path, config.template, config.template_vars, config.add_bos, config.add_eos]
+        + [[s.name, s.format] for s in config.sources]
+    )
+    if key not in _STAGES:
+        _STAGES[key] = Stages.load(config)
+    return _STAGES[key]
+
+
+def encode_item(item: EncodeItem) -> EncodeResult:
+    """Run one encode work item (in any process); reuse its cache entry when complete."""
+    cache = TokenCache(Path(item.cache_root))
+    cached = cache.load_report(item.key)
+    if cached is not None:
+        # the entry was written under on_error: skip; under fail its first bad record stops the build
+        bad = [r for r in cached["rejects"] if "message" in r]
+        return EncodeResult(item.key, reused=True, failure=bad[0]["message"] if bad and item.stop_at_bad else None)
+    source = next(s for s in item.config.sources if s.name == item.source)
+    stages = stages_for(item.config)
+    final = cache.partition(item.key)
+    temporary = cache.temporary(final)
+    writer = PartitionWriter(temporary, source.name)
+    report = Report(source.name, item.file)
+    try:
+        for ordinal, outcome in enumerate(_outcomes(stages, source, item.file, item.stop)):
+            failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
+            if failure is not None:
+                return EncodeResult(item.key, reused=False, failure=failure)
+        writer.close()
+        publish_file(temporary, final)
+    finally:
+        writer.close()
+        temporary.unlink(missing_ok=True)
+    report.samples, report.tokens = writer.rows, writer.tokens
+    report_path = cache.report(item.key)
+    report_temporary = cache.temporary(report_path)
+    report_temporary.write_text(json.dumps(report.as_dict(), ensure_ascii=False, sort_keys=True), encoding="utf-8")
+    publish_file(report_temporary, report_path)  # last: the entry is complete
+    return EncodeResult(item.key, reused=False)
+
+
+def _outcomes(stages: Stages, source: SourceConfig, file: str, stop: int | None) -> Iterator[Outcome]:
+    chunk: list[Example | RecordError] = []
+    for record in islice(read_file(source, file), stop):
+        chunk.append(record)
+        if len(chunk) == ENCODE_BATCH:
+            yield from stages.prepare(chunk, source)
+            chunk = []
+    if chunk:
+        yield from stages.prepare(chunk, source)
+
+
+def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter, stop_at_bad: bool) -> str | None:
+    """Store one outcome or count it under its reason; the fail message when bad input must stop the build."""
+    report.read += 1
+    report.special_token_literals += outcome.special_literal
+    result = outcome.result
+    if isinstance(result, Tokenized):
+        writer.append(result, outcome.location, ordinal, outcome.special_literal)
+        return None
+    if not isinstance(result, RecordError):
+        raise RuntimeError(f"{outcome.location}: rendered but not encoded")
+    if result.kind == "special_token_literal":
+        # valid input that this source's policy chose not to train: dropped, never a failure
+        report.special_token_literals += 1
+        report.dropped[result.kind] += 1
+        report.rejects.append(_reject(outcome.example_id, outcome.location, result.kind, result.reason, ordinal))
+        return None
+    result.sample_id = result.sample_id or outcome.example_id
+    if not result.file and outcome.location:
+        result.file = outcome.location
+    message = f"{result.describe()} [{result.kind}] (on_error: skip sends such records to {REJECTS})"
+    if stop_at_bad:
+        return message
+    report.rejected[result.kind] += 1
+    where = result.file if result.row is None else f"{result.file}:{result.row}"
+    detail = f"field '{result.field}': {result.reason}" if result.field else result.reason
+    report.rejects.append({**_reject(result.sample_id, where, result.kind, detail, ordinal), "message": message})
+    return None
+
+
+def _reject(example_id: str, location: str, reason: str, detail: str, ordinal: int) -> dict[str, Any]:
+    return {"id": example_id, "location": location, "reason": reason, "detail": detail, "ordinal": ordinal}

@@ -1,0 +1,504 @@
+"""Plan phase: from the store's length columns to every pack of the build, in numpy arrays.
+
+    partitions --length, n_targets columns--> one row per stored sample (global index g)
+        fits capacity and trains something   -> kept as is                 ref = g
+        longer than capacity                 -> truncate(): pieces, or a drop with its reason
+                                                 (pieces go to PLAN/pieces.arrow, ref = -(k + 1))
+        no target                            -> dropped.no_targets
+    kept segments --mixing (repeat_plan)--> (ref, repeat) --plan_packs / plan_groups / plan_stream--> packs
+
+Only samples longer than capacity are read token by token (truncation needs their message
+structure); everything else is arrays of lengths and indices. The plan is written to its folder
+(plan.npz, pieces.arrow, plan.json last) under a key that hashes the partitions and every plan
+setting, so a resumed build reuses it and emit work items in other processes read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.build.cache import code_fingerprint
+from packtool.config import BuildConfig, canonical_json
+from packtool.format import write_json_atomic
+from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
+from packtool.store import PartitionReader, PartitionWriter
+from packtool.truncate import truncate
+
+PLAN_FILE = "plan.json"
+ARRAYS_FILE = "plan.npz"
+PIECES_FILE = "pieces.arrow"
+
+
+@dataclass
+class SourceCounts:
+    """What happened to each record of one source (the manifest's `accounting`)."""
+
+    read: int = 0
+    kept: int = 0
+    overflow: int = 0
+    rejected: Counter = field(default_factory=Counter)  # bad input, by reason
+    dropped: Counter = field(default_factory=Counter)  # valid input not trained (too_long, no_targets), by reason
+    truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # strategy -> samples/tokens/targets removed
+    special_token_literals: int = 0
+    segments: int = 0  # what reached a pack: mixing copies, split pieces and the bucket included
+
+    def add_report(self, report: dict[str, Any], budget: int, stored_literals: int) -> None:
+        """Add one file's encode report; with max_samples only its first `budget` records count."""
+        if budget >= report["read"]:
+            self.read += report["read"]
+            self.rejected.update(report["rejected"])
+            self.dropped.update(report["dropped"])
+            self.special_token_literals += report["special_token_literals"]
+            return
+        self.read += budget
+        self.special_token_literals += stored_literals
+        for reject in report["rejects"]:
+            if reject["ordinal"] >= budget:
+                continue
+            if reject["reason"] == "special_token_literal":
+                self.dropped[reject["reason"]] += 1
+                self.special_token_literals += 1
+            else:
+                self.rejected[reject["reason"]] += 1
+
+    def note_truncation(self, strategy: str, tokens: int, targets: int) -> None:
+        entry = self.truncated.setdefault(strategy, {"samples": 0, "tokens": 0, "targets": 0})
+        entry["samples"] += 1
+        entry["tokens"] += tokens
+        entry["targets"] += targets
+
+    def lost(self) -> int:
+        return sum(self.rejected.values()) + sum(self.dropped.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "kept": self.kept,
+            "overflow": self.overflow,
+            "rejected": dict(sorted(self.rejected.items())),
+            "dropped": dict(sorted(self.dropped.items())),
+            "truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
+            "special_token_literals": self.special_token_literals,
+            "segments": self.segments,
+        }
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One complete encode work item as the plan sees it."""
+
+    key: str
+    path: str
+    source: str
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FolderPlan:
+    """The packs of one output folder ("" for OUT itself, "overflow" for the bucket).
+
+    Segment s is stored sample `ref[s]` (>= 0: a global row of the partitions; < 0: piece -ref-1 of
+    pieces.arrow), copy number `repeat[s]`. Packs follow `layout` (a PackPlan, or a StreamPlan in stream mode).
+    """
+
+    name: str
+    capacity: int
+    ref: np.ndarray
+    repeat: np.ndarray
+    layout: PackPlan | StreamPlan
+
+    @property
+    def stream(self) -> bool:
+        return isinstance(self.layout, StreamPlan)
+
+    @property
+    def n_packs(self) -> int:
+        return len(self.layout.offsets) - 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    key: str
+    folder: Path
+    partitions: list[Partition]
+    folders: list[FolderPlan]
+    accounting: dict[str, dict[str, Any]]
+    rejects: list[dict[str, Any]]  # in input order: {id, source, location, reason, detail}
+    lengths: dict[str, dict[str, np.ndarray]]  # source -> before/after truncation, for the manifest's length summary
+
+    @property
+    def bases(self) -> np.ndarray:
+        """Global row of each partition's first sample."""
+        rows = [p.report["samples"] for p in self.partitions]
+        return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+
+
+def plan_settings(config: BuildConfig) -> dict[str, Any]:
+    """Every setting that changes the plan or the shard bytes but not the encoded samples."""
+    return {
+        "capacity": config.capacity,
+        "truncation": [config.truncation, config.truncation_fallback, [s.truncation for s in config.sources]],
+        "packing": [config.packing, config.max_segments, config.shuffle_packs, config.group_by],
+        "groups": [s.group for s in config.sources],
+        "overflow": [config.overflow, config.overflow_capacity],
+        "mixing": [config.mix_by, [s.weight for s in config.sources]],
+        "seed": config.seed,
+        "shards": [config.rows_per_shard, config.row_group_rows],
+    }
+
+
+def plan_key(config: BuildConfig, partition_keys: list[str]) -> str:
+    facts = {"partitions": partition_keys, "settings": plan_settings(config), "code": code_fingerprint()}
+    return hashlib.sha256(canonical_json(facts).encode()).hexdigest()
+
+
+def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, key: str) -> Plan:
+    """Compute the plan and write it to `folder` (plan.json last); an existing complete plan is read back."""
+    if (folder / PLAN_FILE).is_file():
+        return load_plan(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    names = [s.name for s in config.sources]
+    counts = {name: SourceCounts() for name in names}
+    budgets = _budgets(config, partitions)
+
+    readers = [PartitionReader(Path(p.path)) for p in partitions]
+    try:
+        rows = [r.rows for r in readers]
+        lengths = _concat([r.column("length") for r in readers]).astype(np.int64)
+        n_targets = _concat([r.column("n_targets") for r in readers]).astype(np.int64)
+        source = np.repeat(np.array([names.index(p.source) for p in partitions], dtype=np.int16), rows)
+        bases = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        ordinals = _concat([r.column("ordinal") for r in readers])
+        within = ordinals < np.repeat(np.asarray(budgets, dtype=np.int64), rows)
+        literals = _concat([r.column("special_literal") for r in readers]).astype(bool) & within
+        for p, partition in enumerate(partitions):
+            stored = int(literals[bases[p] : bases[p + 1]].sum())
+            counts[partition.source].add_report(partition.report, budgets[p], stored)
+        fitted = _fit(
+            config, readers, bases, lengths, n_targets, source, ordinals, within, folder / PIECES_FILE, counts
+        )
+    finally:
+        for reader in readers:
+            reader.close()
+
+    folders = [_main_folder(config, fitted, counts)]
+    if config.overflow == "bucket":
+        folders.append(_overflow_folder(config, fitted, counts))
+    rejects = _ordered_rejects(partitions, budgets, fitted.drops)
+    lengths_by_source = {
+        name: {
+            "before": lengths[(source == i) & within],
+            "after": fitted.length[(fitted.source == i) & ~fitted.bucket],
+        }
+        for i, name in enumerate(names)
+    }
+    plan = Plan(
+        key=key,
+        folder=folder,
+        partitions=partitions,
+        folders=folders,
+        accounting={name: c.as_dict() for name, c in counts.items()},
+        rejects=rejects,
+        lengths=lengths_by_source,
+    )
+    _write(plan)
+    return plan
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """Every kept segment before mixing, in input order (pieces of a split sample in place)."""
+
+    ref: np.ndarray
+    length: np.ndarray
+    source: np.ndarray
+    bucket: np.ndarray  # bool: routed to the overflow bucket
+    drops: list[tuple[int, int, dict[str, Any]]]  # (partition, ordinal, reject entry)
+
+
+def _fit(
+    config: BuildConfig,
+    readers: list[PartitionReader],
+    bases: np.ndarray,
+    lengths: np.ndarray,
+    n_targets: np.ndarray,
+    source: np.ndarray,
+    ordinals: np.ndarray,
+    within: np.ndarray,
+    pieces_path: Path,
+    counts: dict[str, SourceCounts],
+) -> _Fitted:
+    """Truncation decisions: vectorized for samples that fit, one by one for the few that do not."""
+    names = [s.name for s in config.sources]
+    capacity = config.capacity
+    bucket = (lengths > capacity) if config.overflow == "bucket" else np.zeros(len(lengths), dtype=bool)
+    limit = np.where(bucket, config.overflow_capacity or capacity, capacity)
+    strategies = np.array([s.truncation or config.truncation for s in config.sources], dtype=object)
+    # stream mode cuts windows itself; nothing is removed
+    cut = (lengths > limit) & (config.packing != "stream")
+    trains = (n_targets > 0) & within
+    whole = trains & ~cut
+    drops: list[tuple[int, int, dict[str, Any]]] = []
+
+    def drop(g: int, reason: str, detail: str) -> None:
+        p = int(np.searchsorted(bases, g, side="right") - 1)
+        reader = readers[p]
+        row = int(g - bases[p])
+        sample = reader.get(row)
+        counts[reader.source].dropped[reason] += 1
+        entry = {
+            "id": sample.example_id,
+            "source": reader.source,
+            "location": reader.location(row),
+            "reason": reason,
+            "detail": detail,
+        }
+        drops.append((p, int(ordinals[g]), entry))
+
+    for g in np.flatnonzero(within & ~trains):
+        drop(int(g), "no_targets", "no token of this sample is a target (check the train policy and template)")
+
+    piece_rows: list[tuple[int, int, int, int]] = []  # (global row, piece number, piece ref, length)
+    writer = PartitionWriter(pieces_path, "")
+    try:
+        for g in np.flatnonzero(cut & trains):
+            g = int(g)
+            p = int(np.searchsorted(bases, g, side="right") - 1)
+            sample = readers[p].tokenized(g - int(bases[p]))
+            cap = int(limit[g])
+            result = truncate(
+                sample,
+                cap,
+                str(strategies[source[g]]),
+                fallback=config.truncation_fallback,
+                seed=config.seed,
+            )
+            entry = counts[names[source[g]]]
+            if result.removed_tokens or result.strategy == "split":
+                entry.note_truncation(result.strategy, result.removed_tokens, result.removed_targets)
+            if result.drop_reason is not None:
+                detail = (
+                    f"{len(sample)} tokens > capacity {cap} (truncation: drop)"
+                    if result.drop_reason == "too_long"
+                    else f"no target left after '{result.strategy}' truncation to {cap} tokens"
+                )
+                drop(g, result.drop_reason, detail)
+                continue
+            for number, piece in enumerate(result.samples):
+                k = writer.append(piece, "", g)  # a piece's ordinal is its sample's global row
+                piece_rows.append((g, number, -(k + 1), len(piece)))
+    finally:
+        writer.close()
+
+    kept_rows = np.flatnonzero(whole)
+    pieces = np.array(piece_rows, dtype=np.int64).reshape(-1, 4)
+    order_row = np.concatenate([kept_rows, pieces[:, 0]])
+    order_piece = np.concatenate([np.zeros(len(kept_rows), dtype=np.int64), pieces[:, 1]])
+    order = np.lexsort((order_piece, order_row))
+    ref = np.concatenate([kept_rows, pieces[:, 2]])[order]
+    seg_length = np.concatenate([lengths[kept_rows], pieces[:, 3]])[order]
+    row_of = order_row[order]
+
+    kept_samples = np.unique(row_of)
+    for i, name in enumerate(names):
+        mine = kept_samples[source[kept_samples] == i]
+        counts[name].kept += len(mine)
+        counts[name].overflow += int(bucket[mine].sum())
+    return _Fitted(ref=ref, length=seg_length, source=source[row_of], bucket=bucket[row_of], drops=drops)
+
+
+def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
+    """Source weights realized by seeded up- or down-sampling; copies keep their id and get a repeat number."""
+    names = [s.name for s in config.sources]
+    main = ~fitted.bucket
+    ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
+    present = [i for i in range(len(names)) if (source == i).any()]
+    multipliers = source_multipliers(
+        {names[i]: int((source == i).sum()) for i in present},
+        {names[i]: int(length[source == i].sum()) for i in present},
+        {s.name: s.weight for s in config.sources},
+        config.mix_by,
+    )
+    refs, repeats, lens, srcs = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)], []
+    srcs.append(np.zeros(0, np.int16))
+    for i, name in enumerate(names):
+        mine = np.flatnonzero(source == i)
+        positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=_seed(config.seed, name))
+        refs.append(ref[mine][positions])
+        repeats.append(repeat)
+        lens.append(length[mine][positions])
+        srcs.append(np.full(len(positions), i, dtype=np.int16))
+        counts[name].segments += len(positions)
+    seg_ref, seg_len, seg_src = np.concatenate(refs), np.concatenate(lens), np.concatenate(srcs)
+    layout = (
+        plan_stream(seg_len, config.capacity)
+        if config.packing == "stream"
+        else _layout(config, seg_len, seg_src, config.capacity)
+    )
+    return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), layout)
+
+
+def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
+    names = [s.name for s in config.sources]
+    spilled = fitted.bucket
+    for i, name in enumerate(names):
+        counts[name].segments += int((fitted.source[spilled] == i).sum())
+    capacity = config.overflow_capacity or config.capacity
+    ref = fitted.ref[spilled]
+    layout = _layout(config, fitted.length[spilled], fitted.source[spilled], capacity)
+    return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), layout)
+
+
+def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int) -> PackPlan:
+    """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
+    options = {"seed": config.seed, "max_segments": config.max_segments, "shuffle": config.shuffle_packs}
+    if config.group_by != "source":
+        return plan_packs(lengths, capacity, config.packing, **options)
+    groups = np.array([s.group or s.name for s in config.sources], dtype=object)[source]
+    return plan_groups(lengths, groups, capacity, config.packing, **options)
+
+
+def source_multipliers(
+    samples: dict[str, int], tokens: dict[str, int], weights: dict[str, float], mode: str
+) -> dict[str, float]:
+    """How many copies of each source's samples to take.
+
+    multiplier: the weight itself (2.0 doubles a source). samples/tokens: weights are target
+    shares of samples/tokens; multipliers m_i = share_i * total / own_i keep the total unchanged.
+    """
+    present = [name for name in samples if samples[name] > 0]
+    if mode == "multiplier":
+        return {name: weights[name] for name in present}
+    amount = samples if mode == "samples" else tokens
+    total = sum(amount[n] for n in present)
+    weight_sum = sum(weights[n] for n in present)
+    return {n: (weights[n] / weight_sum) * total / amount[n] for n in present}
+
+
+def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, repeat numbers) of the copies of n samples: floor(m) full passes, then
+    round(frac(m) * n) samples chosen by a seeded permutation.
+
+    n=4, m=1.5 -> positions [0 1 2 3 | 1 3], repeats [0 0 0 0 | 1 1]   (which two: the seed decides)
+    """
+    whole = int(np.floor(multiplier))
+    extra = round((multiplier - whole) * n)
+    chosen = np.sort(np.random.default_rng(seed).permutation(n)[:extra]) if extra else np.zeros(0, dtype=np.int64)
+    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
+    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
+    return positions, repeats
+
+
+def _seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest(), "little")
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+
+def _budgets(config: BuildConfig, partitions: list[Partition]) -> list[int]:
+    """How many leading records of each file count: all, or what is left of its source's max_samples."""
+    left = {s.name: s.max_samples for s in config.sources}
+    budgets = []
+    for partition in partitions:
+        read = partition.report["read"]
+        remaining = left[partition.source]
+        budget = read if remaining is None else min(read, remaining)
+        if remaining is not None:
+            left[partition.source] = remaining - budget
+        budgets.append(budget)
+    return budgets
+
+
+def _ordered_rejects(
+    partitions: list[Partition], budgets: list[int], drops: list[tuple[int, int, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Encode rejects and plan drops merged in input order (source, file, record number)."""
+    keyed = [
+        (p, d["ordinal"], {**d, "source": part.source})
+        for p, part in enumerate(partitions)
+        for d in part.report["rejects"]
+        if d["ordinal"] < budgets[p]
+    ]
+    keyed += drops
+    keyed.sort(key=lambda item: (item[0], item[1]))
+    return [{k: v for k, v in entry.items() if k not in ("ordinal", "message")} for _, _, entry in keyed]
+
+
+def _write(plan: Plan) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for f in plan.folders:
+        prefix = f.name or "main"
+        arrays[f"{prefix}.ref"] = f.ref
+        arrays[f"{prefix}.repeat"] = f.repeat
+        if isinstance(f.layout, StreamPlan):
+            for name in ("samples", "starts", "ends", "offsets"):
+                arrays[f"{prefix}.{name}"] = getattr(f.layout, name)
+        else:
+            arrays[f"{prefix}.members"] = f.layout.members
+            arrays[f"{prefix}.offsets"] = f.layout.offsets
+    for i, when in enumerate(plan.lengths.values()):
+        arrays[f"lengths.{i}.before"] = when["before"]
+        arrays[f"lengths.{i}.after"] = when["after"]
+    np.savez(plan.folder / ARRAYS_FILE, **arrays)
+    meta = {
+        "key": plan.key,
+        "partitions": [[p.key, p.path, p.source, p.report] for p in plan.partitions],
+        "folders": [
+            {
+                "name": f.name,
+                "capacity": f.capacity,
+                "stream": f.stream,
+                "last_partial": isinstance(f.layout, StreamPlan) and f.layout.last_partial,
+            }
+            for f in plan.folders
+        ],
+        "accounting": plan.accounting,
+        "rejects": plan.rejects,
+        "sources": list(plan.lengths),
+    }
+    write_json_atomic(plan.folder / PLAN_FILE, meta)  # last: the plan is complete
+
+
+def load_plan(folder: Path) -> Plan:
+    meta = json.loads((folder / PLAN_FILE).read_text(encoding="utf-8"))
+    arrays = np.load(folder / ARRAYS_FILE)
+    folders = []
+    for f in meta["folders"]:
+        prefix = f["name"] or "main"
+        layout: PackPlan | StreamPlan
+        if f["stream"]:
+            layout = StreamPlan(
+                samples=arrays[f"{prefix}.samples"],
+                starts=arrays[f"{prefix}.starts"],
+                ends=arrays[f"{prefix}.ends"],
+                offsets=arrays[f"{prefix}.offsets"],
+                last_partial=f["last_partial"],
+            )
+        else:
+            layout = PackPlan(members=arrays[f"{prefix}.members"], offsets=arrays[f"{prefix}.offsets"])
+        folders.append(
+            FolderPlan(f["name"], f["capacity"], arrays[f"{prefix}.ref"], arrays[f"{prefix}.repeat"], layout)
+        )
+    return Plan(
+        key=meta["key"],
+        folder=folder,
+        partitions=[Partition(*p) for p in meta["partitions"]],
+        folders=folders,
+        accounting=meta["accounting"],
+        rejects=meta["rejects"],
+        lengths={
+            name: {"before": arrays[f"lengths.{i}.before"], "after": arrays[f"lengths.{i}.after"]}
+            for i, name in enumerate(meta["sources"])
+        },
+    )

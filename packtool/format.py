@@ -1,0 +1,134 @@
+"""The on-disk contract of docs/format.md, in one place: what the builder writes and every reader checks.
+
+    shard schema (SCHEMA, SCHEMA_VERSION)      one Parquet row per pack
+    pack_hash(input_ids, labels, cu_seqlens)   sha256 over the three arrays as little-endian int32
+    attn_cost(cu_seqlens)                      sum of squared segment lengths (quadratic attention cost)
+    check_cu_seqlens(cu, n)                    0, strictly increasing, ends at n: what varlen kernels need
+    read_manifest / write_manifest             manifest.json, written last; schema version checked on read
+
+The builder, verify, stats, inspect and the loader all import these; none recomputes them its own way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool import SCHEMA_VERSION
+from packtool.errors import PackFormatError
+from packtool.labels import IGNORE_INDEX
+
+MANIFEST = "manifest.json"
+REJECTS = "rejects.jsonl"
+SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
+
+SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("labels", pa.list_(pa.int32())),
+        pa.field("cu_seqlens", pa.list_(pa.int32())),
+        pa.field("doc_cu_seqlens", pa.list_(pa.int32())),
+        pa.field("token_roles", pa.list_(pa.int8())),
+        pa.field("sample_ids", pa.list_(pa.string())),
+        pa.field("sample_hashes", pa.list_(pa.string())),
+        pa.field("sample_repeats", pa.list_(pa.int32())),
+        pa.field("sources", pa.list_(pa.string())),
+        pa.field("n_tokens", pa.int32()),
+        pa.field("n_targets", pa.int32()),
+        pa.field("attn_cost", pa.int64()),
+        pa.field("pack_hash", pa.string()),
+    ],
+    metadata={"packtool.schema_version": str(SCHEMA_VERSION)},
+)
+
+
+def conventions(stream: bool) -> dict[str, Any]:
+    """How to read labels, positions and attention in an output (the manifest's `conventions`)."""
+    return {
+        "labels": "hf_unshifted",  # the model shifts: logits at t predict labels[t + 1]
+        "ignore_index": IGNORE_INDEX,
+        "positions": "continuous" if stream else "restart_per_segment",
+        "attention": "causal_across_documents" if stream else "block_diagonal_causal",
+    }
+
+
+def pack_hash(input_ids: np.ndarray, labels: np.ndarray, cu_seqlens: np.ndarray) -> str:
+    """sha256 (first 16 bytes, hex) over the three arrays as little-endian int32, each followed by b"|"."""
+    digest = hashlib.sha256()
+    for array in (input_ids, labels, cu_seqlens):
+        digest.update(np.ascontiguousarray(array, dtype="<i4").tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()[:32]
+
+
+def attn_cost(cu_seqlens: np.ndarray) -> int:
+    """Quadratic attention cost of one pack: sum of l_i^2 over its attention segments.
+
+    cu_seqlens [0, 3, 5, 9] -> segments 3, 2, 4 -> 9 + 4 + 16 = 29
+    """
+    lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+    return int((lengths**2).sum())
+
+
+def cu_seqlens_problem(cu_seqlens: np.ndarray, n_tokens: int) -> str | None:
+    """Why these offsets are not valid varlen attention boundaries for n_tokens tokens (None when they are)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != n_tokens or (np.diff(cu) <= 0).any():
+        shown = f"{cu.tolist()[:8]}{'...' if len(cu) > 8 else ''}"
+        return f"{shown} must start at 0, increase strictly and end at {n_tokens}"
+    if cu[-1] > np.iinfo(np.int32).max:
+        return f"ends at {int(cu[-1])}, past int32 (varlen kernels take int32 offsets)"
+    return None
+
+
+def check_cu_seqlens(cu_seqlens: np.ndarray, n_tokens: int, name: str = "cu_seqlens") -> None:
+    """Raise PackFormatError unless cu_seqlens are valid boundaries for n_tokens tokens."""
+    problem = cu_seqlens_problem(cu_seqlens, n_tokens)
+    if problem is not None:
+        raise PackFormatError(f"{name} {problem}")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write JSON to a temporary name and rename it: readers see the old file or the new one, never half."""
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """The manifest goes last: its presence means every file it lists is complete."""
+    write_json_atomic(folder / MANIFEST, manifest)
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of an output folder, with its schema version checked."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise PackFormatError(f"{folder}: no {MANIFEST}; not a packtool output folder, or the build did not finish")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PackFormatError(f"{path}: not valid JSON ({exc}); rebuild the output") from None
+    if not isinstance(manifest, dict):
+        raise PackFormatError(f"{path}: expected a JSON object")
+    version = manifest.get("schema_version")
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise PackFormatError(
+            f"{path}: schema_version {version!r}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
+            "(rebuild with this version, or install the packtool that wrote it)"
+        )
+    return manifest

@@ -83,6 +83,8 @@ def read_file(
         location = f"{label}:{n}"
         default_id = f"{source.name}:{location}"
         if isinstance(record, RecordError):
+            if not record.file:  # a record-level problem found by a reader that knows only the row
+                record.file, record.row = label, n
             record.sample_id = f"{source.name}:{label}" if record.row is None else default_id
             yield record
             continue

@@ -552,3 +552,99 @@ def test_bad_input_under_fail_is_one_line_naming_where_and_why(tmp_path, case):
     assert code == 1 and "Traceback" not in output
     (line,) = output.strip().splitlines()
     assert line.startswith(f"Error: {case.where}") and case.reason in line, line
+
+
+# Config cases: (name, change to a valid config, a piece of the one-line error). A change is a
+# dict merged into the top level, or a callable that edits the config (and may write files).
+def _source_key(key: str, value: object) -> Callable[[dict, Path], None]:
+    def edit(config: dict, _: Path) -> None:
+        config["sources"][0][key] = value
+
+    return edit
+
+
+def _broken_tokenizer_config(config: dict, folder: Path) -> None:
+    tokenizer = folder / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_bytes((QUICKSTART / "tokenizer" / "tokenizer.json").read_bytes())
+    (tokenizer / "tokenizer_config.json").write_text('{"chat_template": "{{ x }}",')
+    config["tokenizer"] = str(tokenizer)
+
+
+def _output_is_a_file(config: dict, folder: Path) -> None:
+    (folder / "taken").write_text("not a folder")
+    config["output"] = "taken"
+
+
+def _output_under_a_file(config: dict, folder: Path) -> None:
+    (folder / "taken").write_text("not a folder")
+    config["output"] = "taken/out"
+
+
+CONFIG_CASES = [
+    ("capacity_1e12_text", {"capacity": "1e12"}, "capacity: expected an integer, got str '1e12'"),
+    ("capacity_1e12", {"capacity": 10**12}, "capacity: must be between 2 and 1,048,576 (tokens per pack)"),
+    ("capacity_2_pow_31", {"capacity": 2**31}, "capacity: must be between 2 and 1,048,576"),
+    ("capacity_float", {"capacity": 2048.5}, "capacity: expected an integer"),
+    ("capacity_one", {"capacity": 1}, "capacity: must be between 2"),
+    ("seed_negative", {"seed": -1}, "seed: must be between 0 and"),
+    (
+        "max_segments_zero",
+        {"packing": {"strategy": "bfd", "max_segments": 0}},
+        "packing.max_segments: must be between 1",
+    ),
+    ("row_group_rows_zero", {"row_group_rows": 0}, "row_group_rows: must be between 1"),
+    ("rows_per_shard_zero", {"rows_per_shard": 0}, "rows_per_shard: must be between 1"),
+    ("weight_inf", _source_key("weight", float("inf")), "sources[0].weight: must be a positive finite number, got inf"),
+    ("weight_nan", _source_key("weight", float("nan")), "sources[0].weight: must be a positive finite number, got nan"),
+    ("weight_negative", _source_key("weight", -2), "sources[0].weight: must be a positive finite number"),
+    ("template_date", {"template_vars": {"date": "yesterday"}}, "template_vars.date: expected an ISO date"),
+    ("fallback_turns", {"truncation": {"strategy": "turns", "fallback": "turns"}}, "'turns' cannot be a fallback"),
+    ("fallback_unknown", {"truncation": {"strategy": "turns", "fallback": "sideways"}}, "'sideways' is not one of"),
+    ("tokenizer_config_malformed", _broken_tokenizer_config, "tokenizer_config.json is not valid JSON"),
+    ("output_is_a_file", _output_is_a_file, "is a file, not a folder"),
+    ("output_under_a_file", _output_under_a_file, "which is a file, not a folder"),
+    ("misspelt_key", {"capacty": 64}, "capacty: unknown key; did you mean 'capacity'?"),
+    ("trl_max_length", {"max_length": 64}, "max_length: unknown key; packtool calls this 'capacity'"),
+    ("trl_max_seq_length", {"max_seq_length": 64}, "packtool calls this 'capacity'"),
+    ("axolotl_sequence_len", {"sequence_len": 64}, "packtool calls this 'capacity'"),
+    ("llamafactory_cutoff_len", {"cutoff_len": 64}, "packtool calls this 'capacity'"),
+    ("format_share_gpt", _source_key("format", "share_gpt"), "'share_gpt' is not one of"),
+    ("train_on_inputs", {"train_on_inputs": True}, "packtool calls this sources[].train.roles: [user, assistant]"),
+    ("val_size", {"val_size": 0.1}, "packtool calls this validation"),
+    ("max_samples_top_level", {"max_samples": 10}, "packtool calls this sources[].max_samples"),
+    ("packing_true", {"packing": True}, "packtool always packs"),
+    ("workers_zero", {"workers": 0}, "workers: expected a positive integer or 'auto'"),
+    ("on_error_unknown", {"on_error": "ignore"}, "on_error: 'ignore' is not one of fail, skip"),
+    ("source_key_misspelt", _source_key("fromat", "text"), "sources[0].fromat: unknown key; did you mean 'format'?"),
+    ("validation_share_too_big", {"validation": {"share": 2}}, "validation.share: must be between"),
+    ("max_reject_share_too_big", {"max_reject_share": 2}, "max_reject_share: must be between 0.0 and 1.0"),
+    ("executor_unknown", {"executor": "dask"}, "executor: 'dask' is not one of processes, serial, ray"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "expected"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_is_one_line_before_any_work(tmp_path, name, change, expected):
+    import yaml
+
+    (tmp_path / "t.jsonl").write_bytes(_lines("text"))
+    config = {
+        "sources": [{"name": "src", "path": "t.jsonl", "format": "text"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 64,
+        "output": "out",
+        "workers": 1,
+    }
+    if callable(change):
+        change(config, tmp_path)
+    else:
+        config.update(change)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code, output = _build(path)
+    assert code == 1 and "Traceback" not in output
+    (line,) = output.strip().splitlines()
+    assert expected in line, line
+    assert not (tmp_path / "out").exists()  # failed before the build touched anything
+    if name == "format_share_gpt":
+        assert "packtool calls this 'sharegpt'" in line

@@ -11,6 +11,7 @@ policy, so a bad record is never silently lost: it fails the build or lands in r
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -207,7 +208,9 @@ def _open_text(path: str, kind: str) -> IO[bytes]:
     if kind == "zstd":
         import zstandard
 
-        return zstandard.open(path, "rb")  # type: ignore[return-value]
+        # the decompression reader has no readline; a buffer over it gives line iteration
+        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with the buffer
+        return io.BufferedReader(reader)  # type: ignore[arg-type]
     return open(path, "rb")
 
 
@@ -309,14 +312,9 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     """What the readers raise on bytes they cannot decode (damaged, truncated, not the format)."""
     import zlib
 
-    errors: list[type[BaseException]] = [OSError, EOFError, ValueError, pa.ArrowException, zlib.error]
-    try:
-        import zstandard
+    import zstandard
 
-        errors.append(zstandard.ZstdError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (OSError, EOFError, ValueError, pa.ArrowException, zlib.error, zstandard.ZstdError)
 
 
 _READ_ERRORS = _read_errors()

@@ -15,6 +15,11 @@ from tqdm import tqdm
 import packtool
 from packtool.errors import PacktoolError
 
+SET_HELP = (
+    "Override a config key, validated like the file; repeatable. VALUE is read as YAML. "
+    "sources.NAME.KEY addresses a source by name, e.g. --set capacity=4096 --set sources.chat.weight=2."
+)
+
 
 def _fail(error: PacktoolError) -> click.ClickException:
     return click.ClickException(str(error))
@@ -38,8 +43,18 @@ def main() -> None:
 @click.option("--output", "-o", help="Output folder (overrides `output` in the config).")
 @click.option("--capacity", type=int, help="Tokens per pack (overrides `capacity` in the config).")
 @click.option("--workers", "-j", help="Processes for render + encode: a number or 'auto' (overrides `workers`).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--max-samples", type=click.IntRange(min=1), help="Read only the first N records of every source.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-def build(config: Path, output: str | None, capacity: int | None, workers: str | None, quiet: bool) -> None:
+def build(
+    config: Path,
+    output: str | None,
+    capacity: int | None,
+    workers: str | None,
+    overrides: tuple[str, ...],
+    max_samples: int | None,
+    quiet: bool,
+) -> None:
     """Render, tokenize, truncate, pack and write shards as CONFIG describes.
 
     CONFIG may also be the name of a bundled config (e.g. `quickstart`).
@@ -47,6 +62,7 @@ def build(config: Path, output: str | None, capacity: int | None, workers: str |
     \b
     Example:
         packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048 --workers auto
+        packtool build configs/quickstart.yaml -o out/try --max-samples 100 --set sources.chat.weight=2
     """
     from packtool.config import load_config, resolve_config_path
     from packtool.pipeline import build as run_build
@@ -58,7 +74,14 @@ def build(config: Path, output: str | None, capacity: int | None, workers: str |
             output = f"out/{config.name}"  # a bundled config: write under the working folder, not site-packages
         # --output is a path the user typed, so it is relative to the working folder
         output = str(Path(output).resolve()) if output is not None else None
-        settings = load_config(config_path, output=output, capacity=capacity, workers=workers)
+        settings = load_config(
+            config_path,
+            output=output,
+            capacity=capacity,
+            workers=workers,
+            overrides=overrides,
+            max_samples=max_samples,
+        )
         show_bar = not quiet and sys.stderr.isatty()
         with tqdm(desc="samples", unit=" samples", disable=not show_bar) as bar:
             manifest = run_build(settings, progress=bar.update)
@@ -132,7 +155,8 @@ def stats(path: Path, as_json: bool) -> None:
 @main.command(name="audit")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", default=50, show_default=True, help="Rows of each source to check besides the built-in probes.")
-def audit_command(config: Path, rows: int) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+def audit_command(config: Path, rows: int, overrides: tuple[str, ...]) -> None:
     """Check the template + tokenizer before a long build; exit 1 if a check fails.
 
     Runs built-in probe conversations (system prompts, repeated roles, multi-turn tool calls,
@@ -147,7 +171,7 @@ def audit_command(config: Path, rows: int) -> None:
     from packtool.config import load_config, resolve_config_path
 
     try:
-        report = audit(load_config(resolve_config_path(config), output="."), rows=rows)
+        report = audit(load_config(resolve_config_path(config), output=".", overrides=overrides), rows=rows)
     except PacktoolError as error:
         raise _fail(error) from None
     click.echo(format_audit(report))

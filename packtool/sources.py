@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from itertools import chain, islice
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -200,7 +200,7 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
         yield offset, record if problem is None else RecordError(problem[1], field=problem[0])
 
 
-def _open_text(path: str, kind: str) -> IO[bytes]:
+def _open_text(path: str, kind: str) -> io.BufferedIOBase:
     if kind == "gzip":
         import gzip
 
@@ -210,7 +210,7 @@ def _open_text(path: str, kind: str) -> IO[bytes]:
 
         # the decompression reader has no readline; a buffer over it gives line iteration
         reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with the buffer
-        return io.BufferedReader(reader)  # type: ignore[arg-type]
+        return io.BufferedReader(reader)
     return open(path, "rb")
 
 

@@ -14,6 +14,11 @@ import click
 import packtool
 from packtool.errors import PacktoolError
 
+SET_HELP = (
+    "Override a config key, validated like the file; repeatable. VALUE is read as YAML. "
+    "sources.NAME.KEY addresses a source by name, e.g. --set capacity=4096 --set sources.chat.weight=2."
+)
+
 
 def _fail(error: PacktoolError) -> click.ClickException:
     return click.ClickException(str(error))
@@ -37,6 +42,8 @@ def main() -> None:
 @click.option("--output", "-o", help="Output folder (overrides `output` in the config).")
 @click.option("--capacity", type=int, help="Tokens per pack (overrides `capacity` in the config).")
 @click.option("--workers", "-j", help="Processes for encode and emit: a number or 'auto' (overrides `workers`).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--max-samples", type=click.IntRange(min=1), help="Read only the first N records of every source.")
 @click.option("--executor", type=click.Choice(["processes", "serial", "ray"]), help="Where work items run.")
 @click.option("--address", help="Ray cluster address (with --executor ray).")
 @click.option("--cache", "cache_dir", help="Token store folder (default: .packtool-cache beside the output).")
@@ -48,6 +55,8 @@ def build(
     output: str | None,
     capacity: int | None,
     workers: str | None,
+    overrides: tuple[str, ...],
+    max_samples: int | None,
     executor: str | None,
     address: str | None,
     cache_dir: str | None,
@@ -63,23 +72,31 @@ def build(
     \b
     Example:
         packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048 --workers auto
+        packtool build configs/quickstart.yaml -o out/try --max-samples 100 --set sources.chat.weight=2
     """
     from packtool.build import build as run_build
     from packtool.build.progress import BarProgress, Progress
     from packtool.config import load_config, resolve_config_path
     from packtool.stats import format_stats
 
-    overrides = [f"executor={executor}"] if executor else []
-    overrides += [f"ray_address={address}"] if address else []
+    settings_from_flags = [f"executor={executor}"] if executor else []
+    settings_from_flags += [f"ray_address={address}"] if address else []
     # paths typed on the command line are relative to the working folder
-    overrides += [f"cache={Path(cache_dir).resolve()}"] if cache_dir else []
-    overrides += ["max_reject_share=0"] if strict else []
+    settings_from_flags += [f"cache={Path(cache_dir).resolve()}"] if cache_dir else []
+    settings_from_flags += ["max_reject_share=0"] if strict else []
     try:
         config_path = resolve_config_path(config)
         if output is None and not config.is_file():
             output = f"out/{config.name}"  # a bundled config: write under the working folder, not site-packages
         output = str(Path(output).resolve()) if output is not None else None
-        settings = load_config(config_path, output=output, capacity=capacity, workers=workers, overrides=overrides)
+        settings = load_config(
+            config_path,
+            output=output,
+            capacity=capacity,
+            workers=workers,
+            overrides=[*overrides, *settings_from_flags],
+            max_samples=max_samples,
+        )
         progress = BarProgress() if not quiet and sys.stderr.isatty() else Progress()
         built = run_build(settings, progress=progress, use_cache=not no_cache)
     except PacktoolError as error:
@@ -190,7 +207,8 @@ def stats(path: Path, as_json: bool) -> None:
 @main.command(name="audit")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", default=50, show_default=True, help="Rows of each source to check besides the built-in probes.")
-def audit_command(config: Path, rows: int) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+def audit_command(config: Path, rows: int, overrides: tuple[str, ...]) -> None:
     """Check the template + tokenizer before a long build; exit 1 if a check fails.
 
     Runs built-in probe conversations (system prompts, repeated roles, multi-turn tool calls,
@@ -205,7 +223,7 @@ def audit_command(config: Path, rows: int) -> None:
     from packtool.config import load_config, resolve_config_path
 
     try:
-        report = audit(load_config(resolve_config_path(config), output="."), rows=rows)
+        report = audit(load_config(resolve_config_path(config), output=".", overrides=overrides), rows=rows)
     except PacktoolError as error:
         raise _fail(error) from None
     click.echo(format_audit(report))

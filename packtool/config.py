@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from packtool import hub
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing import PACKERS
 from packtool.truncate import STRATEGIES
@@ -618,21 +619,44 @@ def _resolve(base_dir: Path, value: str) -> Path:
     return candidate if candidate.is_absolute() else base_dir / candidate
 
 
-def _expand(patterns: tuple[str, ...], base_dir: Path, where: str, p: _Problems) -> dict[str, str]:
-    """Resolved file -> its label: the path as globbed, relative to the config's folder when the pattern was."""
+def _expand(
+    patterns: tuple[str, ...], base_dir: Path, where: str, p: _Problems, split: str | None, revision: str | None
+) -> dict[str, str]:
+    """Resolved file -> its label: the path as globbed, relative to the config's folder when the pattern was.
+
+    A `save_to_disk` folder stands for its .arrow files (of `split`); a pattern that matches
+    nothing here but reads `ORG/NAME` is a dataset in the local Hugging Face cache (label `ORG/NAME/file`).
+    """
     files: dict[str, str] = {}
+    prefix = str(base_dir).rstrip(os.sep) + os.sep
     for pattern in patterns:
-        resolved = str(_resolve(base_dir, pattern))
-        matched = sorted(glob.glob(resolved, recursive=True))
-        if not matched:
-            p.add(f"{where}.path", f"no file matches {pattern!r} (relative to {base_dir})")
+        matched = sorted(glob.glob(str(_resolve(base_dir, pattern)), recursive=True))
         relative = not Path(pattern).expanduser().is_absolute()
-        prefix = str(base_dir).rstrip(os.sep) + os.sep
-        for path in matched:
-            if Path(path).is_dir():
-                p.add(f"{where}.path", f"{path} is a folder; give the files in it (e.g. {pattern.rstrip('/')}/*.jsonl)")
+        try:
+            if not matched and hub.is_repo_id(pattern):
+                root = hub.snapshot(pattern, "datasets", revision)
+                name = pattern.split("@", 1)[0]
+                for file in hub.dataset_repo_files(root, split):
+                    files.setdefault(str(file), f"{name}/{file.relative_to(root).as_posix()}")
                 continue
-            files.setdefault(path, path[len(prefix) :] if relative and path.startswith(prefix) else path)
+            if not matched:
+                p.add(f"{where}.path", f"no file matches {pattern!r} (relative to {base_dir})")
+            for path in matched:
+                label = path[len(prefix) :] if relative and path.startswith(prefix) else path
+                if not Path(path).is_dir():
+                    files.setdefault(path, label)
+                    continue
+                saved = hub.saved_dataset_files(Path(path), split)
+                if saved is None:
+                    p.add(
+                        f"{where}.path",
+                        f"{path} is a folder but not a saved dataset; give its files (e.g. {label}/*.jsonl)",
+                    )
+                    continue
+                for file in saved:
+                    files.setdefault(str(file), f"{label}/{file.relative_to(path).as_posix()}")
+        except hub.HubError as exc:
+            p.add(f"{where}.path", str(exc))
     return files
 
 
@@ -654,7 +678,8 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
     else:
         p.add(f"{where}.path", "is required: a file, a glob, or a list of them")
         patterns = ()
-    files = _expand(patterns, base_dir, where, p)
+    split = p.take(item, "split", str, where, None)
+    files = _expand(patterns, base_dir, where, p, split, p.take(item, "revision", str, where, None))
     max_samples = p.take(item, "max_samples", int, where, None)
     p.number(f"{where}.max_samples", max_samples, 1, 10**15, "records read from this source; null reads all")
 
@@ -710,9 +735,16 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
 
 
 def _parse_tokenizer(value: str | None, base_dir: Path, p: _Problems) -> TokenizerConfig:
+    """A tokenizer.json, a folder holding one, or a model id (`ORG/NAME[@revision]`) in the local hub cache."""
     if value is None:
         return TokenizerConfig(path="", config_path=None)
     target = _resolve(base_dir, value)
+    if not target.exists() and hub.is_repo_id(value):
+        try:
+            target = hub.snapshot(value, "models")
+        except hub.HubError as exc:
+            p.add("tokenizer", f"not found: {target}; {exc}")
+            return TokenizerConfig(str(target), None)
     if target.is_dir():
         tokenizer_file = target / "tokenizer.json"
         if not tokenizer_file.is_file():

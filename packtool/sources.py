@@ -11,11 +11,12 @@ policy, so a bad record is never silently lost: it fails the build or lands in r
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from collections.abc import Callable, Iterator
 from itertools import chain, islice
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -83,6 +84,8 @@ def read_file(
         location = f"{label}:{n}"
         default_id = f"{source.name}:{location}"
         if isinstance(record, RecordError):
+            if not record.file:  # a record-level problem found by a reader that knows only the row
+                record.file, record.row = label, n
             record.sample_id = f"{source.name}:{label}" if record.row is None else default_id
             yield record
             continue
@@ -197,7 +200,7 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
         yield offset, record if problem is None else RecordError(problem[1], field=problem[0])
 
 
-def _open_text(path: str, kind: str) -> IO[bytes]:
+def _open_text(path: str, kind: str) -> io.BufferedIOBase:
     if kind == "gzip":
         import gzip
 
@@ -205,7 +208,9 @@ def _open_text(path: str, kind: str) -> IO[bytes]:
     if kind == "zstd":
         import zstandard
 
-        return zstandard.open(path, "rb")  # type: ignore[return-value]
+        # the decompression reader has no readline; a buffer over it gives line iteration
+        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with the buffer
+        return io.BufferedReader(reader)
     return open(path, "rb")
 
 
@@ -307,14 +312,9 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     """What the readers raise on bytes they cannot decode (damaged, truncated, not the format)."""
     import zlib
 
-    errors: list[type[BaseException]] = [OSError, EOFError, ValueError, pa.ArrowException, zlib.error]
-    try:
-        import zstandard
+    import zstandard
 
-        errors.append(zstandard.ZstdError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (OSError, EOFError, ValueError, pa.ArrowException, zlib.error, zstandard.ZstdError)
 
 
 _READ_ERRORS = _read_errors()

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from support import QUICKSTART
 
-from packtool.config import ConfigError, load_config, resolve_config_path
+from packtool.cli import main
+from packtool.config import ConfigError, apply_overrides, load_config, resolve_config_path
 from packtool.errors import PacktoolError
 
 
@@ -108,3 +112,57 @@ def test_build_phase_keys_are_typed_and_validated(tmp_path, write_config):
         "executor",
         "validation",
     ]
+
+
+def test_overrides_set_nested_keys_and_sources_by_name():
+    raw = {"capacity": 2048, "packing": {"strategy": "bfd"}, "sources": [{"name": "chat", "weight": 1}]}
+    out = apply_overrides(
+        raw,
+        ["capacity=4096", "sources.chat.weight=2.5", "packing.shuffle=false", "on_error=skip", "seed=", "x.y=[1, 2]"],
+    )
+    assert out == {
+        "capacity": 4096,
+        "packing": {"strategy": "bfd", "shuffle": False},
+        "sources": [{"name": "chat", "weight": 2.5}],
+        "on_error": "skip",
+        "seed": None,
+        "x": {"y": [1, 2]},
+    }
+    assert raw["capacity"] == 2048  # the input is not modified
+    for bad, message in [
+        ("capacity", "expected KEY=VALUE"),
+        ("sources.nope.weight=2", "--set sources.nope.weight: no source named 'nope' (sources: chat)"),
+        ("capacity.max=3", "--set capacity.max: capacity is 2048, not a mapping"),
+        ("packing=[", "--set packing: value '[' is not a valid YAML value"),
+    ]:
+        with pytest.raises(PacktoolError, match=re.escape(message)):
+            apply_overrides(raw, [bad])
+
+
+def test_overrides_and_max_samples_are_validated_like_the_file(tmp_path, write_config):
+    path = write_config(_base(tmp_path))
+    config = load_config(path, overrides=["capacity=128", "sources.docs.weight=3"], max_samples=5)
+    assert config.capacity == 128 and config.sources[0].weight == 3.0 and config.sources[0].max_samples == 5
+    with pytest.raises(ConfigError, match=r"capacity: must be between 2 and 1,048,576"):
+        load_config(path, overrides=["capacity=0"])
+    with pytest.raises(ConfigError, match=r"sources\[0\].wieght: unknown key; did you mean 'weight'\?"):
+        load_config(path, overrides=["sources.docs.wieght=2"])
+
+
+def test_build_takes_set_and_max_samples_on_the_command_line(tmp_path, write_config):
+    raw = _base(tmp_path) | {"workers": 1}
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n" for i in range(9)))
+    path = write_config(raw)
+    args = ["build", str(path), "-q", "--max-samples", "4", "--set", "sources.docs.weight=2", "--set", "seed=7"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["accounting"]["docs"]["read"] == 4 and manifest["accounting"]["docs"]["segments"] == 8
+    assert manifest["seed"] == 7 and manifest["config"]["sources"][0]["max_samples"] == 4
+    bad = CliRunner().invoke(main, ["build", str(path), "--set", "sources.doc.weight=2"])
+    assert (
+        bad.exit_code == 1
+        and bad.output.strip() == "Error: --set sources.doc.weight: no source named 'doc' (sources: docs)"
+    )
+    audit = CliRunner().invoke(main, ["audit", str(path), "--rows", "2", "--set", "capacity=1"])
+    assert audit.exit_code == 1 and "capacity: must be between 2" in audit.output

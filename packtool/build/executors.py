@@ -355,7 +355,9 @@ class RayExecutor(_Closing):
             if address is not None or os.environ.get("RAY_ADDRESS"):
                 ray.init(address=address, **quiet)
             else:
+                # "local", not None: None would join whatever cluster `ray start` last left on this machine.
                 ray.init(
+                    address="local",
                     num_cpus=workers,
                     object_store_memory=RAY_OBJECT_STORE_BYTES,
                     include_dashboard=False,

@@ -14,6 +14,7 @@ An exception raised by the function is raised again in the caller with its own t
 from __future__ import annotations
 
 import ctypes
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -194,11 +195,15 @@ def _exit_with_parent(parent_pid: int, kernel_signal: bool) -> None:
 
 
 def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
-    """A worker process: run (fn, item) tasks from the parent until it sends None or goes away."""
+    """A worker process: run the tasks the parent sends until it sends None or goes away.
+
+    A task is (map number, fn or None, item): fn comes with a worker's first item of each map
+    only, since it may carry settings much larger than an item (a functools.partial)."""
     _exit_with_parent(parent_pid, kernel_signal)
     # Ctrl-C reaches the whole process group; the parent alone decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already: no nested thread pool
+    current: tuple[int, Callable[[Any], Any]] | None = None
     while True:
         try:
             task = conn.recv_bytes()
@@ -211,7 +216,13 @@ def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
             continue
         if unpacked is None:
             return
-        outcome = _outcome(*unpacked)
+        number, fn, item = unpacked
+        if fn is not None:
+            current = (number, fn)
+        if current is None or current[0] != number:
+            outcome = _outcome(_raise, WorkerError("the work function never reached this worker"))
+        else:
+            outcome = _outcome(current[1], item)
         try:
             reply = pickle.dumps(outcome)
         except Exception as exc:
@@ -233,7 +244,8 @@ class _Worker:
         self.process.start()
         child_end.close()  # only the worker holds it now, so its death reads as EOF here
         self.conn = parent_end
-        self.item: int | None = None
+        self.item: int | None = None  # the item it runs now
+        self.map_number = -1  # the last map whose function it received
 
     def stop(self, *, now: bool) -> None:
         if not now:
@@ -258,6 +270,8 @@ class ProcessExecutor(_Closing):
         self._context = multiprocessing.get_context("spawn")
         self._pool: list[_Worker] = []
         self._closed = False
+        self._mapping = False
+        self._maps = itertools.count()
         self._fill()
 
     def _fill(self) -> None:
@@ -267,7 +281,10 @@ class ProcessExecutor(_Closing):
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         if self._closed:
             raise PacktoolError("this executor is closed")
+        if self._mapping:
+            raise RuntimeError("one map at a time: the workers of this executor are serving another map")
         self._fill()
+        number = next(self._maps)
         source = enumerate(items)
         idle = list(self._pool)
         busy: dict[Connection, _Worker] = {}
@@ -275,6 +292,7 @@ class ProcessExecutor(_Closing):
         pulled = 0  # items taken from `source`
         yielded = 0
         exhausted = False
+        self._mapping = True
         try:
             while True:
                 while idle and not exhausted and pulled - yielded < self.depth:
@@ -284,7 +302,9 @@ class ProcessExecutor(_Closing):
                         break
                     worker = idle.pop()
                     worker.item = entry[0]
-                    worker.conn.send_bytes(pickle.dumps((fn, entry[1])))
+                    first = worker.map_number != number
+                    worker.conn.send_bytes(pickle.dumps((number, fn if first else None, entry[1])))
+                    worker.map_number = number
                     busy[worker.conn] = worker
                     pulled += 1
                 while yielded in done:
@@ -307,6 +327,7 @@ class ProcessExecutor(_Closing):
             for worker in busy.values():
                 worker.stop(now=True)
                 self._pool.remove(worker)
+            self._mapping = False
 
     def _receive(self, worker: _Worker) -> tuple[bool, Any, str]:
         try:
@@ -327,6 +348,12 @@ class ProcessExecutor(_Closing):
 
 
 # -- Ray ------------------------------------------------------------------------------------------------
+
+
+def _ray_outcome(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any, str]:
+    """_outcome inside a Ray task, whose worker process Ray started (and may reuse) for one CPU."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task per CPU already: no nested thread pool
+    return _outcome(fn, item)
 
 
 def _import_ray() -> Any:
@@ -367,7 +394,7 @@ class RayExecutor(_Closing):
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = max(cpus, 1)
         self.depth = ITEMS_PER_WORKER * self.workers
-        self._task = ray.remote(_outcome)
+        self._task = ray.remote(_ray_outcome)
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = self._ray

@@ -3,6 +3,7 @@ errors keep their type; no worker outlives the build, however the build ends."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import pickle
@@ -36,6 +37,10 @@ def square_later(x: int) -> int:
     """x * x, finishing out of order: early items sleep longest."""
     time.sleep(0.002 * (x % 5))
     return x * x
+
+
+def add(offset: int, x: int) -> int:
+    return offset + x
 
 
 def fail_on_seven(x: int) -> int:
@@ -133,6 +138,21 @@ def test_items_are_pulled_at_most_a_bounded_distance_ahead(processes):
     assert list(processes.map(square_later, range(5))) == [0, 1, 4, 9, 16]
     with SerialExecutor() as serial:
         assert all(pulled == taken for taken, pulled in _consumed_at_each_result(serial))
+
+
+def test_each_map_runs_its_own_function(processes):
+    """Workers keep a map's function between its items; the next map's function replaces it."""
+    assert list(processes.map(functools.partial(add, 1), range(9))) == list(range(1, 10))
+    assert list(processes.map(functools.partial(add, 100), range(9))) == list(range(100, 109))
+
+
+def test_one_map_at_a_time_on_worker_processes(processes):
+    first = processes.map(square_later, range(20))
+    assert next(first) == 0
+    with pytest.raises(RuntimeError, match="one map at a time"):
+        next(processes.map(square_later, range(3)))
+    assert list(first) == [x * x for x in range(1, 20)]
+    assert list(processes.map(square_later, range(3))) == [0, 1, 4]
 
 
 # -- errors ------------------------------------------------------------------------------------------

@@ -48,18 +48,28 @@ class _RayCluster:
 
     Starting Ray costs seconds, so tests share it; the driver (this pytest process) stays connected."""
 
-    def __init__(self) -> None:
+    def __init__(self, neutral: Path) -> None:
         import ray
         from ray.cluster_utils import Cluster
 
         self.node_args = {"num_cpus": 1, "object_store_memory": 128 * 1024**2}  # enough for items and small results
         # Ray workers inherit the environment of the nodes, not the driver's sys.path: give them this
-        # session's path (the checkout and the test folders), so work functions defined in tests import there.
+        # session's folders inside the repository (the test folders, the checkout when it is on the
+        # path), so work functions defined in tests import there too.
         self.saved_path = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        root = Path(__file__).resolve().parent.parent
+        ours = [p for p in sys.path if p and Path(p).is_dir() and Path(p).resolve().is_relative_to(root)]
+        os.environ["PYTHONPATH"] = os.pathsep.join([*ours, *filter(None, [self.saved_path])])
         self.ray = ray
         self.cluster = Cluster(initialize_head=True, head_node_args={**self.node_args, "include_dashboard": False})
-        ray.init(address=self.cluster.address, log_to_driver=False, logging_level="WARNING")
+        # Ray puts the driver's working folder first on its workers' sys.path: from a checkout they
+        # would import its packtool/ (without the bundled files) instead of the installed one.
+        here = os.getcwd()
+        os.chdir(neutral)
+        try:
+            ray.init(address=self.cluster.address, log_to_driver=False, logging_level="WARNING")
+        finally:
+            os.chdir(here)
         self.extra: list = []
 
     def nodes(self, count: int):
@@ -80,9 +90,9 @@ class _RayCluster:
 
 
 @pytest.fixture(scope="session")
-def _ray_cluster():
+def _ray_cluster(tmp_path_factory):
     pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install ".[ray]"')
-    cluster = _RayCluster()
+    cluster = _RayCluster(tmp_path_factory.mktemp("ray-driver"))
     yield cluster
     cluster.shutdown()
 

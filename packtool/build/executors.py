@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
@@ -48,7 +49,11 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Executor(Protocol):
-    """An ordered map over work items; close() (or leaving the `with` block) stops every worker it started."""
+    """An ordered map over work items; close() (or leaving the `with` block) stops every worker it started.
+
+    `workers` is how many items run at once. Maps run one after another (worker processes serve
+    one map at a time); leaving a map early cancels its items in flight. `fn` runs once per item,
+    except that Ray reruns a task whose node was lost: work items write their outputs atomically."""
 
     workers: int
 
@@ -74,8 +79,10 @@ def resolve_workers(value: int | str) -> int:
     return value
 
 
-def make_executor(kind: str, workers: int, address: str | None = None) -> Executor:
-    """The executor named `kind`. `processes` with one worker runs in this process (no worker to start)."""
+def make_executor(kind: str, workers: int | str, address: str | None = None) -> Executor:
+    """The executor named `kind` with `workers` (a count or `auto`); `address` is a Ray cluster's.
+
+    `processes` with one worker runs in this process: a worker process would only add its start."""
     if kind not in KINDS:
         raise PacktoolError(f"executor: expected one of {', '.join(KINDS)}, got {kind!r}")
     if address is not None and kind != "ray":
@@ -262,7 +269,8 @@ class ProcessExecutor(_Closing):
     """`workers` spawned processes on this machine (spawn, not fork: tokenizers' thread pool does not survive a fork).
 
     Each worker runs one item at a time and receives the next as soon as it is done, so slow and
-    fast items mix freely; at most `depth` items are pulled from the iterator ahead of the consumer."""
+    fast items mix freely; at most `depth` items are pulled from the iterator ahead of the consumer.
+    Workers start with the first map (a build that finds all its work cached starts none)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -272,7 +280,6 @@ class ProcessExecutor(_Closing):
         self._closed = False
         self._mapping = False
         self._maps = itertools.count()
-        self._fill()
 
     def _fill(self) -> None:
         while len(self._pool) < self.workers:
@@ -401,14 +408,14 @@ class RayExecutor(_Closing):
         if self._task is None:
             raise PacktoolError("this executor is closed")
         fn_ref = ray.put(fn)
-        in_flight: list[Any] = []  # object refs, oldest first
+        in_flight: deque[Any] = deque()  # object refs, oldest first
         try:
             for item in items:
                 in_flight.append(self._task.remote(fn_ref, item))
                 if len(in_flight) >= self.depth:
-                    yield self._result(in_flight.pop(0))
+                    yield self._result(in_flight.popleft())
             while in_flight:
-                yield self._result(in_flight.pop(0))
+                yield self._result(in_flight.popleft())
         finally:
             for ref in in_flight:
                 ray.cancel(ref, force=True)

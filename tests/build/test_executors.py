@@ -27,6 +27,7 @@ from packtool.build.executors import (
 from packtool.errors import PacktoolError, RecordError, WorkerError
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(120)  # a worker that never answers fails the test instead of hanging the run
 RAY_TIMEOUT = pytest.mark.timeout(150, method="thread")  # a misconfigured Ray hangs instead of failing
 
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+# Ray reads this when it is imported: 0 keeps every node of a test cluster on 127.0.0.1 (otherwise
+# Ray resolves the host's external address and a two-node loopback cluster retries forever).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 # Timing deadlines flake on a loaded 2-core machine; CI also fixes the examples so a red run reproduces.
 settings.register_profile("dev", deadline=None)
@@ -36,3 +41,69 @@ def write_jsonl(tmp_path: Path):
         return path
 
     return write
+
+
+class _RayCluster:
+    """One loopback Ray cluster for the whole test session, grown or shrunk to the nodes a test asks for.
+
+    Starting Ray costs seconds, so tests share it; the driver (this pytest process) stays connected."""
+
+    def __init__(self, neutral: Path) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.node_args = {"num_cpus": 1, "object_store_memory": 128 * 1024**2}  # enough for items and small results
+        # Ray workers inherit the environment of the nodes, not the driver's sys.path: give them this
+        # session's folders inside the repository (the test folders, the checkout when it is on the
+        # path), so work functions defined in tests import there too.
+        self.saved_path = os.environ.get("PYTHONPATH")
+        root = Path(__file__).resolve().parent.parent
+        ours = [p for p in sys.path if p and Path(p).is_dir() and Path(p).resolve().is_relative_to(root)]
+        os.environ["PYTHONPATH"] = os.pathsep.join([*ours, *filter(None, [self.saved_path])])
+        self.ray = ray
+        self.cluster = Cluster(initialize_head=True, head_node_args={**self.node_args, "include_dashboard": False})
+        # Ray puts the driver's working folder first on its workers' sys.path: from a checkout they
+        # would import its packtool/ (without the bundled files) instead of the installed one.
+        here = os.getcwd()
+        os.chdir(neutral)
+        try:
+            ray.init(address=self.cluster.address, log_to_driver=False, logging_level="WARNING")
+        finally:
+            os.chdir(here)
+        self.extra: list = []
+
+    def nodes(self, count: int):
+        while len(self.extra) + 1 < count:
+            self.extra.append(self.cluster.add_node(**self.node_args))
+        while len(self.extra) + 1 > count:
+            self.cluster.remove_node(self.extra.pop())
+        self.cluster.wait_for_nodes()
+        return self.ray
+
+    def shutdown(self) -> None:
+        self.ray.shutdown()
+        self.cluster.shutdown()
+        if self.saved_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = self.saved_path
+
+
+@pytest.fixture(scope="session")
+def _ray_cluster(tmp_path_factory):
+    pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install ".[ray]"')
+    cluster = _RayCluster(tmp_path_factory.mktemp("ray-driver"))
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def ray_local(_ray_cluster):
+    """The `ray` module, connected to a one-node loopback cluster (1 CPU): make_executor("ray", ...) joins it."""
+    return _ray_cluster.nodes(1)
+
+
+@pytest.fixture
+def ray_two_nodes(_ray_cluster):
+    """The `ray` module, connected to a two-node loopback cluster (1 CPU each): work spreads over both."""
+    return _ray_cluster.nodes(2)

@@ -14,6 +14,7 @@ An exception raised by the function is raised again in the caller with its own t
 from __future__ import annotations
 
 import ctypes
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
@@ -47,7 +49,11 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Executor(Protocol):
-    """An ordered map over work items; close() (or leaving the `with` block) stops every worker it started."""
+    """An ordered map over work items; close() (or leaving the `with` block) stops every worker it started.
+
+    `workers` is how many items run at once. Maps run one after another (worker processes serve
+    one map at a time); leaving a map early cancels its items in flight. `fn` runs once per item,
+    except that Ray reruns a task whose node was lost: work items write their outputs atomically."""
 
     workers: int
 
@@ -73,8 +79,10 @@ def resolve_workers(value: int | str) -> int:
     return value
 
 
-def make_executor(kind: str, workers: int, address: str | None = None) -> Executor:
-    """The executor named `kind`. `processes` with one worker runs in this process (no worker to start)."""
+def make_executor(kind: str, workers: int | str, address: str | None = None) -> Executor:
+    """The executor named `kind` with `workers` (a count or `auto`); `address` is a Ray cluster's.
+
+    `processes` with one worker runs in this process: a worker process would only add its start."""
     if kind not in KINDS:
         raise PacktoolError(f"executor: expected one of {', '.join(KINDS)}, got {kind!r}")
     if address is not None and kind != "ray":
@@ -194,11 +202,15 @@ def _exit_with_parent(parent_pid: int, kernel_signal: bool) -> None:
 
 
 def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
-    """A worker process: run (fn, item) tasks from the parent until it sends None or goes away."""
+    """A worker process: run the tasks the parent sends until it sends None or goes away.
+
+    A task is (map number, fn or None, item): fn comes with a worker's first item of each map
+    only, since it may carry settings much larger than an item (a functools.partial)."""
     _exit_with_parent(parent_pid, kernel_signal)
     # Ctrl-C reaches the whole process group; the parent alone decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already: no nested thread pool
+    current: tuple[int, Callable[[Any], Any]] | None = None
     while True:
         try:
             task = conn.recv_bytes()
@@ -211,7 +223,13 @@ def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
             continue
         if unpacked is None:
             return
-        outcome = _outcome(*unpacked)
+        number, fn, item = unpacked
+        if fn is not None:
+            current = (number, fn)
+        if current is None or current[0] != number:
+            outcome = _outcome(_raise, WorkerError("the work function never reached this worker"))
+        else:
+            outcome = _outcome(current[1], item)
         try:
             reply = pickle.dumps(outcome)
         except Exception as exc:
@@ -233,7 +251,8 @@ class _Worker:
         self.process.start()
         child_end.close()  # only the worker holds it now, so its death reads as EOF here
         self.conn = parent_end
-        self.item: int | None = None
+        self.item: int | None = None  # the item it runs now
+        self.map_number = -1  # the last map whose function it received
 
     def stop(self, *, now: bool) -> None:
         if not now:
@@ -250,7 +269,8 @@ class ProcessExecutor(_Closing):
     """`workers` spawned processes on this machine (spawn, not fork: tokenizers' thread pool does not survive a fork).
 
     Each worker runs one item at a time and receives the next as soon as it is done, so slow and
-    fast items mix freely; at most `depth` items are pulled from the iterator ahead of the consumer."""
+    fast items mix freely; at most `depth` items are pulled from the iterator ahead of the consumer.
+    Workers start with the first map (a build that finds all its work cached starts none)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -258,7 +278,8 @@ class ProcessExecutor(_Closing):
         self._context = multiprocessing.get_context("spawn")
         self._pool: list[_Worker] = []
         self._closed = False
-        self._fill()
+        self._mapping = False
+        self._maps = itertools.count()
 
     def _fill(self) -> None:
         while len(self._pool) < self.workers:
@@ -267,7 +288,10 @@ class ProcessExecutor(_Closing):
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         if self._closed:
             raise PacktoolError("this executor is closed")
+        if self._mapping:
+            raise RuntimeError("one map at a time: the workers of this executor are serving another map")
         self._fill()
+        number = next(self._maps)
         source = enumerate(items)
         idle = list(self._pool)
         busy: dict[Connection, _Worker] = {}
@@ -275,6 +299,7 @@ class ProcessExecutor(_Closing):
         pulled = 0  # items taken from `source`
         yielded = 0
         exhausted = False
+        self._mapping = True
         try:
             while True:
                 while idle and not exhausted and pulled - yielded < self.depth:
@@ -284,7 +309,9 @@ class ProcessExecutor(_Closing):
                         break
                     worker = idle.pop()
                     worker.item = entry[0]
-                    worker.conn.send_bytes(pickle.dumps((fn, entry[1])))
+                    first = worker.map_number != number
+                    worker.conn.send_bytes(pickle.dumps((number, fn if first else None, entry[1])))
+                    worker.map_number = number
                     busy[worker.conn] = worker
                     pulled += 1
                 while yielded in done:
@@ -307,6 +334,7 @@ class ProcessExecutor(_Closing):
             for worker in busy.values():
                 worker.stop(now=True)
                 self._pool.remove(worker)
+            self._mapping = False
 
     def _receive(self, worker: _Worker) -> tuple[bool, Any, str]:
         try:
@@ -327,6 +355,12 @@ class ProcessExecutor(_Closing):
 
 
 # -- Ray ------------------------------------------------------------------------------------------------
+
+
+def _ray_outcome(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any, str]:
+    """_outcome inside a Ray task, whose worker process Ray started (and may reuse) for one CPU."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task per CPU already: no nested thread pool
+    return _outcome(fn, item)
 
 
 def _import_ray() -> Any:
@@ -355,7 +389,9 @@ class RayExecutor(_Closing):
             if address is not None or os.environ.get("RAY_ADDRESS"):
                 ray.init(address=address, **quiet)
             else:
+                # "local", not None: None would join whatever cluster `ray start` last left on this machine.
                 ray.init(
+                    address="local",
                     num_cpus=workers,
                     object_store_memory=RAY_OBJECT_STORE_BYTES,
                     include_dashboard=False,
@@ -365,21 +401,21 @@ class RayExecutor(_Closing):
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = max(cpus, 1)
         self.depth = ITEMS_PER_WORKER * self.workers
-        self._task = ray.remote(_outcome)
+        self._task = ray.remote(_ray_outcome)
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = self._ray
         if self._task is None:
             raise PacktoolError("this executor is closed")
         fn_ref = ray.put(fn)
-        in_flight: list[Any] = []  # object refs, oldest first
+        in_flight: deque[Any] = deque()  # object refs, oldest first
         try:
             for item in items:
                 in_flight.append(self._task.remote(fn_ref, item))
                 if len(in_flight) >= self.depth:
-                    yield self._result(in_flight.pop(0))
+                    yield self._result(in_flight.popleft())
             while in_flight:
-                yield self._result(in_flight.pop(0))
+                yield self._result(in_flight.popleft())
         finally:
             for ref in in_flight:
                 ray.cancel(ref, force=True)

@@ -162,7 +162,8 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
     for name, a in plan.accounting.items():
         lost = sum(a["rejected"].values()) + sum(a["dropped"].values())
         if a["read"] and lost / a["read"] > config.max_reject_share:
-            reasons = ", ".join(f"{k}={v}" for k, v in sorted(Counter(a["rejected"]) + Counter(a["dropped"]).items()))
+            lost_by = Counter(a["rejected"]) + Counter(a["dropped"])
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(lost_by.items()))
             problems.append(
                 f"source {name!r} lost {lost} of {a['read']} records ({lost / a['read']:.0%} > max_reject_share "
                 f"{config.max_reject_share:g}): {reasons}"

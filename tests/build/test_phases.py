@@ -1,0 +1,253 @@
+"""The build's phases end to end: same bytes on every executor, resume after kill -9, the token store
+as a cache, and OUT holding one complete build whatever fails."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from support import QUICKSTART, REPO, shared
+
+from packtool.build import build
+from packtool.cli import main
+from packtool.config import load_config
+from packtool.verify import verify
+
+QUICKSTART_CONFIG = QUICKSTART.parent / "quickstart.yaml"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    """Every file under an output folder (overflow/ included) and its sha256."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _cli(*args: str, kill: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m packtool ...` in a subprocess (so that it can be killed), serial, quiet unless asked."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PACKTOOL_TEST_KILL", None)
+    if kill:
+        env["PACKTOOL_TEST_KILL"] = kill
+    command = [sys.executable, "-m", "packtool", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The quickstart built once, serial, without a cache: what every other build must equal byte for byte."""
+    out = tmp_path_factory.mktemp("reference") / "out"
+    config = load_config(QUICKSTART_CONFIG, output=str(out), workers="1")
+    built = build(config, use_cache=False)
+    assert built.encode_reused == 0 and built.shards == 3
+    return out
+
+
+@pytest.mark.parametrize("phase", ["encode:1", "emit:1"])
+def test_a_killed_build_resumes_to_identical_bytes(reference, tmp_path, phase):
+    out = tmp_path / "out"
+    killed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", kill=phase)
+    assert killed.returncode == -9, killed.stderr
+    assert not out.exists()  # nothing was published
+    resumed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    if phase.startswith("encode"):
+        assert "encode: 1 of 3 file(s) reused from the cache" in resumed.stdout
+    else:
+        assert "encode: 3 of 3 file(s) reused" in resumed.stdout and "emit: 1 of 3 shard(s) resumed" in resumed.stdout
+    assert _digest(out) == _digest(reference)
+    assert not (tmp_path / ".out.packtool-staging").exists()  # published: the staging folder is gone
+
+
+def test_a_killed_rebuild_leaves_the_previous_build_in_place(reference, tmp_path):
+    out = tmp_path / "out"
+    assert _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1").returncode == 0
+    before = _digest(out)
+    killed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", "--capacity", "512", kill="emit:2")
+    assert killed.returncode == -9
+    assert _digest(out) == before == _digest(reference)
+    assert verify(out).ok
+
+
+def test_worker_processes_write_the_same_bytes(reference, tmp_path):
+    config = load_config(QUICKSTART_CONFIG, output=str(tmp_path / "out"), workers="2")
+    build(config, use_cache=False)
+    assert _digest(tmp_path / "out") == _digest(reference)
+
+
+def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(tmp_path, write_config):
+    raw = {
+        "sources": [
+            {
+                "name": "glaive",
+                "path": str(shared("datasets", "llamafactory_glaive_toolcall_en_demo.json")),
+                "format": "sharegpt",
+            },
+            {"name": "alpaca", "path": str(shared("datasets", "llamafactory_alpaca_en_demo.json")), "format": "alpaca"},
+        ],
+        "tokenizer": str(shared("tokenizers", "qwen2.5")),
+        "capacity": 1024,
+        "truncation": {"strategy": "turns", "fallback": "right"},
+        "output": "serial",
+        "rows_per_shard": 100,
+        "on_error": "skip",
+        "max_reject_share": 1.0,
+    }
+    serial = build(load_config(write_config(raw), workers="1"), use_cache=False)
+    parallel = build(load_config(write_config(raw), output=str(tmp_path / "parallel"), workers="2"), use_cache=False)
+    assert serial.shards > 1
+    assert _digest(tmp_path / "serial") == _digest(tmp_path / "parallel")
+    assert set(parallel.manifest["accounting"]) == {"glaive", "alpaca"}
+    assert verify(tmp_path / "parallel").ok
+
+
+def test_a_plan_only_change_reencodes_nothing(tmp_path, write_config, write_jsonl):
+    write_jsonl(_chat_rows(30, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    config = load_config(write_config(_raw()))
+    first = build(config)
+    assert (first.encode_items, first.encode_reused) == (2, 0)
+    changes = {"capacity": 96, "seed": 3, "rows_per_shard": 2, "truncation": "left", "group_by": "source"}
+    for setting, value in changes.items():
+        again = build(replace(config, **{setting: value}))
+        assert again.encode_reused == again.encode_items == 2, setting
+    # the same bytes as a build that encodes from scratch
+    fresh = replace(config, capacity=96, output=str(tmp_path / "fresh"))
+    build(fresh, use_cache=False)
+    build(replace(config, capacity=96))
+    assert _digest(tmp_path / "out") == _digest(tmp_path / "fresh")
+
+
+def test_a_changed_file_is_the_only_one_reencoded(tmp_path, write_config, write_jsonl):
+    write_jsonl(_chat_rows(30, "a"), "part-1.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "part-2.jsonl")
+    raw = _raw()
+    raw["sources"] = [{"name": "s", "path": "part-*.jsonl", "format": "messages", "fields": {"id": "id"}}]
+    config = load_config(write_config(raw))
+    build(config)
+    write_jsonl(_chat_rows(21, "b"), "part-2.jsonl")  # one more record: new content, new key
+    again = build(config)
+    assert (again.encode_items, again.encode_reused) == (2, 1)
+    assert again.manifest["accounting"]["s"]["read"] == 51
+    listing = CliRunner().invoke(main, ["cache", "list", str(tmp_path / ".packtool-cache")])
+    assert listing.exit_code == 0 and "3 entries" in listing.output  # the stale entry is listed, never read
+    cleared = CliRunner().invoke(main, ["cache", "clear", str(tmp_path / ".packtool-cache")])
+    assert cleared.exit_code == 0 and "bytes freed" in cleared.output
+    assert build(config).encode_reused == 0
+
+
+@pytest.mark.parametrize("fault", ["bad_row_under_fail", "bad_template", "too_many_rejects", "empty_output"])
+def test_a_failed_rebuild_leaves_the_previous_build_verifiable(tmp_path, write_config, write_jsonl, fault):
+    write_jsonl(_chat_rows(30, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    config_path = write_config(_raw())
+    assert CliRunner().invoke(main, ["build", str(config_path), "-q"]).exit_code == 0
+    out = tmp_path / "out"
+    before = _digest(out)
+    raw = _raw()
+    expected = ""
+    if fault == "bad_row_under_fail":
+        write_jsonl([*_chat_rows(30, "a"), "{broken json"], "a.jsonl")
+        expected = "a.jsonl:31"
+    elif fault == "bad_template":
+        (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m.content }")
+        raw["template"] = "broken.jinja"
+        expected = "broken.jinja"
+    elif fault == "too_many_rejects":
+        write_jsonl([*_chat_rows(1, "b"), *["{broken json"] * 3], "b.jsonl")
+        raw["on_error"] = "skip"
+        expected = "source 'b' lost 3 of 4 records"
+    else:
+        write_jsonl(["{broken json"] * 2, "a.jsonl")
+        write_jsonl(["{broken json"], "b.jsonl")
+        raw.update(on_error="skip", max_reject_share=1.0)
+        expected = "no pack to write"
+    result = CliRunner().invoke(main, ["build", str(write_config(raw)), "-q"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert expected in result.output and result.output.startswith("Error: ")
+    assert _digest(out) == before  # no partial file in OUT, nothing replaced
+    assert verify(out).ok
+
+
+def test_strict_fails_on_any_lost_record_and_one_line_per_source(tmp_path, write_config, write_jsonl):
+    write_jsonl([*_chat_rows(5, "a"), "{broken json"], "a.jsonl")
+    write_jsonl([*_chat_rows(5, "b"), "{broken json"], "b.jsonl")
+    raw = {**_raw(), "on_error": "skip"}
+    assert CliRunner().invoke(main, ["build", str(write_config(raw)), "-q"]).exit_code == 0
+    strict = CliRunner().invoke(
+        main, ["build", str(write_config(raw)), "-q", "-o", str(tmp_path / "strict"), "--strict"]
+    )
+    assert strict.exit_code == 1
+    assert "source 'a' lost 1 of 6 records" in strict.output and "source 'b' lost 1 of 6 records" in strict.output
+    assert not (tmp_path / "strict").exists()
+
+
+def test_an_unwritable_output_is_one_line(tmp_path, write_config, write_jsonl):
+    write_jsonl(_chat_rows(3, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(3, "b"), "b.jsonl")
+    (tmp_path / "a-file").write_text("not a folder")
+    result = CliRunner().invoke(
+        main, ["build", str(write_config(_raw())), "-q", "-o", str(tmp_path / "a-file" / "out")]
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "a-file" in result.output and result.output.count("\n") == 1
+
+
+def test_an_output_with_foreign_files_is_not_replaced(tmp_path, write_config, write_jsonl):
+    write_jsonl(_chat_rows(3, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(3, "b"), "b.jsonl")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(main, ["build", str(write_config(_raw())), "-q"])
+    assert result.exit_code == 1 and "notes.txt" in result.output
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+def test_the_library_front_door():
+    import packtool
+
+    assert callable(packtool.build) and packtool.load_config is load_config
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240, method="thread")
+def test_ray_writes_the_same_bytes(reference, tmp_path, ray_local):
+    config = load_config(QUICKSTART_CONFIG, output=str(tmp_path / "out"), workers="2")
+    build(replace(config, executor="ray"), use_cache=False)
+    assert _digest(tmp_path / "out") == _digest(reference)
+
+
+def _chat_rows(n: int, prefix: str) -> list[dict]:
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "messages": [
+                {"role": "user", "content": f"{prefix} question {i}?"},
+                {"role": "assistant", "content": " ".join(["answer"] * (10 + 7 * (i % 9)))},
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+def _raw() -> dict:
+    return {
+        "sources": [
+            {"name": "a", "path": "a.jsonl", "format": "messages", "fields": {"id": "id"}},
+            {"name": "b", "path": "b.jsonl", "format": "messages", "fields": {"id": "id"}},
+        ],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 128,
+        "output": "out",
+        "rows_per_shard": 5,
+        "workers": 1,
+    }

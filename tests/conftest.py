@@ -36,3 +36,18 @@ def write_jsonl(tmp_path: Path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def quickstart_build(tmp_path_factory) -> Path:
+    """One build of the bundled quickstart config, shared read-only by the tools tests (copy it to change it)."""
+    from click.testing import CliRunner
+    from support import QUICKSTART
+
+    from packtool.cli import main
+
+    out = tmp_path_factory.mktemp("quickstart") / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(out), "-q"])
+    if result.exit_code != 0:
+        raise RuntimeError(f"quickstart build failed: {result.output}")
+    return out

@@ -56,7 +56,7 @@ def length_summary(lengths: np.ndarray, capacity: int) -> dict[str, Any]:
     else:
         p50 = p90 = p99 = 0
     return {
-        "count": int(len(values)),
+        "count": len(values),
         "mean": round(float(values.mean()), 3) if len(values) else 0.0,
         "p50": p50,
         "p90": p90,

@@ -157,14 +157,18 @@ def audit_command(config: Path, rows: int) -> None:
 
 @main.command(name="verify")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-def verify_command(path: Path) -> None:
-    """Re-check an output from its bytes: checksums, offsets, labels, counts, pack hashes; exit 1 on a problem.
+@click.option("--json", "as_json", is_flag=True, help="Print {ok, folder, shards, packs, problems, warnings} as JSON.")
+def verify_command(path: Path, as_json: bool) -> None:
+    """Re-check an output from its bytes and its sealed manifest; exit 1 on a problem.
 
-    PATH is an output folder or one shard.
+    Checks the shard list against the files present, each shard's bytes, sha256, rows, tokens and
+    targets, every pack's offsets, labels and hash, the stats block, the accounting and
+    rejects.jsonl, and the manifest's own hash (config, seed, capacity). PATH is an output folder,
+    or one shard (checked against its folder's manifest).
 
     \b
     Example:
-        packtool verify out/quickstart
+        packtool verify out/quickstart --json
     """
     from packtool.verify import format_verification, verify
 
@@ -172,6 +176,6 @@ def verify_command(path: Path) -> None:
         result = verify(path)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(format_verification(result))
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else format_verification(result))
     if not result.ok:
         raise SystemExit(1)

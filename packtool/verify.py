@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -220,7 +220,7 @@ def manifest_problems(manifest: Any) -> list[str]:
     return problems
 
 
-def is_plain_name(name: Any) -> bool:
+def is_plain_name(name: Any) -> TypeGuard[str]:
     """A bare file name: no folder part, no `..`, not absolute, so it can only name a file in the output folder."""
     return (
         isinstance(name, str)

@@ -36,7 +36,7 @@ def _copy(sealed: Path, tmp_path: Path) -> Path:
 
 
 def _edit_manifest(folder: Path, change, *, reseal: bool) -> None:
-    """Change the manifest; `reseal` mimics an edit that also recomputes the seal, so only recomputation can catch it."""
+    """Change the manifest; `reseal` mimics an edit that also redoes the seal, so only recomputation can catch it."""
     manifest = json.loads((folder / "manifest.json").read_text())
     change(manifest)
     if reseal:
@@ -274,3 +274,27 @@ def test_row_problems_on_hand_made_rows():
     broken = {**good, "cu_seqlens": [0, 3, 3, 5]}
     assert row_problems(broken, capacity=8)[0].startswith("cu_seqlens")
     assert row_problems({**good, "sources": ["s", None]}, capacity=8)[0].startswith("null values in sources")
+
+
+def test_the_overflow_bucket_is_verified_with_the_output(tmp_path):
+    import yaml
+    from support import QUICKSTART
+
+    config = yaml.safe_load((QUICKSTART.parent / "quickstart.yaml").read_text())
+    for source in config["sources"]:
+        source["path"] = str(QUICKSTART.parent / source["path"])
+        source.pop("truncation", None)
+    config.update(tokenizer=str(QUICKSTART / "tokenizer"), capacity=256, overflow={"mode": "bucket", "capacity": 4096})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    build = CliRunner().invoke(main, ["build", str(tmp_path / "c.yaml"), "-o", str(out), "-q"])
+    assert build.exit_code == 0, build.output
+    assert (out / "overflow" / "manifest.json").is_file()
+    assert _verify(out).exit_code == 0
+    bucket_shard = out / "overflow" / "shard-00000.parquet"
+    bucket_shard.write_bytes(bucket_shard.read_bytes()[:-100])
+    result = _verify(out)
+    assert result.exit_code == 1 and "(truncated or changed)" in result.output
+    bucket_shard.unlink()
+    result = _verify(out)
+    assert "listed in the manifest but missing" in result.output

@@ -77,31 +77,74 @@ def build(config: Path, output: str | None, capacity: int | None, workers: str |
 
 @main.command(name="inspect")
 @click.argument("shard", type=click.Path(exists=True, path_type=Path))
-@click.option("--row", "-r", default=0, show_default=True, help="Pack (row) index in the shard.")
+@click.option(
+    "--row", "-r", default=0, show_default=True, help="Pack index: in the shard, or across a folder's shards."
+)
+@click.option("--doc", "-d", type=int, help="Show only this document (0-based) of the pack.")
+@click.option("--id", "sample_id", help="Show every document of this sample id (searches all shards of a folder).")
 @click.option("--limit", "-n", type=int, help="Show at most this many tokens per document.")
 @click.option(
     "--around", "-a", type=int, help="Show only tokens this close to a document start or a context/target switch."
 )
 @click.option(
+    "--text/--no-text", default=None, help="Print each document's decoded text (default: on, off with --around)."
+)
+@click.option(
     "--tokenizer", type=click.Path(exists=True), help="tokenizer.json to decode with (default: from manifest)."
 )
 @click.option("--color/--no-color", default=None, help="Highlight targets (default: when writing to a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print packs, documents and tokens as JSON.")
 def inspect_command(
-    shard: Path, row: int, limit: int | None, around: int | None, tokenizer: str | None, color: bool | None
+    shard: Path,
+    row: int,
+    doc: int | None,
+    sample_id: str | None,
+    limit: int | None,
+    around: int | None,
+    text: bool | None,
+    tokenizer: str | None,
+    color: bool | None,
+    as_json: bool,
 ) -> None:
     """Print one pack token by token: id, piece, role, segment, position, attention range, label.
 
-    SHARD is a .parquet shard or an output folder (its first shard).
+    SHARD is a .parquet shard or an output folder (rows counted across its shards). Target tokens
+    end with `*` (and are bold green on a terminal), so piped output keeps them.
 
     \b
     Example:
         packtool inspect out/quickstart/shard-00000.parquet --row 3 --around 3
+        packtool inspect out/quickstart --id qs-chat-00007 --no-text
     """
-    from packtool.show import inspect_pack
+    from packtool.show import inspect_json, inspect_pack
 
     use_color = sys.stdout.isatty() if color is None else color
     try:
-        click.echo(inspect_pack(shard, row=row, limit=limit, around=around, tokenizer=tokenizer, color=use_color))
+        if as_json:
+            report = inspect_json(
+                shard,
+                row=row,
+                doc=doc,
+                sample_id=sample_id,
+                limit=limit,
+                around=around,
+                tokenizer=tokenizer,
+                text=text is not False,
+            )
+            click.echo(json.dumps(report, ensure_ascii=False, indent=1))
+        else:
+            table = inspect_pack(
+                shard,
+                row=row,
+                doc=doc,
+                sample_id=sample_id,
+                limit=limit,
+                around=around,
+                tokenizer=tokenizer,
+                color=use_color,
+                text=text,
+            )
+            click.echo(table, color=use_color)
     except PacktoolError as error:
         raise _fail(error) from None
 
@@ -179,3 +222,50 @@ def verify_command(path: Path, as_json: bool) -> None:
     click.echo(json.dumps(result.as_dict(), indent=2) if as_json else format_verification(result))
     if not result.ok:
         raise SystemExit(1)
+
+
+@main.command(name="find")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("key")
+@click.option("--show", is_flag=True, help="Print each document found token by token, as `inspect` does.")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The config the output was built from (default: inferred from the manifest) to find source files.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print placements, origins and rejects as JSON.")
+@click.option("--color/--no-color", default=None, help="Highlight targets with --show (default: on a terminal).")
+def find_command(output: Path, key: str, show: bool, config: Path | None, as_json: bool, color: bool | None) -> None:
+    """Trace a sample: where it lives in the shards and where it came from.
+
+    KEY is a sample id, a pack_hash (or a prefix of it), SHARD.parquet:ROW, or a source location
+    FILE:LINE (JSON Lines, 1-based) / FILE:ROW (JSON arrays, Parquet, 0-based) as rejects.jsonl
+    writes it. Prints shard, row, document, token range, pack_hash and repeat of each document,
+    the record's file:line, and whether that record still hashes as it did at build time.
+
+    \b
+    Example:
+        packtool find out/quickstart qs-chat-00007 --show
+        packtool find out/quickstart quickstart/chat.jsonl:8 --json
+    """
+    from packtool.find import find, format_trace
+    from packtool.shards import read_manifest
+    from packtool.show import PackRef, load_decoder, pack_json, pack_lines
+
+    use_color = sys.stdout.isatty() if color is None else color
+    try:
+        trace = find(output, key, config=config)
+        refs = [PackRef(output / p.shard, p.row, (p.document,)) for p in trace.placements] if show else []
+        decoder = load_decoder(refs[0].shard, read_manifest(output), None) if refs else None
+        if as_json:
+            report = trace.as_dict()
+            if show:
+                report["documents"] = [pack_json(r, decoder, limit=None, around=None, text=True) for r in refs]
+            click.echo(json.dumps(report, ensure_ascii=False, indent=2))
+            return
+        click.echo(format_trace(trace))
+        for ref in refs:
+            lines = pack_lines(ref, decoder, limit=None, around=None, color=use_color, text=True)
+            click.echo("\n" + "\n".join(lines), color=use_color)
+    except PacktoolError as error:
+        raise _fail(error) from None

@@ -269,3 +269,26 @@ def find_command(output: Path, key: str, show: bool, config: Path | None, as_jso
             click.echo("\n" + "\n".join(lines), color=use_color)
     except PacktoolError as error:
         raise _fail(error) from None
+
+
+@main.command(name="report")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "-o", "destination", type=click.Path(dir_okay=False, path_type=Path), help="HTML file to write.")
+def report_command(output: Path, destination: Path | None) -> None:
+    """Write one self-contained HTML page of plots (default: OUTPUT/report.html); it opens offline.
+
+    Plots: sample lengths per source with the capacity marked, pack fill, documents per pack,
+    target ratio per source, and kept/truncated/rejected/dropped records per source. The page
+    embeds the numbers it plots, the same as `packtool stats --json`.
+
+    \b
+    Example:
+        packtool report out/quickstart -o quickstart.html
+    """
+    from packtool.report import write_report
+
+    try:
+        path = write_report(output, destination)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(f"wrote {path}")

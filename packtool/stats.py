@@ -78,6 +78,7 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
     per_source: dict[str, dict[str, int]] = defaultdict(
         lambda: {"segments": 0, "tokens": 0, "targets": 0, "repeats": 0}
     )
+    document_lengths: dict[str, list[int]] = defaultdict(list)
     for shard in shards:
         table = pq.read_table(shard, columns=STAT_COLUMNS)
         for row in table.to_pylist():
@@ -100,6 +101,7 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
                 entry["tokens"] += int(length)
                 entry["targets"] += int(n_targets)
                 entry["repeats"] += int(repeat > 0)
+                document_lengths[source].append(int(length))
     lengths = np.concatenate(segment_lengths) if segment_lengths else np.zeros(0, dtype=np.int64)
     total_segments = sum(e["segments"] for e in per_source.values())
     slots = packs * capacity
@@ -112,13 +114,23 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         "target_ratio": _ratio(targets, tokens),
         "token_efficiency": _ratio(tokens, slots),
         "padding_share_if_padded_to_capacity": _ratio(slots - tokens, slots),
-        "segments_per_pack": {"mean": _ratio(total_segments, packs), "max": max(segments_per_pack, default=0)},
+        "segments_per_pack": {
+            "mean": _ratio(total_segments, packs),
+            "max": max(segments_per_pack, default=0),
+            # histogram[k] = packs holding k documents
+            "histogram": np.bincount(np.asarray(segments_per_pack, dtype=np.int64), minlength=1).tolist(),
+        },
+        # How full packs are: pack lengths against capacity (one bin per 1/16 of the pack)
+        "pack_fill": length_summary(np.asarray(pack_lengths, dtype=np.int64), capacity) if capacity else None,
         "sources": {
             name: {
                 **entry,
                 "segment_share": _ratio(entry["segments"], total_segments),
                 "token_share": _ratio(entry["tokens"], tokens),
                 "target_share": _ratio(entry["targets"], targets),
+                "target_ratio": _ratio(entry["targets"], entry["tokens"]),
+                # documents as packed: after truncation, split pieces counted one by one
+                "segment_lengths": length_summary(np.asarray(document_lengths[name]), capacity) if capacity else None,
             }
             for name, entry in sorted(per_source.items())
         },

@@ -175,7 +175,10 @@ def stats(path: Path, as_json: bool) -> None:
 @main.command(name="audit")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", default=50, show_default=True, help="Rows of each source to check besides the built-in probes.")
-def audit_command(config: Path, rows: int) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report (ok, checks with evidence, first failure) as JSON."
+)
+def audit_command(config: Path, rows: int, as_json: bool) -> None:
     """Check the template + tokenizer before a long build; exit 1 if a check fails.
 
     Runs built-in probe conversations (system prompts, repeated roles, multi-turn tool calls,
@@ -184,8 +187,10 @@ def audit_command(config: Path, rows: int) -> None:
 
     \b
     Example:
-        packtool audit configs/quickstart.yaml --rows 100
+        packtool audit configs/quickstart.yaml --rows 100 --json
     """
+    from dataclasses import asdict
+
     from packtool.audit import audit, format_audit
     from packtool.config import load_config, resolve_config_path
 
@@ -193,7 +198,7 @@ def audit_command(config: Path, rows: int) -> None:
         report = audit(load_config(resolve_config_path(config), output="."), rows=rows)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(format_audit(report))
+    click.echo(json.dumps({"ok": report.ok, **asdict(report)}, indent=2) if as_json else format_audit(report))
     if not report.ok:
         raise SystemExit(1)
 

@@ -11,7 +11,8 @@ What the manifest states is either recomputed or sealed:
     accounting, per source       read == kept + rejected + dropped; segments == documents of the source in the
                                  shards (overflow bucket included); distinct samples in the shards <= kept
     sealed                       everything else (config, seed, capacity, conventions, ...): `manifest_sha256`
-                                 is the sha256 of the manifest's canonical JSON without that field
+                                 is the sha256 of the manifest's canonical JSON without that field (packtool.seal)
+    sub-outputs                  overflow/ and validation/ when the manifest names them: the same checks
 
 Every path the manifest names is a plain file name inside the output folder. A damaged file or
 manifest is a problem in the report (exit 1), never a traceback.
@@ -19,7 +20,6 @@ manifest is a problem in the report (exit 1), never a traceback.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -32,32 +32,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.labels import IGNORE_INDEX
+from packtool.seal import SEAL, manifest_digest, seal_manifest
 from packtool.shards import MANIFEST, SCHEMA, pack_hash, sha256_file
 
+__all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
+
 MAX_PROBLEMS = 20  # enough to see a pattern; a corrupt shard would otherwise print a line per row
-SEAL = "manifest_sha256"
 # What a damaged Parquet file raises while being opened or decoded (corrupt pages, bad thrift, short reads).
 READ_ERRORS = (pa.ArrowException, OSError, ValueError, EOFError, IndexError, KeyError)
 # `stats` keys copied from the manifest rather than computed from shards: the seal covers them.
 COPIED_STATS = ("accounting", "mixing", "mode", "lengths")
-
-
-def canonical_json(value: Any) -> bytes:
-    """The bytes the seal hashes: sorted keys, no whitespace, UTF-8 (what `json.loads` gives back hashes the same)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
-
-
-def manifest_digest(manifest: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json({k: v for k, v in manifest.items() if k != SEAL})).hexdigest()
-
-
-def seal_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with `manifest_sha256` added; the builder writes this as the last step.
-
-    Fields that cannot be recomputed from shards (config, seed, capacity, conventions) are then
-    still covered: an edit anywhere in the manifest changes the digest.
-    """
-    return {**manifest, SEAL: manifest_digest(manifest)}
 
 
 @dataclass
@@ -118,7 +102,10 @@ def verify(path: str | Path) -> Verification:
     if lone is not None:
         return result
     if isinstance(manifest.get("overflow"), dict):
-        _check_overflow(folder, manifest["overflow"], result, tally)
+        _check_part(folder, "overflow", manifest["overflow"], result, tally)
+    if isinstance(manifest.get("validation"), dict):
+        # a split of its own: its documents are not the main output's segments
+        _check_part(folder, "validation", manifest["validation"], result, _Tally())
     if tally.readable:
         _check_accounting(manifest, tally, result)
     _check_rejects(folder, manifest, result)
@@ -252,7 +239,7 @@ def _check_output(
             tally.readable = False
             continue
         _check_shard(folder / name, entry, capacity, result, tally)
-    leftovers = sorted(p.name for p in folder.glob("*.tmp"))
+    leftovers = sorted(p.name for p in folder.glob("*.tmp*"))
     if leftovers:
         result.warnings.append(f"{folder}: temporary files from an interrupted write: {', '.join(leftovers)}")
     if not listed:
@@ -371,10 +358,11 @@ def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -
             )
 
 
-def _check_overflow(folder: Path, overflow: dict[str, Any], result: Verification, tally: _Tally) -> None:
-    name = overflow.get("folder")
+def _check_part(folder: Path, key: str, entry: dict[str, Any], result: Verification, tally: _Tally) -> None:
+    """A sub-output the manifest names (the overflow bucket, a validation split): its own manifest and shards."""
+    name = entry.get("folder")
     if not is_plain_name(name):
-        result.add(f"{folder / MANIFEST}: overflow.folder {name!r:.80} is not a folder name inside the output")
+        result.add(f"{folder / MANIFEST}: {key}.folder {name!r:.80} is not a folder name inside the output")
         return
     bucket = folder / name
     manifest = _checked_manifest(bucket, result)

@@ -298,3 +298,15 @@ def test_the_overflow_bucket_is_verified_with_the_output(tmp_path):
     bucket_shard.unlink()
     result = _verify(out)
     assert "listed in the manifest but missing" in result.output
+
+
+def test_a_validation_split_is_verified_as_its_own_output(sealed, tmp_path):
+    copy = _copy(sealed, tmp_path)
+    shutil.copytree(sealed, copy / "validation")
+    _edit_manifest(copy, lambda m: m.update(validation={"folder": "validation", "packs": 1}), reseal=True)
+    assert _verify(copy).exit_code == 0  # its documents do not count against the main accounting
+    (copy / "validation" / "shard-00001.parquet").unlink()
+    result = _verify(copy)
+    assert result.exit_code == 1 and "shard-00001.parquet: listed in the manifest but missing" in result.output
+    _edit_manifest(copy, lambda m: m.update(validation={"folder": "../elsewhere"}), reseal=True)
+    assert "validation.folder '../elsewhere' is not a folder name inside the output" in _verify(copy).output

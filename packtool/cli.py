@@ -152,31 +152,74 @@ def cache_command(action: str, folder: Path) -> None:
 
 @main.command(name="inspect")
 @click.argument("shard", type=click.Path(exists=True, path_type=Path))
-@click.option("--row", "-r", default=0, show_default=True, help="Pack (row) index in the shard.")
+@click.option(
+    "--row", "-r", default=0, show_default=True, help="Pack index: in the shard, or across a folder's shards."
+)
+@click.option("--doc", "-d", type=int, help="Show only this document (0-based) of the pack.")
+@click.option("--id", "sample_id", help="Show every document of this sample id (searches all shards of a folder).")
 @click.option("--limit", "-n", type=int, help="Show at most this many tokens per document.")
 @click.option(
     "--around", "-a", type=int, help="Show only tokens this close to a document start or a context/target switch."
 )
 @click.option(
+    "--text/--no-text", default=None, help="Print each document's decoded text (default: on, off with --around)."
+)
+@click.option(
     "--tokenizer", type=click.Path(exists=True), help="tokenizer.json to decode with (default: from manifest)."
 )
 @click.option("--color/--no-color", default=None, help="Highlight targets (default: when writing to a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print packs, documents and tokens as JSON.")
 def inspect_command(
-    shard: Path, row: int, limit: int | None, around: int | None, tokenizer: str | None, color: bool | None
+    shard: Path,
+    row: int,
+    doc: int | None,
+    sample_id: str | None,
+    limit: int | None,
+    around: int | None,
+    text: bool | None,
+    tokenizer: str | None,
+    color: bool | None,
+    as_json: bool,
 ) -> None:
     """Print one pack token by token: id, piece, role, segment, position, attention range, label.
 
-    SHARD is a .parquet shard or an output folder (its first shard).
+    SHARD is a .parquet shard or an output folder (rows counted across its shards). Target tokens
+    end with `*` (and are bold green on a terminal), so piped output keeps them.
 
     \b
     Example:
         packtool inspect out/quickstart/shard-00000.parquet --row 3 --around 3
+        packtool inspect out/quickstart --id qs-chat-00007 --no-text
     """
-    from packtool.show import inspect_pack
+    from packtool.show import inspect_json, inspect_pack
 
     use_color = sys.stdout.isatty() if color is None else color
     try:
-        click.echo(inspect_pack(shard, row=row, limit=limit, around=around, tokenizer=tokenizer, color=use_color))
+        if as_json:
+            report = inspect_json(
+                shard,
+                row=row,
+                doc=doc,
+                sample_id=sample_id,
+                limit=limit,
+                around=around,
+                tokenizer=tokenizer,
+                text=text is not False,
+            )
+            click.echo(json.dumps(report, ensure_ascii=False, indent=1))
+        else:
+            table = inspect_pack(
+                shard,
+                row=row,
+                doc=doc,
+                sample_id=sample_id,
+                limit=limit,
+                around=around,
+                tokenizer=tokenizer,
+                color=use_color,
+                text=text,
+            )
+            click.echo(table, color=use_color)
     except PacktoolError as error:
         raise _fail(error) from None
 
@@ -208,7 +251,10 @@ def stats(path: Path, as_json: bool) -> None:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", default=50, show_default=True, help="Rows of each source to check besides the built-in probes.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
-def audit_command(config: Path, rows: int, overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report (ok, checks with evidence, first failure) as JSON."
+)
+def audit_command(config: Path, rows: int, overrides: tuple[str, ...], as_json: bool) -> None:
     """Check the template + tokenizer before a long build; exit 1 if a check fails.
 
     Runs built-in probe conversations (system prompts, repeated roles, multi-turn tool calls,
@@ -217,8 +263,10 @@ def audit_command(config: Path, rows: int, overrides: tuple[str, ...]) -> None:
 
     \b
     Example:
-        packtool audit configs/quickstart.yaml --rows 100
+        packtool audit configs/quickstart.yaml --rows 100 --json
     """
+    from dataclasses import asdict
+
     from packtool.audit import audit, format_audit
     from packtool.config import load_config, resolve_config_path
 
@@ -226,21 +274,25 @@ def audit_command(config: Path, rows: int, overrides: tuple[str, ...]) -> None:
         report = audit(load_config(resolve_config_path(config), output=".", overrides=overrides), rows=rows)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(format_audit(report))
+    click.echo(json.dumps({"ok": report.ok, **asdict(report)}, indent=2) if as_json else format_audit(report))
     if not report.ok:
         raise SystemExit(1)
 
 
 @main.command(name="verify")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-def verify_command(path: Path) -> None:
-    """Re-check an output from its bytes: checksums, offsets, labels, counts, pack hashes; exit 1 on a problem.
+@click.option("--json", "as_json", is_flag=True, help="Print {ok, folder, shards, packs, problems, warnings} as JSON.")
+def verify_command(path: Path, as_json: bool) -> None:
+    """Re-check an output from its bytes and its sealed manifest; exit 1 on a problem.
 
-    PATH is an output folder or one shard.
+    Checks the shard list against the files present, each shard's bytes, sha256, rows, tokens and
+    targets, every pack's offsets, labels and hash, the stats block, the accounting and
+    rejects.jsonl, and the manifest's own hash (config, seed, capacity). PATH is an output folder,
+    or one shard (checked against its folder's manifest).
 
     \b
     Example:
-        packtool verify out/quickstart
+        packtool verify out/quickstart --json
     """
     from packtool.verify import format_verification, verify
 
@@ -248,6 +300,76 @@ def verify_command(path: Path) -> None:
         result = verify(path)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(format_verification(result))
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else format_verification(result))
     if not result.ok:
         raise SystemExit(1)
+
+
+@main.command(name="find")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("key")
+@click.option("--show", is_flag=True, help="Print each document found token by token, as `inspect` does.")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The config the output was built from (default: inferred from the manifest) to find source files.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print placements, origins and rejects as JSON.")
+@click.option("--color/--no-color", default=None, help="Highlight targets with --show (default: on a terminal).")
+def find_command(output: Path, key: str, show: bool, config: Path | None, as_json: bool, color: bool | None) -> None:
+    """Trace a sample: where it lives in the shards and where it came from.
+
+    KEY is a sample id, a pack_hash (or a prefix of it), SHARD.parquet:ROW, or a source location
+    FILE:LINE (JSON Lines, 1-based) / FILE:ROW (JSON arrays, Parquet, 0-based) as rejects.jsonl
+    writes it. Prints shard, row, document, token range, pack_hash and repeat of each document,
+    the record's file:line, and whether that record still hashes as it did at build time.
+
+    \b
+    Example:
+        packtool find out/quickstart qs-chat-00007 --show
+        packtool find out/quickstart quickstart/chat.jsonl:8 --json
+    """
+    from packtool.find import find, format_trace
+    from packtool.shards import read_manifest
+    from packtool.show import PackRef, load_decoder, pack_json, pack_lines
+
+    use_color = sys.stdout.isatty() if color is None else color
+    try:
+        trace = find(output, key, config=config)
+        refs = [PackRef(output / p.shard, p.row, (p.document,)) for p in trace.placements] if show else []
+        decoder = load_decoder(refs[0].shard, read_manifest(output), None) if refs else None
+        if as_json:
+            report = trace.as_dict()
+            if show:
+                report["documents"] = [pack_json(r, decoder, limit=None, around=None, text=True) for r in refs]
+            click.echo(json.dumps(report, ensure_ascii=False, indent=2))
+            return
+        click.echo(format_trace(trace))
+        for ref in refs:
+            lines = pack_lines(ref, decoder, limit=None, around=None, color=use_color, text=True)
+            click.echo("\n" + "\n".join(lines), color=use_color)
+    except PacktoolError as error:
+        raise _fail(error) from None
+
+
+@main.command(name="report")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "-o", "destination", type=click.Path(dir_okay=False, path_type=Path), help="HTML file to write.")
+def report_command(output: Path, destination: Path | None) -> None:
+    """Write one self-contained HTML page of plots (default: OUTPUT/report.html); it opens offline.
+
+    Plots: sample lengths per source with the capacity marked, pack fill, documents per pack,
+    target ratio per source, and kept/truncated/rejected/dropped records per source. The page
+    embeds the numbers it plots, the same as `packtool stats --json`.
+
+    \b
+    Example:
+        packtool report out/quickstart -o quickstart.html
+    """
+    from packtool.report import write_report
+
+    try:
+        path = write_report(output, destination)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(f"wrote {path}")

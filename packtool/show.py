@@ -3,7 +3,7 @@
     idx    id  piece            role       seg  pos  attends   label
       0  151644  <|im_start|>   template     0    0  [0, 0]    ·
       ...
-     17     198  ⏎              assistant    0   17  [0, 17]   198        <- target (bold green on a terminal)
+     17     198  ⏎              assistant    0   17  [0, 17]   198  *     <- target (also bold green on a terminal)
 
 Whitespace and control characters are made visible (␣ for space, ⏎ for newline, ⇥ for tab), so a
 label that lands on the wrong side of a newline is seen, not guessed.
@@ -11,11 +11,13 @@ label that lands on the wrong side of a newline is seen, not guessed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
+import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
@@ -41,48 +43,183 @@ def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: s
     return Tokenizer.from_file(path)
 
 
+@dataclass(frozen=True, slots=True)
+class PackRef:
+    """One pack: a shard file and a row inside it, and the documents of that pack to show (None: all)."""
+
+    shard: Path
+    row: int
+    documents: tuple[int, ...] | None = None
+
+
+def select_packs(
+    target: str | Path, *, row: int = 0, doc: int | None = None, sample_id: str | None = None
+) -> tuple[dict[str, Any] | None, list[PackRef]]:
+    """What `inspect` shows: row `row` of a shard, or pack number `row` counted across a folder's shards in
+    manifest order; with `sample_id`, every document of that id in the shard or in all of the folder's shards."""
+    _, manifest, files = locate(target)
+    if sample_id is not None:
+        refs = [
+            PackRef(shard, number, tuple(i for i, s in enumerate(ids) if s == sample_id))
+            for shard in files
+            for number, ids in enumerate(_column(shard, "sample_ids"))
+            if sample_id in ids
+        ]
+        if not refs:
+            raise PacktoolError(f"{target}: no document with sample id {sample_id!r} in {len(files)} shard(s)")
+        return manifest, refs
+    if row < 0:
+        raise PacktoolError(f"{target}: row {row} must be >= 0")
+    local = row
+    for shard in files:
+        rows = pq.ParquetFile(shard).metadata.num_rows
+        if local < rows:
+            return manifest, [PackRef(shard, local, None if doc is None else (doc,))]
+        local -= rows
+    total = row - local
+    raise PacktoolError(f"{target}: row {row} out of range ({total} pack(s) in {len(files)} shard(s))")
+
+
+def _column(shard: Path, name: str) -> list[Any]:
+    return pq.read_table(shard, columns=[name]).column(name).to_pylist()
+
+
 def inspect_pack(
-    shard: str | Path,
+    target: str | Path,
     *,
     row: int = 0,
+    doc: int | None = None,
+    sample_id: str | None = None,
     limit: int | None = None,
     around: int | None = None,
     tokenizer: str | None = None,
     color: bool = False,
+    text: bool | None = None,
 ) -> str:
-    """The table of one pack. `limit`: the first tokens of each document only; `around`: only the
-    tokens within that distance of a document start or of a switch between context and target,
-    the places where a wrong mask shows."""
-    _, manifest, files = locate(shard)
-    path = files[0]
-    pack = read_row(path, row)
-    decoder = load_decoder(path, manifest, tokenizer)
+    """The table of one pack (or of the documents with `sample_id`). `limit`: the first tokens of each
+    document only; `around`: only the tokens within that distance of a document start or of a switch
+    between context and target, the places where a wrong mask shows. `text` (default: on unless
+    `around`) adds each document's decoded text."""
+    manifest, refs = select_packs(target, row=row, doc=doc, sample_id=sample_id)
+    decoder = load_decoder(refs[0].shard, manifest, tokenizer)
+    show_text = around is None if text is None else text
+    blocks = [
+        "\n".join(pack_lines(ref, decoder, limit=limit, around=around, color=color, text=show_text)) for ref in refs
+    ]
+    return "\n\n".join(blocks)
+
+
+def pack_lines(
+    ref: PackRef, decoder: Any, *, limit: int | None, around: int | None, color: bool, text: bool
+) -> list[str]:
+    """One pack as text. With `around`, the column header is printed once and each document gets one
+    line, so a pack of many short documents stays readable."""
+    pack = read_row(ref.shard, ref.row)
     ids = np.asarray(pack["input_ids"], dtype=np.int64)
     labels = np.asarray(pack["labels"], dtype=np.int64)
     cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)
     docs = np.asarray(pack["doc_cu_seqlens"], dtype=np.int64)
-    roles = pack["token_roles"]
-
+    documents = _documents(ref, len(docs) - 1)
     out = [
-        f"{path.name} row {row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
+        f"{ref.shard.name} row {ref.row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
         f"{len(docs) - 1} document(s), {int((labels != IGNORE_INDEX).sum())} targets, pack_hash {pack['pack_hash']}"
     ]
-    for d in range(len(docs) - 1):
+    compact = around is not None
+    if compact:
+        out.append(TABLE_HEADER)
+    for d in documents:
         start, end = int(docs[d]), int(docs[d + 1])
-        out.append("")
-        out.append(
-            f"── document {d}: {pack['sample_ids'][d]} (source {pack['sources'][d]}, "
-            f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}), "
-            f"tokens [{start}, {end}) ──"
+        head = (
+            f"document {d}: {pack['sample_ids'][d]} (source {pack['sources'][d]}, "
+            f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}), tokens [{start}, {end})"
         )
+        out += [f"── {head}"] if compact else ["", f"── {head} ──"]
         shown = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
-        out.extend(token_rows(ids, labels, roles, cu, decoder, shown, limit=limit, color=color))
+        table = token_rows(ids, labels, pack["token_roles"], cu, decoder, shown, limit=limit, color=color)
+        out.extend(table[1:] if compact else table)
         if limit is not None and len(shown) > limit:
             out.append(f"   ... {len(shown) - limit} more tokens")
-        text = decoder.decode(ids[start:end].tolist(), skip_special_tokens=False)
-        out.append("text:")
-        out.append(text)
-    return "\n".join(out)
+        if text:
+            out.append("text:")
+            out.append(decoder.decode(ids[start:end].tolist(), skip_special_tokens=False))
+    return out
+
+
+def _documents(ref: PackRef, count: int) -> list[int]:
+    chosen = list(range(count)) if ref.documents is None else list(ref.documents)
+    for d in chosen:
+        if not 0 <= d < count:
+            raise PacktoolError(f"{ref.shard}: row {ref.row} has {count} document(s); --doc {d} is out of range")
+    return chosen
+
+
+def inspect_json(
+    target: str | Path,
+    *,
+    row: int = 0,
+    doc: int | None = None,
+    sample_id: str | None = None,
+    limit: int | None = None,
+    around: int | None = None,
+    tokenizer: str | None = None,
+    text: bool = True,
+) -> dict[str, Any]:
+    """What `inspect --json` prints: the selected packs with their documents and, per token, the table's columns."""
+    manifest, refs = select_packs(target, row=row, doc=doc, sample_id=sample_id)
+    decoder = load_decoder(refs[0].shard, manifest, tokenizer)
+    return {"packs": [pack_json(ref, decoder, limit=limit, around=around, text=text) for ref in refs]}
+
+
+def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | None, text: bool) -> dict[str, Any]:
+    pack = read_row(ref.shard, ref.row)
+    ids = np.asarray(pack["input_ids"], dtype=np.int64)
+    labels = np.asarray(pack["labels"], dtype=np.int64)
+    cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)
+    docs = np.asarray(pack["doc_cu_seqlens"], dtype=np.int64)
+    positions = position_ids(cu)
+    documents = []
+    for d in _documents(ref, len(docs) - 1):
+        start, end = int(docs[d]), int(docs[d + 1])
+        shown = list(range(start, end) if around is None else boundary_tokens(labels, start, end, around))
+        tokens = []
+        for t in shown[:limit] if limit is not None else shown:
+            seg = int(np.searchsorted(cu, t, side="right") - 1)
+            tokens.append(
+                {
+                    "index": t,
+                    "id": int(ids[t]),
+                    "piece": decoder.decode([int(ids[t])], skip_special_tokens=False),
+                    "role": ROLE_NAMES.get(int(pack["token_roles"][t]), "?"),
+                    "segment": seg,
+                    "position": int(positions[t]),
+                    "attends": [int(cu[seg]), t],
+                    "label": int(labels[t]),
+                    "target": bool(labels[t] != IGNORE_INDEX),
+                }
+            )
+        entry: dict[str, Any] = {
+            "document": d,
+            "sample_id": pack["sample_ids"][d],
+            "source": pack["sources"][d],
+            "sample_hash": pack["sample_hashes"][d],
+            "repeat": pack["sample_repeats"][d],
+            "start": start,
+            "end": end,
+            "targets": int((labels[start:end] != IGNORE_INDEX).sum()),
+            "tokens": tokens,
+        }
+        if text:
+            entry["text"] = decoder.decode(ids[start:end].tolist(), skip_special_tokens=False)
+        documents.append(entry)
+    return {
+        "shard": ref.shard.name,
+        "row": ref.row,
+        "pack_hash": pack["pack_hash"],
+        "n_tokens": len(ids),
+        "n_targets": int((labels != IGNORE_INDEX).sum()),
+        "cu_seqlens": cu.tolist(),
+        "documents": documents,
+    }
 
 
 def boundary_tokens(labels: Any, start: int, end: int, around: int) -> list[int]:
@@ -131,7 +268,8 @@ def token_rows(
             f"{f'[{int(cu[seg])}, {t}]':<13} {label if target else '·'}"
         )
         if target:
-            line = click.style(line, fg="green", bold=True) if color else f"{line}  *"
+            # The marker is always there: colour alone is lost when output is piped (click strips it).
+            line = click.style(f"{line}  *", fg="green", bold=True) if color else f"{line}  *"
         out.append(line)
     return out
 

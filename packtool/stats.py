@@ -13,10 +13,59 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packtool.errors import PacktoolError
 from packtool.labels import IGNORE_INDEX
 from packtool.shards import shard_metadata
 
 STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
+
+# Sixteen equal bins up to capacity: fine enough to see where a source's mass sits relative to the
+# pack, coarse enough to print as one terminal line per bin. Everything longer falls in one more bin.
+LENGTH_BINS = 16
+
+
+def length_bin_edges(capacity: int) -> list[int]:
+    """Bin edges `[0, c/16, 2c/16, ..., c]` (integer division; fewer bins when capacity < 16)."""
+    bins = min(LENGTH_BINS, capacity)
+    return [capacity * k // bins for k in range(bins + 1)]
+
+
+def length_summary(lengths: np.ndarray, capacity: int) -> dict[str, Any]:
+    """Percentiles and a fixed-bin histogram of sample lengths (tokens), relative to `capacity`.
+
+    Bins are right-closed so a sample of exactly `capacity` tokens counts as fitting; lengths above
+    capacity are `over_capacity` (and also the histogram's last count). For capacity 64, lengths
+    [3, 4, 64, 70]:
+
+        edges          [0, 4, 8, ..., 60, 64]          16 bins: [0, 4], (4, 8], ..., (60, 64]
+        counts         [2, 0, ..., 0, 1, 1]            17 counts: the last is (64, inf)
+        over_capacity  1
+        p50 = 4, p90 = p99 = max = 70                  percentiles are observed lengths (inverted CDF)
+
+    An empty `lengths` gives count 0 and zeros throughout.
+    """
+    if capacity < 1:
+        raise PacktoolError(f"length_summary: capacity {capacity} must be a positive number of tokens")
+    values = np.asarray(lengths, dtype=np.int64).ravel()
+    edges = length_bin_edges(capacity)
+    # side="left": the first edge >= length closes that length's bin, so bins are (e[i-1], e[i]].
+    bins = np.clip(np.searchsorted(np.asarray(edges), values, side="left") - 1, 0, len(edges) - 1)
+    counts = np.bincount(bins, minlength=len(edges))
+    if len(values):
+        p50, p90, p99 = (int(np.percentile(values, q, method="inverted_cdf")) for q in (50, 90, 99))
+    else:
+        p50 = p90 = p99 = 0
+    return {
+        "count": len(values),
+        "mean": round(float(values.mean()), 3) if len(values) else 0.0,
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "max": int(values.max()) if len(values) else 0,
+        "capacity": int(capacity),
+        "over_capacity": int(counts[-1]),
+        "histogram": {"edges": edges, "counts": counts.tolist()},
+    }
 
 
 def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, Any]:
@@ -29,6 +78,7 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
     per_source: dict[str, dict[str, int]] = defaultdict(
         lambda: {"segments": 0, "tokens": 0, "targets": 0, "repeats": 0}
     )
+    document_lengths: dict[str, list[int]] = defaultdict(list)
     for shard in shards:
         table = pq.read_table(shard, columns=STAT_COLUMNS)
         for row in table.to_pylist():
@@ -51,6 +101,7 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
                 entry["tokens"] += int(length)
                 entry["targets"] += int(n_targets)
                 entry["repeats"] += int(repeat > 0)
+                document_lengths[source].append(int(length))
     lengths = np.concatenate(segment_lengths) if segment_lengths else np.zeros(0, dtype=np.int64)
     total_segments = sum(e["segments"] for e in per_source.values())
     slots = packs * capacity
@@ -63,13 +114,23 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         "target_ratio": _ratio(targets, tokens),
         "token_efficiency": _ratio(tokens, slots),
         "padding_share_if_padded_to_capacity": _ratio(slots - tokens, slots),
-        "segments_per_pack": {"mean": _ratio(total_segments, packs), "max": max(segments_per_pack, default=0)},
+        "segments_per_pack": {
+            "mean": _ratio(total_segments, packs),
+            "max": max(segments_per_pack, default=0),
+            # histogram[k] = packs holding k documents
+            "histogram": np.bincount(np.asarray(segments_per_pack, dtype=np.int64), minlength=1).tolist(),
+        },
+        # How full packs are: pack lengths against capacity (one bin per 1/16 of the pack)
+        "pack_fill": length_summary(np.asarray(pack_lengths, dtype=np.int64), capacity) if capacity else None,
         "sources": {
             name: {
                 **entry,
                 "segment_share": _ratio(entry["segments"], total_segments),
                 "token_share": _ratio(entry["tokens"], tokens),
                 "target_share": _ratio(entry["targets"], targets),
+                "target_ratio": _ratio(entry["targets"], entry["tokens"]),
+                # documents as packed: after truncation, split pieces counted one by one
+                "segment_lengths": length_summary(np.asarray(document_lengths[name]), capacity) if capacity else None,
             }
             for name, entry in sorted(per_source.items())
         },
@@ -79,6 +140,8 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         stats["accounting"] = manifest.get("accounting", {})
         stats["mixing"] = manifest.get("mixing", {})
         stats["mode"] = manifest.get("mode", "packed")
+        # Recorded by the build (before truncation cannot be recomputed from shards); absent in older outputs.
+        stats["lengths"] = manifest.get("lengths")
     return stats
 
 
@@ -142,6 +205,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     mixing = stats.get("mixing") or {}
     if mixing:
         lines += ["", f"mixing: weights by {mixing.get('by')}; loss normalization: {mixing.get('loss_normalization')}"]
+    if "lengths" in stats:
+        lines += ["", *format_lengths(stats["lengths"])]
     att = stats["attention"]
     lines += [
         "",
@@ -154,3 +219,43 @@ def format_stats(stats: dict[str, Any]) -> str:
         "  (flat counts cross-sample pairs)",
     ]
     return "\n".join(lines)
+
+
+BAR_WIDTH = 40
+
+
+def format_lengths(lengths: dict[str, Any] | None) -> list[str]:
+    """Per source: length percentiles before/after truncation and a histogram with the capacity marked.
+
+        chat   before  n 120  mean 310.2  p50 288  p90 602  p99 1010  max 1400  over capacity 3
+               after   n 120  mean 301.0  p50 288  p90 602  p99 1010  max 1024  over capacity 0
+                  [0, 64]  ███████                                      12     12
+                  ...
+             ──── capacity 1024 ────
+               (1024, ∞)  █                                              3      0
+
+    Bars are scaled to the largest "before" count of the source; the two columns are before, after.
+    """
+    if not lengths:
+        return ["lengths: not recorded in this output's manifest (built by an older packtool); rebuild to see them"]
+    lines = ["sample lengths in tokens (before / after truncation)"]
+    for name, entry in sorted(lengths.items()):
+        before, after = entry["before"], entry["after"]
+        for label, summary in (("before", before), ("after", after)):
+            lines.append(
+                f"{name if label == 'before' else '':<20} {label:<6} n {summary['count']:,}  mean {summary['mean']:.1f}"
+                f"  p50 {summary['p50']:,}  p90 {summary['p90']:,}  p99 {summary['p99']:,}  max {summary['max']:,}"
+                f"  over capacity {summary['over_capacity']:,}"
+            )
+        edges = before["histogram"]["edges"]
+        counts_before, counts_after = before["histogram"]["counts"], after["histogram"]["counts"]
+        top = max(counts_before + counts_after) or 1
+        for i, (b, a) in enumerate(zip(counts_before, counts_after)):
+            if i == len(edges) - 1:
+                lines.append(f"{'':<22}──── capacity {before['capacity']:,} ────")
+                span = f"({edges[-1]}, inf)"
+            else:
+                span = f"{'[' if i == 0 else '('}{edges[i]}, {edges[i + 1]}]"
+            bar = "█" * round(BAR_WIDTH * b / top)
+            lines.append(f"{'':<22}{span:>14}  {bar:<{BAR_WIDTH}} {b:>8,} {a:>8,}")
+    return lines

@@ -1,34 +1,56 @@
 """`packtool verify`: re-derive every promise of an output from its bytes, so nobody has to trust the builder.
 
-Per shard: the file's size and sha256 equal the manifest's. Per pack row:
+What the manifest states is either recomputed or sealed:
 
-    cu_seqlens      starts at 0, strictly increasing, ends at len(input_ids) <= capacity
-    labels          -100 at every segment start; elsewhere -100 or the token itself
-    n_tokens, n_targets, attn_cost, pack_hash      recomputed and equal
-    per-document columns                            one entry per doc_cu_seqlens segment
+    recomputed from the shards   shard list == *.parquet files present (none missing, none unlisted);
+                                 per shard: bytes, sha256, rows, tokens, targets; the `stats` block
+    recomputed per pack row      cu_seqlens starts at 0, strictly increasing, ends at len(input_ids) <= capacity
+                                 labels: -100 at every segment start; elsewhere -100 or the token itself
+                                 n_tokens, n_targets, attn_cost, pack_hash; one per-document entry per segment
+    recomputed from rejects      rejects.jsonl lines == rejects.count, by_reason, and per source rejected + dropped
+    accounting, per source       read == kept + rejected + dropped; segments == documents of the source in the
+                                 shards (overflow bucket included); distinct samples in the shards <= kept
+    sealed                       everything else (config, seed, capacity, conventions, ...): `manifest_sha256`
+                                 is the sha256 of the manifest's canonical JSON without that field (packtool.seal)
+    sub-outputs                  overflow/ and validation/ when the manifest names them: the same checks
 
-and per source the accounting adds up: read == kept + rejected + dropped.
+Every path the manifest names is a plain file name inside the output folder. A damaged file or
+manifest is a problem in the report (exit 1), never a traceback.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packtool.labels import IGNORE_INDEX
-from packtool.shards import iter_rows, locate, pack_hash, sha256_file
+from packtool.seal import SEAL, manifest_digest, seal_manifest
+from packtool.shards import MANIFEST, SCHEMA, pack_hash, sha256_file
+
+__all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
 
 MAX_PROBLEMS = 20  # enough to see a pattern; a corrupt shard would otherwise print a line per row
+# What a damaged Parquet file raises while being opened or decoded (corrupt pages, bad thrift, short reads).
+READ_ERRORS = (pa.ArrowException, OSError, ValueError, EOFError, IndexError, KeyError)
+# `stats` keys copied from the manifest rather than computed from shards: the seal covers them.
+COPIED_STATS = ("accounting", "mixing", "mode", "lengths")
 
 
 @dataclass
 class Verification:
+    folder: str = ""
     shards: int = 0
     packs: int = 0
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -40,35 +62,256 @@ class Verification:
         elif len(self.problems) == MAX_PROBLEMS:
             self.problems.append("... more problems not listed")
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "folder": self.folder,
+            "shards": self.shards,
+            "packs": self.packs,
+            "problems": self.problems,
+            "warnings": self.warnings,
+        }
+
+
+@dataclass
+class _Tally:
+    """What the shards hold per source, for the accounting checks."""
+
+    segments: Counter = field(default_factory=Counter)
+    samples: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
+    readable: bool = True  # every shard decoded and every row sound: totals can be compared
+
 
 def verify(path: str | Path) -> Verification:
-    folder, manifest, files = locate(path)
-    result = Verification()
-    capacity = int(manifest["capacity"]) if manifest else None
-    listed = {s["file"]: s for s in manifest["shards"]} if manifest else {}
-    for shard in files:
-        result.shards += 1
-        entry = listed.get(shard.name)
-        if manifest is not None and entry is None:
-            result.add(f"{shard.name}: not listed in the manifest")
-        elif entry is not None and (shard.stat().st_size != entry["bytes"] or sha256_file(shard) != entry["sha256"]):
-            result.add(f"{shard.name}: bytes or sha256 differ from the manifest (the file changed after the build)")
-        for row_number, row in enumerate(iter_rows(shard)):
-            result.packs += 1
-            for problem in row_problems(row, capacity):
-                result.add(f"{shard.name} row {row_number}: {problem}")
-    if manifest is not None:
-        for name, a in manifest.get("accounting", {}).items():
-            accounted = a["kept"] + sum(a["rejected"].values()) + sum(a["dropped"].values())
-            if a["read"] != accounted:
-                result.add(f"accounting of source {name!r}: read {a['read']} != kept + rejected + dropped {accounted}")
-    if not files:
-        result.add(f"{folder}: no shards")
+    """Check an output folder, or one shard against its folder's manifest."""
+    path = Path(path)
+    if path.is_dir():
+        folder, lone = path, None
+    elif path.is_file() and path.suffix == ".parquet":
+        folder, lone = path.parent, path
+    else:
+        result = Verification(folder=str(path))
+        result.add(f"{path}: expected an output folder or a .parquet shard")
+        return result
+    result = Verification(folder=str(folder))
+    manifest = _checked_manifest(folder, result)
+    if manifest is None:
+        return result
+    tally = _Tally()
+    _check_output(folder, manifest, result, tally, lone=lone)
+    if lone is not None:
+        return result
+    if isinstance(manifest.get("overflow"), dict):
+        _check_part(folder, "overflow", manifest["overflow"], result, tally)
+    if isinstance(manifest.get("validation"), dict):
+        # a split of its own: its documents are not the main output's segments
+        _check_part(folder, "validation", manifest["validation"], result, _Tally())
+    if tally.readable:
+        _check_accounting(manifest, tally, result)
+    _check_rejects(folder, manifest, result)
     return result
+
+
+def _checked_manifest(folder: Path, result: Verification) -> dict[str, Any] | None:
+    """The manifest when it can be trusted enough to check against (parsed, typed, sealed), else None."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        result.add(f"{path}: missing; an unfinished build (the manifest is written last) or not a packtool output")
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        result.add(f"{path}: not valid JSON ({error}); the manifest is damaged, rebuild the output")
+        return None
+    problems = manifest_problems(manifest)
+    for problem in problems:
+        result.add(f"{path}: {problem}")
+    if problems:
+        return None
+    if SEAL not in manifest:
+        result.warnings.append(
+            f"{path}: no {SEAL} (built by an older packtool): edits to config, seed or capacity cannot be detected"
+        )
+    elif manifest[SEAL] != manifest_digest(manifest):
+        result.add(
+            f"{path}: {SEAL} does not match the manifest's content: it was edited after the build "
+            "(config, seed, capacity, counts or conventions may no longer describe the shards); rebuild"
+        )
+    return manifest
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _counts_problems(where: str, value: Any) -> list[str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and _is_count(v) for k, v in value.items()):
+        return [f"{where} must map reasons to counts, got {value!r:.80}"]
+    return []
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """Type problems of the manifest fields verify relies on (empty when it can be checked further)."""
+    if not isinstance(manifest, dict):
+        return [f"must be a JSON object, got {type(manifest).__name__}"]
+    problems = []
+    capacity = manifest.get("capacity")
+    if not _is_count(capacity) or capacity == 0:
+        problems.append(f"'capacity' must be a positive integer, got {capacity!r:.80}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
+    for i, entry in enumerate(shards):
+        if not isinstance(entry, dict):
+            problems.append(f"shards[{i}] must be an object, got {entry!r:.80}")
+            continue
+        if not is_plain_name(entry.get("file")):
+            problems.append(
+                f"shards[{i}].file {entry.get('file')!r:.80} is not a file name inside the output folder "
+                "(paths are confined to the folder)"
+            )
+        for key in ("rows", "tokens", "targets", "bytes"):
+            if not _is_count(entry.get(key)):
+                problems.append(f"shards[{i}].{key} must be a count, got {entry.get(key)!r:.80}")
+        if not isinstance(entry.get("sha256"), str):
+            problems.append(f"shards[{i}].sha256 must be a string, got {entry.get('sha256')!r:.80}")
+    accounting = manifest.get("accounting", {})
+    if not isinstance(accounting, dict):
+        problems.append(f"'accounting' must be an object, got {accounting!r:.80}")
+    else:
+        for name, entry in accounting.items():
+            if not isinstance(entry, dict):
+                problems.append(f"accounting.{name} must be an object, got {entry!r:.80}")
+                continue
+            for key in ("read", "kept", "overflow", "segments"):
+                if not _is_count(entry.get(key)):
+                    problems.append(f"accounting.{name}.{key} must be a count, got {entry.get(key)!r:.80}")
+            for key in ("rejected", "dropped"):
+                problems += _counts_problems(f"accounting.{name}.{key}", entry.get(key))
+    rejects = manifest.get("rejects")
+    if rejects is not None:
+        if (
+            not isinstance(rejects, dict)
+            or not is_plain_name(rejects.get("file"))
+            or not _is_count(rejects.get("count"))
+        ):
+            problems.append(
+                f"'rejects' must be {{file: a name inside the folder, count, by_reason}}, got {rejects!r:.80}"
+            )
+        else:
+            problems += _counts_problems("rejects.by_reason", rejects.get("by_reason"))
+    if not isinstance(manifest.get("stats", {}), dict):
+        problems.append(f"'stats' must be an object, got {manifest.get('stats')!r:.80}")
+    if SEAL in manifest and not isinstance(manifest[SEAL], str):
+        problems.append(f"'{SEAL}' must be a string, got {manifest[SEAL]!r:.80}")
+    return problems
+
+
+def is_plain_name(name: Any) -> TypeGuard[str]:
+    """A bare file name: no folder part, no `..`, not absolute, so it can only name a file in the output folder."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(ch in name for ch in "/\\\x00")
+        and not Path(name).is_absolute()
+    )
+
+
+def _check_output(
+    folder: Path, manifest: dict[str, Any], result: Verification, tally: _Tally, *, lone: Path | None = None
+) -> None:
+    """Shards of one output folder against its manifest (the main output or the overflow bucket)."""
+    capacity = manifest["capacity"]
+    listed = {entry["file"]: entry for entry in manifest["shards"]}
+    if lone is not None:
+        entry = listed.get(lone.name)
+        if entry is None:
+            result.add(f"{lone.name}: not listed in {folder / MANIFEST} (a leftover from another build?)")
+        else:
+            _check_shard(lone, entry, capacity, result, tally)
+        return
+    present = {p.name for p in folder.glob("*.parquet")}
+    for name in sorted(present - listed.keys()):
+        result.add(f"{name}: present in {folder} but not listed in the manifest (an extra or leftover shard)")
+    for name, entry in listed.items():
+        if name not in present:
+            result.add(f"{name}: listed in the manifest but missing from {folder}")
+            tally.readable = False
+            continue
+        _check_shard(folder / name, entry, capacity, result, tally)
+    leftovers = sorted(p.name for p in folder.glob("*.tmp*"))
+    if leftovers:
+        result.warnings.append(f"{folder}: temporary files from an interrupted write: {', '.join(leftovers)}")
+    if not listed:
+        result.add(f"{folder}: the manifest lists no shards (an empty output)")
+    if tally.readable and isinstance(manifest.get("stats"), dict):
+        _check_stats(folder, manifest, result)
+
+
+def _check_shard(path: Path, entry: dict[str, Any], capacity: int, result: Verification, tally: _Tally) -> None:
+    result.shards += 1
+    if path.stat().st_size != entry["bytes"]:
+        result.add(
+            f"{path.name}: {path.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or changed)"
+        )
+    elif sha256_file(path) != entry["sha256"]:
+        result.add(f"{path.name}: sha256 differs from the manifest (the file changed after the build)")
+    rows = tokens = targets = 0
+    try:
+        for number, row in enumerate(_rows(path)):
+            result.packs += 1
+            problems = row_problems(row, capacity)
+            for problem in problems:
+                result.add(f"{path.name} row {number}: {problem}")
+            rows += 1
+            if problems:
+                tally.readable = False  # counts over broken rows would only repeat the row's problem
+                continue
+            tokens += len(row["input_ids"])
+            targets += row["n_targets"]
+            for source, sample_id, sample_hash in zip(row["sources"], row["sample_ids"], row["sample_hashes"]):
+                tally.segments[source] += 1
+                tally.samples[source].add((sample_id, sample_hash))
+    except _Unreadable as error:
+        result.add(f"{path.name}: {error}")
+        tally.readable = False
+        return
+    for key, value in (("rows", rows), ("tokens", tokens), ("targets", targets)):
+        if entry[key] != value:
+            result.add(f"{path.name}: the manifest says {key} {entry[key]}, the shard holds {value}")
+
+
+class _Unreadable(Exception):
+    """A shard that Parquet cannot decode or whose columns are not the shard schema (reported, not raised)."""
+
+
+def _rows(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
+    except READ_ERRORS as error:
+        raise _Unreadable(f"cannot be read as Parquet ({type(error).__name__}: {error})") from None
+    expected = pa.schema(list(SCHEMA))
+    actual = pa.schema(list(schema))
+    if not actual.equals(expected):
+        raise _Unreadable(
+            f"columns {actual.names} with types differ from the shard schema (docs/format.md); not a packtool shard"
+        )
+    for group in range(parquet.num_row_groups):
+        try:
+            rows = parquet.read_row_group(group).to_pylist()
+        except READ_ERRORS as error:
+            raise _Unreadable(
+                f"row group {group} cannot be decoded ({type(error).__name__}: {error}); the file is damaged"
+            ) from None
+        yield from rows
 
 
 def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
     """Every broken promise of one pack row (empty when the row is sound)."""
+    nulls = [name for name, value in row.items() if value is None or (isinstance(value, list) and None in value)]
+    if nulls:
+        return [f"null values in {', '.join(nulls)} (a damaged file: packtool never writes nulls)"]
     ids = np.asarray(row["input_ids"], dtype=np.int64)
     labels = np.asarray(row["labels"], dtype=np.int64)
     cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
@@ -81,8 +324,8 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
         return problems
     if capacity is not None and len(ids) > capacity:
         problems.append(f"{len(ids)} tokens > capacity {capacity}")
-    if len(labels) != len(ids):
-        return [*problems, f"{len(labels)} labels for {len(ids)} tokens"]
+    if len(labels) != len(ids) or len(row["token_roles"]) != len(ids):
+        return [*problems, f"{len(labels)} labels and {len(row['token_roles'])} roles for {len(ids)} tokens"]
     if (labels[cu[:-1]] != IGNORE_INDEX).any():
         problems.append("a segment start carries a label (the previous segment would predict it)")
     targets = labels != IGNORE_INDEX
@@ -102,8 +345,93 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
     return problems
 
 
+def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -> None:
+    from packtool.stats import summarize
+
+    recomputed = summarize([folder / entry["file"] for entry in manifest["shards"]], manifest)
+    stored = manifest["stats"]
+    for key in sorted(recomputed.keys() - set(COPIED_STATS)):
+        if stored.get(key) != recomputed[key]:
+            result.add(
+                f"{folder / MANIFEST}: stats.{key} is {json.dumps(stored.get(key))[:80]}, "
+                f"recomputed from the shards {json.dumps(recomputed[key])[:80]}"
+            )
+
+
+def _check_part(folder: Path, key: str, entry: dict[str, Any], result: Verification, tally: _Tally) -> None:
+    """A sub-output the manifest names (the overflow bucket, a validation split): its own manifest and shards."""
+    name = entry.get("folder")
+    if not is_plain_name(name):
+        result.add(f"{folder / MANIFEST}: {key}.folder {name!r:.80} is not a folder name inside the output")
+        return
+    bucket = folder / name
+    manifest = _checked_manifest(bucket, result)
+    if manifest is not None:
+        _check_output(bucket, manifest, result, tally)
+
+
+def _check_accounting(manifest: dict[str, Any], tally: _Tally, result: Verification) -> None:
+    for name, a in manifest.get("accounting", {}).items():
+        where = f"accounting of source {name!r}"
+        accounted = a["kept"] + sum(a["rejected"].values()) + sum(a["dropped"].values())
+        if a["read"] != accounted:
+            result.add(f"{where}: read {a['read']} != kept + rejected + dropped {accounted}")
+        if a["segments"] != tally.segments[name]:
+            result.add(f"{where}: segments {a['segments']}, the shards hold {tally.segments[name]} documents of it")
+        distinct = len(tally.samples[name])
+        if distinct > a["kept"]:
+            result.add(f"{where}: kept {a['kept']}, but the shards hold {distinct} distinct samples of it")
+        if a["overflow"] > a["kept"]:
+            result.add(f"{where}: overflow {a['overflow']} > kept {a['kept']}")
+    for name in sorted(tally.segments.keys() - manifest.get("accounting", {}).keys()):
+        result.add(f"source {name!r}: {tally.segments[name]} documents in the shards but no accounting entry")
+
+
+def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification) -> None:
+    summary = manifest.get("rejects")
+    if summary is None:
+        return
+    path = folder / summary["file"]
+    if not path.is_file():
+        result.add(f"{path}: listed in the manifest but missing")
+        return
+    by_reason: Counter = Counter()
+    by_source: Counter = Counter()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        result.add(f"{path}: cannot be read ({error})")
+        return
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+            by_reason[record["reason"]] += 1
+            by_source[record["source"]] += 1
+        except (json.JSONDecodeError, TypeError, KeyError) as error:
+            result.add(f"{path}:{number}: not a reject record ({type(error).__name__}: {error})")
+            return
+    if len(lines) != summary["count"]:
+        result.add(f"{path}: {len(lines)} records, the manifest says rejects.count {summary['count']}")
+    if dict(by_reason) != summary["by_reason"]:
+        result.add(f"{path}: reasons {dict(sorted(by_reason.items()))}, the manifest says {summary['by_reason']}")
+    for name, a in manifest.get("accounting", {}).items():
+        not_trained = sum(a["rejected"].values()) + sum(a["dropped"].values())
+        if by_source[name] != not_trained:
+            result.add(
+                f"accounting of source {name!r}: rejected + dropped {not_trained}, "
+                f"{path.name} holds {by_source[name]} records of it"
+            )
+
+
 def format_verification(result: Verification) -> str:
-    head = f"{result.shards} shard(s), {result.packs} pack(s) checked"
+    head = f"{result.folder}: {result.shards} shard(s), {result.packs} pack(s) checked"
+    warnings = [f"  warning: {w}" for w in result.warnings]
     if result.ok:
-        return f"{head}: OK (checksums, offsets, labels at segment starts, counts, pack hashes, accounting)"
-    return "\n".join([f"{head}: {len(result.problems)} problem(s)", *(f"  - {p}" for p in result.problems)])
+        return "\n".join(
+            [
+                f"{head}: OK (manifest seal, shard list, checksums, offsets, labels at segment starts, counts, "
+                "pack hashes, stats, accounting, rejects)",
+                *warnings,
+            ]
+        )
+    return "\n".join([f"{head}: {len(result.problems)} problem(s)", *(f"  - {p}" for p in result.problems), *warnings])

@@ -107,3 +107,18 @@ def ray_local(_ray_cluster):
 def ray_two_nodes(_ray_cluster):
     """The `ray` module, connected to a two-node loopback cluster (1 CPU each): work spreads over both."""
     return _ray_cluster.nodes(2)
+
+
+@pytest.fixture(scope="session")
+def quickstart_build(tmp_path_factory) -> Path:
+    """One build of the bundled quickstart config, shared read-only by the tools tests (copy it to change it)."""
+    from click.testing import CliRunner
+    from support import QUICKSTART
+
+    from packtool.cli import main
+
+    out = tmp_path_factory.mktemp("quickstart") / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(out), "-q"])
+    if result.exit_code != 0:
+        raise RuntimeError(f"quickstart build failed: {result.output}")
+    return out

@@ -1,0 +1,339 @@
+"""`packtool find`: trace a sample between its source record and the packs it was trained in.
+
+    KEY                          resolves to
+    qs-chat-00007                 a sample id: every document with that id
+    6626a4ac99                    a pack_hash (a prefix of 4+ hex digits): every document of that pack
+    shard-00000.parquet:12        a pack by shard and row: every document of that pack
+    quickstart/chat.jsonl:8       a source location (FILE:LINE for JSON Lines, FILE:ROW otherwise, as in
+                                  rejects.jsonl): the record there, then its documents by id and content hash
+
+For each document found: shard, row, document index, token range, pack_hash, repeat (0: the first
+copy, 1, 2, ...: copies made by source mixing) and, for a `split` document, that it is one of
+several pieces. For each sample: where it came from (file:line) and whether the record there
+still hashes to the `sample_hash` stored in the shard, i.e. whether the file changed since the
+build. A sample that was not trained is found in rejects.jsonl with its reason.
+
+Source files are found through the config recorded in the manifest. Its relative paths are
+relative to the config's folder, which is taken from `--config`, or else inferred from where the
+manifest says the tokenizer was (the config names it relative to the same folder).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from packtool.errors import PacktoolError, RecordError
+from packtool.shards import MANIFEST, REJECTS, read_manifest
+
+INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
+MIN_HASH_PREFIX = 4  # shorter hex strings match too many packs to be a useful key
+_HEX = re.compile(r"[0-9a-f]+")
+_NUMBERED = re.compile(r"^(?P<file>.+):(?P<number>\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One document of one pack."""
+
+    shard: str
+    row: int
+    document: int
+    start: int
+    end: int
+    pack_hash: str
+    sample_id: str
+    sample_hash: str
+    source: str
+    repeat: int
+    piece: str = ""  # "one of 3 pieces (split)" for a split sample; the shards do not number the pieces
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a sample's record is in the source files now, and whether it is still the record that was trained."""
+
+    sample_id: str
+    source: str
+    location: str | None
+    status: str  # matches | changed | moved | not_found | unreadable | unknown
+    detail: str
+
+
+@dataclass
+class Trace:
+    key: str
+    kind: str  # sample_id | pack_hash | shard_row | location
+    placements: list[Placement] = field(default_factory=list)
+    origins: list[Origin] = field(default_factory=list)
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "placements": [asdict(p) for p in self.placements],
+            "origins": [asdict(o) for o in self.origins],
+            "rejects": self.rejects,
+        }
+
+
+def find(output: str | Path, key: str, *, config: str | Path | None = None) -> Trace:
+    """Resolve KEY (see the module docstring) in an output folder; raises when nothing matches."""
+    folder = Path(output)
+    if not folder.is_dir():
+        raise PacktoolError(f"{folder}: expected an output folder (the one holding {MANIFEST})")
+    manifest = read_manifest(folder)
+    placements = list(_documents(folder, manifest))
+    rejects = _rejects(folder, manifest)
+    sources = _SourceFiles(folder, manifest, config)
+
+    numbered = _NUMBERED.match(key)
+    if numbered and numbered["file"].endswith(".parquet") and not Path(numbered["file"]).is_file():
+        shard, row = Path(numbered["file"]).name, int(numbered["number"])
+        trace = Trace(key, "shard_row", [p for p in placements if p.shard == shard and p.row == row])
+        if not trace.placements:
+            raise PacktoolError(f"{folder}: no pack at {shard} row {row} (shards: {_shard_names(manifest)})")
+    elif any(p.sample_id == key for p in placements) or any(r.get("id") == key for r in rejects):
+        trace = Trace(key, "sample_id", [p for p in placements if p.sample_id == key])
+        trace.rejects = [r for r in rejects if r.get("id") == key]
+    elif _HEX.fullmatch(key) and len(key) >= MIN_HASH_PREFIX and any(p.pack_hash.startswith(key) for p in placements):
+        trace = Trace(key, "pack_hash", [p for p in placements if p.pack_hash.startswith(key)])
+    elif numbered:
+        trace = _by_location(folder, key, numbered["file"], int(numbered["number"]), placements, rejects, sources)
+    else:
+        raise PacktoolError(
+            f"{folder}: {key!r} is no sample id, pack_hash prefix, SHARD.parquet:ROW or FILE:LINE of this output; "
+            "sample ids are listed by `packtool inspect OUT --json`"
+        )
+    trace.placements = _with_pieces(trace.placements, placements)
+    if not trace.origins:
+        samples = {(p.sample_id, p.source, p.sample_hash) for p in trace.placements}
+        trace.origins = [sources.origin(*sample) for sample in sorted(samples)]
+    return trace
+
+
+def _documents(folder: Path, manifest: dict[str, Any]) -> list[Placement]:
+    """Every document of every pack, read from the small per-document columns only (no tokens)."""
+    out = []
+    for entry in manifest["shards"]:
+        table = pq.read_table(folder / entry["file"], columns=INDEX_COLUMNS)
+        for row, pack in enumerate(table.to_pylist()):
+            docs = pack["doc_cu_seqlens"]
+            columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])
+            for d, (sample_id, sample_hash, repeat, source) in enumerate(columns):
+                where = (entry["file"], row, d, docs[d], docs[d + 1], pack["pack_hash"])
+                out.append(Placement(*where, sample_id, sample_hash, source, repeat))
+    return out
+
+
+def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Placement]:
+    """Name split pieces: several documents of one sample copy (same id, hash and repeat) are its pieces."""
+    pieces: dict[tuple[str, str, int], list[Placement]] = defaultdict(list)
+    for p in everything:
+        pieces[(p.sample_id, p.sample_hash, p.repeat)].append(p)
+    out = []
+    for p in found:
+        siblings = pieces[(p.sample_id, p.sample_hash, p.repeat)]
+        if len(siblings) > 1:
+            p = Placement(**{**asdict(p), "piece": f"one of {len(siblings)} pieces (split)"})
+        out.append(p)
+    return out
+
+
+def _rejects(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    path = folder / (manifest.get("rejects") or {}).get("file", REJECTS)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _shard_names(manifest: dict[str, Any]) -> str:
+    names = [s["file"] for s in manifest["shards"]]
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def _by_location(
+    folder: Path,
+    key: str,
+    file: str,
+    number: int,
+    placements: list[Placement],
+    rejects: list[dict[str, Any]],
+    sources: _SourceFiles,
+) -> Trace:
+    found = sources.record_at(file, number)
+    if found is None:
+        raise PacktoolError(
+            f"{folder}: {key!r} names no record of this output's sources ({sources.describe()}); "
+            "FILE is a source file as the config names it, LINE 1-based for JSON Lines, ROW 0-based otherwise"
+        )
+    source, record = found
+    trace = Trace(key, "location")
+    trace.rejects = [r for r in rejects if _same_location(sources, r, file, number)]
+    if isinstance(record, RecordError):
+        trace.origins = [Origin(record.sample_id, source, key, "unreadable", record.describe())]
+        return trace
+    trace.placements = [
+        p for p in placements if p.source == source and (p.sample_id, p.sample_hash) == (record.id, record.sample_hash)
+    ]
+    if trace.placements or trace.rejects:
+        status, detail = "matches", "the record at this location now is the one in the output"
+    else:
+        status = "not_found"
+        detail = (
+            f"no document of this output holds id {record.id!r} with this record's content hash "
+            f"{record.sample_hash[:12]}: the file changed since the build"
+        )
+    trace.origins = [Origin(record.id, source, record.location, status, detail)]
+    return trace
+
+
+def _same_location(sources: _SourceFiles, reject: dict[str, Any], file: str, number: int) -> bool:
+    match = _NUMBERED.match(str(reject.get("location") or ""))
+    return match is not None and int(match["number"]) == number and sources.same_file(match["file"], file)
+
+
+class _SourceFiles:
+    """The output's sources, read again from the files as they are now (never written)."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], config: str | Path | None):
+        self.folder = folder
+        self.manifest = manifest
+        self.config_path = config
+        self._config: Any = None
+        self._problem = ""
+
+    @property
+    def config(self) -> Any:
+        if self._config is None and not self._problem:
+            try:
+                self._config = self._load()
+            except PacktoolError as error:
+                self._problem = str(error)
+        return self._config
+
+    def _load(self) -> Any:
+        from packtool.config import load_config, parse_config
+
+        if self.config_path is not None:
+            return load_config(Path(self.config_path), output=str(self.folder))
+        raw = dict(self.manifest.get("config") or {})
+        base = config_folder(self.manifest)
+        if base is None:
+            raise PacktoolError(
+                "cannot tell which folder the build's config was in (its relative source paths start there); "
+                "pass --config CONFIG"
+            )
+        raw["output"] = str(self.folder)
+        return parse_config(raw, base_dir=base, config_file=str(base / "<config from the manifest>"))
+
+    def describe(self) -> str:
+        if self.config is None:
+            return self._problem
+        return ", ".join(f"{s.name}: {', '.join(s.paths)}" for s in self.config.sources)
+
+    def _source(self, name: str) -> Any:
+        return next((s for s in self.config.sources if s.name == name), None) if self.config is not None else None
+
+    def same_file(self, a: str, b: str) -> bool:
+        return _resolved(a, self._base()) == _resolved(b, self._base()) or _resolved(a, self._base()) == _resolved(
+            b, Path.cwd()
+        )
+
+    def _base(self) -> Path:
+        if self.config_path is not None:
+            return Path(self.config_path).resolve().parent
+        return config_folder(self.manifest) or Path.cwd()
+
+    def record_at(self, file: str, number: int) -> tuple[str, Any] | None:
+        """(source name, Example or the RecordError it is now) of the record at FILE:NUMBER, read from the file."""
+        from packtool.sources import read_source
+
+        if self.config is None:
+            raise PacktoolError(f"{self.folder}: {self._problem}")
+        for source in self.config.sources:
+            if not any(self.same_file(path, file) for path in source.paths):
+                continue
+            for record in read_source(source):
+                where = record.location if not isinstance(record, RecordError) else f"{record.file}:{record.row}"
+                match = _NUMBERED.match(where or "")
+                if match and int(match["number"]) == number and self.same_file(match["file"], file):
+                    return source.name, record
+        return None
+
+    def origin(self, sample_id: str, source_name: str, sample_hash: str) -> Origin:
+        """Find the record of a trained sample in its source now: by id first, then by content hash."""
+        from packtool.sources import read_source
+
+        source = self._source(source_name)
+        if source is None:
+            reason = self._problem or f"source {source_name!r} is not in the config"
+            return Origin(sample_id, source_name, None, "unknown", reason)
+        moved = None
+        for example in read_source(source):
+            if isinstance(example, RecordError):
+                continue
+            if example.id == sample_id:
+                if example.sample_hash == sample_hash:
+                    return Origin(sample_id, source_name, example.location, "matches", "record hash matches the shard")
+                return Origin(
+                    sample_id,
+                    source_name,
+                    example.location,
+                    "changed",
+                    f"the record now hashes to {example.sample_hash[:12]}, the shard holds {sample_hash[:12]}: "
+                    "the file changed since the build",
+                )
+            if moved is None and example.sample_hash == sample_hash:
+                moved = example.location
+        if moved is not None:
+            return Origin(sample_id, source_name, moved, "moved", "no record has this id now; one has its content")
+        return Origin(sample_id, source_name, None, "not_found", "no record in the source files has this id or content")
+
+
+def config_folder(manifest: dict[str, Any]) -> Path | None:
+    """The folder the build's config was in, inferred from the tokenizer: the manifest records the absolute
+    tokenizer file and the config the relative path that led there, e.g.
+
+        config   tokenizer: quickstart/tokenizer
+        manifest tokenizer.file: /home/me/configs/quickstart/tokenizer/tokenizer.json  ->  /home/me/configs
+    """
+    named = (manifest.get("config") or {}).get("tokenizer")
+    file = (manifest.get("tokenizer") or {}).get("file")
+    if not isinstance(named, str) or not isinstance(file, str) or ".." in Path(named).parts:
+        return None
+    relative = Path(named)
+    if relative.is_absolute():
+        return None
+    for candidate in (Path(file), Path(file).parent):
+        if candidate.parts[-len(relative.parts) :] == relative.parts:
+            return Path(*candidate.parts[: -len(relative.parts)])
+    return None
+
+
+def _resolved(path: str, base: Path) -> Path:
+    candidate = Path(path)
+    return (candidate if candidate.is_absolute() else base / candidate).resolve()
+
+
+def format_trace(trace: Trace) -> str:
+    lines = [f"{trace.key} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
+    for p in trace.placements:
+        extra = f", {p.piece}" if p.piece else ""
+        lines.append(
+            f"  {p.shard} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), pack_hash {p.pack_hash}, "
+            f"sample {p.sample_id} (source {p.source}, hash {p.sample_hash[:12]}, repeat {p.repeat}{extra})"
+        )
+    for r in trace.rejects:
+        lines.append(f"  not trained: {r.get('id')} at {r.get('location')}: {r.get('reason')} ({r.get('detail')})")
+    for o in trace.origins:
+        where = o.location or "?"
+        lines.append(f"  from {where} (source {o.source}, sample {o.sample_id}): {o.status}: {o.detail}")
+    return "\n".join(lines)

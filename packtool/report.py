@@ -1,0 +1,243 @@
+"""`packtool report`: one self-contained HTML page of an output's statistics, readable offline.
+
+The page carries its numbers as JSON in `<script type="application/json" id="packtool-data">`
+and draws every plot from them with a small inline script (SVG, no library, no network):
+
+    lengths       per source: a histogram of sample lengths with the capacity marked; before and after
+                  truncation when the build recorded them (manifest `lengths`), else the packed documents
+    pack_fill     packs by length, in sixteenths of capacity
+    segments      packs by number of documents
+    targets       target ratio (targets / tokens) per source
+    outcomes      per source: records kept, truncated, rejected and dropped
+
+Every number comes from `packtool stats --json` (`summarize`), so the page and the command agree.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import packtool
+
+
+def report_data(stats: dict[str, Any]) -> dict[str, Any]:
+    """The numbers the page plots, each a value of `stats` (named by its path there)."""
+    accounting = stats.get("accounting") or {}
+    outcomes = {}
+    for name, a in accounting.items():
+        truncated = sum(entry["samples"] for entry in a["truncated"].values())
+        outcomes[name] = {
+            "kept": a["kept"],
+            "truncated": truncated,
+            "rejected": sum(a["rejected"].values()),
+            "dropped": sum(a["dropped"].values()),
+        }
+    return {
+        "capacity": stats["capacity"],
+        "packs": stats["packs"],
+        "token_efficiency": stats["token_efficiency"],
+        "lengths": stats.get("lengths"),
+        "segment_lengths": {name: s["segment_lengths"] for name, s in stats["sources"].items()},
+        "pack_fill": stats["pack_fill"],
+        "segments_per_pack": stats["segments_per_pack"],
+        "target_ratio": {name: s["target_ratio"] for name, s in stats["sources"].items()},
+        "outcomes": outcomes,
+    }
+
+
+def render_report(stats: dict[str, Any], *, title: str) -> str:
+    data = json.dumps(report_data(stats), sort_keys=True)
+    # "</" would end the script element early; JSON allows the escaped slash.
+    data = data.replace("</", "<\\/")
+    return _PAGE.format(
+        title=html.escape(title),
+        version=html.escape(packtool.__version__),
+        data=data,
+        style=_STYLE,
+        script=_SCRIPT,
+    )
+
+
+def write_report(output: str | Path, destination: str | Path | None = None) -> Path:
+    """Write the report of an output folder (default: OUTPUT/report.html) and return its path."""
+    from packtool.shards import locate
+    from packtool.stats import summarize
+
+    folder, manifest, files = locate(output)
+    stats = summarize(files, manifest)
+    path = Path(destination) if destination is not None else folder / "report.html"
+    path.write_text(render_report(stats, title=f"packtool report: {folder.name}"), encoding="utf-8")
+    return path
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>{style}</style>
+</head>
+<body>
+<h1>{title}</h1>
+<p class="summary" id="summary"></p>
+<section id="plots">
+<figure class="plot" id="plot-lengths"><figcaption>Sample lengths per source (tokens), capacity marked</figcaption>
+<div class="multiples"></div></figure>
+<figure class="plot" id="plot-pack-fill"><figcaption>Pack fill: packs by length</figcaption><svg></svg></figure>
+<figure class="plot" id="plot-segments"><figcaption>Documents per pack</figcaption><svg></svg></figure>
+<figure class="plot" id="plot-targets"><figcaption>Target ratio per source (targets / tokens)</figcaption><svg></svg>
+</figure>
+<figure class="plot" id="plot-outcomes"><figcaption>Records per source: kept, truncated, rejected, dropped</figcaption>
+<svg></svg></figure>
+</section>
+<footer>packtool {version}; every number on this page is in the JSON block below and in
+<code>packtool stats --json</code>.</footer>
+<script type="application/json" id="packtool-data">{data}</script>
+<script>{script}</script>
+</body>
+</html>
+"""
+
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
+h1 { font-size: 20px; }
+figure.plot { margin: 0 0 28px; }
+figcaption { font-weight: 600; margin-bottom: 6px; }
+.multiples { display: flex; flex-wrap: wrap; gap: 16px; }
+.multiples div { font-size: 12px; }
+svg { display: block; }
+svg text { font-size: 10px; fill: #444; }
+.mark { fill: #3b6fb6; }
+.mark.after { fill: #e08a2c; }
+.mark.truncated { fill: #e0b12c; }
+.mark.rejected { fill: #c0392b; }
+.mark.dropped { fill: #7f8c8d; }
+.capacity { stroke: #c0392b; stroke-width: 1.5; stroke-dasharray: 4 2; }
+.legend { font-size: 12px; }
+.note { color: #a33; }
+"""
+
+# Plain DOM and SVG, no library: the page must open with no network.
+_SCRIPT = r"""
+(function () {
+  "use strict";
+  var NS = "http://www.w3.org/2000/svg";
+  var data = JSON.parse(document.getElementById("packtool-data").textContent);
+
+  function el(parent, name, attrs, text) {
+    var node = document.createElementNS(NS, name);
+    for (var key in attrs) node.setAttribute(key, attrs[key]);
+    if (text !== undefined) node.textContent = text;
+    parent.appendChild(node);
+    return node;
+  }
+
+  // Vertical bars. series: [{values, cls}] drawn side by side per category; marker: index of a
+  // category boundary to draw the capacity line before.
+  function bars(svg, labels, series, opts) {
+    var width = opts.width || 560, height = opts.height || 180, left = 44, bottom = 34;
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", height);
+    var top = 1;
+    series.forEach(function (s) { s.values.forEach(function (v) { top = Math.max(top, v); }); });
+    var plotW = width - left - 8, plotH = height - bottom - 8, step = plotW / labels.length;
+    var barW = Math.max(1, (step - 2) / series.length);
+    el(svg, "line", {x1: left, y1: 8 + plotH, x2: left + plotW, y2: 8 + plotH, stroke: "#999"});
+    el(svg, "text", {x: left - 4, y: 12, "text-anchor": "end"}, String(top));
+    el(svg, "text", {x: left - 4, y: 8 + plotH, "text-anchor": "end"}, "0");
+    series.forEach(function (s, j) {
+      s.values.forEach(function (v, i) {
+        var h = plotH * v / top;
+        var rect = el(svg, "rect", {
+          "class": "mark " + (s.cls || ""), x: left + i * step + 1 + j * barW, y: 8 + plotH - h,
+          width: barW, height: Math.max(h, v > 0 ? 1 : 0)
+        });
+        el(rect, "title", {}, labels[i] + ": " + v + (s.name ? " (" + s.name + ")" : ""));
+      });
+    });
+    var every = Math.ceil(labels.length / (opts.ticks || 8));
+    labels.forEach(function (label, i) {
+      if (i % every === 0 || i === labels.length - 1) {
+        el(svg, "text", {x: left + i * step + step / 2, y: height - 18, "text-anchor": "middle"}, label);
+      }
+    });
+    if (opts.marker !== undefined) {
+      var x = left + opts.marker * step;
+      el(svg, "line", {"class": "capacity", x1: x, y1: 4, x2: x, y2: 8 + plotH});
+      el(svg, "text", {x: x - 3, y: 10, "text-anchor": "end"}, "capacity " + data.capacity);
+    }
+    if (opts.xlabel) el(svg, "text", {x: left + plotW / 2, y: height - 4, "text-anchor": "middle"}, opts.xlabel);
+  }
+
+  function histogramLabels(summary) {
+    var edges = summary.histogram.edges, labels = [];
+    for (var i = 1; i < edges.length; i++) labels.push(String(edges[i]));
+    labels.push(">" + edges[edges.length - 1]);
+    return labels;
+  }
+
+  function lengths() {
+    var box = document.querySelector("#plot-lengths .multiples");
+    var recorded = data.lengths;
+    var names = Object.keys(recorded || data.segment_lengths).sort();
+    if (!recorded) {
+      var note = document.createElement("p");
+      note.className = "note";
+      note.textContent = "This build did not record lengths before truncation; showing packed documents.";
+      box.parentNode.insertBefore(note, box);
+    }
+    names.forEach(function (name) {
+      var cell = document.createElement("div");
+      var series, summary;
+      if (recorded) {
+        summary = recorded[name].before;
+        series = [{values: summary.histogram.counts, name: "before"},
+                  {values: recorded[name].after.histogram.counts, cls: "after", name: "after"}];
+      } else {
+        summary = data.segment_lengths[name];
+        series = [{values: summary.histogram.counts, name: "packed"}];
+      }
+      cell.textContent = name + ": p50 " + summary.p50 + ", p90 " + summary.p90 + ", p99 " + summary.p99 +
+        ", max " + summary.max + ", over capacity " + summary.over_capacity +
+        (recorded ? " (before truncation; blue before, orange after)" : "");
+      var svg = document.createElementNS(NS, "svg");
+      cell.appendChild(svg);
+      box.appendChild(cell);
+      bars(svg, histogramLabels(summary), series,
+           {width: 420, height: 170, marker: summary.histogram.counts.length - 1, ticks: 5, xlabel: "tokens"});
+    });
+  }
+
+  function simple(id, labels, values, opts) {
+    bars(document.querySelector(id + " svg"), labels, [{values: values}], opts);
+  }
+
+  function outcomes() {
+    var names = Object.keys(data.outcomes).sort();
+    var kinds = ["kept", "truncated", "rejected", "dropped"];
+    var series = kinds.map(function (kind) {
+      return {values: names.map(function (n) { return data.outcomes[n][kind]; }), cls: kind, name: kind};
+    });
+    bars(document.querySelector("#plot-outcomes svg"), names, series, {width: 560, height: 200});
+    var legend = document.createElement("p");
+    legend.className = "legend";
+    legend.textContent = "bars per source, left to right: " + kinds.join(", ");
+    document.getElementById("plot-outcomes").appendChild(legend);
+  }
+
+  document.getElementById("summary").textContent = data.packs + " packs of capacity " + data.capacity +
+    ", token efficiency " + data.token_efficiency;
+  lengths();
+  simple("#plot-pack-fill", histogramLabels(data.pack_fill), data.pack_fill.histogram.counts,
+         {marker: data.pack_fill.histogram.counts.length - 1, xlabel: "tokens in the pack"});
+  var perPack = data.segments_per_pack.histogram;
+  simple("#plot-segments", perPack.map(function (_, k) { return String(k); }), perPack, {xlabel: "documents"});
+  var sources = Object.keys(data.target_ratio).sort();
+  simple("#plot-targets", sources, sources.map(function (n) { return data.target_ratio[n]; }), {height: 160});
+  outcomes();
+  document.body.setAttribute("data-rendered", "true");
+})();
+"""

@@ -1,0 +1,137 @@
+"""`packtool find` takes a sample id, a pack hash, a shard row or a source location to the packs and back to the
+record, and says when the record changed since the build."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from support import QUICKSTART
+
+from packtool.cli import main
+from packtool.find import config_folder, find
+
+
+def _find(*args: str, exit_code: int = 0) -> str:
+    result = CliRunner().invoke(main, ["find", *args])
+    assert "Traceback" not in result.output
+    assert result.exit_code == exit_code, result.output
+    return result.output
+
+
+def test_a_sample_id_goes_to_its_pack_and_back_to_its_line(quickstart_build):
+    output = _find(str(quickstart_build), "qs-chat-00007")
+    assert "qs-chat-00007 (sample id): 1 document(s)" in output
+    assert "chat.jsonl:8 (source chat, sample qs-chat-00007): matches" in output  # id 00007 is the 8th line
+    trace = json.loads(_find(str(quickstart_build), "qs-chat-00007", "--json"))
+    [placement] = trace["placements"]
+    back = json.loads(_find(str(quickstart_build), f"{placement['shard']}:{placement['row']}", "--json"))
+    assert back["kind"] == "shard_row" and placement in back["placements"]
+    by_hash = json.loads(_find(str(quickstart_build), placement["pack_hash"][:10], "--json"))
+    assert by_hash["kind"] == "pack_hash" and placement in by_hash["placements"]
+    by_location = json.loads(_find(str(quickstart_build), "quickstart/chat.jsonl:8", "--json"))
+    assert by_location["kind"] == "location" and by_location["placements"] == [placement]
+    assert by_location["origins"][0]["status"] == "matches"
+    absolute = json.loads(_find(str(quickstart_build), f"{QUICKSTART / 'chat.jsonl'}:8", "--json"))
+    assert absolute["placements"] == [placement]
+
+
+def test_default_ids_and_json_array_rows(quickstart_build):
+    trace = find(quickstart_build, "instructions:2")
+    assert len(trace.placements) == 1
+    [origin] = trace.origins
+    assert origin.status == "matches" and origin.location.endswith("alpaca.jsonl:3")  # index 2 is line 3
+
+
+def test_split_documents_are_named_as_pieces(quickstart_build):
+    trace = find(quickstart_build, "qs-doc-0000")
+    assert len(trace.placements) > 1
+    assert all(p.piece == f"one of {len(trace.placements)} pieces (split)" for p in trace.placements)
+    assert len(trace.origins) == 1 and trace.origins[0].status == "matches"
+
+
+def test_show_prints_the_document_like_inspect(quickstart_build):
+    output = _find(str(quickstart_build), "qs-chat-00007", "--show", "--no-color")
+    assert "── document" in output and "qs-chat-00007" in output
+    assert any(line.endswith("*") for line in output.splitlines())
+    report = json.loads(_find(str(quickstart_build), "qs-chat-00007", "--show", "--json"))
+    [pack] = report["documents"]
+    [document] = pack["documents"]
+    assert document["sample_id"] == "qs-chat-00007" and len(document["tokens"]) == document["end"] - document["start"]
+
+
+def test_a_changed_source_file_is_noticed(quickstart_build, tmp_path):
+    configs = tmp_path / "configs"
+    shutil.copytree(QUICKSTART, configs / "quickstart")
+    shutil.copy(QUICKSTART.parent / "quickstart.yaml", configs / "quickstart.yaml")
+    chat = configs / "quickstart" / "chat.jsonl"
+    lines = chat.read_text().splitlines()
+    record = json.loads(lines[7])
+    record["messages"][-1]["content"] += " (edited)"
+    lines[7] = json.dumps(record)
+    chat.write_text("\n".join(lines) + "\n")
+    config = str(configs / "quickstart.yaml")
+    trace = json.loads(_find(str(quickstart_build), "qs-chat-00007", "--config", config, "--json"))
+    assert trace["origins"][0]["status"] == "changed"
+    assert "the file changed since the build" in trace["origins"][0]["detail"]
+    trace = json.loads(_find(str(quickstart_build), "quickstart/chat.jsonl:8", "--config", config, "--json"))
+    assert trace["placements"] == [] and trace["origins"][0]["status"] == "not_found"
+    moved = [*lines[:2], lines[2], lines[2], *lines[3:]]  # every later record moves down a line
+    chat.write_text("\n".join(moved) + "\n")
+    trace = find(quickstart_build, "qs-chat-00005", config=config)
+    assert trace.origins[0].status == "matches" and trace.origins[0].location.endswith("chat.jsonl:7")
+
+
+def test_a_rejected_sample_is_found_with_its_reason(tmp_path, write_config, write_jsonl):
+    data = write_jsonl(
+        [
+            {"id": "good", "text": "a plain document that trains"},
+            {"id": "bad", "text": 5},
+        ]
+    )
+    config = write_config(
+        {
+            "sources": [{"name": "t", "path": data.name, "format": "text", "fields": {"id": "id"}}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 64,
+            "output": "out",
+            "on_error": "skip",
+        }
+    )
+    built = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert built.exit_code == 0, built.output
+    out = tmp_path / "out"
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert len(rejects) == 1
+    output = _find(str(out), rejects[0]["id"])
+    assert "0 document(s)" in output and f"not trained: {rejects[0]['id']}" in output
+    # An absolute tokenizer path says nothing about the config's folder: relative sources need --config.
+    assert "pass --config CONFIG" in _find(str(out), f"{data}:2", exit_code=1)
+    by_location = json.loads(_find(str(out), f"{data}:2", "--json", "--config", str(config)))
+    assert by_location["rejects"] == rejects and by_location["origins"][0]["status"] == "unreadable"
+    assert find(out, "good", config=config).origins[0].status == "matches"
+
+
+def test_unknown_keys_are_one_line(quickstart_build):
+    output = _find(str(quickstart_build), "no-such-sample", exit_code=1)
+    assert output.count("\n") == 1 and "is no sample id, pack_hash prefix" in output
+    assert "no pack at shard-00009.parquet row 0" in _find(str(quickstart_build), "shard-00009.parquet:0", exit_code=1)
+    assert "names no record" in _find(str(quickstart_build), "quickstart/chat.jsonl:99999", exit_code=1)
+
+
+@pytest.mark.parametrize(
+    ("named", "file", "expected"),
+    [
+        ("quickstart/tokenizer", "/a/configs/quickstart/tokenizer/tokenizer.json", "/a/configs"),
+        ("tok/tokenizer.json", "/b/tok/tokenizer.json", "/b"),
+        ("../tok", "/b/tok/tokenizer.json", None),
+        ("/abs/tok", "/abs/tok/tokenizer.json", None),
+        ("other", "/b/tok/tokenizer.json", None),
+    ],
+)
+def test_config_folder_from_the_tokenizer(named, file, expected):
+    manifest = {"config": {"tokenizer": named}, "tokenizer": {"file": file}}
+    assert config_folder(manifest) == (Path(expected) if expected else None)

@@ -1,0 +1,169 @@
+"""`packtool report`: one offline HTML page whose embedded numbers are `stats --json`'s, rendered in a real
+headless browser with the network off."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from packtool.cli import main
+from packtool.stats import length_summary
+
+PLOTS = ["plot-lengths", "plot-pack-fill", "plot-segments", "plot-targets", "plot-outcomes"]
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium; .ci/run installs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def outputs(quickstart_build, tmp_path_factory) -> dict[str, Path]:
+    """The quickstart output as built, and a copy whose manifest records lengths as the build does."""
+    recorded = tmp_path_factory.mktemp("report") / "out"
+    shutil.copytree(quickstart_build, recorded)
+    manifest = json.loads((recorded / "manifest.json").read_text())
+    before = np.array([30, 200, 700, 900, 1500, 3000])
+    manifest["lengths"] = {
+        name: {"before": length_summary(before, 1024), "after": length_summary(np.minimum(before, 1024), 1024)}
+        for name in manifest["accounting"]
+    }
+    (recorded / "manifest.json").write_text(json.dumps(manifest))
+    return {"plain": quickstart_build, "recorded": recorded}
+
+
+def _report(output: Path, destination: Path) -> tuple[str, dict]:
+    result = CliRunner().invoke(main, ["report", str(output), "-o", str(destination)])
+    assert result.exit_code == 0, result.output
+    page = destination.read_text(encoding="utf-8")
+    block = re.search(r'<script type="application/json" id="packtool-data">(.*?)</script>', page, re.S)
+    assert block is not None
+    return page, json.loads(block.group(1))
+
+
+@pytest.mark.parametrize("kind", ["plain", "recorded"])
+def test_the_page_embeds_the_numbers_of_stats_json(outputs, tmp_path, kind):
+    page, data = _report(outputs[kind], tmp_path / "report.html")
+    stats = json.loads(CliRunner().invoke(main, ["stats", str(outputs[kind]), "--json"]).output)
+    assert data["capacity"] == stats["capacity"] and data["packs"] == stats["packs"]
+    assert data["lengths"] == stats["lengths"]
+    assert data["pack_fill"] == stats["pack_fill"]
+    assert data["segments_per_pack"] == stats["segments_per_pack"]
+    for name, source in stats["sources"].items():
+        assert data["segment_lengths"][name] == source["segment_lengths"]
+        assert data["target_ratio"][name] == source["target_ratio"]
+    for name, a in stats["accounting"].items():
+        assert data["outcomes"][name] == {
+            "kept": a["kept"],
+            "truncated": sum(t["samples"] for t in a["truncated"].values()),
+            "rejected": sum(a["rejected"].values()),
+            "dropped": sum(a["dropped"].values()),
+        }
+    # self-contained: nothing is fetched (the SVG namespace is an identifier, not a request)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "<link" not in page and "@import" not in page and "fetch(" not in page
+    assert len(stats["pack_fill"]["histogram"]["counts"]) == len(stats["pack_fill"]["histogram"]["edges"])
+
+
+def test_default_destination_is_inside_the_output(outputs, tmp_path):
+    copy = tmp_path / "out"
+    shutil.copytree(outputs["plain"], copy)
+    result = CliRunner().invoke(main, ["report", str(copy)])
+    assert result.exit_code == 0 and (copy / "report.html").is_file()
+
+
+def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
+    """(width, height, rows of RGB(A) bytes) of an 8-bit non-interlaced RGB/RGBA PNG; enough to judge a screenshot."""
+    blob = path.read_bytes()
+    if blob[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path}: not a PNG")
+    offset, idat, header = 8, b"", None
+    while offset < len(blob):
+        (length,) = struct.unpack(">I", blob[offset : offset + 4])
+        kind, body = blob[offset + 4 : offset + 8], blob[offset + 8 : offset + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        offset += 12 + length
+    width, height, depth, color, _, _, interlace = header
+    if depth != 8 or color not in (2, 6) or interlace:
+        raise ValueError(f"{path}: unsupported PNG (depth {depth}, colour type {color}, interlace {interlace})")
+    channels = 3 if color == 2 else 4
+    raw, stride = zlib.decompress(idat), width * channels
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):  # undo the per-row filter (PNG spec, section 9)
+            a = line[i - channels] if i >= channels else 0
+            b, c = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        previous = line
+    return width, height, rows
+
+
+def _chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    flags = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        # the network is off: every request would go to a closed local port
+        "--proxy-server=127.0.0.1:9",
+        "--proxy-bypass-list=<-loopback>",
+    ]
+    return subprocess.run(
+        [CHROMIUM, *flags, *extra, page.as_uri()], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@needs_chromium
+@pytest.mark.parametrize("kind", ["plain", "recorded"])
+def test_every_plot_renders_in_headless_chromium(outputs, tmp_path, kind):
+    page = tmp_path / "report.html"
+    _report(outputs[kind], page)
+    dumped = _chromium(page, tmp_path / "profile", "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    dom = dumped.stdout
+    assert 'data-rendered="true"' in dom  # the script ran to its end
+    for plot in PLOTS:
+        figure = re.search(rf'<figure class="plot" id="{plot}">(.*?)</figure>', dom, re.S)
+        assert figure is not None, plot
+        assert "<svg" in figure.group(1) and '<rect class="mark' in figure.group(1), f"{plot} has no marks"
+    lengths = re.search(r'<figure class="plot" id="plot-lengths">(.*?)</figure>', dom, re.S).group(1)
+    assert lengths.count("<svg") == 3 and lengths.count('class="capacity"') == 3  # one per source, capacity marked
+    assert ('class="mark after' in lengths) == (kind == "recorded")
+    console = [line for line in dumped.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+    assert console == [], console  # the page logs nothing when it renders cleanly
+
+    shot = tmp_path / "shot.png"
+    taken = _chromium(page, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1000,1400")
+    assert taken.returncode == 0 and shot.is_file(), taken.stderr[-2000:]
+    width, height, rows = png_pixels(shot)
+    assert (width, height) == (1000, 1400)
+    colours = {row[i : i + 3] for row in rows[::4] for i in range(0, len(row), 12)}
+    background = rows[0][:3]
+    inked = sum(row[i : i + 3] != background for row in rows[::4] for i in range(0, len(row), 12))
+    assert len(colours) > 8 and inked > 0.02 * (len(rows) // 4) * (len(rows[0]) // 12), (len(colours), inked)

@@ -1,0 +1,94 @@
+"""Length summaries (pure) and what `packtool stats` shows of them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from packtool.cli import main
+from packtool.errors import PacktoolError
+from packtool.stats import length_bin_edges, length_summary
+
+
+def test_length_summary_worked_example():
+    summary = length_summary(np.array([3, 4, 64, 70]), 64)
+    assert summary["count"] == 4
+    assert summary["mean"] == 35.25
+    assert (summary["p50"], summary["p90"], summary["p99"], summary["max"]) == (4, 70, 70, 70)
+    assert summary["over_capacity"] == 1
+    assert summary["histogram"]["edges"] == list(range(0, 65, 4))
+    assert summary["histogram"]["counts"] == [2] + [0] * 14 + [1, 1]
+
+
+def test_length_summary_of_nothing_and_tiny_capacity():
+    empty = length_summary(np.zeros(0, dtype=np.int64), 8)
+    assert empty["count"] == 0 and empty["max"] == 0 and sum(empty["histogram"]["counts"]) == 0
+    assert length_bin_edges(3) == [0, 1, 2, 3]
+    with pytest.raises(PacktoolError, match="capacity 0 must be a positive"):
+        length_summary(np.array([1]), 0)
+
+
+@given(st.lists(st.integers(0, 5000), max_size=200), st.integers(1, 3000))
+def test_length_summary_counts_every_length_once(lengths, capacity):
+    summary = length_summary(np.array(lengths, dtype=np.int64), capacity)
+    counts, edges = summary["histogram"]["counts"], summary["histogram"]["edges"]
+    assert sum(counts) == summary["count"] == len(lengths)
+    assert summary["over_capacity"] == counts[-1] == sum(n > capacity for n in lengths)
+    assert len(counts) == len(edges) and edges[-1] == capacity
+    for i in range(1, len(edges)):  # each bin holds exactly the lengths in (edges[i-1], edges[i]] (bin 0 takes 0)
+        assert counts[i - 1] == sum(edges[i - 1] < n <= edges[i] or (i == 1 and n == 0) for n in lengths)
+    if lengths:
+        assert summary["p50"] <= summary["p90"] <= summary["p99"] <= summary["max"] == max(lengths)
+        assert summary["p50"] in lengths
+
+
+@pytest.fixture(scope="module")
+def with_lengths(quickstart_build, tmp_path_factory) -> Path:
+    """The quickstart output with a `lengths` block as the build records it (written here by hand)."""
+    out = tmp_path_factory.mktemp("lengths") / "out"
+    shutil.copytree(quickstart_build, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    long = np.array([10, 300, 900, 1500, 4000])
+    manifest["lengths"] = {
+        "chat": {"before": length_summary(long, 1024), "after": length_summary(np.minimum(long, 1024), 1024)},
+        "docs": {"before": length_summary(np.array([5, 6]), 1024), "after": length_summary(np.array([5, 6]), 1024)},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_stats_shows_length_percentiles_and_capacity(with_lengths):
+    result = CliRunner().invoke(main, ["stats", str(with_lengths)])
+    assert result.exit_code == 0, result.output
+    assert "sample lengths in tokens" in result.output
+    assert "p99 4,000  max 4,000  over capacity 2" in result.output
+    assert "over capacity 0" in result.output  # after truncation
+    assert "──── capacity 1,024 ────" in result.output
+    assert "(1024, inf)" in result.output
+
+
+def test_stats_json_carries_lengths(with_lengths):
+    result = CliRunner().invoke(main, ["stats", str(with_lengths), "--json"])
+    assert result.exit_code == 0, result.output
+    lengths = json.loads(result.output)["lengths"]
+    assert lengths["chat"]["before"]["max"] == 4000 and lengths["chat"]["after"]["max"] == 1024
+    assert lengths["chat"]["before"]["histogram"]["counts"][-1] == 2
+
+
+def test_stats_on_a_manifest_without_lengths_says_so(quickstart_build, tmp_path):
+    out = tmp_path / "old"
+    shutil.copytree(quickstart_build, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.pop("lengths", None)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["stats", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "lengths: not recorded" in result.output
+    assert json.loads(CliRunner().invoke(main, ["stats", str(out), "--json"]).output)["lengths"] is None

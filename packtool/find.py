@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError, RecordError
-from packtool.shards import MANIFEST, REJECTS, read_manifest
+from packtool.format import MANIFEST, REJECTS, read_manifest
 
 INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
 MIN_HASH_PREFIX = 4  # shorter hex strings match too many packs to be a useful key

@@ -27,6 +27,7 @@ from packtool.labels import IGNORE_INDEX
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
+INT32_MAX = int(np.iinfo(np.int32).max)  # varlen kernels take int32 offsets: a row's tokens must fit
 
 SCHEMA = pa.schema(
     [
@@ -72,18 +73,34 @@ def attn_cost(cu_seqlens: np.ndarray) -> int:
 
     cu_seqlens [0, 3, 5, 9] -> segments 3, 2, 4 -> 9 + 4 + 16 = 29
     """
-    lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+    return attn_cost_of_lengths(np.diff(np.asarray(cu_seqlens, dtype=np.int64)))
+
+
+def attn_cost_of_lengths(lengths: np.ndarray) -> int:
+    """sum(l_i^2) over segment lengths (the same cost, from lengths instead of offsets)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     return int((lengths**2).sum())
 
 
 def cu_seqlens_problem(cu_seqlens: np.ndarray, n_tokens: int) -> str | None:
-    """Why these offsets are not valid varlen attention boundaries for n_tokens tokens (None when they are)."""
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    if len(cu) < 2 or cu[0] != 0 or cu[-1] != n_tokens or (np.diff(cu) <= 0).any():
-        shown = f"{cu.tolist()[:8]}{'...' if len(cu) > 8 else ''}"
-        return f"{shown} must start at 0, increase strictly and end at {n_tokens}"
-    if cu[-1] > np.iinfo(np.int32).max:
-        return f"ends at {int(cu[-1])}, past int32 (varlen kernels take int32 offsets)"
+    """Why these offsets are not valid varlen attention boundaries for n_tokens tokens (None when they are).
+
+    Rules: 1-D with at least 2 offsets, starts at 0, strictly increasing (no empty segment), ends
+    at n_tokens, and n_tokens fits int32 (varlen kernels take int32 offsets).
+    """
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or len(cu) < 2:
+        return f"must be 1-D with at least 2 offsets, got shape {cu.shape}"
+    if int(cu[0]) != 0:
+        return f"must start at 0, starts at {int(cu[0])}"
+    steps = np.diff(cu.astype(np.int64))
+    if (steps <= 0).any():
+        bad = int(np.argmax(steps <= 0))
+        return f"must be strictly increasing; offsets {int(cu[bad])} -> {int(cu[bad + 1])} at segment {bad}"
+    if int(cu[-1]) != n_tokens:
+        return f"ends at {int(cu[-1])} but the row has {n_tokens} tokens"
+    if n_tokens > INT32_MAX:
+        return f"{n_tokens} tokens do not fit int32 offsets (max {INT32_MAX}); lower the token budget"
     return None
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError
+from packtool.format import attn_cost_of_lengths
 from packtool.labels import IGNORE_INDEX
 from packtool.shards import shard_metadata
 
@@ -164,8 +165,8 @@ def _attention(lengths: np.ndarray, pack_lengths: np.ndarray) -> dict[str, int]:
         "token_slots_padded": len(lengths) * longest,
         "token_slots_packed": int(lengths.sum()),
         "score_slots_padded": len(lengths) * longest**2,
-        "score_slots_packed": int((lengths**2).sum()),
-        "score_slots_flat": int((pack_lengths**2).sum()),
+        "score_slots_packed": attn_cost_of_lengths(lengths),
+        "score_slots_flat": attn_cost_of_lengths(pack_lengths),
         "causal_pairs": int((lengths * (lengths + 1) // 2).sum()),
         "causal_pairs_flat": int((pack_lengths * (pack_lengths + 1) // 2).sum()),
     }

@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packtool.format import MANIFEST, SCHEMA, attn_cost, cu_seqlens_problem, pack_hash, sha256_file
 from packtool.labels import IGNORE_INDEX
 from packtool.seal import SEAL, manifest_digest, seal_manifest
-from packtool.shards import MANIFEST, SCHEMA, pack_hash, sha256_file
 
 __all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
 
@@ -318,8 +318,8 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
     docs = np.asarray(row["doc_cu_seqlens"], dtype=np.int64)
     problems = []
     for name, offsets in (("cu_seqlens", cu), ("doc_cu_seqlens", docs)):
-        if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) <= 0).any():
-            problems.append(f"{name} {offsets.tolist()[:8]}... must start at 0, increase and end at {len(ids)}")
+        if (problem := cu_seqlens_problem(offsets, len(ids))) is not None:
+            problems.append(f"{name} {problem}")
     if problems:
         return problems
     if capacity is not None and len(ids) > capacity:
@@ -338,7 +338,7 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
     expected = {
         "n_tokens": len(ids),
         "n_targets": int(targets.sum()),
-        "attn_cost": int((np.diff(cu) ** 2).sum()),
+        "attn_cost": attn_cost(cu),
         "pack_hash": pack_hash(ids, labels, cu),
     }
     problems += [f"{key} is {row[key]!r}, recomputed {value!r}" for key, value in expected.items() if row[key] != value]

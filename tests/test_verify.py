@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from packtool.cli import main
+from packtool.format import pack_hash
 from packtool.labels import IGNORE_INDEX
-from packtool.shards import pack_hash
 from packtool.verify import SEAL, manifest_digest, row_problems, seal_manifest, verify
 
 

@@ -41,9 +41,8 @@ import numpy as np
 import torch
 
 from packtool.errors import PackFormatError
+from packtool.format import attn_cost, check_cu_seqlens
 from packtool.labels import IGNORE_INDEX, position_ids
-
-INT32_MAX = np.iinfo(np.int32).max  # varlen kernels take int32 offsets: T must fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +70,7 @@ class PackRow:
         """The quadratic attention cost sum(l_i^2)."""
         if self.attn_cost >= 0:
             return self.attn_cost
-        return int((np.diff(self.cu_seqlens).astype(np.int64) ** 2).sum())
+        return attn_cost(self.cu_seqlens)
 
 
 def as_pack_row(item: PackRow | Mapping[str, Any]) -> PackRow:
@@ -99,20 +98,8 @@ def validate_cu_seqlens(
     and `max_seqlen` (when given) equals the longest segment.
     """
     cu = cu_seqlens.detach().cpu().numpy() if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
-    if cu.ndim != 1 or len(cu) < 2:
-        raise PackFormatError(f"cu_seqlens must be 1-D with at least 2 offsets, got shape {cu.shape}")
-    if int(cu[0]) != 0:
-        raise PackFormatError(f"cu_seqlens must start at 0, starts at {int(cu[0])}")
+    check_cu_seqlens(cu, total)
     steps = np.diff(cu.astype(np.int64))
-    if (steps <= 0).any():
-        bad = int(np.argmax(steps <= 0))
-        raise PackFormatError(
-            f"cu_seqlens must be strictly increasing; offsets {int(cu[bad])} -> {int(cu[bad + 1])} at segment {bad}"
-        )
-    if int(cu[-1]) != total:
-        raise PackFormatError(f"cu_seqlens ends at {int(cu[-1])} but the row has {total} tokens")
-    if total > INT32_MAX:
-        raise PackFormatError(f"{total} tokens do not fit int32 offsets (max {INT32_MAX}); lower the token budget")
     if max_seqlen is not None and int(max_seqlen) != int(steps.max()):
         raise PackFormatError(f"max_seqlen {max_seqlen} != longest segment {int(steps.max())}")
 

@@ -67,7 +67,6 @@ Packed builds have `doc_cu_seqlens == cu_seqlens`, so the option changes nothing
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,13 +78,12 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from packtool.errors import DatasetError
+from packtool.errors import DatasetError, PackFormatError
+from packtool.format import attn_cost, read_manifest, sha256_file
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import assign_lpt, pack_costs
 from packtool.loader.collate import MicroBatch, PackRow, batch_by_tokens
-from packtool.shards import sha256_file
 
-SUPPORTED_SCHEMA_VERSIONS = (1,)
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "attn_cost", "pack_hash"]
 STATE_KEYS = ("epoch", "consumed", "seed", "world_size", "num_workers")
 BALANCE_MODES = (None, "attention")
@@ -225,17 +223,10 @@ class PackedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         self.path = Path(path)
-        manifest_path = self.path / "manifest.json"
-        if not manifest_path.exists():
-            raise DatasetError(
-                f"{self.path}: no manifest.json; the build did not finish (or this is not a build folder)"
-            )
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        version = self.manifest.get("schema_version")
-        if version not in SUPPORTED_SCHEMA_VERSIONS:
-            raise DatasetError(
-                f"{manifest_path}: schema_version {version!r}; this loader reads {SUPPORTED_SCHEMA_VERSIONS}"
-            )
+        try:
+            self.manifest: dict[str, Any] = read_manifest(self.path)
+        except PackFormatError as error:
+            raise DatasetError(str(error)) from None
         self.seed, self.shuffle, self.even_ranks = seed, shuffle, even_ranks
         self.rank, self.world_size = _resolve_ranks(rank, world_size)
         self.num_workers = num_workers
@@ -486,7 +477,7 @@ class PackedDataset(IterableDataset):
         cost = int(cols.attn_cost[i])
         if self.isolate_documents:
             labels[cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
-            cost = int((np.diff(cu).astype(np.int64) ** 2).sum())
+            cost = attn_cost(cu)
         unit = self.units[cols.unit]
         shard = self.shard_files[unit.shard].name
         return PackRow(ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step)

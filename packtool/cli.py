@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -98,7 +101,8 @@ def build(
             max_samples=max_samples,
         )
         progress = BarProgress() if not quiet and sys.stderr.isatty() else Progress()
-        built = run_build(settings, progress=progress, use_cache=not no_cache)
+        with _interrupt_on_sigterm():
+            built = run_build(settings, progress=progress, use_cache=not no_cache)
     except PacktoolError as error:
         raise _fail(error) from None
     except KeyboardInterrupt:
@@ -117,6 +121,20 @@ def build(
                 f"{rejected} sample(s) not trained, each with its reason, in "
                 f"{Path(settings.output) / manifest['rejects']['file']}"
             )
+
+
+@contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM ends a build like Ctrl-C: work items stop, OUT keeps the previous build, one line, exit 1."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @main.command(name="cache")

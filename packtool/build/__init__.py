@@ -39,10 +39,10 @@ from packtool.format import REJECTS, conventions, write_manifest
 from packtool.records import ROLE_CODES
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
-from packtool.stats import summarize
+from packtool.stats import length_summary, summarize
 
-# Tests kill a build at a chosen point to prove resume: PACKTOOL_TEST_KILL=encode:2 sends SIGKILL to
-# this process once two encode items have finished (emit:N likewise).
+# Tests stop a build at a chosen point to prove resume: PACKTOOL_TEST_KILL=encode:2 sends SIGKILL to
+# this process once two encode items have finished (emit:N likewise); encode:2:TERM sends SIGTERM, :INT SIGINT.
 KILL_HOOK = "PACKTOOL_TEST_KILL"
 
 
@@ -152,8 +152,9 @@ def _partition(item: EncodeItem, cache: TokenCache) -> Partition:
 
 
 def _kill_hook(phase: str, done: int) -> None:
-    if os.environ.get(KILL_HOOK) == f"{phase}:{done}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    hook = os.environ.get(KILL_HOOK, "").split(":")
+    if hook[:2] == [phase, str(done)]:
+        os.kill(os.getpid(), getattr(signal, f"SIG{hook[2] if len(hook) > 2 else 'KILL'}"))
 
 
 def _check_outcome(config: BuildConfig, plan: Plan) -> None:
@@ -261,6 +262,11 @@ def _manifest(
         "role_codes": ROLE_CODES,
         "shards": [asdict(s) for s in shards],
         "accounting": plan.accounting,
+        # per source, sample lengths as encoded (before) and as packed (after truncation), against capacity
+        "lengths": {
+            name: {when: length_summary(values, capacity) for when, values in before_after.items()}
+            for name, before_after in plan.lengths.items()
+        },
         "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
     }
 

@@ -78,6 +78,20 @@ def test_a_killed_rebuild_leaves_the_previous_build_in_place(reference, tmp_path
     assert verify(out).ok
 
 
+@pytest.mark.parametrize("signal_name", ["TERM", "INT"])
+def test_sigterm_and_ctrl_c_end_in_one_line_and_the_rerun_resumes(reference, tmp_path, signal_name):
+    out = tmp_path / "out"
+    stopped = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", kill=f"emit:1:{signal_name}")
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines() == [
+        "Error: interrupted; the previous output is unchanged, rerun to resume"
+    ]
+    assert not out.exists()
+    resumed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1")
+    assert "emit: 1 of 3 shard(s) resumed" in resumed.stdout
+    assert _digest(out) == _digest(reference)
+
+
 def test_worker_processes_write_the_same_bytes(reference, tmp_path):
     config = load_config(QUICKSTART_CONFIG, output=str(tmp_path / "out"), workers="2")
     build(config, use_cache=False)

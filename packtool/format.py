@@ -4,7 +4,7 @@
     pack_hash(input_ids, labels, cu_seqlens)   sha256 over the three arrays as little-endian int32
     attn_cost(cu_seqlens)                      sum of squared segment lengths (quadratic attention cost)
     check_cu_seqlens(cu, n)                    0, strictly increasing, ends at n: what varlen kernels need
-    read_manifest / write_manifest             manifest.json, written last; schema version checked on read
+    read_manifest / write_manifest             manifest.json, sealed and written last; schema version checked on read
 
 The builder, verify, stats, inspect and the loader all import these; none recomputes them its own way.
 """
@@ -23,6 +23,7 @@ import pyarrow as pa
 from packtool import SCHEMA_VERSION
 from packtool.errors import PackFormatError
 from packtool.labels import IGNORE_INDEX
+from packtool.seal import seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
@@ -126,9 +127,11 @@ def write_json_atomic(path: Path, value: Any) -> None:
     os.replace(temporary, path)
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """The manifest goes last: its presence means every file it lists is complete."""
-    write_json_atomic(folder / MANIFEST, manifest)
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest goes last, sealed (packtool.seal): its presence means every file it lists is complete."""
+    sealed = seal_manifest(manifest)
+    write_json_atomic(folder / MANIFEST, sealed)
+    return sealed
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

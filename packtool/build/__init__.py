@@ -205,8 +205,7 @@ def _write_outputs(
     _write_rejects(out / REJECTS, plan.rejects)
     manifest = {**_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects), **extra}
     manifest["stats"] = summarize([out / s.file for s in infos[""]], manifest)
-    write_manifest(out, manifest)
-    return manifest
+    return write_manifest(out, manifest)
 
 
 def _write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:

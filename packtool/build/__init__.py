@@ -200,6 +200,9 @@ def _write_outputs(
             "packs": manifest["stats"]["packs"],
             "segments": len(folder.ref),
         }
+        if folder.name == "validation":
+            extra["validation"]["share"] = config.validation_share
+            extra["validation"]["samples"] = config.validation_samples
     main = plan.folders[0]
     out.mkdir(parents=True, exist_ok=True)
     _write_rejects(out / REJECTS, plan.rejects)

@@ -19,7 +19,7 @@ import hashlib
 import json
 import shutil
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,7 @@ def plan_settings(config: BuildConfig) -> dict[str, Any]:
         "mixing": [config.mix_by, [s.weight for s in config.sources]],
         "seed": config.seed,
         "shards": [config.rows_per_shard, config.row_group_rows],
+        "validation": [config.validation_share, config.validation_samples],
     }
 
 
@@ -186,6 +187,9 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         fitted = _fit(
             config, readers, bases, lengths, n_targets, source, ordinals, within, folder / PIECES_FILE, counts
         )
+        if config.validation_share is not None or config.validation_samples is not None:
+            hashes = [h for r in readers for h in r.batch_column("sample_hash")]
+            fitted = _hold_out(config, fitted, hashes)
     finally:
         for reader in readers:
             reader.close()
@@ -193,6 +197,8 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
     folders = [_main_folder(config, fitted, counts)]
     if config.overflow == "bucket":
         folders.append(_overflow_folder(config, fitted, counts))
+    if fitted.held_out.any():
+        folders.append(_validation_folder(config, fitted))
     rejects = _ordered_rejects(partitions, budgets, fitted.drops)
     lengths_by_source = {
         name: {
@@ -223,6 +229,8 @@ class _Fitted:
     source: np.ndarray
     bucket: np.ndarray  # bool: routed to the overflow bucket
     drops: list[tuple[int, int, dict[str, Any]]]  # (partition, ordinal, reject entry)
+    row: np.ndarray  # the global row of each segment's sample
+    held_out: np.ndarray  # bool: in the validation split
 
 
 def _fit(
@@ -313,13 +321,14 @@ def _fit(
         mine = kept_samples[source[kept_samples] == i]
         counts[name].kept += len(mine)
         counts[name].overflow += int(bucket[mine].sum())
-    return _Fitted(ref=ref, length=seg_length, source=source[row_of], bucket=bucket[row_of], drops=drops)
+    no = np.zeros(len(ref), dtype=bool)
+    return _Fitted(ref, seg_length, source[row_of], bucket[row_of], drops, row_of, no)
 
 
 def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
     """Source weights realized by seeded up- or down-sampling; copies keep their id and get a repeat number."""
     names = [s.name for s in config.sources]
-    main = ~fitted.bucket
+    main = ~fitted.bucket & ~fitted.held_out
     ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
     present = [i for i in range(len(names)) if (source == i).any()]
     multipliers = source_multipliers(
@@ -345,6 +354,47 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
         else _layout(config, seg_len, seg_src, config.capacity)
     )
     return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), layout)
+
+
+def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitted:
+    """The validation split, chosen by content: a seeded hash of each sample's record hash decides, so
+    records with identical content always land on the same side (no copy straddles the split).
+
+    share s: a sample is held out when its hash, read as a number in [0, 1), is below s.
+    samples n: whole groups of identical records in hash order until at least n samples are held out.
+    """
+    row_hash = np.array([int(h[:16], 16) for h in hashes], dtype=np.uint64)
+    score = _mix(row_hash, config.seed)
+    eligible = ~fitted.bucket
+    sample_score = score[fitted.row]
+    if config.validation_share is not None:
+        held = sample_score < np.uint64(min(int(config.validation_share * 2.0**64), 2**64 - 1))
+    else:
+        groups, sizes = np.unique(row_hash[np.unique(fitted.row[eligible])], return_counts=True)
+        order = np.argsort(_mix(groups, config.seed), kind="stable")
+        needed = int(np.searchsorted(np.cumsum(sizes[order]), config.validation_samples or 0)) + 1
+        held = np.isin(row_hash[fitted.row], groups[order[:needed]])
+    return replace(fitted, held_out=held & eligible)
+
+
+def _mix(values: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of each value under a seed: uniform 64-bit scores that the seed reshuffles."""
+    with np.errstate(over="ignore"):
+        z = values + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
+    held = fitted.held_out
+    length, source = fitted.length[held], fitted.source[held]
+    layout = (
+        plan_stream(length, config.capacity)
+        if config.packing == "stream"
+        else _layout(config, length, source, config.capacity)
+    )
+    return FolderPlan("validation", config.capacity, fitted.ref[held], np.zeros(int(held.sum()), np.int32), layout)
 
 
 def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:

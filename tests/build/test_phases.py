@@ -226,6 +226,34 @@ def test_an_output_with_foreign_files_is_not_replaced(tmp_path, write_config, wr
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("split", [{"share": 0.25}, {"samples": 7}])
+def test_validation_split_by_content(tmp_path, write_config, write_jsonl, split):
+    rows = _chat_rows(40, "a")
+    write_jsonl([*rows, *rows[:10]], "a.jsonl")  # ten records twice: a copy must never straddle the split
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    built = build(load_config(write_config({**_raw(), "validation": split})))
+    out = tmp_path / "out"
+
+    def hashes(folder: Path) -> list[str]:
+        import pyarrow.parquet as pq
+
+        return [
+            h
+            for f in sorted(folder.glob("shard-*.parquet"))
+            for r in pq.read_table(f).to_pylist()
+            for h in r["sample_hashes"]
+        ]
+
+    train, held = hashes(out), hashes(out / "validation")
+    assert held and not set(train) & set(held)
+    assert len(train) + len(held) == 70 and built.manifest["validation"]["segments"] == len(held)
+    if "samples" in split:
+        assert len(held) >= 7
+    else:
+        assert 5 <= len(held) <= 30
+    assert verify(out).ok
+
+
 def test_the_library_front_door():
     import packtool
 

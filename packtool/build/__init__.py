@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import types
@@ -58,10 +59,13 @@ class Built:
     shards_reused: int
 
 
-def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: bool = True) -> Built:
+def build(
+    config: BuildConfig, *, progress: Progress | None = None, use_cache: bool = True, dry_run: bool = False
+) -> Built:
     """Run every phase and publish the result to config.output; the previous output stays until then.
 
     use_cache=False reuses and resumes nothing (its token store lives in the staging folder and goes with it).
+    dry_run=True encodes and plans, then returns a preview (`Built.manifest`, see `preview`) and writes no shard.
     """
     progress = progress or Progress()
     staging = Staging(Path(config.output).resolve())
@@ -70,7 +74,8 @@ def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: b
         if not use_cache:
             staging.discard()
             staging.root.mkdir(parents=True)
-        built = _build(config, progress, staging, TokenCache(cache_root(config) if use_cache else staging.cache))
+        cache = TokenCache(cache_root(config) if use_cache else staging.cache)
+        built = _build(config, progress, staging, cache, dry_run)
     except OSError as exc:
         where = exc.filename or config.output
         raise PacktoolError(
@@ -83,7 +88,7 @@ def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: b
     return built
 
 
-def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: TokenCache) -> Built:
+def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: TokenCache, dry_run: bool) -> Built:
     progress.step(f"loading tokenizer {config.tokenizer.path}")
     stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
     items = _encode_items(config, stages, cache)
@@ -99,6 +104,17 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
         partitions = [_partition(item, cache) for item in items]
         key = plan_key(config, [p.key for p in partitions])
+        if dry_run:
+            # an interrupted build's staged work stays untouched; the preview's plan goes with it
+            folder = staging.root / f"dry-run-{key}"
+            try:
+                plan = make_plan(config, partitions, folder, key)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+                if not any(staging.root.iterdir()):
+                    staging.root.rmdir()
+            _check_outcome(config, plan)
+            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0)
         staging.keep_only(key)
         with progress.phase("plan", 1, "plan") as bar:
             plan = make_plan(config, partitions, staging.plan(key), key)
@@ -155,6 +171,50 @@ def _kill_hook(phase: str, done: int) -> None:
     hook = os.environ.get(KILL_HOOK, "").split(":")
     if hook[:2] == [phase, str(done)]:
         os.kill(os.getpid(), getattr(signal, f"SIG{hook[2] if len(hook) > 2 else 'KILL'}"))
+
+
+def preview(config: BuildConfig, plan: Plan) -> dict[str, Any]:
+    """What a build would write: per output folder its packs, shards, segments, tokens and token efficiency."""
+    outputs = {}
+    for folder in plan.folders:
+        tokens = int(folder.length[folder.layout.members].sum()) if not folder.stream else int(folder.length.sum())
+        outputs[folder.name or "."] = {
+            "capacity": folder.capacity,
+            "packs": folder.n_packs,
+            "shards": -(-folder.n_packs // config.rows_per_shard),
+            "segments": len(folder.ref),
+            "tokens": tokens,
+            "token_efficiency": round(tokens / (folder.n_packs * folder.capacity), 6) if folder.n_packs else 0.0,
+        }
+    by_reason = Counter(r["reason"] for r in plan.rejects)
+    return {
+        "dry_run": True,
+        "plan_hash": plan.key,
+        "outputs": outputs,
+        "accounting": plan.accounting,
+        "rejects": {"count": len(plan.rejects), "by_reason": dict(sorted(by_reason.items()))},
+    }
+
+
+def format_preview(preview: dict[str, Any]) -> str:
+    lines = [f"{'source':<20} {'read':>8} {'kept':>8} {'rejected':>9} {'dropped':>8} {'truncated':>10}"]
+    for name, a in preview["accounting"].items():
+        truncated = sum(t["samples"] for t in a["truncated"].values())
+        lines.append(
+            f"{name:<20} {a['read']:>8,} {a['kept']:>8,} {sum(a['rejected'].values()):>9,} "
+            f"{sum(a['dropped'].values()):>8,} {truncated:>10,}"
+        )
+    lines.append("")
+    for name, o in preview["outputs"].items():
+        lines.append(
+            f"{'OUT' if name == '.' else name + '/'}: {o['packs']:,} packs of {o['capacity']:,} in "
+            f"{o['shards']:,} shard(s), {o['segments']:,} segments, {o['tokens']:,} tokens, "
+            f"token efficiency {o['token_efficiency']:.4f}"
+        )
+    reasons = ", ".join(f"{k}={v}" for k, v in preview["rejects"]["by_reason"].items())
+    lines.append(f"not trained: {preview['rejects']['count']:,}{f' ({reasons})' if reasons else ''}")
+    lines.append("dry run: no shard was written")
+    return "\n".join(lines)
 
 
 def _check_outcome(config: BuildConfig, plan: Plan) -> None:

@@ -103,16 +103,18 @@ class Partition:
 
 @dataclass(frozen=True)
 class FolderPlan:
-    """The packs of one output folder ("" for OUT itself, "overflow" for the bucket).
+    """The packs of one output folder ("" for OUT itself, "overflow" for the bucket, "validation").
 
     Segment s is stored sample `ref[s]` (>= 0: a global row of the partitions; < 0: piece -ref-1 of
-    pieces.arrow), copy number `repeat[s]`. Packs follow `layout` (a PackPlan, or a StreamPlan in stream mode).
+    pieces.arrow), copy number `repeat[s]`, `length[s]` tokens. Packs follow `layout` (a PackPlan, or
+    a StreamPlan in stream mode).
     """
 
     name: str
     capacity: int
     ref: np.ndarray
     repeat: np.ndarray
+    length: np.ndarray
     layout: PackPlan | StreamPlan
 
     @property
@@ -353,7 +355,7 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
         if config.packing == "stream"
         else _layout(config, seg_len, seg_src, config.capacity)
     )
-    return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), layout)
+    return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), seg_len, layout)
 
 
 def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitted:
@@ -394,7 +396,8 @@ def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
         if config.packing == "stream"
         else _layout(config, length, source, config.capacity)
     )
-    return FolderPlan("validation", config.capacity, fitted.ref[held], np.zeros(int(held.sum()), np.int32), layout)
+    repeat = np.zeros(int(held.sum()), np.int32)
+    return FolderPlan("validation", config.capacity, fitted.ref[held], repeat, length, layout)
 
 
 def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
@@ -403,9 +406,9 @@ def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Sou
     for i, name in enumerate(names):
         counts[name].segments += int((fitted.source[spilled] == i).sum())
     capacity = config.overflow_capacity or config.capacity
-    ref = fitted.ref[spilled]
-    layout = _layout(config, fitted.length[spilled], fitted.source[spilled], capacity)
-    return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), layout)
+    ref, length = fitted.ref[spilled], fitted.length[spilled]
+    layout = _layout(config, length, fitted.source[spilled], capacity)
+    return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), length, layout)
 
 
 def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int) -> PackPlan:
@@ -491,6 +494,7 @@ def _write(plan: Plan) -> None:
         prefix = f.name or "main"
         arrays[f"{prefix}.ref"] = f.ref
         arrays[f"{prefix}.repeat"] = f.repeat
+        arrays[f"{prefix}.length"] = f.length
         if isinstance(f.layout, StreamPlan):
             for name in ("samples", "starts", "ends", "offsets"):
                 arrays[f"{prefix}.{name}"] = getattr(f.layout, name)
@@ -538,7 +542,14 @@ def load_plan(folder: Path) -> Plan:
         else:
             layout = PackPlan(members=arrays[f"{prefix}.members"], offsets=arrays[f"{prefix}.offsets"])
         folders.append(
-            FolderPlan(f["name"], f["capacity"], arrays[f"{prefix}.ref"], arrays[f"{prefix}.repeat"], layout)
+            FolderPlan(
+                f["name"],
+                f["capacity"],
+                arrays[f"{prefix}.ref"],
+                arrays[f"{prefix}.repeat"],
+                arrays[f"{prefix}.length"],
+                layout,
+            )
         )
     return Plan(
         key=meta["key"],

@@ -4,6 +4,7 @@ as a cache, and OUT holding one complete build whatever fails."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -252,6 +253,18 @@ def test_validation_split_by_content(tmp_path, write_config, write_jsonl, split)
     else:
         assert 5 <= len(held) <= 30
     assert verify(out).ok
+
+
+def test_dry_run_previews_the_build_and_writes_no_shard(reference, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((reference / "manifest.json").read_text())
+    stats = manifest["stats"]
+    assert f"OUT: {stats['packs']:,} packs of 1,024 in 3 shard(s)" in result.output
+    assert f"{stats['tokens']:,} tokens, token efficiency {stats['token_efficiency']:.4f}" in result.output
+    assert "dry run: no shard was written" in result.output
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [".packtool-cache"]
 
 
 def test_the_library_front_door():

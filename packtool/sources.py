@@ -37,44 +37,44 @@ _MAGIC = {
     b"\x1f\x8b": "gzip",
     b"\x28\xb5\x2f\xfd": "zstd",
 }
-# Text that may decode to something a record must not hold: a NUL or lone-surrogate escape, or a
-# NaN/Infinity literal. Only a record whose text holds one is walked, so a clean record costs one
-# search (escaped surrogate pairs, emoji for instance, and the words in prose are ruled out cheaply).
-_MAYBE = re.compile(r"\\u0000|\\u[dD][89a-fA-F]|NaN|Infinity")
+# Escapes that may decode to something no record may hold: a NUL or half of a surrogate pair. Only a
+# record whose text holds one is walked (one fast scan for a literal backslash-u per record).
+_MAYBE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 _LOW_HALF = re.compile(r"\\u[dD][c-fC-F]")
 _HIGH_HALF = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
 class _NotFinite:
-    """Stands in for a NaN/Infinity literal: JSON (RFC 8259) has none, though Python's parser reads them."""
+    """Stands in for a NaN/Infinity literal: JSON (RFC 8259) has none, though Python's parser reads them.
+
+    `made` counts them, so a parse that met one is known without scanning the text: compare the
+    count before and after (another thread's parse can only cause an extra check, never a missed one).
+    """
 
     __slots__ = ("literal",)
+    made = 0
 
     def __init__(self, literal: str):
         self.literal = literal
+        _NotFinite.made += 1
 
 
 _DECODER = json.JSONDecoder(parse_constant=_NotFinite)
 
 
 def _suspect(text: str, pos: int = 0, end: int = sys.maxsize) -> bool:
-    """Whether text[pos:end] may hold a NUL, a lone surrogate or a NaN/Infinity literal (never misses one)."""
+    """Whether text[pos:end] may hold a NUL or a lone surrogate escape (never misses one)."""
     if not _MAYBE.search(text, pos, end):  # the common case, one C-level scan
         return False
     for match in _MAYBE.finditer(text, pos, end):
         token, at = match.group(), match.start()
         if token == "\\u0000":
             return True
-        if token.startswith("\\"):
-            if token[3] in "89abAB":
-                if not _LOW_HALF.match(text, at + 6):  # a high half must be followed by its low half
-                    return True
-            elif at < 6 or not _HIGH_HALF.match(text, at - 6):  # a low half must follow a high half
+        if token[3] in "89abAB":
+            if not _LOW_HALF.match(text, at + 6):  # a high half must be followed by its low half
                 return True
-            continue
-        before = text[max(at - 16, 0) : at].rstrip(" \t\r\n-")
-        if not before or before[-1] in ":,[":  # a literal where a value starts, not a word in a string
+        elif at < 6 or not _HIGH_HALF.match(text, at - 6):  # a low half must follow a high half
             return True
     return False
 
@@ -285,7 +285,7 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
         for index, line in islice(enumerate(chain(head, handle)), start, stop):
-            if line.strip():
+            if not line.isspace():  # no copy, unlike strip(); iteration never yields b""
                 yield index + 1, _parse_line(line, label, index + 1)
 
 
@@ -301,11 +301,12 @@ def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
     except UnicodeDecodeError as exc:
         raise _ReadError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
     if not _suspect(text):
+        made = _NotFinite.made
         try:
             records = _DECODER.decode(text)
         except (json.JSONDecodeError, RecursionError):
             records = None
-        if isinstance(records, list):
+        if isinstance(records, list) and _NotFinite.made == made:
             yield from islice(enumerate(records), start, stop)
             return
     yield from _json_array_rows(text, start, stop)
@@ -316,6 +317,7 @@ def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
     row = 0
     while not text.startswith("]", pos):
         where = None if row == 0 else row
+        made = _NotFinite.made
         try:
             record, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
@@ -326,7 +328,8 @@ def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
         except RecursionError:
             raise _ReadError(f"row {row} is nested too deeply to read", where) from None
         if row >= start:
-            yield row, _checked(record) if _suspect(text, pos, end) else record
+            check = _NotFinite.made != made or _suspect(text, pos, end)
+            yield row, _checked(record) if check else record
         row += 1
         pos = _WHITESPACE.match(text, end).end()
         if text.startswith(",", pos):
@@ -346,6 +349,7 @@ def _parse_line(line: bytes, label: str, n: int) -> Any:
     except UnicodeDecodeError as exc:
         reason = f"not valid UTF-8: byte 0x{line[exc.start]:02x} at column {exc.start + 1}"
         return RecordError(reason, kind="parse_error", file=label, row=n)
+    made = _NotFinite.made
     try:
         if text[:1].isspace():
             record = _DECODER.decode(text)  # decode() skips leading blanks
@@ -358,7 +362,7 @@ def _parse_line(line: bytes, label: str, n: int) -> Any:
         return RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", kind="parse_error", file=label, row=n)
     except RecursionError:
         return RecordError("nested too deeply to read (JSON depth over ~1000)", kind="parse_error", file=label, row=n)
-    return _checked(record) if _suspect(text) else record
+    return _checked(record) if _NotFinite.made != made or _suspect(text) else record
 
 
 def _checked(record: Any) -> Any:

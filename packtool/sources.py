@@ -45,6 +45,11 @@ _HIGH_HALF = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
+def _skip_blanks(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    return match.end() if match else pos
+
+
 class _NotFinite:
     """Stands in for a NaN/Infinity literal: JSON (RFC 8259) has none, though Python's parser reads them.
 
@@ -313,7 +318,7 @@ def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
 
 
 def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
-    pos = _WHITESPACE.match(text, _WHITESPACE.match(text).end() + 1).end()  # past "["
+    pos = _skip_blanks(text, _skip_blanks(text, 0) + 1)  # past "["
     row = 0
     while not text.startswith("]", pos):
         where = None if row == 0 else row
@@ -331,9 +336,9 @@ def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
             check = _NotFinite.made != made or _suspect(text, pos, end)
             yield row, _checked(record) if check else record
         row += 1
-        pos = _WHITESPACE.match(text, end).end()
+        pos = _skip_blanks(text, end)
         if text.startswith(",", pos):
-            pos = _WHITESPACE.match(text, pos + 1).end()
+            pos = _skip_blanks(text, pos + 1)
         elif not text.startswith("]", pos):
             raise _ReadError(f"not valid JSON: expected ',' or ']' after row {row - 1}", row)
         if stop is not None and row >= stop:
@@ -442,7 +447,8 @@ def _get(record: dict, source: SourceConfig, key: str, kind: type | tuple[type, 
 
 def _kind(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({str: "a string", list: "a list", dict: "an object"}.get(k, k.__name__) for k in kinds)
+    names: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
@@ -450,12 +456,9 @@ def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
     value = _get(record, source, "tools", (list, str), required=False)
     if value is None:
         return None
-    column = source.fields["tools"]
+    column = source.fields["tools"] or "tools"
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"tools string is not valid JSON: {exc.msg}", field=column) from None
+        value = _embedded_json(value, "tools string", column)
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise RecordError("expected a list of tool definitions", field=column)
     # Bare function schemas (LLaMA-Factory/glaive: {"name", "description", "parameters"}) get the
@@ -467,10 +470,20 @@ def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
 def _arguments(value: Any, field_name: str) -> Any:
     """Tool-call arguments as an object: templates serialize them with tojson themselves."""
     if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            raise RecordError("tool-call arguments are not valid JSON", field=field_name) from None
+        return _embedded_json(value, "tool-call arguments", field_name)
+    return value
+
+
+def _embedded_json(text: str, what: str, field_name: str) -> Any:
+    """JSON held in a string field (tools, arguments), checked as a record is: no NaN, NUL or lone surrogate."""
+    made = _NotFinite.made
+    try:
+        value = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{what}: not valid JSON ({exc.msg})", field=field_name) from None
+    problem = _text_problem(value) if _NotFinite.made != made or _suspect(text) else None
+    if problem:
+        raise RecordError(f"{what}: {problem[1]}", field=field_name)
     return value
 
 
@@ -578,13 +591,13 @@ def _check_conversation(messages: list[Message], column: str) -> None:
 
 
 def from_messages(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
-    column = source.fields["messages"]
+    column = source.fields["messages"] or "messages"
     messages = _messages(_get(record, source, "messages", list, required=True), column or "messages")
     return Example(example_id, source.name, record_hash(record), messages, _tools(record, source), location=location)
 
 
 def from_sharegpt(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
-    column = source.fields["conversations"]
+    column = source.fields["conversations"] or "conversations"
     turns = _get(record, source, "conversations", list, required=True)
     messages: list[Message] = []
     system = _get(record, source, "system", str, required=False)
@@ -601,10 +614,7 @@ def from_sharegpt(record: dict, source: SourceConfig, example_id: str, location:
         if not isinstance(value, str):
             raise RecordError(f"expected a string, got {type(value).__name__}", field=f"{where}.value")
         if role == "function_call":
-            try:
-                call = json.loads(value)
-            except json.JSONDecodeError:
-                raise RecordError("function_call value is not valid JSON", field=f"{where}.value") from None
+            call = _embedded_json(value, "function_call value", f"{where}.value")
             calls = call if isinstance(call, list) else [call]
             messages.append(Message("assistant", "", tool_calls=tuple(_tool_call(c, f"{where}.value") for c in calls)))
         else:
@@ -636,7 +646,7 @@ def from_alpaca(record: dict, source: SourceConfig, example_id: str, location: s
 def from_text(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
     text = _get(record, source, "text", str, required=True)
     if not text:
-        raise RecordError("empty text", field=source.fields["text"])
+        raise RecordError("empty text", field=source.fields["text"] or "text")
     return Example(example_id, source.name, record_hash(record), text=text, location=location)
 
 

@@ -235,7 +235,7 @@ CASES = [
         kept=1,
         rejected={"bad_record": 1},
         where="c.jsonl:2, field 'messages[1].tool_calls'",
-        reason="arguments are not valid JSON",
+        reason="tool-call arguments: not valid JSON",
     ),
     Case(
         "train_flag_not_boolean",
@@ -251,6 +251,16 @@ CASES = [
         reason="train/weight must be true/false",
     ),
     # sharegpt
+    Case(
+        "sharegpt_nan_in_tools_string",
+        "sharegpt",
+        "s.jsonl",
+        _lines("sharegpt", '{"tools": "[{\\"name\\": \\"f\\", \\"max\\": NaN}]", ' + json.dumps(GOOD["sharegpt"])[1:]),
+        kept=1,
+        rejected={"bad_record": 1},
+        where="s.jsonl:2, field 'tools'",
+        reason="tools string: NaN is not valid JSON",
+    ),
     Case("sharegpt_valid", "sharegpt", "s.jsonl", _lines("sharegpt", json.dumps(GOOD["sharegpt"])), kept=2),
     Case(
         "sharegpt_unknown_speaker",
@@ -282,7 +292,7 @@ CASES = [
         kept=1,
         rejected={"bad_record": 1},
         where="s.jsonl:2, field 'conversations[1].value'",
-        reason="function_call value is not valid JSON",
+        reason="function_call value: not valid JSON",
     ),
     Case(
         "sharegpt_tools_string_not_json",
@@ -292,7 +302,7 @@ CASES = [
         kept=1,
         rejected={"bad_record": 1},
         where="s.jsonl:2, field 'tools'",
-        reason="tools string is not valid JSON",
+        reason="tools string: not valid JSON",
     ),
     Case(
         "sharegpt_lone_surrogate_in_system",

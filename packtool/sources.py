@@ -16,6 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import chain, islice
 from typing import Any
 
@@ -162,7 +163,11 @@ def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterato
     if kind == "empty":
         yield unreadable("file is empty (0 bytes)")
         return
-    readers = {"parquet": _parquet_rows, "arrow_file": _arrow_rows, "arrow_stream": _arrow_rows}
+    readers: dict[str, Callable[[str, int, int | None], Iterator[Raw]]] = {
+        "parquet": _parquet_rows,
+        "arrow_file": partial(_arrow_rows, stream=False),
+        "arrow_stream": partial(_arrow_rows, stream=True),
+    }
     reader = readers.get(kind)
     rows = reader(path, start, stop) if reader else _text_records(path, kind, label, start, stop)
     last = start - 1
@@ -209,15 +214,14 @@ def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
             row += batch.num_rows
 
 
-def _arrow_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
+def _arrow_rows(path: str, start: int, stop: int | None, *, stream: bool) -> Iterator[Raw]:
     """Arrow IPC, file or stream format (`datasets` writes streams); memory-mapped, batch by batch."""
     with pa.memory_map(path) as source:
-        try:
-            batches: Any = pa.ipc.open_file(source)
-            batches = (batches.get_batch(i) for i in range(batches.num_record_batches))
-        except pa.ArrowInvalid:
-            source.seek(0)
-            batches = pa.ipc.open_stream(source)
+        if stream:
+            batches: Iterator[pa.RecordBatch] = iter(pa.ipc.open_stream(source))
+        else:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         row = 0
         for batch in batches:
             if stop is not None and row >= stop:

@@ -118,7 +118,12 @@ def test_a_rejected_sample_is_found_with_its_reason(tmp_path, write_config, writ
 def test_unknown_keys_are_one_line(quickstart_build):
     output = _find(str(quickstart_build), "no-such-sample", exit_code=1)
     assert output.count("\n") == 1 and "is no sample id, pack_hash prefix" in output
-    assert "no pack at shard-00009.parquet row 0" in _find(str(quickstart_build), "shard-00009.parquet:0", exit_code=1)
+    assert "no shard shard-00009.parquet in this output" in _find(
+        str(quickstart_build), "shard-00009.parquet:0", exit_code=1
+    )
+    assert "no pack at shard-00000.parquet row 9999" in _find(
+        str(quickstart_build), "shard-00000.parquet:9999", exit_code=1
+    )
     assert "names no record" in _find(str(quickstart_build), "quickstart/chat.jsonl:99999", exit_code=1)
 
 
@@ -135,3 +140,22 @@ def test_unknown_keys_are_one_line(quickstart_build):
 def test_config_folder_from_the_tokenizer(named, file, expected):
     manifest = {"config": {"tokenizer": named}, "tokenizer": {"file": file}}
     assert config_folder(manifest) == (Path(expected) if expected else None)
+
+
+def test_documents_in_the_overflow_bucket_are_found(tmp_path):
+    import yaml
+
+    config = yaml.safe_load((QUICKSTART.parent / "quickstart.yaml").read_text())
+    for source in config["sources"]:
+        source["path"] = str(QUICKSTART.parent / source["path"])
+        source.pop("truncation", None)
+    config.update(tokenizer=str(QUICKSTART / "tokenizer"), capacity=256, overflow={"mode": "bucket", "capacity": 4096})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(main, ["build", str(tmp_path / "c.yaml"), "-o", str(out), "-q"]).exit_code == 0
+    trace = find(out, "qs-doc-0000", config=tmp_path / "c.yaml")  # 1000+ tokens: too long for 256, in the bucket
+    [placement] = trace.placements
+    assert placement.shard == "overflow/shard-00000.parquet"
+    back = find(out, f"{placement.shard}:{placement.row}", config=tmp_path / "c.yaml")
+    assert back.kind == "shard_row" and placement in back.placements
+    assert trace.origins[0].status == "matches"

@@ -41,3 +41,11 @@ class RecordError(PacktoolError):
             where.append(f"field '{self.field}'")
         prefix = ", ".join(where)
         return f"{prefix}: {self.reason}" if prefix else self.reason
+
+
+class DatasetError(PacktoolError):
+    """A build folder cannot be read as its manifest promises (missing, altered or out-of-folder shards, bad state)."""
+
+
+class PackFormatError(PacktoolError, ValueError):
+    """A pack breaks the shard contract of docs/format.md (offsets, labels at segment starts, lengths)."""

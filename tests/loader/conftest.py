@@ -123,3 +123,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def quickstart_build(tmp_path_factory):
+    """`packtool build` of the shipped quickstart (522 packs, capacity 1024), once per session."""
+    from click.testing import CliRunner
+    from support import QUICKSTART
+
+    from packtool.cli import main
+
+    out = tmp_path_factory.mktemp("quickstart") / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    return out

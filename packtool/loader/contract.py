@@ -1,0 +1,154 @@
+"""The loader's one reader of the on-disk contract: manifest, shard paths, pack_hash, cu_seqlens.
+
+Everything the loader trusts about a build folder is checked here and nowhere else, so the
+contract can move to a shared module without touching the readers: the manifest keys
+(`schema_version`, `capacity`, `tokenizer.pad_token_id`, `shards[].file/rows/sha256`), shard
+paths confined to the build folder, the `pack_hash` definition and the `cu_seqlens` rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from packtool.errors import DatasetError, PackFormatError
+from packtool.shards import MANIFEST, pack_hash
+
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+INT32_MAX = np.iinfo(np.int32).max  # varlen kernels take int32 offsets: T must fit
+HASH_BLOCK = 1 << 22  # 4 MiB reads keep sha256 at memory speed without holding a shard in memory
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One shard as the manifest lists it, its path already confined to the build folder."""
+
+    file: Path
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The manifest keys the loader reads."""
+
+    folder: Path
+    capacity: int
+    pad_id: int
+    vocab_size: int | None
+    shards: tuple[ShardEntry, ...]
+    raw: dict[str, Any]
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """Parse `folder/manifest.json`; refuse unknown schema versions and shard paths outside the folder."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise DatasetError(f"{folder}: no {MANIFEST}; the build did not finish (or this is not a build folder)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{path}: not valid JSON ({err}); rebuild the folder") from None
+    version = raw.get("schema_version")
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise DatasetError(f"{path}: schema_version {version!r}; this loader reads {SUPPORTED_SCHEMA_VERSIONS}")
+    root = folder.resolve()
+    shards = []
+    for i, entry in enumerate(raw.get("shards") or []):
+        name = str(entry.get("file", ""))
+        file = (root / name).resolve()
+        # A manifest is data: a path like "../../etc/x" or "/abs" must not make the loader read outside the build.
+        if Path(name).is_absolute() or not file.is_relative_to(root) or file == root:
+            raise DatasetError(
+                f"{path}: shards[{i}].file {name!r} points outside the build folder {root}; "
+                "shard paths must be relative names inside it"
+            )
+        shards.append(ShardEntry(file, int(entry["rows"]), str(entry.get("sha256", ""))))
+    pad = (raw.get("tokenizer") or {}).get("pad_token_id")
+    vocab = (raw.get("tokenizer") or {}).get("vocab_size")
+    return Manifest(folder, int(raw["capacity"]), 0 if pad is None else int(pad), vocab, tuple(shards), raw)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        while block := handle.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def first_altered_row(file: Path) -> str:
+    """Where a shard whose sha256 failed differs from its own hashes: 'row N (pack_hash ...)' or a part of the file.
+
+    Only called after a checksum failure, so its cost (hashing every pack) is paid on the error path.
+    """
+    try:
+        parquet = pq.ParquetFile(file)
+        first = 0
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(
+                group, columns=["input_ids", "labels", "cu_seqlens", "n_targets", "pack_hash"]
+            )
+            cols = {name: table.column(name).to_pylist() for name in table.column_names}
+            for i in range(table.num_rows):
+                ids, labels, cu = (np.asarray(cols[n][i]) for n in ("input_ids", "labels", "cu_seqlens"))
+                if pack_hash(ids, labels, cu) != cols["pack_hash"][i]:
+                    return f"row {first + i} (its pack_hash does not match its input_ids, labels, cu_seqlens)"
+                if int((labels != -100).sum()) != cols["n_targets"][i]:
+                    return f"row {first + i} (n_targets {cols['n_targets'][i]} != its labels)"
+            first += table.num_rows
+    except Exception as err:  # any decode failure still localises the damage to this shard
+        return f"undecodable bytes ({type(err).__name__}: {one_line(err)})"
+    return "row unknown (the damage is in metadata or a column the loader does not hash)"
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's text (pyarrow's end in a newline; errors here are one line)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def check_shard(entry: ShardEntry) -> None:
+    """Raise DatasetError unless the shard's bytes hash to the manifest's sha256."""
+    if not entry.file.is_file():
+        raise DatasetError(f"{entry.file}: listed in the manifest but missing")
+    got = sha256_file(entry.file)
+    if got != entry.sha256:
+        raise DatasetError(
+            f"{entry.file}: {first_altered_row(entry.file)}: sha256 {got[:16]}... != manifest {entry.sha256[:16]}...; "
+            "the shard was altered or replaced: rebuild or restore it (verify=False skips this check)"
+        )
+
+
+def validate_cu_seqlens(
+    cu_seqlens: Sequence[int] | np.ndarray | Any, total: int, max_seqlen: int | None = None
+) -> None:
+    """Raise PackFormatError unless `cu_seqlens` describes `total` tokens exactly.
+
+    Rules: starts at 0, strictly increasing (no empty segment), ends at `total`, fits int32,
+    and `max_seqlen` (when given) equals the longest segment.
+    """
+    cu = cu_seqlens.detach().cpu().numpy() if hasattr(cu_seqlens, "detach") else np.asarray(cu_seqlens)
+    if cu.ndim != 1 or len(cu) < 2:
+        raise PackFormatError(f"cu_seqlens must be 1-D with at least 2 offsets, got shape {cu.shape}")
+    if int(cu[0]) != 0:
+        raise PackFormatError(f"cu_seqlens must start at 0, starts at {int(cu[0])}")
+    steps = np.diff(cu.astype(np.int64))
+    if (steps <= 0).any():
+        bad = int(np.argmax(steps <= 0))
+        raise PackFormatError(
+            f"cu_seqlens must be strictly increasing; offsets {int(cu[bad])} -> {int(cu[bad + 1])} at segment {bad}"
+        )
+    if int(cu[-1]) != total:
+        raise PackFormatError(f"cu_seqlens ends at {int(cu[-1])} but the row has {total} tokens")
+    if total > INT32_MAX:
+        raise PackFormatError(f"{total} tokens do not fit int32 offsets (max {INT32_MAX}); lower the token budget")
+    if max_seqlen is not None and int(max_seqlen) != int(steps.max()):
+        raise PackFormatError(f"max_seqlen {max_seqlen} != longest segment {int(steps.max())}")

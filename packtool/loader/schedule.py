@@ -16,9 +16,10 @@ cut the positions from `start` on into rounds of W slots (W = world size):
     token budget slot = consecutive packs  greedy, sum of n_tokens <= budget          (one micro-batch)
     balanced     slot = a rank's LPT share of a step of P consecutive packs           (one optimizer step)
 
-    token budget 8, W = 2, n_tokens  5 3 | 4 4 | 6 | 2 1 | 7 | 3
-    slots                            [0 1] [2 3] [4] [5 6] [7] [8]
-    rounds                           r0: (slot0 -> rank 0, slot1 -> rank 1)  r1: (slot2, slot3)  r2: (slot4, slot5)
+    token budget 8, W = 2, n_tokens  5 3 | 4 4 | 6 | 7 | 2 1
+    slots                            [0 1] [2 3] [4] [5] [6 7]
+    rounds                           r0: slot [0 1] -> rank 0, [2 3] -> rank 1    r1: [4] -> 0, [5] -> 1
+    tail                             one slot [6 7] < W slots, 2 packs >= W: re-cut  r2: [6] -> 0, [7] -> 1
 
 What is left out. The last round must have W slots. Packs: the last N mod W (at most W-1). Token
 budget: a short tail of fewer than W slots is re-cut into W smaller slots when it holds at least

@@ -68,11 +68,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=acc, device=hidden.device)
         for lo in range(0, hidden.shape[0], chunk):
             h, t = hidden[lo : lo + chunk], targets[lo : lo + chunk]
-            logits = (h @ weight.T).to(acc)  # [c, V]
-            lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            logits = (h @ weight.T).to(acc)  # [c, V]: the only buffer of this size (softmax is made in place)
+            picked = logits.gather(1, t[:, None]).squeeze(1)
+            peak = logits.amax(dim=-1, keepdim=True)
+            exp_sum = logits.sub_(peak).exp_().sum(dim=-1)
+            total += (peak.squeeze(1) + exp_sum.log() - picked).sum()
             if want_h or want_w:
-                d = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                d = logits.div_(exp_sum[:, None])  # softmax
                 d[torch.arange(len(t), device=d.device), t] -= 1
                 if want_h:
                     grad_h[lo : lo + chunk] = (d.to(weight.dtype) @ weight).to(hidden.dtype)  # type: ignore[index]

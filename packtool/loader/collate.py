@@ -65,6 +65,7 @@ class LoadedPack:
     step: int = -1  # the plan round (one micro-batch or one optimizer step of every rank); -1 outside a plan
     resume_after: int = -1
     closes_step: bool = False  # the last pack of this rank's share of its round
+    checked: bool = False  # the reader already checked the contract (offsets, -100 at segment starts)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -179,17 +180,19 @@ def collate(
         raise PackFormatError("collate got no rows")
     if n_padding_rows and capacity is None:
         raise PackFormatError("n_padding_rows needs a capacity")
+    # Packs read by PackedDataset had the contract checked once per row group (`checked`); others here.
+    trusted = all(p.checked for p in packs)
     lens = np.fromiter((len(p.input_ids) for p in packs), np.int64, len(packs))
-    for pack, n in zip(packs, lens.tolist(), strict=True):
+    for pack, n in zip([] if trusted else packs, lens.tolist(), strict=False):
         if len(pack.labels) != n:
             raise PackFormatError(f"pack {pack.pack_hash!r}: {len(pack.labels)} labels for {n} input_ids")
-    # Every pack's cu_seqlens checked at once: one concatenation instead of numpy calls per pack.
+    # Every pack's cu_seqlens at once: one concatenation instead of numpy calls per pack.
     cus = [np.asarray(p.cu_seqlens) for p in packs]
     cu_lens = np.fromiter(map(len, cus), np.int64, len(cus))
     flat = np.concatenate(cus).astype(np.int64) if packs else np.zeros(0, np.int64)
     last = np.cumsum(cu_lens) - 1
     first = last - cu_lens + 1
-    broken = (cu_lens < 2) | (flat[np.maximum(first, 0)] != 0) | (flat[last] != lens) if packs else lens > 0
+    broken = (cu_lens < 2) | (flat[np.maximum(first, 0)] != 0) | (flat[last] != lens) if not trusted else lens < 0
     if broken.any():
         bad = packs[int(np.argmax(broken))]
         shown = np.asarray(bad.cu_seqlens).tolist()[:8]
@@ -202,9 +205,6 @@ def collate(
     shifted = flat + np.repeat(row_start[:-1], cu_lens)
     is_first = np.zeros(len(flat), bool)
     is_first[first] = True
-    is_last = np.zeros(len(flat), bool)
-    is_last[last] = True
-    real_starts = shifted[~is_last]
     # The padding after a pack is its own segment: nothing real attends to it and it holds no target.
     padding_ends = (row_start[1:][pad > 0]).tolist()
     padding_ends += [int(row_start[-1]) + (i + 1) * (capacity or 0) for i in range(n_padding_rows)]
@@ -219,31 +219,33 @@ def collate(
         for pack, lo, n in zip(packs, row_start[:-1].tolist(), lens.tolist(), strict=True):
             input_ids[lo : lo + n] = pack.input_ids
             labels[lo : lo + n] = pack.labels
-    validate_cu_seqlens(cu_seqlens, len(input_ids))
-    if (labels[real_starts] != IGNORE_INDEX).any():
-        where = int(real_starts[np.argmax(labels[real_starts] != IGNORE_INDEX)])
-        owner = packs[int(np.searchsorted(row_start, where, side="right")) - 1]
-        raise PackFormatError(
-            f"pack {owner.pack_hash!r}: a segment starts with a label other than -100, "
-            "so one sample would learn to predict the next; rebuild the shards"
-        )
-    lengths = np.diff(cu_seqlens)
-    real_lengths = lengths[~np.isin(cu_seqlens[1:], padding_ends)] if padding_ends else lengths
+    if not trusted:
+        validate_cu_seqlens(cu_seqlens, len(input_ids))
+        is_last = np.zeros(len(flat), bool)
+        is_last[last] = True
+        real_starts = shifted[~is_last]
+        if (labels[real_starts] != IGNORE_INDEX).any():
+            where = int(real_starts[np.argmax(labels[real_starts] != IGNORE_INDEX)])
+            owner = packs[int(np.searchsorted(row_start, where, side="right")) - 1]
+            raise PackFormatError(
+                f"pack {owner.pack_hash!r}: a segment starts with a label other than -100, "
+                "so one sample would learn to predict the next; rebuild the shards"
+            )
     steps = {p.step for p in packs}
     return MicroBatch(
         input_ids=torch.from_numpy(input_ids).unsqueeze(0),
         labels=torch.from_numpy(labels).unsqueeze(0),
         position_ids=torch.from_numpy(position_ids(cu_seqlens)).unsqueeze(0),
         cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
-        max_seqlen=int(lengths.max()),
+        max_seqlen=int(np.diff(cu_seqlens).max()),
         n_targets=int((labels != IGNORE_INDEX).sum()),
         n_packs=len(packs),
         pack_hashes=tuple(p.pack_hash for p in packs),
         step=steps.pop() if len(steps) == 1 else -1,
         resume_after=packs[-1].resume_after if packs else -1,
-        n_segments=len(real_lengths),
-        n_padding=len(input_ids) - int(real_lengths.sum()),
-        attn_cost=int((real_lengths**2).sum()),
+        n_segments=len(flat) - len(packs),
+        n_padding=len(input_ids) - int(lens.sum()),
+        attn_cost=sum(p.cost for p in packs),
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import DatasetError, PackFormatError
+from packtool.labels import IGNORE_INDEX
 from packtool.shards import MANIFEST, pack_hash
 
 SUPPORTED_SCHEMA_VERSIONS = (1,)
@@ -152,3 +153,37 @@ def validate_cu_seqlens(
         raise PackFormatError(f"{total} tokens do not fit int32 offsets (max {INT32_MAX}); lower the token budget")
     if max_seqlen is not None and int(max_seqlen) != int(steps.max()):
         raise PackFormatError(f"max_seqlen {max_seqlen} != longest segment {int(steps.max())}")
+
+
+def first_broken_pack(
+    ids_offsets: np.ndarray,
+    label_offsets: np.ndarray,
+    cu_offsets: np.ndarray,
+    cu_values: np.ndarray,
+    labels: np.ndarray | None,
+) -> int:
+    """The first row of a row group whose pack breaks the contract, or -1; one vectorised pass for all rows.
+
+    Arrow list columns as (offsets, values). Rules per pack: as many labels as input_ids;
+    cu_seqlens starts at 0, increases strictly and ends at the pack's length; and, when `labels`
+    (the flat label values) is given, -100 at every segment start.
+    """
+    lens = np.diff(ids_offsets)
+    cu_lens = np.diff(cu_offsets)
+    bad = (np.diff(label_offsets) != lens) | (cu_lens < 2)
+    if bad.any():
+        return int(np.argmax(bad))
+    cu = cu_values.astype(np.int64)
+    bad |= (cu[cu_offsets[:-1]] != 0) | (cu[cu_offsets[1:] - 1] != lens)
+    steps = np.diff(cu)
+    inside = np.ones(len(steps), bool)
+    inside[cu_offsets[1:-1] - 1] = False  # the step from one pack's last offset to the next pack's 0
+    row_of_step = np.searchsorted(cu_offsets, np.arange(len(steps)), side="right") - 1
+    bad[row_of_step[inside & (steps <= 0)]] = True
+    if labels is not None:
+        is_last = np.zeros(len(cu), bool)
+        is_last[cu_offsets[1:] - 1] = True
+        row_of_offset = np.repeat(np.arange(len(lens)), cu_lens)
+        starts = (cu + np.repeat(label_offsets[:-1], cu_lens))[~is_last]
+        bad[row_of_offset[~is_last][labels[starts] != IGNORE_INDEX]] = True
+    return int(np.argmax(bad)) if bad.any() else -1

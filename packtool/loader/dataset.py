@@ -53,7 +53,7 @@ from packtool.errors import DatasetError
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import pack_costs
 from packtool.loader.collate import LoadedPack, MicroBatch, batch_by_tokens
-from packtool.loader.contract import Manifest, check_shard, one_line, read_manifest
+from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 
 __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
@@ -396,14 +396,17 @@ class PackedDataset(IterableDataset):
         table = self._open(unit.shard).read_row_group(
             unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash"]
         )
-        return _Decoded(
-            unit_index,
-            _lists(table, "input_ids"),
-            _lists(table, "labels"),
-            _lists(table, cu_name),
-            _ints(table, "attn_cost"),
-            table.column("pack_hash").to_pylist(),
-        )
+        ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
+        # Checked once for the whole row group, so collate need not check each micro-batch again.
+        # Isolated documents get their -100 at document starts in _pack, so that rule is not asked of them.
+        bad = first_broken_pack(ids[0], labels[0], cu[0], cu[1], None if self.isolate_documents else labels[1])
+        if bad >= 0:
+            raise DatasetError(
+                f"{self.manifest.shards[unit.shard].file}: row {unit.first_row + bad}: breaks the pack contract "
+                f"({cu_name} not from 0 to the pack length, or a label other than -100 at a segment start); "
+                "rebuild the shards"
+            )
+        return _Decoded(unit_index, ids, labels, cu, _ints(table, "attn_cost"), table.column("pack_hash").to_pylist())
 
     def _pack(
         self, cached: dict[str, Any], order: EpochOrder, position: int, step: int, resume: int, closes: bool
@@ -421,7 +424,9 @@ class PackedDataset(IterableDataset):
             cost = int((np.diff(cu).astype(np.int64) ** 2).sum())
         unit = self.units[u]
         shard = self.manifest.shards[unit.shard].file.name
-        return LoadedPack(ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes)
+        return LoadedPack(
+            ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True
+        )
 
 
 class _RoundBatches(IterableDataset):

@@ -98,10 +98,17 @@ def write_build(
 
 @pytest.fixture
 def make_build(tmp_path):
-    """make_build(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4) -> (path, packs)."""
+    """make_build(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4) -> (path, packs).
 
-    def make(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4, seed=0, name="build", mode="packed"):
+    `alter(packs)` may change the packs in place before they are written (to build a broken shard).
+    """
+
+    def make(
+        n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4, seed=0, name="build", mode="packed", alter=None
+    ):
         packs = synthetic_packs(n_packs, capacity, seed=seed, mode=mode)
+        if alter is not None:
+            alter(packs)
         path = write_build(
             tmp_path / name,
             packs,

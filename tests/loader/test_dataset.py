@@ -352,3 +352,37 @@ def test_isolated_documents_plan_with_document_costs(make_build):
     ds = balanced(path, 0, isolate_documents=True, alpha=0.0, shuffle=False, packs_per_step=16, token_budget=64)
     want = {p.pack_hash: int((np.diff(p.doc_cu_seqlens).astype(np.int64) ** 2).sum()) for p in packs}
     assert all(row.cost == want[row.pack_hash] for row in ds)
+
+
+def test_a_pack_breaking_the_contract_is_refused_with_its_row(make_build):
+    broken = []
+
+    def label_across_a_boundary(packs):
+        target = next(i for i, p in enumerate(packs) if i > 4 and len(p.cu_seqlens) > 2)
+        packs[target].labels[packs[target].cu_seqlens[1]] = 5  # a target across a segment boundary
+        broken.append(target)
+
+    path, _ = make_build(n_packs=10, packs_per_shard=10, row_group_size=4, seed=2, alter=label_across_a_boundary)
+    with pytest.raises(DatasetError, match=rf"shard-00000\.parquet: row {broken[0]}: breaks the pack contract"):
+        list(PackedDataset(path, shuffle=False))
+
+
+def test_first_broken_pack_rules():
+    from packtool.loader.contract import first_broken_pack
+
+    def run(packs, check_labels=True):
+        def lists(name):
+            arrays = [np.asarray(p[name]) for p in packs]
+            return np.concatenate([[0], np.cumsum([len(a) for a in arrays])]), np.concatenate(arrays)
+
+        ids, labels, cu = lists("input_ids"), lists("labels"), lists("cu_seqlens")
+        return first_broken_pack(ids[0], labels[0], cu[0], cu[1], labels[1] if check_labels else None)
+
+    good = {"input_ids": [1, 2, 3], "labels": [-100, 2, -100], "cu_seqlens": [0, 2, 3]}
+    assert run([good, good]) == -1
+    assert run([good, good | {"cu_seqlens": [0, 2, 4]}]) == 1
+    assert run([good, good | {"cu_seqlens": [1, 3]}]) == 1
+    assert run([good | {"cu_seqlens": [0, 2, 2, 3]}, good]) == 0
+    assert run([good, good, good | {"labels": [-100, 2]}]) == 2
+    assert run([good, good | {"labels": [-100, 2, 3]}]) == 1
+    assert run([good, good | {"labels": [-100, 2, 3]}], check_labels=False) == -1

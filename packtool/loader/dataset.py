@@ -114,9 +114,9 @@ def _row_costs(table: pa.Table, isolate_documents: bool) -> np.ndarray:
     if not isolate_documents:
         return _ints(table, "attn_cost")
     offsets, values = _lists(table, "doc_cu_seqlens")
-    steps = np.diff(values.astype(np.int64))
+    steps: np.ndarray = np.diff(values.astype(np.int64))
     steps[offsets[1:-1] - 1] = 0  # the step from one pack's last offset to the next pack's 0
-    summed = np.concatenate([[0], np.cumsum(steps**2)])
+    summed = np.concatenate([[0], np.cumsum(steps * steps)])
     return summed[offsets[1:] - 1] - summed[offsets[:-1]]
 
 
@@ -272,7 +272,10 @@ class PackedDataset(IterableDataset):
         """The current epoch's order and its plan from `position` (cached; logs what it leaves out, once per epoch)."""
         key = (self.epoch, self.position)
         if self._plan is None or self._plan[0] != key:
-            order = epoch_order([u.rows for u in self.units], self.seed, self.epoch, self.shuffle)
+            if self._plan is not None and self._plan[0][0] == self.epoch:
+                order = self._plan[1]  # same epoch, later position: the order stands, only the rest is re-planned
+            else:
+                order = epoch_order([u.rows for u in self.units], self.seed, self.epoch, self.shuffle)
             n = len(order.unit)
             if self.balance is not None and self.packs_per_step is not None:
                 tokens, costs = self._per_pack()

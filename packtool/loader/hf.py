@@ -165,7 +165,9 @@ class _PackedMixin:
         self._window["segments"] += int((positions == 0).sum())
         loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
         self.packed.advance(position)
-        if len(self.packed) == 0:  # this rank's epoch is done: the next pass reads the next epoch
+        if (
+            self.packed.total_packs - position < self.packed.world_size
+        ):  # no round left: the next pass reads the next epoch
             self.packed.set_epoch(self.packed.epoch + 1)
         return loss
 
@@ -175,7 +177,9 @@ class _PackedMixin:
             self._window = dict.fromkeys(self._window, 0)
         super().log(logs, *args, **kwargs)  # type: ignore[misc]
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval: Any = None
+    ):
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[attr-defined]
@@ -184,7 +188,9 @@ class _PackedMixin:
             if not state_file.is_file():
                 raise DatasetError(f"{checkpoint}: no {STATE_FILE}; it was not written by a packtool trainer")
             self.packed.load_state_dict(json.loads(state_file.read_text()))
-        return super().train(resume_from_checkpoint=checkpoint, **kwargs)  # type: ignore[misc]
+        return super().train(  # type: ignore[misc]
+            resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
+        )
 
 
 class _SaveDataOrder(transformers.TrainerCallback):
@@ -204,8 +210,8 @@ class _SaveDataOrder(transformers.TrainerCallback):
 class PackedTrainer(_PackedMixin, transformers.Trainer):
     """`transformers.Trainer` reading a packtool build: see the module docstring."""
 
-    def __init__(self, *args: Any, train_dataset: PackedDataset, data_collator: Any = None, **kwargs: Any) -> None:
-        super().__init__(*args, train_dataset=train_dataset, data_collator=data_collator or PackedCollator(), **kwargs)
+    def __init__(self, *, train_dataset: PackedDataset, data_collator: Any = None, **kwargs: Any) -> None:
+        super().__init__(train_dataset=train_dataset, data_collator=data_collator or PackedCollator(), **kwargs)
         self._setup_packed(train_dataset)
 
 
@@ -225,8 +231,8 @@ def __getattr__(name: str) -> Any:
 
             _packs_as_examples = True
 
-            def __init__(self, *args: Any, packed: PackedDataset, **kwargs: Any) -> None:
-                super().__init__(*args, train_dataset=sft_dataset(packed), **kwargs)
+            def __init__(self, *, packed: PackedDataset, **kwargs: Any) -> None:
+                super().__init__(train_dataset=sft_dataset(packed), **kwargs)
                 self._setup_packed(packed)
 
         globals()["PackedSFTTrainer"] = PackedSFTTrainer

@@ -393,10 +393,13 @@ class PackedDataset(IterableDataset):
         for packs in self._rounds(worker, n_workers):
             yield from packs
 
-    def _decode(self, unit_index: int) -> _Decoded:
+    def _decode(self, unit_index: int, cached: dict[str, Any]) -> _Decoded:
+        """One row group's columns; `cached["file"]` keeps the last shard open (opening costs as much as a decode)."""
         unit = self.units[unit_index]
+        if cached.get("file", (-1,))[0] != unit.shard:
+            cached["file"] = (unit.shard, self._open(unit.shard))
         cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
-        table = self._open(unit.shard).read_row_group(
+        table = cached["file"][1].read_row_group(
             unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash"]
         )
         ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
@@ -418,7 +421,7 @@ class PackedDataset(IterableDataset):
         u, i = int(order.unit[position]), int(order.row[position])
         cols = cached.get("cols")
         if cols is None or cols.unit != u:
-            cols = cached["cols"] = self._decode(u)
+            cols = cached["cols"] = self._decode(u, cached)
         ids, labels, cu = (values[offs[i] : offs[i + 1]] for offs, values in (cols.ids, cols.labels, cols.cu))
         cost = int(cols.attn_cost[i])
         if self.isolate_documents:

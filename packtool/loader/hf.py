@@ -31,13 +31,14 @@ train_dataset (TRL accepts only `datasets` types) and `SFTConfig(dataset_kwargs=
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 try:
     import transformers
@@ -52,7 +53,8 @@ from packtool.loader.dataset import PackedDataset
 __all__ = ["PackedCollator", "PackedTrainer", "sft_dataset", "trainer_dataset"]  # + PackedSFTTrainer (needs trl)
 
 STATE_FILE = "packtool_data.json"
-POSITION_KEY = "packtool_resume_after"  # rides in each batch from the collator to training_step, popped there
+POSITION_KEY = "packtool_resume_after"  # ride in each batch from the collator to training_step, popped there
+HASHES_KEY = "packtool_pack_hashes"
 
 
 def trainer_dataset(path: str | Path, args: transformers.TrainingArguments, **options: Any) -> PackedDataset:
@@ -106,23 +108,37 @@ def sft_dataset(dataset: PackedDataset):
     return datasets.IterableDataset.from_generator(examples)
 
 
-class _Stream(IterableDataset):
-    """The rank's packs for the Trainer's DataLoader; its length is what is left of the current epoch."""
+class _Batches(IterableDataset):
+    """The rank's packs in plan order, `batch_size` consecutive packs per item.
 
-    def __init__(self, dataset: PackedDataset) -> None:
-        self.dataset = dataset
+    Batches, not packs, are the DataLoader's items: a worker then hands out whole batches of
+    consecutive rounds (worker w: batches w, w+k, ...), so the batches arrive in plan order and
+    each one's last pack says where a resume starts, whatever the worker count.
+    """
+
+    def __init__(self, dataset: PackedDataset, batch_size: int, drop_last: bool) -> None:
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __iter__(self) -> Iterator[LoadedPack]:
-        return iter(self.dataset)
+    def __iter__(self) -> Iterator[list[LoadedPack]]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        packs = (pack for round_ in self.dataset._rounds(0, 1) for pack in round_)
+        for i, batch in enumerate(iter(lambda: list(itertools.islice(packs, self.batch_size)), [])):
+            if self.drop_last and len(batch) < self.batch_size:
+                return
+            if i % n_workers == worker:
+                yield batch
 
 
 class _PackedMixin:
     """Shared by PackedTrainer and PackedSFTTrainer: DataLoader, data-order checkpoints, window metrics."""
 
     packed: PackedDataset
+    last_pack_hashes: list[str]  # the micro-batch last trained (pack_hash -> shard row -> sample ids)
     _packs_as_examples = False
 
     def _setup_packed(self, dataset: PackedDataset) -> None:
@@ -142,22 +158,23 @@ class _PackedMixin:
         """A plain per-rank DataLoader: the dataset is already this rank's share (no accelerate re-sharding)."""
         args = self.args  # type: ignore[attr-defined]
         return DataLoader(
-            _Stream(self.packed),
-            batch_size=args.per_device_train_batch_size,
+            _Batches(self.packed, args.per_device_train_batch_size, args.dataloader_drop_last),
+            batch_size=None,  # items are already batches of consecutive packs
             collate_fn=self._collate,
             num_workers=args.dataloader_num_workers,
             pin_memory=args.dataloader_pin_memory,
-            drop_last=args.dataloader_drop_last,
         )
 
     def _collate(self, packs: list[LoadedPack]) -> dict[str, Any]:
         collator = self.data_collator  # type: ignore[attr-defined]
         batch = dict(collator([sft_example(p) for p in packs] if self._packs_as_examples else packs))
         batch[POSITION_KEY] = packs[-1].resume_after
+        batch[HASHES_KEY] = [p.pack_hash for p in packs]
         return batch
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         position = inputs.pop(POSITION_KEY)
+        self.last_pack_hashes = inputs.pop(HASHES_KEY)  # provenance of the micro-batch just trained
         positions = inputs["position_ids"]
         n_tokens = int(inputs["input_ids"].numel())
         self._window["input_tokens"] += n_tokens

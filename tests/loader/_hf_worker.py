@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--trl", action="store_true")
+    parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
         "report_to": [],
         "use_cpu": True,
         "ddp_backend": "gloo" if distributed else None,
-        "dataloader_num_workers": 0,
+        "dataloader_num_workers": args.workers,
         "seed": 0,
         "disable_tqdm": True,
     }
@@ -86,13 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
         trainer = PackedTrainer(model=tiny_llama(dataset.manifest.vocab_size), args=targs, train_dataset=dataset)
 
     trained: list[list[str]] = []
-    collate = trainer._collate
+    step = trainer.training_step
 
-    def recording(packs):
-        trained.append([p.pack_hash for p in packs])
-        return collate(packs)
+    def recording(*args, **kwargs):
+        loss = step(*args, **kwargs)
+        trained.append(list(trainer.last_pack_hashes))  # in the main process, whatever the worker count
+        return loss
 
-    trainer._collate = recording
+    trainer.training_step = recording
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     gathered = [trained]

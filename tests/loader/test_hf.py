@@ -60,12 +60,15 @@ def test_ddp_on_two_ranks_gives_the_single_process_loss(quickstart_build, refere
     assert ddp["losses"] == pytest.approx(reference["losses"], abs=1e-5)
 
 
-def test_resume_from_a_checkpoint_reads_the_same_next_packs(quickstart_build, tmp_path):
-    full = run(quickstart_build, tmp_path, "full", "--steps", "4", "--accum", "2")
-    run(quickstart_build, tmp_path, "split", "--steps", "2", "--accum", "2", "--save-steps", "2")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_from_a_checkpoint_reads_the_same_next_packs(quickstart_build, tmp_path, workers):
+    loader = ["--accum", "2", "--workers", str(workers)]
+    full = run(quickstart_build, tmp_path, "full", "--steps", "4", *loader)
+    run(quickstart_build, tmp_path, "split", "--steps", "2", "--save-steps", "2", *loader)
     saved = json.loads((tmp_path / "split" / "checkpoint-2" / "packtool_data.json").read_text())
     assert saved["position"] == 4 and saved["epoch"] == 0
-    resumed = run(quickstart_build, tmp_path, "split", "--steps", "4", "--accum", "2", "--resume")
+    resumed = run(quickstart_build, tmp_path, "split", "--steps", "4", "--resume", *loader)
+    assert len(flat(full["hashes"][0])) == 8 == len(set(flat(full["hashes"][0])))
     assert flat(resumed["hashes"][0]) == flat(full["hashes"][0])[4:]
     assert resumed["losses"][-1] == pytest.approx(full["losses"][-1], abs=1e-5)
 

@@ -17,7 +17,8 @@ What a Trainer user needs, and where it is:
                          turned off (`ignore_data_skip`), so a resume reads no batch twice and skips none,
                          also under another world size
     metrics              per logging window: input_tokens, target_tokens, segments, padding_slots added to the
-                         Trainer's logs next to the loss
+                         Trainer's logs next to the loss (this rank's counts)
+    provenance           `trainer.last_pack_hashes`: the packs of the micro-batch just trained
 
     args = TrainingArguments(output_dir=..., per_device_train_batch_size=4, gradient_accumulation_steps=2, ...)
     trainer = PackedTrainer(model=model, args=args, train_dataset=trainer_dataset("out/", args))

@@ -4,9 +4,10 @@
 
 On CUDA: flash_attn (if importable), torch varlen_attn, flex (eager) and SDPA with the block
 mask are compared with per-segment causal SDPA on packed batches (bf16, tolerance 2e-2), forward
-and backward; then packed varlen attention is timed against padded attention ([B, Lmax] batch,
-causal). On CPU only the fp32/fp64 reference paths run (SDPA mask, flex eager) and the CUDA parts
-are reported as skipped. Finishes in well under 5 minutes on either.
+and backward; `chunked_token_loss_sum` is compared with the full loss (bf16, V=151,936, T=4096:
+value, gradients, peak CUDA memory); then packed varlen attention is timed against padded
+attention ([B, Lmax] batch, causal). On CPU only the fp32/fp64 reference paths and a small
+chunked-loss check run, and the CUDA parts are reported as skipped. Finishes in well under 5 minutes on either.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from packtool.loader.attention import _flash_attn_func, _torch_varlen, per_segment_attention, varlen_attention
+from packtool.loader.loss import chunked_token_loss_sum, token_loss_sum
 
 
 def packed_lengths(capacity: int, seed: int) -> list[int]:
@@ -108,6 +110,34 @@ def packed_vs_padded(backend, lengths_per_row, heads, dim, dtype, device) -> Non
     )
 
 
+def chunked_loss_check(vocab: int = 151_936, tokens: int = 4096, hidden: int = 1024, device: str = "cuda") -> list[str]:
+    """bf16 hidden states and weight: chunked vs full loss, value, gradients and (CUDA) peak memory."""
+    cuda = device == "cuda"
+    g = torch.Generator(device="cpu").manual_seed(0)
+    h0 = torch.randn(1, tokens, hidden, generator=g).to(device, torch.bfloat16)
+    w0 = (torch.randn(vocab, hidden, generator=g) * 0.02).to(device, torch.bfloat16)
+    labels = torch.randint(0, vocab, (1, tokens), generator=g).to(device)
+    labels[0, ::7] = -100
+    results = {}
+    for name, fn in (("full", lambda h, w: token_loss_sum(h @ w.T, labels)), ("chunked", None)):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() if cuda else 0
+        loss, n = fn(h, w) if fn else chunked_token_loss_sum(h, w, labels)
+        (loss / n).backward()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+        results[name] = (loss.item() / n, h.grad.float(), w.grad.float())
+        print(
+            f"  {name:8s} loss {results[name][0]:.5f}  peak +{peak:.0f} MiB  (V={vocab:,}, T={tokens}, bf16, {device})"
+        )
+    diff = max((a - b).abs().max().item() for a, b in zip(results["full"][1:], results["chunked"][1:], strict=True))
+    ok = abs(results["full"][0] - results["chunked"][0]) < 1e-3 and diff < 1e-2
+    print(f"  chunked vs full: max|grad diff| {diff:.2e}  {'ok' if ok else 'FAIL'}")
+    return [] if ok else ["chunked_loss"]
+
+
 def main() -> int:
     started = time.perf_counter()
     failures: list[str] = []
@@ -117,9 +147,11 @@ def main() -> int:
     failures += compare(["sdpa"], lengths, 4, 32, torch.float64, "cpu", 1e-10)
     failures += compare(["flex"], lengths, 4, 32, torch.float32, "cpu", 1e-5)
     failures += compare_backward(["sdpa"], lengths, 4, 32, torch.float64, "cpu", 1e-10)
+    print("chunked vs full loss (bf16, small, CPU):")
+    failures += chunked_loss_check(vocab=4096, tokens=256, hidden=64, device="cpu")
 
     if not torch.cuda.is_available():
-        print("SKIPPED (no CUDA): flash_attn, torch varlen_attn, bf16 flex, packed-vs-padded timing")
+        print("SKIPPED (no CUDA): flash_attn, torch varlen_attn, bf16 flex, chunked loss at V=151,936, timing")
     else:
         print(f"CUDA: {torch.cuda.get_device_name()}")
         backends = ["sdpa", "flex"]
@@ -138,6 +170,8 @@ def main() -> int:
             failures += compare_backward(
                 [b for b in backends if b != "flex"], lengths, 8, 64, torch.bfloat16, "cuda", 5e-2
             )
+        print(" chunked loss vs full loss:")
+        failures += chunked_loss_check()
         print(" timing (forward, bf16, 8 rows of 8192):")
         rows = [packed_lengths(8192, seed=s) for s in range(8)]
         for backend in backends:

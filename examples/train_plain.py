@@ -2,12 +2,17 @@
 
     python examples/train_plain.py OUT/ --steps 5 --accum 2 --token-budget 2048
     python examples/train_plain.py OUT/ --steps 5 --packs-per-step 16 --alpha 2048
+    python examples/train_plain.py OUT/ --steps 5 --chunked-loss
 
 Every update window (`--accum` micro-batches on each rank, or with `--packs-per-step` one step
 of the attention-balanced plan) is normalised by its total target count N (one all_reduce
 across ranks), so each target token weighs 1/N whatever the packing or the micro-batch split.
+Each step logs the window's metrics (input and target tokens, segments, padding, the loss
+denominator, attention cost) next to the loss. `--chunked-loss` computes the loss from the last
+hidden states and the output weight in chunks, never holding the [T, V] logits.
 Uses a tiny random Llama so it runs on CPU; swap in your model.
-Multi-GPU: launch with torchrun; PackedDataset reads rank/world size from torch.distributed.
+Multi-GPU: launch with torchrun; PackedDataset reads rank/world size from torch.distributed, and
+every rank gets the same number of micro-batches per epoch.
 """
 
 from __future__ import annotations
@@ -18,7 +23,15 @@ import itertools
 import torch
 import transformers
 
-from packtool.loader import PackedDataset, packed_batches, packed_steps, token_loss_sum, window_norm
+from packtool.loader import (
+    PackedDataset,
+    chunked_token_loss_sum,
+    packed_batches,
+    packed_steps,
+    token_loss_sum,
+    window_metrics,
+    window_norm,
+)
 
 
 def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
@@ -35,12 +48,15 @@ def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
     return transformers.LlamaForCausalLM(config)
 
 
-def forward(model, mb):
+def loss_sum(model, mb, chunked: bool):
     # position_ids restarting per segment with attention_mask=None is how HF models take packed
     # rows (tests/loader/test_proofs.py checks it isolates samples); flash-attention backends
     # also read the explicit offsets in mb.flash_kwargs().
     extra = mb.flash_kwargs() if "flash" in model.config._attn_implementation else {}
-    return model(input_ids=mb.input_ids, position_ids=mb.position_ids, **extra).logits
+    if chunked:  # the decoder's last hidden states and the lm_head weight: no [T, V] logits
+        hidden = model.model(input_ids=mb.input_ids, position_ids=mb.position_ids, **extra).last_hidden_state
+        return chunked_token_loss_sum(hidden, model.lm_head.weight, mb.labels)[0]
+    return token_loss_sum(model(input_ids=mb.input_ids, position_ids=mb.position_ids, **extra).logits, mb.labels)[0]
 
 
 def main(argv: list[str] | None = None) -> list[float]:
@@ -55,19 +71,26 @@ def main(argv: list[str] | None = None) -> list[float]:
     )
     parser.add_argument("--alpha", type=float, default=0.0, help="linear term of a pack's cost (with --packs-per-step)")
     parser.add_argument("--vocab-size", type=int, default=None, help="default: the manifest's tokenizer vocab_size")
+    parser.add_argument("--chunked-loss", action="store_true", help="loss from hidden states in chunks over T")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     balance = {"balance": "attention", "packs_per_step": args.packs_per_step, "alpha": args.alpha}
-    dataset = PackedDataset(args.build, seed=0, num_workers=args.workers, **(balance if args.packs_per_step else {}))
-    vocab = args.vocab_size or (dataset.manifest.get("tokenizer") or {}).get("vocab_size") or 32000
+    dataset = PackedDataset(
+        args.build,
+        seed=0,
+        num_workers=args.workers,
+        token_budget=args.token_budget,
+        **(balance if args.packs_per_step else {}),
+    )
+    vocab = args.vocab_size or dataset.manifest.vocab_size or 32000
     model = tiny_model(vocab).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def windows():
         if args.packs_per_step:  # the plan's steps: every rank has the same number, of balanced cost
-            return packed_steps(dataset, token_budget=args.token_budget)
-        batches = packed_batches(dataset, token_budget=args.token_budget)
+            return packed_steps(dataset)
+        batches = packed_batches(dataset)  # the same number of micro-batches on every rank
         return iter(lambda: list(itertools.islice(batches, args.accum)), [])
 
     losses: list[float] = []
@@ -83,13 +106,14 @@ def main(argv: list[str] | None = None) -> list[float]:
             continue
         total = 0.0
         for mb in window:  # under DDP wrap all but the last in model.no_sync()
-            loss_sum, _ = token_loss_sum(forward(model, mb), mb.labels)
-            norm.loss_for_backward(loss_sum).backward()  # W * S / N; DDP's average makes it S / N
-            total += loss_sum.item()
+            s = loss_sum(model, mb, args.chunked_loss)
+            norm.loss_for_backward(s).backward()  # W * S / N; DDP's average makes it S / N
+            total += s.item()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(total / norm.n_global)
-        print(f"step {len(losses)}: loss {losses[-1]:.4f} over {norm.n_global} targets, state {dataset.state_dict()}")
+        metrics = window_metrics(window, norm)  # log tokens/s and targets/s from these, not from a guess
+        print(f"step {len(losses)}: loss {losses[-1]:.4f} {metrics.as_dict()} state {dataset.state_dict()}")
     return losses
 
 

@@ -1,14 +1,16 @@
-"""The PyTorch side: read packed shards, collate padding-free micro-batches, attention and loss helpers.
+"""The PyTorch side: read packed shards, collate padding-free micro-batches, loss, context-parallel slices.
 
-Needs the `loader` extra (torch). Everything here follows docs/format.md ("Loader contract" in
-DESIGN.md): micro-batches carry explicit varlen metadata, the loss is normalised by the target
-count of the whole update window, and the data order resumes from a few integers.
+Needs the `loader` extra (torch). Everything here follows docs/format.md ("Loader contract"):
+every rank runs the same rounds, shard bytes are verified before use, micro-batches carry
+explicit varlen metadata and stay under a hard token budget, the loss is normalised by the
+target count of the whole update window, and the data order resumes from a global position.
 
-Two reading options of `PackedDataset` (details in dataset.py): `balance="attention"` deals the
-packs of every global step to ranks by attention cost (`packed_steps` yields one step's
-micro-batches at a time), and `isolate_documents=True` turns the documents of a stream build
-into attention segments with no target across them.
+The front door below is what a training loop needs; the rest stays at its module path
+(`packtool.loader.attention`, `.balance`, `.collate`, `.schedule`, `.contract`, `.loss`, `.cp`).
+`packtool.loader.hf` (Hugging Face Trainer / TRL integration) is imported on first use.
 """
+
+from typing import Any
 
 try:
     import torch  # noqa: F401
@@ -18,63 +20,34 @@ except ImportError as err:  # pragma: no cover - exercised in an environment wit
         "(on the development machine: pip install torch==2.13.0)"
     ) from err
 
-from packtool.loader.attention import (
-    block_causal_mask,
-    document_ids,
-    flex_document_mask,
-    per_segment_attention,
-    select_backend,
-    varlen_attention,
-)
-from packtool.loader.balance import assign_lpt, assign_round_robin, imbalance, pack_costs
-from packtool.loader.collate import (
-    IGNORE_INDEX,
-    MicroBatch,
-    PackFormatError,
-    PackRow,
-    batch_by_tokens,
-    collate,
-    plan_micro_batches,
-    validate_cu_seqlens,
-)
-from packtool.loader.dataset import BalancedPlan, DatasetError, PackedDataset, packed_batches, packed_steps
-from packtool.loader.loss import (
-    WindowNorm,
-    count_window_targets,
-    global_target_count,
-    sample_mean_loss,
-    token_loss_sum,
-    window_norm,
-)
+from packtool.errors import DatasetError
+from packtool.loader.attention import varlen_attention
+from packtool.loader.collate import LoadedPack, MicroBatch, collate
+from packtool.loader.cp import context_parallel_slice
+from packtool.loader.dataset import PackedDataset, packed_batches, packed_steps
+from packtool.loader.loss import chunked_token_loss_sum, token_loss_sum, window_metrics, window_norm
 
 __all__ = [
-    "IGNORE_INDEX",
-    "BalancedPlan",
     "DatasetError",
+    "LoadedPack",
     "MicroBatch",
-    "PackFormatError",
-    "PackRow",
     "PackedDataset",
-    "WindowNorm",
-    "assign_lpt",
-    "assign_round_robin",
-    "batch_by_tokens",
-    "block_causal_mask",
+    "chunked_token_loss_sum",
     "collate",
-    "count_window_targets",
-    "document_ids",
-    "flex_document_mask",
-    "global_target_count",
-    "imbalance",
-    "pack_costs",
+    "context_parallel_slice",
+    "hf",
     "packed_batches",
     "packed_steps",
-    "per_segment_attention",
-    "plan_micro_batches",
-    "sample_mean_loss",
-    "select_backend",
     "token_loss_sum",
-    "validate_cu_seqlens",
     "varlen_attention",
+    "window_metrics",
     "window_norm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "hf":  # transformers is optional: only its users pay the import
+        import importlib
+
+        return importlib.import_module("packtool.loader.hf")
+    raise AttributeError(f"module 'packtool.loader' has no attribute {name!r}")

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from packtool.loader.collate import validate_cu_seqlens
+from packtool.loader.contract import validate_cu_seqlens
 
 BACKENDS = ("flash_attn", "torch_varlen", "sdpa")
 

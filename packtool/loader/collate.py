@@ -34,20 +34,27 @@ tokens never see it and it never adds a target::
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from packtool.errors import PackFormatError
-from packtool.format import attn_cost, check_cu_seqlens
+from packtool.format import attn_cost
 from packtool.labels import IGNORE_INDEX, position_ids
+from packtool.loader.contract import validate_cu_seqlens
+
+__all__ = ["LoadedPack", "MicroBatch", "PackFormatError", "batch_by_tokens", "collate", "validate_cu_seqlens"]
 
 
 @dataclass(frozen=True, slots=True)
-class PackRow:
-    """One pack as read from a shard: the columns the loader needs plus where it came from."""
+class LoadedPack:
+    """One pack read back from a shard: the columns the loader needs, where it came from, its place in the plan.
+
+    `step` is the plan round it belongs to; `resume_after` is the global position a resume state
+    may point at once this pack is trained (the round's end when `closes_step`, else its start).
+    """
 
     input_ids: np.ndarray  # int32 [L]
     labels: np.ndarray  # int32 [L]
@@ -56,7 +63,10 @@ class PackRow:
     attn_cost: int = -1  # sum(l_i^2); -1 when unknown (computed on demand)
     shard: str = ""
     row: int = -1
-    step: int = -1  # the global step of a balanced epoch plan (PackedDataset(balance=...)); -1 outside one
+    step: int = -1  # the plan round (one micro-batch or one optimizer step of every rank); -1 outside a plan
+    resume_after: int = -1
+    closes_step: bool = False  # the last pack of this rank's share of its round
+    checked: bool = False  # the reader already checked the contract (offsets, -100 at segment starts)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -73,12 +83,12 @@ class PackRow:
         return attn_cost(self.cu_seqlens)
 
 
-def as_pack_row(item: PackRow | Mapping[str, Any]) -> PackRow:
-    """Accept a PackRow or any mapping with input_ids/labels/cu_seqlens (lists or arrays)."""
-    if isinstance(item, PackRow):
+def as_loaded_pack(item: LoadedPack | Mapping[str, Any]) -> LoadedPack:
+    """Accept a LoadedPack or any mapping with input_ids/labels/cu_seqlens (lists or arrays)."""
+    if isinstance(item, LoadedPack):
         return item
     try:
-        return PackRow(
+        return LoadedPack(
             input_ids=np.asarray(item["input_ids"], dtype=np.int64),
             labels=np.asarray(item["labels"], dtype=np.int64),
             cu_seqlens=np.asarray(item["cu_seqlens"], dtype=np.int64),
@@ -86,29 +96,15 @@ def as_pack_row(item: PackRow | Mapping[str, Any]) -> PackRow:
             attn_cost=int(item.get("attn_cost", -1)),
         )
     except KeyError as err:
-        raise PackFormatError(f"pack row lacks column {err}; need input_ids, labels, cu_seqlens") from None
-
-
-def validate_cu_seqlens(
-    cu_seqlens: Sequence[int] | np.ndarray | torch.Tensor, total: int, max_seqlen: int | None = None
-):
-    """Raise PackFormatError unless `cu_seqlens` describes `total` tokens exactly.
-
-    Rules: starts at 0, strictly increasing (no empty segment), ends at `total`, fits int32,
-    and `max_seqlen` (when given) equals the longest segment.
-    """
-    cu = cu_seqlens.detach().cpu().numpy() if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
-    check_cu_seqlens(cu, total)
-    steps = np.diff(cu.astype(np.int64))
-    if max_seqlen is not None and int(max_seqlen) != int(steps.max()):
-        raise PackFormatError(f"max_seqlen {max_seqlen} != longest segment {int(steps.max())}")
+        raise PackFormatError(f"pack lacks column {err}; need input_ids, labels, cu_seqlens") from None
 
 
 @dataclass(frozen=True, slots=True)
 class MicroBatch:
     """One flattened micro-batch (batch dimension 1, no padding unless fixed shape was asked).
 
-    `n_packs` is how many shard rows it consumed (for exact resume); padding rows count 0.
+    `n_packs` is how many shard rows it holds (padding rows count 0); `resume_after` the global
+    epoch position a resume state may point at once it is trained (-1 outside a plan).
     """
 
     input_ids: torch.Tensor  # int64 [1, T]
@@ -119,31 +115,18 @@ class MicroBatch:
     n_targets: int
     n_packs: int
     pack_hashes: tuple[str, ...] = ()  # provenance: shard rows -> sample ids via the manifest
-    step: int = -1  # the balanced-plan step of its packs (never mixed), -1 outside a balanced plan
+    step: int = -1  # the plan round of its packs (never mixed), -1 outside a plan
+    resume_after: int = -1
+    n_segments: int = 0  # real attention segments (samples); padding segments not counted
+    n_padding: int = 0  # padding token slots (fixed shape only)
+    attn_cost: int = 0  # sum(l_i^2) over real segments
 
     @property
     def n_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    # Names Hugging Face models accept for padding-free flash attention (FlashAttentionKwargs).
-    @property
-    def cu_seq_lens_q(self) -> torch.Tensor:
-        return self.cu_seqlens
-
-    @property
-    def cu_seq_lens_k(self) -> torch.Tensor:
-        return self.cu_seqlens
-
-    @property
-    def max_length_q(self) -> int:
-        return self.max_seqlen
-
-    @property
-    def max_length_k(self) -> int:
-        return self.max_seqlen
-
     def flash_kwargs(self) -> dict[str, Any]:
-        """`cu_seq_lens_q/k`, `max_length_q/k`: only flash-attention backends read these (eager/SDPA ignore them)."""
+        """`cu_seq_lens_q/k`, `max_length_q/k`: what HF flash-attention backends read (eager/SDPA ignore them)."""
         return {
             "cu_seq_lens_q": self.cu_seqlens,
             "cu_seq_lens_k": self.cu_seqlens,
@@ -152,7 +135,7 @@ class MicroBatch:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        """Every field plus the flash names, e.g. for a Hugging Face Trainer batch."""
+        """The tensors and counts plus the flash names, e.g. for a Hugging Face batch."""
         return {
             "input_ids": self.input_ids,
             "labels": self.labels,
@@ -168,105 +151,110 @@ class MicroBatch:
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=non_blocking)
 
-        return MicroBatch(
-            move(self.input_ids),
-            move(self.labels),
-            move(self.position_ids),
-            move(self.cu_seqlens),
-            self.max_seqlen,
-            self.n_targets,
-            self.n_packs,
-            self.pack_hashes,
-            self.step,
+        return replace(
+            self,
+            input_ids=move(self.input_ids),
+            labels=move(self.labels),
+            position_ids=move(self.position_ids),
+            cu_seqlens=move(self.cu_seqlens),
         )
 
 
-def _pad_row(row: PackRow, capacity: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    n = len(row)
-    if n > capacity:
-        raise PackFormatError(f"pack {row.pack_hash or row.row} has {n} tokens > capacity {capacity}; raise capacity")
-    ids, labels, cu = (np.asarray(row.input_ids), np.asarray(row.labels), np.asarray(row.cu_seqlens, np.int64))
-    if n == capacity:
-        return ids, labels, cu
-    pad = capacity - n
-    return (
-        np.concatenate([ids, np.full(pad, pad_id, dtype=ids.dtype)]),
-        np.concatenate([labels, np.full(pad, IGNORE_INDEX, dtype=labels.dtype)]),
-        np.concatenate([cu, [capacity]]),  # the padding is its own segment: nothing real attends to it
-    )
-
-
 def collate(
-    rows: Sequence[PackRow | Mapping[str, Any]],
+    rows: Sequence[LoadedPack | Mapping[str, Any]],
     *,
     capacity: int | None = None,
     pad_id: int = 0,
     n_padding_rows: int = 0,
 ) -> MicroBatch:
-    """Concatenate pack rows into one `[1, T]` micro-batch with explicit varlen metadata.
+    """Concatenate packs into one `[1, T]` micro-batch with explicit varlen metadata.
 
-    `capacity` pads every row to that length (fixed shape); `n_padding_rows` appends rows made
-    only of padding (so the last micro-batch of an epoch keeps the same T). Raises
-    PackFormatError when a row breaks the contract: bad cu_seqlens, labels/input_ids of different
-    lengths, or a label that is not -100 at a segment start (a target across a boundary).
+    `capacity` pads every pack to that length with one padding segment (fixed shape);
+    `n_padding_rows` appends rows made only of padding (so the last micro-batch of an epoch keeps
+    the same T). Raises PackFormatError when a pack breaks the contract: bad cu_seqlens,
+    labels/input_ids of different lengths, or a label that is not -100 at a segment start (a
+    target across a boundary). One concatenation per column and one vectorised check for the
+    whole micro-batch: per-pack numpy calls were most of the loader's time.
     """
-    packs = [as_pack_row(r) for r in rows]
+    packs = [as_loaded_pack(r) for r in rows]
     if not packs and not n_padding_rows:
         raise PackFormatError("collate got no rows")
-    ids_parts: list[np.ndarray] = []
-    label_parts: list[np.ndarray] = []
-    cu_parts: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
-    offset = 0
-    for pack in packs:
-        if len(pack.labels) != len(pack.input_ids):
-            raise PackFormatError(f"pack {pack.pack_hash!r}: {len(pack.labels)} labels for {len(pack)} input_ids")
-        validate_cu_seqlens(pack.cu_seqlens, len(pack))
-        starts = np.asarray(pack.cu_seqlens[:-1], dtype=np.int64)
-        if (np.asarray(pack.labels)[starts] != IGNORE_INDEX).any():
+    if n_padding_rows and capacity is None:
+        raise PackFormatError("n_padding_rows needs a capacity")
+    # Packs read by PackedDataset had the contract checked once per row group (`checked`); others here.
+    trusted = all(p.checked for p in packs)
+    lens = np.fromiter((len(p.input_ids) for p in packs), np.int64, len(packs))
+    for pack, n in zip([] if trusted else packs, lens.tolist(), strict=False):
+        if len(pack.labels) != n:
+            raise PackFormatError(f"pack {pack.pack_hash!r}: {len(pack.labels)} labels for {n} input_ids")
+    # Every pack's cu_seqlens at once: one concatenation instead of numpy calls per pack.
+    cus = [np.asarray(p.cu_seqlens) for p in packs]
+    cu_lens = np.fromiter(map(len, cus), np.int64, len(cus))
+    flat = np.concatenate(cus).astype(np.int64) if packs else np.zeros(0, np.int64)
+    last = np.cumsum(cu_lens) - 1
+    first = last - cu_lens + 1
+    broken = (cu_lens < 2) | (flat[np.maximum(first, 0)] != 0) | (flat[last] != lens) if not trusted else lens < 0
+    if broken.any():
+        bad = packs[int(np.argmax(broken))]
+        shown = np.asarray(bad.cu_seqlens).tolist()[:8]
+        raise PackFormatError(f"pack {bad.pack_hash!r}: cu_seqlens {shown} must run from 0 to {len(bad)}")
+    pad = np.zeros_like(lens) if capacity is None else capacity - lens
+    if (pad < 0).any():
+        bad = packs[int(np.argmax(pad < 0))]
+        raise PackFormatError(f"pack {bad.pack_hash or bad.row} has {len(bad)} tokens > capacity {capacity}")
+    row_start = np.concatenate([[0], np.cumsum(lens + pad)])  # where each pack's slot starts in the row
+    shifted = flat + np.repeat(row_start[:-1], cu_lens)
+    is_first = np.zeros(len(flat), bool)
+    is_first[first] = True
+    # The padding after a pack is its own segment: nothing real attends to it and it holds no target.
+    padding_ends = (row_start[1:][pad > 0]).tolist()
+    padding_ends += [int(row_start[-1]) + (i + 1) * (capacity or 0) for i in range(n_padding_rows)]
+    cu_seqlens = np.sort(np.concatenate([[0], shifted[~is_first], padding_ends]).astype(np.int64))
+    if capacity is None:
+        input_ids = np.concatenate([p.input_ids for p in packs]).astype(np.int64, copy=False)
+        labels = np.concatenate([p.labels for p in packs]).astype(np.int64, copy=False)
+    else:
+        total = int(row_start[-1]) + n_padding_rows * capacity
+        input_ids = np.full(total, pad_id, dtype=np.int64)
+        labels = np.full(total, IGNORE_INDEX, dtype=np.int64)
+        for pack, lo, n in zip(packs, row_start[:-1].tolist(), lens.tolist(), strict=True):
+            input_ids[lo : lo + n] = pack.input_ids
+            labels[lo : lo + n] = pack.labels
+    if not trusted:
+        validate_cu_seqlens(cu_seqlens, len(input_ids))
+        is_last = np.zeros(len(flat), bool)
+        is_last[last] = True
+        real_starts = shifted[~is_last]
+        if (labels[real_starts] != IGNORE_INDEX).any():
+            where = int(real_starts[np.argmax(labels[real_starts] != IGNORE_INDEX)])
+            owner = packs[int(np.searchsorted(row_start, where, side="right")) - 1]
             raise PackFormatError(
-                f"pack {pack.pack_hash!r}: a segment starts with a label other than -100, "
+                f"pack {owner.pack_hash!r}: a segment starts with a label other than -100, "
                 "so one sample would learn to predict the next; rebuild the shards"
             )
-        if capacity is None:
-            ids, labels, cu = pack.input_ids, pack.labels, np.asarray(pack.cu_seqlens, dtype=np.int64)
-        else:
-            ids, labels, cu = _pad_row(pack, capacity, pad_id)
-        ids_parts.append(np.asarray(ids, dtype=np.int64))
-        label_parts.append(np.asarray(labels, dtype=np.int64))
-        cu_parts.append(cu[1:] + offset)
-        offset += len(ids)
-    if n_padding_rows:
-        if capacity is None:
-            raise PackFormatError("n_padding_rows needs a capacity")
-        for _ in range(n_padding_rows):
-            ids_parts.append(np.full(capacity, pad_id, dtype=np.int64))
-            label_parts.append(np.full(capacity, IGNORE_INDEX, dtype=np.int64))
-            cu_parts.append(np.asarray([offset + capacity]))
-            offset += capacity
-    input_ids = np.concatenate(ids_parts)
-    labels = np.concatenate(label_parts)
-    cu_seqlens = np.concatenate(cu_parts)
-    validate_cu_seqlens(cu_seqlens, len(input_ids))
-    max_seqlen = int(np.diff(cu_seqlens).max())
     steps = {p.step for p in packs}
     return MicroBatch(
         input_ids=torch.from_numpy(input_ids).unsqueeze(0),
         labels=torch.from_numpy(labels).unsqueeze(0),
         position_ids=torch.from_numpy(position_ids(cu_seqlens)).unsqueeze(0),
         cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
-        max_seqlen=max_seqlen,
+        max_seqlen=int(np.diff(cu_seqlens).max()),
         n_targets=int((labels != IGNORE_INDEX).sum()),
         n_packs=len(packs),
         pack_hashes=tuple(p.pack_hash for p in packs),
         step=steps.pop() if len(steps) == 1 else -1,
+        resume_after=packs[-1].resume_after if packs else -1,
+        n_segments=len(flat) - len(packs),
+        n_padding=len(input_ids) - int(lens.sum()),
+        attn_cost=sum(p.cost for p in packs),
     )
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group consecutive packs into micro-batches of at most `token_budget` tokens.
+    """Group consecutive packs into micro-batches of at most `token_budget` tokens (a hard cap).
 
-    Order is kept (the stream is already shuffled); a pack longer than the budget is its own
-    micro-batch. lengths [5, 4, 3, 6, 9], budget 8 -> [[0], [1, 2], [3], [4]].
+    Order is kept (the stream is already shuffled). lengths [5, 4, 3, 6], budget 8 -> [[0], [1, 2], [3]].
+    A pack longer than the budget raises: it cannot be split.
     """
     if token_budget <= 0:
         raise PackFormatError(f"token_budget must be positive, got {token_budget}")
@@ -274,6 +262,8 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     current: list[int] = []
     used = 0
     for i, n in enumerate(lengths):
+        if n > token_budget:
+            raise PackFormatError(f"pack {i} has {n} tokens > token_budget {token_budget}; raise the budget")
         if current and used + n > token_budget:
             plan.append(current)
             current, used = [], 0
@@ -285,7 +275,7 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
 
 
 def batch_by_tokens(
-    rows: Iterable[PackRow],
+    rows: Iterable[LoadedPack],
     token_budget: int,
     *,
     fixed_shape: bool = False,
@@ -294,38 +284,42 @@ def batch_by_tokens(
 ) -> Iterator[MicroBatch]:
     """Stream micro-batches of at most `token_budget` tokens (one pending micro-batch in memory).
 
-    fixed_shape: every micro-batch holds exactly `token_budget // capacity` rows, each padded to
-    `capacity`, and the last one is filled with padding rows, so T == that many * capacity always.
-    A micro-batch never mixes packs of two balanced-plan steps (`PackRow.step`): it is closed,
-    and with fixed_shape padded, where the step changes.
+    The budget is a hard cap: a pack longer than it raises. fixed_shape: every micro-batch holds
+    `token_budget // capacity` pack slots, each padded to `capacity`, and a micro-batch closed
+    early is filled with padding rows, so T == that many * capacity always. A micro-batch never
+    mixes two plan rounds (`LoadedPack.step`) and closes where a rank's share of a round ends
+    (`closes_step`), so it can carry the round's resume position.
     """
+    if token_budget <= 0:
+        raise PackFormatError(f"token_budget must be positive, got {token_budget}")
+    per_batch = 0
     if fixed_shape:
         if capacity is None:
             raise PackFormatError("fixed_shape needs the shards' capacity (manifest 'capacity')")
         per_batch = token_budget // capacity
         if per_batch < 1:
             raise PackFormatError(f"token_budget {token_budget} < capacity {capacity}; raise the budget")
-        pending: list[PackRow] = []
-        for row in rows:
-            if pending and row.step != pending[-1].step:
-                yield collate(pending, capacity=capacity, pad_id=pad_id, n_padding_rows=per_batch - len(pending))
-                pending = []
-            pending.append(row)
-            if len(pending) == per_batch:
-                yield collate(pending, capacity=capacity, pad_id=pad_id)
-                pending = []
-        if pending:
-            yield collate(pending, capacity=capacity, pad_id=pad_id, n_padding_rows=per_batch - len(pending))
-        return
-    if token_budget <= 0:
-        raise PackFormatError(f"token_budget must be positive, got {token_budget}")
-    current: list[PackRow] = []
+
+    def close(pending: list[LoadedPack]) -> MicroBatch:
+        if fixed_shape:
+            return collate(pending, capacity=capacity, pad_id=pad_id, n_padding_rows=per_batch - len(pending))
+        return collate(pending)
+
+    current: list[LoadedPack] = []
     used = 0
     for row in rows:
-        if current and (used + len(row) > token_budget or row.step != current[-1].step):
-            yield collate(current)
+        n = capacity if fixed_shape and capacity is not None else len(row)
+        if len(row) > token_budget:
+            raise PackFormatError(
+                f"pack {row.pack_hash or row.row} has {len(row)} tokens > token_budget {token_budget}"
+            )
+        if current and (used + n > token_budget or row.step != current[-1].step):
+            yield close(current)
             current, used = [], 0
         current.append(row)
-        used += len(row)
+        used += n
+        if row.closes_step:
+            yield close(current)
+            current, used = [], 0
     if current:
-        yield collate(current)
+        yield close(current)

@@ -1,57 +1,27 @@
-"""Stream packs from a build folder, split across ranks and workers, resumable from a few integers.
+"""Stream packs from a build folder: every rank the same rounds, verified bytes, a global resume state.
 
-Units of work are row groups. One epoch::
+The plan (which rank reads which pack in which round) is `schedule.py`: a pure function of
+(seed, epoch, start position, world size, budget). This module does the I/O: it reads the
+manifest through `contract.py`, checks each shard's sha256 the first time a process opens it,
+decodes one Parquet row group at a time into numpy and hands out `LoadedPack`s whose arrays are
+views into that row group (no per-pack copies; `collate` makes the one copy into a batch).
 
-    units (shard, row_group)      u0 u1 u2 u3 u4 u5 u6 u7       from the Parquet footers
-    seeded permutation (epoch e)  u5 u2 u7 u0 u3 u6 u1 u4       rng([seed, e])
-    rank r = position % world     r0: u5 u7 u3 u1   r1: u2 u0 u6 u4
-    worker w of rank r0 (2)       w0: u5 u3         w1: u7 u1
-    rows inside a unit            shuffled with rng([seed, e, unit])
+Modes, by the options (docs/format.md "Loader contract"):
 
-Only one row group per worker is in memory at a time (`ParquetFile.read_row_group`), never a
-whole file. Mixing happens at row-group granularity plus within the row group: the builder
-already shuffled packs globally, so this is enough to vary the order between epochs.
+    PackedDataset(path)                             one pack per rank per round (a Trainer batches them)
+    PackedDataset(path, token_budget=B)             one micro-batch of <= B tokens per rank per round
+    PackedDataset(path, token_budget=B, balance="attention", packs_per_step=P, alpha=a)
+                                                    one optimizer step of P packs per round, split over
+                                                    ranks by LPT on attn_cost + a * n_tokens
 
-Exact resume. A `DataLoader` over an `IterableDataset` hands the consumer items round-robin
-from its workers (worker 0, 1, ..., k-1, 0, ...), skipping a worker once it is exhausted. Every
-worker's stream length is known from the footers, so the consumer-side count `consumed` of packs
-already trained determines exactly how many packs each worker had delivered (`_taken_per_worker`).
-After a restart each worker skips that many (whole row groups are skipped unread), and worker 0
-takes over the stream whose turn it was (streams are rotated, keeping their cyclic order), so the
-consumer sees the same sequence as without the restart: no pack is repeated, lost or reordered.
-The state is `{epoch, consumed, seed, world_size, num_workers}`; mid-epoch it is only valid with
-the same world size and worker count, which `load_state_dict` / `__iter__` check.
+Workers. With a DataLoader of k workers, worker w reads rounds w, w+k, w+2k, ... of its rank and
+yields one item per round (a pack, or a round's list of packs through `packed_batches`), so
+the DataLoader's round-robin over workers returns them in plan order.
 
-The consumer counts: `packed_batches` calls `mark_consumed(mb.n_packs)` as it yields each
-micro-batch, so a `state_dict()` taken after a training step resumes right after the packs that
-step used. Packs still buffered by the batcher or prefetched by workers are not counted and are
-read again after a restart.
-
-Ranks: with `even_ranks=True` (default) every rank stops after the same number of packs (the
-smallest rank's), so DDP ranks run the same number of packs per epoch; `dropped_for_evenness`
-says how many packs that leaves out of the epoch.
-
-Balanced ranks (`balance="attention", packs_per_step=N, alpha=a`). Dealing row groups balances
-tokens, not work: a pack of one 4096-token document costs 16x the attention of sixteen 256-token
-samples. In this mode every rank plans the same global order (the units and rows above, with
-no rank split), cuts it into steps of N packs and keeps its share of each step from
-`assign_lpt(attn_cost + a * n_tokens, world_size)`. 2 ranks, N = 4::
-
-    epoch order     p5 p2 p7 p0 | p3 p6 p1 p4 | ...       costs  9 7 6 5 | 4 8 1 3
-    step 0 (LPT)    r0: p5 p0 (9+5 = 14)    r1: p2 p7 (7+6 = 13)
-    step 1 (LPT)    r0: p6 (8)              r1: p3 p1 p4 (4+1+3 = 8)
-    rank 0 reads    p5 p0 p6 ...            (PackRow.step 0 0 1 ...)
-
-Planning reads only the `attn_cost` and `n_tokens` columns (once per dataset); token columns are
-read only for the row groups that hold one of this rank's packs, one row group at a time. Ranks
-get different numbers of packs but the same steps, so consume them with `packed_steps` (one list
-of micro-batches per step, never a micro-batch across two steps). even_ranks leaves out the last,
-partial step (`dropped_for_evenness` packs of the whole epoch); without it, the partial step is
-dealt too and a rank may get none of it, so keep even_ranks on under DDP. Workers: worker w of k
-reads the rank's packs w, w+k, w+2k, ..., so the DataLoader's round-robin gives them back in plan
-order and resume works as above; the price is that workers whose packs share a row group each
-decode it. The resume state adds `{balance, packs_per_step, alpha}`; changing them mid-epoch is
-refused like a different world size.
+Resume. The state is `{epoch, position, seed, shuffle, world_size, left_out}`: the global
+position where the next round starts, the same on every rank. It resumes under any world size,
+worker count or budget (the rest of the epoch is planned again from `position`); only the seed
+and shuffle, which fix the order, must match mid-epoch.
 
 Documents (`isolate_documents=True`). Stream builds write one attention segment per window
 (`cu_seqlens` [0, len]) and keep document starts in `doc_cu_seqlens`. Isolating reads
@@ -67,6 +37,7 @@ Packed builds have `doc_cu_seqlens == cu_seqlens`, so the option changes nothing
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,14 +49,18 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from packtool.errors import DatasetError, PackFormatError
-from packtool.format import attn_cost, read_manifest, sha256_file
+from packtool.errors import DatasetError
+from packtool.format import attn_cost
 from packtool.labels import IGNORE_INDEX
-from packtool.loader.balance import assign_lpt, pack_costs
-from packtool.loader.collate import MicroBatch, PackRow, batch_by_tokens
+from packtool.loader.balance import pack_costs
+from packtool.loader.collate import LoadedPack, MicroBatch, batch_by_tokens
+from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
+from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 
-COLUMNS = ["input_ids", "labels", "cu_seqlens", "attn_cost", "pack_hash"]
-STATE_KEYS = ("epoch", "consumed", "seed", "world_size", "num_workers")
+__all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
+
+log = logging.getLogger("packtool.loader")
+STATE_KEYS = ("epoch", "position", "seed")
 BALANCE_MODES = (None, "attention")
 
 
@@ -99,38 +74,16 @@ class Unit:
     rows: int
 
 
-def _taken_per_worker(lengths: list[int], n: int) -> list[int]:
-    """How many items each stream has delivered after `n` items of round-robin, exhausted ones skipped.
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """One unit's columns as numpy; list columns as (offsets, values)."""
 
-    lengths [3, 1, 2], n 5 -> order w0 w1 w2 w0 w2 -> [2, 1, 2].
-    """
-    total = sum(lengths)
-    if n > total:
-        raise DatasetError(f"resume state says {n} packs consumed but this rank's epoch has only {total}")
-    taken = [0] * len(lengths)
-    rounds = 0
-    for level in sorted(set(lengths)):
-        active = [w for w, length in enumerate(lengths) if length > rounds]
-        if not active or n == 0:
-            break
-        full = min(level - rounds, n // len(active))
-        rounds += full
-        n -= full * len(active)
-        if rounds < level:  # a partial round: the first n active workers give one more item
-            for w in active[:n]:
-                taken[w] += 1
-            n = 0
-            break
-    return [min(length, rounds) + extra for length, extra in zip(lengths, taken, strict=True)]
-
-
-def _next_stream(lengths: list[int], taken: list[int]) -> int:
-    """The stream that gives the next item: the lowest index among the unfinished ones that are a round behind."""
-    open_ = [w for w in range(len(lengths)) if taken[w] < lengths[w]]
-    if not open_:
-        return 0
-    behind = min(taken[w] for w in open_)
-    return next(w for w in open_ if taken[w] == behind)
+    unit: int
+    ids: tuple[np.ndarray, np.ndarray]
+    labels: tuple[np.ndarray, np.ndarray]
+    cu: tuple[np.ndarray, np.ndarray]  # doc_cu_seqlens when documents are isolated
+    attn_cost: np.ndarray
+    pack_hash: list[str]
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -143,64 +96,45 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+def _lists(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    col = table.column(name).combine_chunks()
+    return col.offsets.to_numpy(), col.values.to_numpy()
+
+
+def _ints(table: pa.Table, name: str) -> np.ndarray:
+    """A fixed-width column as int64 numpy (Array.to_numpy: ChunkedArray.to_numpy imports pandas)."""
+    return table.column(name).combine_chunks().to_numpy().astype(np.int64)
+
+
 def _row_costs(table: pa.Table, isolate_documents: bool) -> np.ndarray:
-    """Cost inputs of a row group's packs from its small columns: sum(l_i^2) per pack, as int64.
+    """sum(l_i^2) per pack of a row group, as int64, from its small columns.
 
     With isolated documents the attention segments are the documents, so the cost comes from
     `doc_cu_seqlens` (a few offsets per pack) instead of the `attn_cost` column.
     """
     if not isolate_documents:
-        return table.column("attn_cost").to_numpy().astype(np.int64)
-    col = table.column("doc_cu_seqlens").combine_chunks()
-    offsets, values = col.offsets.to_numpy(), col.values.to_numpy().astype(np.int64)
-    steps = np.diff(values)
+        return _ints(table, "attn_cost")
+    offsets, values = _lists(table, "doc_cu_seqlens")
+    steps: np.ndarray = np.diff(values.astype(np.int64))
     steps[offsets[1:-1] - 1] = 0  # the step from one pack's last offset to the next pack's 0
-    summed = np.concatenate([[0], np.cumsum(steps**2)])
+    summed = np.concatenate([[0], np.cumsum(steps * steps)])
     return summed[offsets[1:] - 1] - summed[offsets[:-1]]
 
 
-@dataclass(frozen=True, slots=True)
-class BalancedPlan:
-    """One epoch of `balance="attention"`: the global pack order and each rank's share of it.
-
-    Position p of the epoch is row `row[p]` of unit `unit[p]`, in step `p // packs_per_step`;
-    `per_rank[r]` lists the positions rank r reads, ascending (step by step).
-    """
-
-    unit: np.ndarray  # int64 [packs in the epoch]
-    row: np.ndarray  # int64, row inside the unit
-    cost: np.ndarray  # float64, attn_cost + alpha * n_tokens
-    per_rank: list[np.ndarray]
-
-
-@dataclass(frozen=True, slots=True)
-class _Decoded:
-    """One unit's columns; list columns as (offsets, values)."""
-
-    unit: int
-    ids: tuple[np.ndarray, np.ndarray]
-    labels: tuple[np.ndarray, np.ndarray]
-    cu: tuple[np.ndarray, np.ndarray]  # doc_cu_seqlens when documents are isolated
-    attn_cost: np.ndarray
-    pack_hash: list[str]
-
-
 class PackedDataset(IterableDataset):
-    """Packs of one build folder (manifest.json + shards), as `PackRow`s.
+    """Packs of one build folder (manifest.json + shards), as `LoadedPack`s in this rank's plan order.
 
     Args:
         path: the build output folder.
+        token_budget: tokens per micro-batch, a hard cap (must be >= the build's capacity: packs are
+            never split); None plans one pack per rank per round (for a Trainer's own batching).
+        fixed_shape: pad every pack to the capacity and every micro-batch to token_budget // capacity packs.
         seed, shuffle: the epoch order is a pure function of (seed, epoch).
         rank, world_size: default from torch.distributed when initialised, else 0 / 1.
-        num_workers: the DataLoader's num_workers (0 = iterate in this process); the resume state
-            depends on it, so it is fixed here.
-        verify_checksums: hash every shard against the manifest's sha256 before reading.
-        even_ranks: cut every rank to the same number of packs per epoch (balanced: the same
-            number of steps, by leaving out the last, partial step).
-        balance: None (row groups dealt to ranks) or "attention" (every global step of
-            `packs_per_step` packs split across ranks by LPT on attn_cost + alpha * n_tokens).
-        packs_per_step: packs per optimizer step over all ranks; only with balance, >= world_size.
-        alpha: weight of the linear term of a pack's cost, in units of one attention score slot.
+        num_workers: the DataLoader's num_workers (0 = read in this process).
+        verify: check each shard's sha256 against the manifest the first time this process opens it.
+        balance, packs_per_step, alpha: "attention" plans rounds of `packs_per_step` packs (one
+            optimizer step over all ranks) dealt by LPT on attn_cost + alpha * n_tokens.
         isolate_documents: use `doc_cu_seqlens` as the attention segments and set the label of
             each document's first token to -100 (stream builds: no pair across documents).
     """
@@ -209,83 +143,103 @@ class PackedDataset(IterableDataset):
         self,
         path: str | Path,
         *,
+        token_budget: int | None = None,
+        fixed_shape: bool = False,
         seed: int = 0,
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int = 0,
-        verify_checksums: bool = False,
-        even_ranks: bool = True,
+        verify: bool = True,
         balance: str | None = None,
         packs_per_step: int | None = None,
         alpha: float = 0.0,
         isolate_documents: bool = False,
     ) -> None:
         super().__init__()
+        self.manifest: Manifest = read_manifest(path)
         self.path = Path(path)
-        try:
-            self.manifest: dict[str, Any] = read_manifest(self.path)
-        except PackFormatError as error:
-            raise DatasetError(str(error)) from None
-        self.seed, self.shuffle, self.even_ranks = seed, shuffle, even_ranks
+        self.token_budget, self.fixed_shape = token_budget, fixed_shape
+        self.seed, self.shuffle = int(seed), bool(shuffle)
         self.rank, self.world_size = _resolve_ranks(rank, world_size)
         self.num_workers = num_workers
+        self.verify = verify
         self.balance, self.packs_per_step, self.alpha = balance, packs_per_step, float(alpha)
         self.isolate_documents = isolate_documents
         self._check_options()
-        self.shard_files: list[Path] = [self.path / s["file"] for s in self.manifest["shards"]]
-        if verify_checksums:
-            self.verify_checksums()
+        self._verified: set[int] = set()  # shards whose sha256 this process has checked
         self.units = self._read_footers()
-        self._unit_costs: list[np.ndarray] | None = None  # balanced mode: read once, on first use
-        self._plan: tuple[int, BalancedPlan] | None = None  # the last epoch planned
+        self._small: tuple[np.ndarray, np.ndarray] | None = None  # n_tokens, cost per pack, for planning
+        self._plan: tuple[tuple[int, int], EpochOrder, EpochPlan] | None = None
+        self._logged_epoch = -1
         self.epoch = 0
-        self.consumed = 0
+        self.position = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.manifest.capacity
+
+    @property
+    def pad_id(self) -> int:
+        return self.manifest.pad_id
+
+    @property
+    def total_packs(self) -> int:
+        return sum(u.rows for u in self.units)
 
     def _check_options(self) -> None:
         """All problems at once, each with the fix."""
         problems = []
         if self.num_workers < 0:
             problems.append(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.token_budget is not None and self.token_budget < self.capacity:
+            problems.append(
+                f"token_budget {self.token_budget} < capacity {self.capacity}: packs are never split, so a micro-batch "
+                f"could not stay under the budget; set token_budget >= {self.capacity}"
+            )
+        if self.fixed_shape and self.token_budget is None:
+            problems.append(f"fixed_shape needs token_budget (a multiple of the capacity {self.capacity})")
         if self.balance not in BALANCE_MODES:
             problems.append(f"balance {self.balance!r} is not one of {BALANCE_MODES}")
+        if self.balance is not None and self.packs_per_step is None:
+            problems.append("balance='attention' needs packs_per_step (packs per optimizer step over all ranks)")
         if self.balance is None and self.packs_per_step is not None:
             problems.append("packs_per_step needs balance='attention'")
-        if self.balance is not None and (self.packs_per_step is None or self.packs_per_step < self.world_size):
+        if self.packs_per_step is not None and self.packs_per_step < self.world_size:
             problems.append(
-                f"balance={self.balance!r} needs packs_per_step >= world_size {self.world_size} "
-                f"(got {self.packs_per_step}): the global packs of one optimizer step"
+                f"packs_per_step {self.packs_per_step} < world_size {self.world_size}: every rank needs a pack of "
+                f"every step; set packs_per_step >= {self.world_size}"
             )
         if self.alpha < 0:
             problems.append(f"alpha must be >= 0, got {self.alpha}")
         if problems:
             raise DatasetError("; ".join(problems))
 
-    @property
-    def capacity(self) -> int | None:
-        return self.manifest.get("capacity")
+    # ---- files ----
 
-    @property
-    def pad_id(self) -> int:
-        pad = (self.manifest.get("tokenizer") or {}).get("pad_token_id")
-        return 0 if pad is None else int(pad)
-
-    def verify_checksums(self) -> None:
-        for entry, file in zip(self.manifest["shards"], self.shard_files, strict=True):
-            got = sha256_file(file)
-            if got != entry["sha256"]:
-                raise DatasetError(
-                    f"{file}: sha256 {got} != manifest {entry['sha256']}; the shard is corrupted or was replaced"
-                )
+    def _open(self, shard: int) -> pq.ParquetFile:
+        """The shard's Parquet reader, its sha256 checked first (once per process) when verify is on."""
+        entry = self.manifest.shards[shard]
+        if self.verify and shard not in self._verified:
+            check_shard(entry)
+            self._verified.add(shard)
+        return pq.ParquetFile(entry.file)
 
     def _read_footers(self) -> list[Unit]:
         units: list[Unit] = []
-        for i, (entry, file) in enumerate(zip(self.manifest["shards"], self.shard_files, strict=True)):
-            if not file.exists():
-                raise DatasetError(f"{file}: listed in the manifest but missing")
-            meta = pq.ParquetFile(file).metadata
-            if meta.num_rows != entry["rows"]:
-                raise DatasetError(f"{file}: {meta.num_rows} rows, manifest says {entry['rows']}")
+        for i, entry in enumerate(self.manifest.shards):
+            if not entry.file.is_file():
+                raise DatasetError(f"{entry.file}: listed in the manifest but missing")
+            try:
+                meta = pq.ParquetFile(entry.file).metadata  # footers only; the bytes are checked on first read
+            except (OSError, ValueError) as err:
+                if self.verify:
+                    self._open(i)  # an altered shard: say so by its checksum, and where
+                raise DatasetError(
+                    f"{entry.file}: unreadable Parquet footer ({one_line(err)}); rebuild or restore it"
+                ) from None
+            if meta.num_rows != entry.rows:
+                raise DatasetError(f"{entry.file}: {meta.num_rows} rows, manifest says {entry.rows}")
             first = 0
             for g in range(meta.num_row_groups):
                 rows = meta.row_group(g).num_rows
@@ -294,273 +248,254 @@ class PackedDataset(IterableDataset):
                 first += rows
         return units
 
-    # ---- the epoch plan: pure functions of (seed, epoch, rank, world_size, num_workers, balance options) ----
+    def _per_pack(self) -> tuple[np.ndarray, np.ndarray]:
+        """(n_tokens, sum(l_i^2)) of every pack, flat in unit order, from the small columns (read once).
 
-    def _unit_order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.units)))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.units)).tolist()
-
-    def _row_order(self, epoch: int, u: int) -> np.ndarray:
-        rows = self.units[u].rows
-        if not self.shuffle:
-            return np.arange(rows)
-        return np.random.default_rng([self.seed, epoch, u]).permutation(rows)
-
-    def _rank_units(self, epoch: int, rank: int) -> list[int]:
-        return self._unit_order(epoch)[rank :: self.world_size]
-
-    def _worker_units(self, epoch: int) -> list[list[int]]:
-        mine = self._rank_units(epoch, self.rank)
-        k = max(1, self.num_workers)
-        return [mine[w::k] for w in range(k)]
-
-    def _costs(self) -> list[np.ndarray]:
-        """attn_cost + alpha * n_tokens of every pack, per unit, from the small columns only."""
-        if self._unit_costs is None:
-            columns = ["doc_cu_seqlens" if self.isolate_documents else "attn_cost", "n_tokens"]
-            costs: list[np.ndarray] = []
+        Pack `row` of unit `u` sits at flat index `unit_start[u] + row`.
+        """
+        if self._small is None:
+            columns = ["n_tokens", "doc_cu_seqlens" if self.isolate_documents else "attn_cost"]
             files: dict[int, pq.ParquetFile] = {}
+            tokens, costs = [], []
             for unit in self.units:
                 if unit.shard not in files:
-                    files = {unit.shard: pq.ParquetFile(self.shard_files[unit.shard])}
+                    files = {unit.shard: self._open(unit.shard)}
                 table = files[unit.shard].read_row_group(unit.row_group, columns=columns)
-                n_tokens = table.column("n_tokens").to_numpy()
-                costs.append(pack_costs(_row_costs(table, self.isolate_documents), n_tokens, self.alpha))
-            self._unit_costs = costs
-        return self._unit_costs
+                tokens.append(_ints(table, "n_tokens"))
+                costs.append(_row_costs(table, self.isolate_documents))
+            empty = np.zeros(0, np.int64)
+            self._small = (np.concatenate(tokens) if tokens else empty, np.concatenate(costs) if costs else empty)
+        return self._small
 
-    def balanced_plan(self, epoch: int | None = None) -> BalancedPlan:
-        """The epoch's global order cut into steps, each step's packs dealt to ranks by `assign_lpt`.
+    # ---- the plan ----
 
-        Every rank computes the same plan (it depends on seed, epoch, world_size, packs_per_step
-        and alpha only) and keeps its own share. With even_ranks the last, partial step is left
-        out; without, its packs are dealt too (a rank may then get none of them).
-        """
-        if self.balance is None or self.packs_per_step is None:
-            raise DatasetError("balanced_plan needs PackedDataset(balance='attention', packs_per_step=N)")
-        e = self.epoch if epoch is None else int(epoch)
-        if self._plan is not None and self._plan[0] == e:
-            return self._plan[1]
-        order = self._unit_order(e)
-        rows = [self._row_order(e, u) for u in order]
-        unit = np.concatenate([np.full(len(r), u, dtype=np.int64) for u, r in zip(order, rows, strict=True)])
-        costs = self._costs()
-        cost = np.concatenate([costs[u][r] for u, r in zip(order, rows, strict=True)])
-        n = self.packs_per_step
-        end = len(cost) // n * n if self.even_ranks else len(cost)
-        shares: list[list[np.ndarray]] = [[] for _ in range(self.world_size)]
-        for lo in range(0, end, n):
-            for r, picked in enumerate(assign_lpt(cost[lo : min(lo + n, end)].tolist(), self.world_size)):
-                shares[r].append(lo + np.asarray(picked, dtype=np.int64))
-        plan = BalancedPlan(
-            unit=unit,
-            row=np.concatenate(rows).astype(np.int64),
-            cost=cost,
-            per_rank=[np.concatenate(s) if s else np.zeros(0, np.int64) for s in shares],
-        )
-        self._plan = (e, plan)
-        return plan
+    def plan(self) -> tuple[EpochOrder, EpochPlan]:
+        """The current epoch's order and its plan from `position` (cached; logs what it leaves out, once per epoch)."""
+        key = (self.epoch, self.position)
+        if self._plan is None or self._plan[0] != key:
+            if self._plan is not None and self._plan[0][0] == self.epoch:
+                order = self._plan[1]  # same epoch, later position: the order stands, only the rest is re-planned
+            else:
+                order = epoch_order([u.rows for u in self.units], self.seed, self.epoch, self.shuffle)
+            n = len(order.unit)
+            if self.balance is not None and self.packs_per_step is not None:
+                tokens, costs = self._per_pack()
+                flat = self._flat_index(order)
+                per_pack = pack_costs(costs[flat], tokens[flat], self.alpha)
+                plan = plan_balanced(self.position, per_pack, self.world_size, self.packs_per_step)
+            elif self.token_budget is not None and self.fixed_shape:
+                per_batch = self.token_budget // self.capacity
+                lengths = np.ones(n - self.position, dtype=np.int64)
+                plan = plan_token_budget(self.position, lengths, self.world_size, per_batch)  # slots of per_batch packs
+            elif self.token_budget is not None:
+                lengths = self._per_pack()[0][self._flat_index(order)]
+                plan = plan_token_budget(self.position, lengths, self.world_size, self.token_budget)
+            else:
+                plan = plan_packs(self.position, n, self.world_size)
+            self._plan = (key, order, plan)
+            if plan.dropped and self._logged_epoch != self.epoch and get_worker_info() is None:
+                self._logged_epoch = self.epoch
+                log.warning(
+                    "epoch %d: %d of %d packs left out so that %d rank(s) run the same %d rounds",
+                    self.epoch,
+                    plan.dropped,
+                    plan.total,
+                    self.world_size,
+                    plan.rounds,
+                )
+        return self._plan[1], self._plan[2]
 
-    def packs_per_rank(self, epoch: int | None = None) -> list[int]:
-        e = self.epoch if epoch is None else epoch
-        if self.balance is not None:
-            return [len(share) for share in self.balanced_plan(e).per_rank]
-        return [sum(self.units[u].rows for u in self._rank_units(e, r)) for r in range(self.world_size)]
+    def _flat_index(self, order: EpochOrder) -> np.ndarray:
+        """Flat index (see _per_pack) of the positions from `position` on."""
+        unit_start = np.concatenate([[0], np.cumsum([u.rows for u in self.units])])[:-1]
+        return unit_start[order.unit[self.position :]] + order.row[self.position :]
 
     def __len__(self) -> int:
-        """Packs this rank yields in the current epoch (after the even-ranks cut)."""
-        per_rank = self.packs_per_rank()
-        if self.balance is not None:
-            return per_rank[self.rank]  # ranks differ in packs, not in steps
-        return min(per_rank) if self.even_ranks else per_rank[self.rank]
+        """Packs this rank yields in the rest of the current epoch."""
+        return len(self.plan()[1].positions(self.rank))
 
     @property
-    def dropped_for_evenness(self) -> int:
-        """Packs of the epoch this rank does not read because of even_ranks (balanced: of all ranks)."""
-        if self.balance is not None:
-            return sum(u.rows for u in self.units) - sum(self.packs_per_rank())
-        return self.packs_per_rank()[self.rank] - len(self)
+    def left_out(self) -> int:
+        """Packs of the rest of the epoch no rank reads, so that every rank runs the same rounds (< world_size)."""
+        return self.plan()[1].dropped
 
     # ---- resume state ----
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.consumed = int(epoch), 0
+        self.epoch, self.position = int(epoch), 0
 
-    def mark_consumed(self, n_packs: int) -> None:
-        """Called by the consumer for every pack it trained on (packed_batches does it)."""
-        self.consumed += int(n_packs)
+    def advance(self, position: int) -> None:
+        """Record that every rank trained up to this global position (a MicroBatch's `resume_after`)."""
+        if position >= 0:
+            self.position = int(position)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
+        """Global: the same on every rank; resumes under another world size, worker count or budget."""
+        return {
             "epoch": self.epoch,
-            "consumed": self.consumed,
+            "position": self.position,
             "seed": self.seed,
-            "world_size": self.world_size,
-            "num_workers": self.num_workers,
+            "shuffle": self.shuffle,
+            "world_size": self.world_size,  # for the record; a resume may use another
+            "left_out": self.left_out,
         }
-        if self.balance is not None:  # absent otherwise, so states of unbalanced runs keep their shape
-            state.update(balance=self.balance, packs_per_step=self.packs_per_step, alpha=self.alpha)
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = [k for k in STATE_KEYS if k not in state]
         if missing:
-            raise DatasetError(f"resume state lacks {missing}; expected keys {list(STATE_KEYS)}")
-        saved = {**dict.fromkeys(("balance", "packs_per_step"), None), "alpha": 0.0, **state}
-        now = self.state_dict() | {"balance": self.balance, "packs_per_step": self.packs_per_step, "alpha": self.alpha}
-        plan_keys = ("seed", "world_size", "num_workers", "balance", "packs_per_step", "alpha")
-        mismatched = [f"{k} {saved[k]} (now {now[k]})" for k in plan_keys if saved[k] != now[k]]
-        if mismatched and int(state["consumed"]):
+            raise DatasetError(f"resume state lacks {missing}; expected at least {list(STATE_KEYS)}")
+        position = int(state["position"])
+        changed = [
+            f"{k} {state[k]!r} (now {getattr(self, k)!r})"
+            for k in ("seed", "shuffle")
+            if k in state and state[k] != getattr(self, k)
+        ]
+        if changed and position:
             raise DatasetError(
-                "cannot resume mid-epoch with a different " + ", ".join(mismatched) + "; resume at an epoch boundary"
+                "cannot resume mid-epoch with a different " + ", ".join(changed) + " (they fix the pack order); "
+                "resume at an epoch boundary or keep them"
             )
-        self.set_epoch(int(state["epoch"]))  # the epoch's length depends on its permutation
-        if int(state["consumed"]) > len(self):
-            raise DatasetError(f"resume state consumed {state['consumed']} > {len(self)} packs in epoch {self.epoch}")
-        self.consumed = int(state["consumed"])
+        if not 0 <= position <= self.total_packs:
+            raise DatasetError(f"resume position {position} is outside the epoch's {self.total_packs} packs")
+        self.epoch, self.position = int(state["epoch"]), position
 
     # ---- reading ----
 
-    def __iter__(self) -> Iterator[PackRow]:
+    def _rounds(self, worker: int, n_workers: int) -> Iterator[list[LoadedPack]]:
+        """This rank's share of every n_workers-th round (from `worker`), as lists of packs."""
+        order, plan = self.plan()
+        mine = plan.positions(self.rank)
+        if not len(mine):
+            return
+        cuts = np.flatnonzero(np.diff(plan.round[mine - plan.start])) + 1
+        cached: dict[str, Any] = {}
+        for group in np.split(mine, cuts)[worker::n_workers]:
+            k = int(plan.round[group[0] - plan.start])
+            lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
+            packs = []
+            for j, p in enumerate(group.tolist()):
+                last = j == len(group) - 1
+                packs.append(self._pack(cached, order, p, k, hi if last else lo, last))
+            yield packs
+
+    def __iter__(self) -> Iterator[LoadedPack]:
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         if max(1, self.num_workers) != n_workers:
             raise DatasetError(
                 f"PackedDataset(num_workers={self.num_workers}) iterated by {n_workers} worker(s); "
-                "pass the DataLoader's num_workers to PackedDataset (the resume state depends on it)"
+                "pass the DataLoader's num_workers to PackedDataset (workers split the plan's rounds)"
             )
-        if self.balance is not None:
-            # Worker w takes every k-th pack of the rank's share, so the DataLoader's round-robin
-            # hands them back in plan order and the resume arithmetic below is unchanged.
-            plan = self.balanced_plan(self.epoch)
-            mine = plan.per_rank[self.rank]
-            positions = [mine[w::n_workers] for w in range(n_workers)]
-            lengths = [len(p) for p in positions]
-        else:
-            units = self._worker_units(self.epoch)
-            lengths = [sum(self.units[u].rows for u in stream) for stream in units]
-        taken = _taken_per_worker(lengths, self.consumed)
-        # The DataLoader always asks worker 0 first; rotate so that it serves the stream whose
-        # turn it was when the state was saved (the cyclic order, and so the pack order, is kept).
-        stream = (_next_stream(lengths, taken) + worker) % n_workers
-        stop = _taken_per_worker(lengths, len(self))[stream]
-        if self.balance is not None:
-            yield from self._read_positions(plan, positions[stream][taken[stream] : stop])
-        else:
-            yield from self._read(units[stream], taken[stream], stop)
+        if n_workers > 1 and (self.token_budget is not None or self.balance is not None):
+            raise DatasetError(
+                "with token_budget or balance a round holds several packs: read them with packed_batches / "
+                "packed_steps (they hand whole rounds to the workers), not with a DataLoader over the dataset"
+            )
+        for packs in self._rounds(worker, n_workers):
+            yield from packs
 
-    def _decode(self, files: dict[int, pq.ParquetFile], u: int) -> _Decoded:
-        """The columns of one unit as numpy: one row group in memory. `files` keeps the last shard open."""
-        unit = self.units[u]
-        if unit.shard not in files:
-            files.clear()
-            files[unit.shard] = pq.ParquetFile(self.shard_files[unit.shard])
+    def _decode(self, unit_index: int, cached: dict[str, Any]) -> _Decoded:
+        """One row group's columns; `cached["file"]` keeps the last shard open (opening costs as much as a decode)."""
+        unit = self.units[unit_index]
+        if cached.get("file", (-1,))[0] != unit.shard:
+            cached["file"] = (unit.shard, self._open(unit.shard))
         cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
-        table = files[unit.shard].read_row_group(unit.row_group, columns=[*COLUMNS[:2], cu_name, *COLUMNS[3:]])
-
-        def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
-            col = table.column(name).combine_chunks()
-            return col.offsets.to_numpy(), col.values.to_numpy()
-
-        return _Decoded(
-            u,
-            lists("input_ids"),
-            lists("labels"),
-            lists(cu_name),
-            table.column("attn_cost").to_numpy(),
-            table.column("pack_hash").to_pylist(),
+        table = cached["file"][1].read_row_group(
+            unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash"]
         )
+        ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
+        # Checked once for the whole row group, so collate need not check each micro-batch again.
+        # Isolated documents get their -100 at document starts in _pack, so that rule is not asked of them.
+        bad = first_broken_pack(ids[0], labels[0], cu[0], cu[1], None if self.isolate_documents else labels[1])
+        if bad >= 0:
+            raise DatasetError(
+                f"{self.manifest.shards[unit.shard].file}: row {unit.first_row + bad}: breaks the pack contract "
+                f"({cu_name} not from 0 to the pack length, or a label other than -100 at a segment start); "
+                "rebuild the shards"
+            )
+        return _Decoded(unit_index, ids, labels, cu, _ints(table, "attn_cost"), table.column("pack_hash").to_pylist())
 
-    def _pack(self, cols: _Decoded, i: int, step: int = -1) -> PackRow:
-        ids, labels, cu = (values[offs[i] : offs[i + 1]].copy() for offs, values in (cols.ids, cols.labels, cols.cu))
+    def _pack(
+        self, cached: dict[str, Any], order: EpochOrder, position: int, step: int, resume: int, closes: bool
+    ) -> LoadedPack:
+        """The pack at a global position; `cached` keeps the last decoded row group (positions come in order)."""
+        u, i = int(order.unit[position]), int(order.row[position])
+        cols = cached.get("cols")
+        if cols is None or cols.unit != u:
+            cols = cached["cols"] = self._decode(u, cached)
+        ids, labels, cu = (values[offs[i] : offs[i + 1]] for offs, values in (cols.ids, cols.labels, cols.cu))
         cost = int(cols.attn_cost[i])
         if self.isolate_documents:
+            labels = labels.copy()
             labels[cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
             cost = attn_cost(cu)
-        unit = self.units[cols.unit]
-        shard = self.shard_files[unit.shard].name
-        return PackRow(ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step)
+        unit = self.units[u]
+        shard = self.manifest.shards[unit.shard].file.name
+        return LoadedPack(
+            ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True
+        )
 
-    def _read(self, unit_ids: list[int], start: int, stop: int) -> Iterator[PackRow]:
-        position = 0  # packs of this worker's stream before the current unit
-        files: dict[int, pq.ParquetFile] = {}
-        for u in unit_ids:
-            unit = self.units[u]
-            lo, hi = max(start - position, 0), min(stop - position, unit.rows)
-            position += unit.rows
-            if lo >= hi:
-                if position >= stop:
-                    return
-                continue  # resume skips whole row groups without reading them
-            cols = self._decode(files, u)
-            for i in self._row_order(self.epoch, u)[lo:hi]:
-                yield self._pack(cols, int(i))
-            if position >= stop:
-                return
 
-    def _read_positions(self, plan: BalancedPlan, positions: np.ndarray) -> Iterator[PackRow]:
-        """Packs at these epoch positions (ascending, so each unit is decoded once per worker)."""
-        files: dict[int, pq.ParquetFile] = {}
-        cols: _Decoded | None = None
-        for p in positions.tolist():
-            if cols is None or cols.unit != plan.unit[p]:
-                cols = self._decode(files, int(plan.unit[p]))
-            yield self._pack(cols, int(plan.row[p]), step=p // self.packs_per_step)
+class _RoundBatches(IterableDataset):
+    """Each round of a dataset as its list of micro-batches: workers read and collate whole rounds."""
+
+    def __init__(self, dataset: PackedDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[list[MicroBatch]]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        ds = self.dataset
+        for packs in ds._rounds(worker, n_workers):
+            budget = ds.token_budget or 0
+            yield list(
+                batch_by_tokens(packs, budget, fixed_shape=ds.fixed_shape, capacity=ds.capacity, pad_id=ds.pad_id)
+            )
 
 
 def _identity(item: Any) -> Any:
     return item
 
 
-def _micro_batches(dataset: PackedDataset, token_budget: int, fixed_shape: bool) -> Iterator[MicroBatch]:
-    """Micro-batches of the current epoch, not yet counted as consumed."""
-    loader: Any
+def _micro_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
+    if dataset.token_budget is None:
+        raise DatasetError(
+            "packed_batches / packed_steps need PackedDataset(token_budget=N) (a hard cap on tokens per micro-batch)"
+        )
+    dataset.plan()  # plan (and log what is left out) here, not in each worker
+    rounds: Any = _RoundBatches(dataset)
     if dataset.num_workers:
-        loader = DataLoader(
-            dataset,
+        rounds = DataLoader(
+            rounds,
             batch_size=None,
             num_workers=dataset.num_workers,
             collate_fn=_identity,
-            persistent_workers=False,  # workers must see the resume state set before each epoch
+            persistent_workers=False,  # workers must see the position set before each pass
         )
-    else:
-        loader = dataset
-    yield from batch_by_tokens(
-        iter(loader), token_budget, fixed_shape=fixed_shape, capacity=dataset.capacity, pad_id=dataset.pad_id
-    )
+    for round_ in rounds:
+        yield from round_
 
 
-def packed_batches(
-    dataset: PackedDataset,
-    *,
-    token_budget: int,
-    fixed_shape: bool = False,
-) -> Iterator[MicroBatch]:
-    """Collated micro-batches of at most `token_budget` tokens for the dataset's current epoch.
+def packed_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
+    """Collated micro-batches of at most `dataset.token_budget` tokens for the rest of the current epoch.
 
-    Runs a DataLoader with `dataset.num_workers` workers (batch_size=None: workers yield packs,
-    batching happens here so a micro-batch may mix workers) and counts consumed packs on the
-    dataset, so `dataset.state_dict()` after any yielded micro-batch resumes exactly after it.
-    fixed_shape pads every pack to the manifest capacity (see collate.batch_by_tokens). In
-    balanced mode a micro-batch never spans two steps (`MicroBatch.step`).
+    Every rank yields the same number (one per round; with balance, a step's share may take
+    several). The dataset's position advances when each micro-batch is handed out, so
+    `dataset.state_dict()` taken after training on it resumes right after it (with balance, at
+    the start of its step until the step's last micro-batch). Rounds prefetched by workers are
+    not counted: a restart reads them again.
     """
-    for mb in _micro_batches(dataset, token_budget, fixed_shape):
-        dataset.mark_consumed(mb.n_packs)
+    for mb in _micro_batches(dataset):
+        dataset.advance(mb.resume_after)
         yield mb
 
 
-def packed_steps(
-    dataset: PackedDataset,
-    *,
-    token_budget: int,
-    fixed_shape: bool = False,
-) -> Iterator[list[MicroBatch]]:
+def packed_steps(dataset: PackedDataset) -> Iterator[list[MicroBatch]]:
     """The micro-batches of each optimizer step of a balanced plan, one list per step.
 
     Every rank yields the same number of steps (ranks differ in how many micro-batches a step
-    holds, so normalise with `window_norm(step)`). The step's packs are counted as consumed when
-    the list is yielded: `dataset.state_dict()` after training on it resumes at the next step.
+    holds, so normalise with `window_norm(step)`). `dataset.state_dict()` taken after training
+    on a step resumes at the next step.
     """
     if dataset.balance is None:
         raise DatasetError(
@@ -568,12 +503,12 @@ def packed_steps(
             "without a plan use packed_batches and group micro-batches yourself"
         )
     step: list[MicroBatch] = []
-    for mb in _micro_batches(dataset, token_budget, fixed_shape):
+    for mb in _micro_batches(dataset):
         if step and mb.step != step[-1].step:
-            dataset.mark_consumed(sum(m.n_packs for m in step))
+            dataset.advance(step[-1].resume_after)
             yield step
             step = []
         step.append(mb)
     if step:
-        dataset.mark_consumed(sum(m.n_packs for m in step))
+        dataset.advance(step[-1].resume_after)
         yield step

@@ -31,7 +31,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from packtool.errors import PacktoolError
-from packtool.loader.collate import IGNORE_INDEX, MicroBatch
+from packtool.labels import IGNORE_INDEX
+from packtool.loader.collate import MicroBatch
+
+DEFAULT_CHUNK = 1024  # rows of [chunk, V] fp32 logits at a time: 0.6 GB at V = 151,936, vs 2.5 GB per 4k tokens
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -46,6 +49,70 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     acc = torch.promote_types(logits.dtype, torch.float32)
     loss_sum = F.cross_entropy(shift_logits.to(acc), shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
     return loss_sum, int((shift_labels != IGNORE_INDEX).sum())
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """sum_t CE(hidden[t] @ weight.T, target[t]) over rows of `chunk` positions; never holds [N, V].
+
+    The gradient is computed in the forward pass, chunk by chunk, while the chunk's logits are in
+    memory (d logits = softmax - onehot), and scaled by the incoming gradient in backward: the
+    same work as one forward + backward of the full logits, with peak memory O(chunk * V).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+        total = torch.zeros((), dtype=acc, device=hidden.device)
+        for lo in range(0, hidden.shape[0], chunk):
+            h, t = hidden[lo : lo + chunk], targets[lo : lo + chunk]
+            logits = (h @ weight.T).to(acc)  # [c, V]: the only buffer of this size (softmax is made in place)
+            picked = logits.gather(1, t[:, None]).squeeze(1)
+            peak = logits.amax(dim=-1, keepdim=True)
+            exp_sum = logits.sub_(peak).exp_().sum(dim=-1)
+            total += (peak.squeeze(1) + exp_sum.log() - picked).sum()
+            if want_h or want_w:
+                d = logits.div_(exp_sum[:, None])  # softmax
+                d[torch.arange(len(t), device=d.device), t] -= 1
+                if want_h:
+                    grad_h[lo : lo + chunk] = (d.to(weight.dtype) @ weight).to(hidden.dtype)  # type: ignore[index]
+                if want_w:
+                    grad_w.addmm_(d.T, h.to(acc))  # type: ignore[union-attr]
+        ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
+        ctx.has = (want_h, want_w)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        saved = iter(ctx.saved_tensors)
+        grad_h = next(saved) * grad_out if ctx.has[0] else None
+        grad_w = (next(saved) * grad_out).to(ctx.weight_dtype) if ctx.has[1] else None
+        return grad_h, grad_w, None, None
+
+
+def chunked_token_loss_sum(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk: int = DEFAULT_CHUNK
+) -> tuple[torch.Tensor, int]:
+    """`token_loss_sum` from the last hidden states and the output weight, without the [T, V] logits.
+
+    hidden [B, T, H] (after the final norm), weight [V, H] (the lm_head / tied embedding),
+    labels [B, T] unshifted: hidden[:, t] predicts labels[:, t + 1]. Only positions with a
+    target are scored, `chunk` rows at a time, so peak memory is about chunk * V floats plus one
+    weight-sized gradient instead of 2-3 copies of T * V. Same value and gradients as
+    `token_loss_sum(hidden @ weight.T, labels)` (tests/loader/test_loss.py).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    shift_labels = labels[:, 1:].to(hidden.device)
+    keep = shift_labels != IGNORE_INDEX
+    rows = hidden[:, :-1][keep]  # [N, H]: only the positions that carry a target
+    targets = shift_labels[keep]
+    if not len(targets):  # still touch the graph so backward reaches hidden and weight (DDP)
+        return (hidden.sum() + weight.sum()) * 0.0, 0
+    return _ChunkedCrossEntropy.apply(rows, weight, targets, chunk), len(targets)
 
 
 def per_token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -100,6 +167,40 @@ def window_norm(micro_batches: Iterable[MicroBatch] | int, group=None) -> Window
     n_local = micro_batches if isinstance(micro_batches, int) else count_window_targets(micro_batches)
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
     return WindowNorm(n_local=n_local, n_global=global_target_count(n_local, group), world_size=world)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMetrics:
+    """What one optimizer window on this rank asked of the model: log it next to the loss.
+
+    tokens/s and targets/s from these make a change of budget or packing visible as a change of
+    the task (more padding, fewer targets, more attention work), not a faster or slower kernel.
+    """
+
+    micro_batches: int
+    input_tokens: int  # T summed over micro-batches, padding included
+    target_tokens: int  # labels that are not -100 (this rank)
+    segments: int  # real attention segments (samples)
+    padding_slots: int  # padding tokens (fixed shape)
+    loss_denominator: int  # the divisor in force: the window's targets over all ranks (WindowNorm.n_global)
+    attn_cost: int  # sum(l_i^2) over real segments
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def window_metrics(micro_batches: Iterable[MicroBatch], norm: WindowNorm) -> WindowMetrics:
+    """Counts of this rank's micro-batches in one window and the loss denominator in force."""
+    mbs = list(micro_batches)
+    return WindowMetrics(
+        micro_batches=len(mbs),
+        input_tokens=sum(mb.n_tokens for mb in mbs),
+        target_tokens=sum(mb.n_targets for mb in mbs),
+        segments=sum(mb.n_segments for mb in mbs),
+        padding_slots=sum(mb.n_padding for mb in mbs),
+        loss_denominator=norm.n_global,
+        attn_cost=sum(mb.attn_cost for mb in mbs),
+    )
 
 
 SAMPLE_POLICIES = ("skip", "error")

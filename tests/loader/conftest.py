@@ -104,10 +104,17 @@ def write_build(
 
 @pytest.fixture
 def make_build(tmp_path):
-    """make_build(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4) -> (path, packs)."""
+    """make_build(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4) -> (path, packs).
 
-    def make(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4, seed=0, name="build", mode="packed"):
+    `alter(packs)` may change the packs in place before they are written (to build a broken shard).
+    """
+
+    def make(
+        n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4, seed=0, name="build", mode="packed", alter=None
+    ):
         packs = synthetic_packs(n_packs, capacity, seed=seed, mode=mode)
+        if alter is not None:
+            alter(packs)
         path = write_build(
             tmp_path / name,
             packs,
@@ -129,3 +136,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def quickstart_build(tmp_path_factory):
+    """`packtool build` of the shipped quickstart (522 packs, capacity 1024), once per session."""
+    from click.testing import CliRunner
+    from support import QUICKSTART
+
+    from packtool.cli import main
+
+    out = tmp_path_factory.mktemp("quickstart") / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    return out

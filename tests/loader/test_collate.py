@@ -5,14 +5,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from packtool.loader.collate import (  # noqa: E402
-    PackFormatError,
-    PackRow,
-    batch_by_tokens,
-    collate,
-    plan_micro_batches,
-    validate_cu_seqlens,
-)
+from packtool.errors import PackFormatError  # noqa: E402
+from packtool.loader.collate import LoadedPack, batch_by_tokens, collate, plan_micro_batches  # noqa: E402
+from packtool.loader.contract import validate_cu_seqlens  # noqa: E402
 
 # The worked example of docs/format.md: A=[a0,a1,E], B=[b0,E], C=[c0,c1,c2,E]
 a0, a1, b0, c0, c1, c2, E = 10, 11, 20, 30, 31, 32, 2
@@ -30,6 +25,7 @@ def test_worked_example():
     assert mb.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
     assert mb.cu_seqlens.dtype == torch.int32 and mb.cu_seqlens.tolist() == [0, 3, 5, 9]
     assert mb.max_seqlen == 4 and mb.n_targets == 6 and mb.n_packs == 1
+    assert (mb.n_segments, mb.n_padding, mb.attn_cost) == (3, 0, 9 + 4 + 16)
     kw = mb.flash_kwargs()
     assert kw["cu_seq_lens_q"] is mb.cu_seqlens and kw["cu_seq_lens_k"] is mb.cu_seqlens
     assert kw["max_length_q"] == kw["max_length_k"] == 4
@@ -49,9 +45,10 @@ def test_fixed_shape_padding_is_its_own_segment_without_targets():
     assert mb.cu_seqlens.tolist() == [0, 3, 5, 9, 12]
     assert mb.labels[0, 9:].tolist() == [-100] * 3 and mb.input_ids[0, 9:].tolist() == [0] * 3
     assert mb.position_ids[0, 9:].tolist() == [0, 1, 2]
-    assert mb.n_targets == 6
+    assert mb.n_targets == 6 and (mb.n_segments, mb.n_padding, mb.attn_cost) == (3, 3, 29)
     padded = collate([EXAMPLE], capacity=12, n_padding_rows=1)
     assert padded.n_tokens == 24 and padded.cu_seqlens.tolist()[-2:] == [12, 24] and padded.n_packs == 1
+    assert (padded.n_segments, padded.n_padding) == (3, 15)
 
 
 @pytest.mark.parametrize(
@@ -83,15 +80,22 @@ def test_label_across_boundary_is_rejected():
 
 
 def test_plan_micro_batches_example():
-    assert plan_micro_batches([5, 4, 3, 6, 9], 8) == [[0], [1, 2], [3], [4]]
+    assert plan_micro_batches([5, 4, 3, 6], 8) == [[0], [1, 2], [3]]
+
+
+def test_token_budget_is_a_hard_cap():
+    with pytest.raises(PackFormatError, match="pack 4 has 9 tokens > token_budget 8"):
+        plan_micro_batches([5, 4, 3, 6, 9], 8)
+    with pytest.raises(PackFormatError, match="9 tokens > token_budget 8"):
+        list(batch_by_tokens([_row(5), _row(9)], 8))
 
 
 def _row(n):
-    return PackRow(np.arange(n), np.r_[-100, np.arange(1, n)], np.array([0, n]))
+    return LoadedPack(np.arange(n), np.r_[-100, np.arange(1, n)], np.array([0, n]))
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(1, 20), min_size=1, max_size=30), st.integers(1, 25))
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=30), st.integers(20, 45))
 def test_batches_cover_every_pack_once_within_budget(lengths, budget):
     rows = [_row(n) for n in lengths]
     mbs = list(batch_by_tokens(rows, budget))
@@ -99,7 +103,7 @@ def test_batches_cover_every_pack_once_within_budget(lengths, budget):
     assert [mb.n_packs for mb in mbs] == [len(p) for p in plan]
     assert sum(mb.n_tokens for mb in mbs) == sum(lengths)
     for mb in mbs:
-        assert mb.n_tokens <= budget or mb.n_packs == 1
+        assert mb.n_tokens <= budget
         validate_cu_seqlens(mb.cu_seqlens, mb.n_tokens, mb.max_seqlen)
 
 

@@ -15,3 +15,34 @@ except ImportError as err:
 def test_packtool_imports_without_torch_and_loader_names_the_install():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True).stdout
     assert "pip install 'packtool[loader]'" in out and "pip install torch==2.13.0" in out
+
+
+FRONT_DOOR = """
+import sys
+import packtool.loader
+print(len(packtool.loader.__all__), 'transformers' in sys.modules)
+"""
+
+
+def test_the_front_door_is_small_and_hf_is_imported_on_first_use():
+    import packtool.loader
+
+    assert set(packtool.loader.__all__) == {
+        "DatasetError",
+        "LoadedPack",
+        "MicroBatch",
+        "PackedDataset",
+        "chunked_token_loss_sum",
+        "collate",
+        "context_parallel_slice",
+        "hf",
+        "packed_batches",
+        "packed_steps",
+        "token_loss_sum",
+        "varlen_attention",
+        "window_metrics",
+        "window_norm",
+    }
+    assert all(getattr(packtool.loader, name) is not None for name in packtool.loader.__all__)
+    lines = subprocess.run([sys.executable, "-c", FRONT_DOOR], capture_output=True, text=True, check=True).stdout
+    assert lines.splitlines()[0] == "14 False"  # importing the loader does not pull in transformers

@@ -6,10 +6,12 @@ from packtool.errors import PacktoolError  # noqa: E402
 from packtool.loader.collate import collate  # noqa: E402
 from packtool.loader.loss import (  # noqa: E402
     WindowNorm,
+    chunked_token_loss_sum,
     count_window_targets,
     per_token_losses,
     sample_mean_loss,
     token_loss_sum,
+    window_metrics,
     window_norm,
 )
 
@@ -73,3 +75,52 @@ def test_sample_mean_loss_empty_policy():
     assert sample_mean_loss(logits, labels, cu, empty="skip")[1] == 2
     with pytest.raises(PacktoolError, match="segment 1 \\(tokens 3:5\\) has no target"):
         sample_mean_loss(logits, labels, cu, empty="error")
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 1024])
+def test_chunked_loss_equals_the_full_loss_in_value_and_gradients(chunk):
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 9, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (2, 9), generator=g)
+    labels[0, [0, 3, 4]] = -100
+    labels[1, 0] = -100
+    full, n_full = token_loss_sum(hidden @ weight.T, labels)
+    full_grads = torch.autograd.grad(full * 0.37, (hidden, weight))
+    chunked, n = chunked_token_loss_sum(hidden, weight, labels, chunk=chunk)
+    grads = torch.autograd.grad(chunked * 0.37, (hidden, weight))
+    assert n == n_full == 14  # 2 x 8 shifted pairs, two of them ignored
+    assert torch.allclose(chunked, full, atol=1e-12, rtol=0)
+    for got, want in zip(grads, full_grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_chunked_loss_without_targets_still_reaches_the_graph():
+    hidden = torch.randn(1, 4, 3, requires_grad=True)
+    weight = torch.randn(5, 3, requires_grad=True)
+    loss, n = chunked_token_loss_sum(hidden, weight, torch.full((1, 4), -100))
+    loss.backward()
+    assert n == 0 and loss.item() == 0.0 and hidden.grad is not None and weight.grad is not None
+
+
+def test_chunked_loss_bf16_weight_gets_a_bf16_gradient():
+    hidden = torch.randn(1, 6, 4, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(7, 4, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.tensor([[-100, 1, 2, 3, 4, 5]])
+    loss, _ = chunked_token_loss_sum(hidden, weight, labels, chunk=2)
+    loss.backward()
+    assert loss.dtype == torch.float32 and weight.grad.dtype == hidden.grad.dtype == torch.bfloat16
+
+
+def test_window_metrics_count_the_window():
+    mbs = [collate([EXAMPLE]), collate([EXAMPLE], capacity=12)]
+    metrics = window_metrics(mbs, window_norm(mbs))
+    assert metrics.as_dict() == {
+        "micro_batches": 2,
+        "input_tokens": 9 + 12,
+        "target_tokens": 12,
+        "segments": 6,
+        "padding_slots": 3,
+        "loss_denominator": 12,
+        "attn_cost": 2 * (9 + 4 + 16),
+    }

@@ -1,0 +1,142 @@
+"""Loader throughput (verification on/off) and peak memory of the chunked vs full loss.
+
+    .venv/bin/python bench/loader_bench.py                  # builds the quickstart into a temp folder
+    .venv/bin/python bench/loader_bench.py OUT/ --epochs 10 # an existing build
+    .venv/bin/python bench/loader_bench.py --skip-memory    # throughput only (the memory rows take ~1 min)
+
+Throughput: tokens per second in one process, reading one epoch at a time from a fresh
+`PackedDataset` (so each epoch pays the footers, the plan and, with verify, the sha256 of every
+shard), as packs (`iter(dataset)`) and as collated micro-batches (`packed_batches`, token_budget
+4096). The floor row is pyarrow alone decoding the same row groups and columns.
+
+Memory: one subprocess per variant builds hidden [1, T, H] and an output weight [V, H] (fp32,
+V = 151,936 as Qwen's vocabulary, T = 4096), then measures the resident memory the loss and its
+backward add on top (`VmHWM` after resetting it through /proc/self/clear_refs; `ru_maxrss` growth
+where that is not writable): `full` materialises the [T, V] logits for `token_loss_sum`,
+`chunked` runs `chunked_token_loss_sum` (1024 rows of logits at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_quickstart(folder: Path) -> Path:
+    from click.testing import CliRunner
+
+    from packtool.cli import main
+
+    out = folder / "quickstart"
+    result = CliRunner().invoke(main, ["build", str(REPO / "configs" / "quickstart.yaml"), "-o", str(out), "-q"])
+    if result.exit_code:
+        raise SystemExit(result.output)
+    return out
+
+
+def read_rate(build: Path, epochs: int, verify: bool, batches: bool) -> tuple[float, float]:
+    """(tokens per wall second, per CPU second) over `epochs` epochs, each from a fresh dataset
+    (footers, plan and sha256 included). On a shared machine the CPU rate is the steadier one."""
+    from packtool.loader import PackedDataset, packed_batches
+
+    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
+    for epoch in range(epochs):
+        if batches:
+            ds = PackedDataset(build, verify=verify, token_budget=4096)
+            ds.set_epoch(epoch)
+            tokens += sum(mb.n_tokens for mb in packed_batches(ds))
+        else:
+            ds = PackedDataset(build, verify=verify)
+            ds.set_epoch(epoch)
+            tokens += sum(len(pack) for pack in ds)
+    return tokens / (time.perf_counter() - start), tokens / (time.process_time() - cpu)
+
+
+def decode_floor(build: Path, epochs: int) -> tuple[float, float]:
+    import pyarrow.parquet as pq
+
+    from packtool.loader.contract import read_manifest
+
+    columns = ["input_ids", "labels", "cu_seqlens", "attn_cost", "pack_hash"]
+    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
+    for _ in range(epochs):
+        for shard in read_manifest(build).shards:
+            parquet = pq.ParquetFile(shard.file)
+            for group in range(parquet.num_row_groups):
+                tokens += len(
+                    parquet.read_row_group(group, columns=columns).column("input_ids").combine_chunks().values
+                )
+    return tokens / (time.perf_counter() - start), tokens / (time.process_time() - cpu)
+
+
+def loss_child(variant: str, vocab: int, tokens: int, hidden: int) -> None:
+    """Runs in its own process: prints {"peak_mb", "seconds"} for one loss variant."""
+    import torch
+    from pack_bench import PeakMemory
+
+    from packtool.loader.loss import chunked_token_loss_sum, token_loss_sum
+
+    torch.manual_seed(0)
+    h = torch.randn(1, tokens, hidden, requires_grad=True)
+    weight = (torch.randn(vocab, hidden) * 0.02).requires_grad_()
+    labels = torch.randint(0, vocab, (1, tokens))
+    labels[0, 0] = -100
+    start = time.perf_counter()
+    with PeakMemory() as memory:
+        if variant == "full":
+            loss, n = token_loss_sum(h @ weight.T, labels)
+        else:
+            loss, n = chunked_token_loss_sum(h, weight, labels)
+        (loss / n).backward()
+    print(json.dumps({"peak_mb": memory.mb, "method": memory.method, "seconds": time.perf_counter() - start}))
+
+
+def measure_loss(variant: str, vocab: int, tokens: int, hidden: int) -> dict:
+    cmd = [sys.executable, __file__, "--loss-child", variant, "--vocab", str(vocab), "--tokens", str(tokens)]
+    cmd += ["--hidden", str(hidden)]
+    env = {"PYTHONPATH": f"{REPO}:{REPO / 'bench'}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("build", nargs="?", help="a build folder (default: the quickstart, built here)")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--vocab", type=int, default=151_936)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--loss-child", choices=["full", "chunked"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.loss_child:
+        loss_child(args.loss_child, args.vocab, args.tokens, args.hidden)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        build = Path(args.build) if args.build else build_quickstart(Path(tmp))
+        read_rate(build, 1, True, True)  # warm the imports and the page cache
+        print("| read | verify | M tokens/s (wall) | M tokens per CPU-second |\n|---|---|---|---|")
+        wall, cpu = decode_floor(build, args.epochs)
+        print(f"| pyarrow decode floor (same columns) | - | {wall / 1e6:.1f} | {cpu / 1e6:.1f} |")
+        for batches in (False, True):
+            for verify in (True, False):
+                wall, cpu = read_rate(build, args.epochs, verify, batches)
+                what = "micro-batches (budget 4096)" if batches else "packs"
+                print(f"| {what} | {'on' if verify else 'off'} | {wall / 1e6:.1f} | {cpu / 1e6:.1f} |")
+    if args.skip_memory:
+        return
+    print(f"\n| loss, V={args.vocab:,}, T={args.tokens}, H={args.hidden} | peak MB added | seconds |\n|---|---|---|")
+    for variant in ("full", "chunked"):
+        got = measure_loss(variant, args.vocab, args.tokens, args.hidden)
+        print(f"| {variant} ({got['method']}) | {got['peak_mb']:.0f} | {got['seconds']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Hugging Face `Trainer` and TRL `SFTTrainer` on a packtool build, without a custom training loop.
+
+What a Trainer user needs, and where it is:
+
+    data per rank        `trainer_dataset(path, args)`: a PackedDataset wired to args.process_index / world_size,
+                         one pack per rank per round, so every rank runs the same number of steps
+    batches              `PackedCollator`: the Trainer's per_device_train_batch_size packs -> one flattened
+                         row (input_ids, labels, position_ids restarting per segment; + cu_seq_lens_q/k and
+                         max_length_q/k for flash-attention models, `flash=True`)
+    the loss             the Trainer's own: a causal LM given `num_items_in_batch` returns sum / N, where the
+                         Trainer counts N over the whole accumulation window and, with
+                         `average_tokens_across_devices` (default), over all ranks; it then multiplies by the
+                         world size against DDP's gradient average. The window-wide token mean, unchanged by
+                         packing, micro-batch or rank split (tests/loader/test_hf.py)
+    the data order       saved beside every checkpoint (`packtool_data.json`, the dataset's global state) and
+                         restored by `train(resume_from_checkpoint=...)`; the Trainer's own batch skipping is
+                         turned off (`ignore_data_skip`), so a resume reads no batch twice and skips none,
+                         also under another world size
+    metrics              per logging window: input_tokens, target_tokens, segments, padding_slots added to the
+                         Trainer's logs next to the loss (this rank's counts)
+    provenance           `trainer.last_pack_hashes`: the packs of the micro-batch just trained
+
+    args = TrainingArguments(output_dir=..., per_device_train_batch_size=4, gradient_accumulation_steps=2, ...)
+    trainer = PackedTrainer(model=model, args=args, train_dataset=trainer_dataset("out/", args))
+    trainer.train()                              # or train(resume_from_checkpoint=True)
+
+TRL: `PackedSFTTrainer` is the same on top of `trl.SFTTrainer` with `padding_free=True`: TRL's own
+padding-free collator takes each pack as one example {input_ids, labels, seq_lengths}, so its
+flattened rows keep packtool's labels and segment boundaries. Give it `sft_dataset(dataset)` as
+train_dataset (TRL accepts only `datasets` types) and `SFTConfig(dataset_kwargs={"skip_prepare_dataset": True})`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+try:
+    import transformers
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+except ImportError as err:  # pragma: no cover - exercised without transformers
+    raise ImportError("packtool.loader.hf needs transformers: pip install 'packtool[hf]'") from err
+
+from packtool.errors import DatasetError
+from packtool.loader.collate import LoadedPack, collate
+from packtool.loader.dataset import PackedDataset
+
+__all__ = ["PackedCollator", "PackedTrainer", "sft_dataset", "trainer_dataset"]  # + PackedSFTTrainer (needs trl)
+
+STATE_FILE = "packtool_data.json"
+POSITION_KEY = "packtool_resume_after"  # ride in each batch from the collator to training_step, popped there
+HASHES_KEY = "packtool_pack_hashes"
+
+
+def trainer_dataset(path: str | Path, args: transformers.TrainingArguments, **options: Any) -> PackedDataset:
+    """A PackedDataset for this Trainer process: its rank, world size, worker count and seed."""
+    seed = args.data_seed if args.data_seed is not None else args.seed
+    return PackedDataset(
+        path,
+        rank=args.process_index,
+        world_size=args.world_size,
+        num_workers=args.dataloader_num_workers,
+        seed=seed,
+        **options,
+    )
+
+
+class PackedCollator:
+    """Packs -> one flattened Trainer batch [1, T] (+ the flash-attention offsets when `flash`)."""
+
+    def __init__(self, flash: bool = False) -> None:
+        self.flash = flash
+
+    def __call__(self, packs: list[LoadedPack]) -> dict[str, Any]:
+        mb = collate(packs)
+        batch: dict[str, Any] = {"input_ids": mb.input_ids, "labels": mb.labels, "position_ids": mb.position_ids}
+        if self.flash:
+            batch.update(mb.flash_kwargs())
+        return batch
+
+
+def sft_example(pack: LoadedPack) -> dict[str, Any]:
+    """One pack as the example TRL's padding-free collator reads: its segments are `seq_lengths`."""
+    return {
+        "input_ids": pack.input_ids.tolist(),
+        "labels": pack.labels.tolist(),
+        "seq_lengths": np.diff(pack.cu_seqlens).tolist(),
+    }
+
+
+def sft_dataset(dataset: PackedDataset):
+    """The dataset as a `datasets.IterableDataset` of TRL examples (what SFTTrainer's type check accepts).
+
+    PackedSFTTrainer reads the PackedDataset itself (position tracking, no re-sharding); this
+    wrapper is what TRL inspects, and iterates this rank's packs if anything does read it.
+    """
+    import datasets
+
+    def examples() -> Iterator[dict[str, Any]]:
+        for pack in dataset:
+            yield sft_example(pack)
+
+    return datasets.IterableDataset.from_generator(examples)
+
+
+class _Batches(IterableDataset):
+    """The rank's packs in plan order, `batch_size` consecutive packs per item.
+
+    Batches, not packs, are the DataLoader's items: a worker then hands out whole batches of
+    consecutive rounds (worker w: batches w, w+k, ...), so the batches arrive in plan order and
+    each one's last pack says where a resume starts, whatever the worker count.
+    """
+
+    def __init__(self, dataset: PackedDataset, batch_size: int, drop_last: bool) -> None:
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[LoadedPack]]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        packs = (pack for round_ in self.dataset._rounds(0, 1) for pack in round_)
+        for i, batch in enumerate(iter(lambda: list(itertools.islice(packs, self.batch_size)), [])):
+            if self.drop_last and len(batch) < self.batch_size:
+                return
+            if i % n_workers == worker:
+                yield batch
+
+
+class _PackedMixin:
+    """Shared by PackedTrainer and PackedSFTTrainer: DataLoader, data-order checkpoints, window metrics."""
+
+    packed: PackedDataset
+    last_pack_hashes: list[str]  # the micro-batch last trained (pack_hash -> shard row -> sample ids)
+    _packs_as_examples = False
+
+    def _setup_packed(self, dataset: PackedDataset) -> None:
+        if not isinstance(dataset, PackedDataset):
+            raise DatasetError("train a PackedTrainer on packtool.loader.hf.trainer_dataset(path, args)")
+        if dataset.token_budget is not None or dataset.balance is not None:
+            raise DatasetError(
+                "a Trainer batches packs itself (per_device_train_batch_size): build the dataset without "
+                "token_budget / balance (trainer_dataset(path, args))"
+            )
+        self.packed = dataset
+        self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the data order is restored from our state
+        self._window = dict.fromkeys(("input_tokens", "target_tokens", "segments", "padding_slots"), 0)
+        self.add_callback(_SaveDataOrder(self))  # type: ignore[attr-defined]
+
+    def get_train_dataloader(self) -> DataLoader:
+        """A plain per-rank DataLoader: the dataset is already this rank's share (no accelerate re-sharding)."""
+        args = self.args  # type: ignore[attr-defined]
+        return DataLoader(
+            _Batches(self.packed, args.per_device_train_batch_size, args.dataloader_drop_last),
+            batch_size=None,  # items are already batches of consecutive packs
+            collate_fn=self._collate,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+        )
+
+    def _collate(self, packs: list[LoadedPack]) -> dict[str, Any]:
+        collator = self.data_collator  # type: ignore[attr-defined]
+        batch = dict(collator([sft_example(p) for p in packs] if self._packs_as_examples else packs))
+        batch[POSITION_KEY] = packs[-1].resume_after
+        batch[HASHES_KEY] = [p.pack_hash for p in packs]
+        return batch
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        position = inputs.pop(POSITION_KEY)
+        self.last_pack_hashes = inputs.pop(HASHES_KEY)  # provenance of the micro-batch just trained
+        positions = inputs["position_ids"]
+        n_tokens = int(inputs["input_ids"].numel())
+        self._window["input_tokens"] += n_tokens
+        self._window["target_tokens"] += int((inputs["labels"][..., 1:] != -100).sum())
+        self._window["segments"] += int((positions == 0).sum())
+        loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        self.packed.advance(position)
+        if (
+            self.packed.total_packs - position < self.packed.world_size
+        ):  # no round left: the next pass reads the next epoch
+            self.packed.set_epoch(self.packed.epoch + 1)
+        return loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs:
+            logs = {**logs, **self._window}
+            self._window = dict.fromkeys(self._window, 0)
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval: Any = None
+    ):
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[attr-defined]
+        if isinstance(checkpoint, str):
+            state_file = Path(checkpoint) / STATE_FILE
+            if not state_file.is_file():
+                raise DatasetError(f"{checkpoint}: no {STATE_FILE}; it was not written by a packtool trainer")
+            self.packed.load_state_dict(json.loads(state_file.read_text()))
+        return super().train(  # type: ignore[misc]
+            resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
+        )
+
+
+class _SaveDataOrder(transformers.TrainerCallback):
+    """Writes the dataset's global state into each checkpoint folder (rank 0; every rank holds the same)."""
+
+    def __init__(self, trainer: _PackedMixin) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / STATE_FILE).write_text(json.dumps(self.trainer.packed.state_dict(), indent=2) + "\n")
+        return control
+
+
+class PackedTrainer(_PackedMixin, transformers.Trainer):
+    """`transformers.Trainer` reading a packtool build: see the module docstring."""
+
+    def __init__(self, *, train_dataset: PackedDataset, data_collator: Any = None, **kwargs: Any) -> None:
+        super().__init__(train_dataset=train_dataset, data_collator=data_collator or PackedCollator(), **kwargs)
+        self._setup_packed(train_dataset)
+
+
+def _sft_trainer_base():
+    import trl
+
+    return trl.SFTTrainer
+
+
+def __getattr__(name: str) -> Any:
+    # trl is optional: PackedSFTTrainer is built on first use so `import packtool.loader.hf` needs only transformers.
+    if name == "PackedSFTTrainer":
+        base = _sft_trainer_base()
+
+        class PackedSFTTrainer(_PackedMixin, base):  # type: ignore[misc, valid-type]
+            """`trl.SFTTrainer(padding_free=True)` reading a packtool build through TRL's own collator."""
+
+            _packs_as_examples = True
+
+            def __init__(self, *, packed: PackedDataset, **kwargs: Any) -> None:
+                super().__init__(train_dataset=sft_dataset(packed), **kwargs)
+                self._setup_packed(packed)
+
+        globals()["PackedSFTTrainer"] = PackedSFTTrainer
+        return PackedSFTTrainer
+    raise AttributeError(f"module 'packtool.loader.hf' has no attribute {name!r}")

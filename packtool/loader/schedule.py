@@ -1,0 +1,181 @@
+"""The epoch plan: which rank trains which pack in which round. Pure functions of a few integers.
+
+Global order. Units are row groups; one epoch visits them in a seeded permutation and the rows
+of each in a seeded permutation, so global position p names one pack::
+
+    units (shard, row_group)      u0 u1 u2 u3                  from the Parquet footers
+    seeded permutation (epoch e)  u2 u0 u3 u1                  rng([seed, e])
+    rows inside a unit            shuffled with rng([seed, e, unit])
+    global positions              0 1 2 ... N-1
+
+Rounds. Every rank takes part in every round with one share (a "slot"), so every rank runs
+the same number of rounds and a DDP step never waits for a rank that ran out. Three planners
+cut the positions from `start` on into rounds of W slots (W = world size):
+
+    packs        slot = one pack           round k = positions [kW, kW+W)            (Trainer batching)
+    token budget slot = consecutive packs  greedy, sum of n_tokens <= budget          (one micro-batch)
+    balanced     slot = a rank's LPT share of a step of P consecutive packs           (one optimizer step)
+
+    token budget 8, W = 2, n_tokens  5 3 | 4 4 | 6 | 7 | 2 1
+    slots                            [0 1] [2 3] [4] [5] [6 7]
+    rounds                           r0: slot [0 1] -> rank 0, [2 3] -> rank 1    r1: [4] -> 0, [5] -> 1
+    tail                             one slot [6 7] < W slots, 2 packs >= W: re-cut  r2: [6] -> 0, [7] -> 1
+
+What is left out. The last round must have W slots. Packs: the last N mod W (at most W-1). Token
+budget: a short tail of fewer than W slots is re-cut into W smaller slots when it holds at least
+W packs (each a part of a slot, so still under the budget), else its fewer than W packs are left
+out. Balanced: a last partial step with at least W packs is dealt like the others (LPT gives every
+rank one pack before any gets two), else left out. So at most W-1 packs per epoch, ever.
+
+Resume. Rounds cover consecutive positions and each planner is memoryless at a round boundary,
+so the plan from position q is the tail of the plan from 0 whenever q is a round boundary. The
+resume state is global: the epoch and the position where the next round starts. Any world size,
+budget or step size can plan the rest of the epoch from there: no pack repeated, none skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from packtool.errors import PackFormatError
+from packtool.loader.balance import assign_lpt
+
+
+@dataclass(frozen=True, slots=True)
+class EpochOrder:
+    """Global position p of the epoch is row `row[p]` of unit `unit[p]`."""
+
+    unit: np.ndarray  # int64 [N]
+    row: np.ndarray  # int64 [N]
+
+
+def epoch_order(unit_rows: Sequence[int], seed: int, epoch: int, shuffle: bool) -> EpochOrder:
+    units = np.random.default_rng([seed, epoch]).permutation(len(unit_rows)) if shuffle else np.arange(len(unit_rows))
+    rows = [
+        np.random.default_rng([seed, epoch, int(u)]).permutation(unit_rows[u]) if shuffle else np.arange(unit_rows[u])
+        for u in units
+    ]
+    unit = np.repeat(units.astype(np.int64), [unit_rows[u] for u in units])
+    row = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+    return EpochOrder(unit, row)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """Rounds of the epoch from global position `start` to `total`.
+
+    Position start + i belongs to rank `rank[i]` in round `round[i]` (rank -1: left out). Round k
+    covers global positions [bounds[k], bounds[k + 1]); positions from bounds[-1] on are left out.
+    """
+
+    start: int
+    total: int
+    world_size: int
+    rank: np.ndarray  # int32 [total - start]
+    round: np.ndarray  # int64 [total - start]
+    bounds: np.ndarray  # int64 [rounds + 1], global positions
+
+    @property
+    def rounds(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def dropped(self) -> int:
+        return self.total - int(self.bounds[-1])
+
+    def positions(self, rank: int) -> np.ndarray:
+        """Global positions of this rank's packs, ascending (so round by round)."""
+        return self.start + np.flatnonzero(self.rank == rank)
+
+    def packs_per_rank(self) -> list[int]:
+        return np.bincount(self.rank[self.rank >= 0], minlength=self.world_size).tolist()
+
+
+def _plan(start: int, total: int, world: int, slot_of: np.ndarray, n_slots: int) -> EpochPlan:
+    """Slots (numbered along the positions, -1 = left out) -> ranks and rounds: slot s is rank s % W of round s // W."""
+    kept = slot_of >= 0
+    rank = np.where(kept, slot_of % world, -1).astype(np.int32)
+    round_ = np.where(kept, slot_of // world, -1).astype(np.int64)
+    n_rounds = n_slots // world
+    firsts = np.searchsorted(round_[kept], np.arange(n_rounds + 1)) if n_rounds else np.zeros(1, np.int64)
+    bounds = start + firsts.astype(np.int64)
+    return EpochPlan(start, total, world, rank, round_, bounds)
+
+
+def plan_packs(start: int, total: int, world: int) -> EpochPlan:
+    """One pack per rank per round: rank r takes positions start + r, start + r + W, ..."""
+    n = total - start
+    keep = n // world * world
+    slot_of = np.where(np.arange(n) < keep, np.arange(n), -1)
+    return _plan(start, total, world, slot_of, keep)
+
+
+def slot_ends(lengths: np.ndarray, budget: int) -> list[int]:
+    """Greedy cut of consecutive packs into slots of at most `budget` tokens (exclusive ends).
+
+    lengths [5, 3, 4, 4, 6], budget 8 -> [2, 4, 5].
+    """
+    ends: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths.tolist()):
+        if n > budget:
+            raise PackFormatError(
+                f"a pack of {n} tokens exceeds token_budget {budget}; raise the budget to the capacity"
+            )
+        if used and used + n > budget:
+            ends.append(i)
+            used = 0
+        used += n
+    if len(lengths):
+        ends.append(len(lengths))
+    return ends
+
+
+def _recut_tail(lo: int, ends: list[int], world: int) -> list[int]:
+    """A tail of fewer than `world` slots holding >= world packs, cut into exactly `world` slots.
+
+    Halving the slot with the most packs keeps every slot consecutive and under the budget.
+    """
+    starts = [lo, *ends[:-1]]
+    slots = list(zip(starts, ends, strict=True))
+    while len(slots) < world:
+        i = max(range(len(slots)), key=lambda j: (slots[j][1] - slots[j][0], -j))
+        a, b = slots[i]
+        mid = (a + b) // 2
+        slots[i : i + 1] = [(a, mid), (mid, b)]
+    return [b for _, b in slots]
+
+
+def plan_token_budget(start: int, lengths: np.ndarray, world: int, budget: int) -> EpochPlan:
+    """Slots of at most `budget` tokens (n_tokens of positions start..N-1), W per round."""
+    n = len(lengths)
+    ends = slot_ends(lengths, budget)
+    full = len(ends) // world * world
+    tail_lo = ends[full - 1] if full else 0
+    tail = ends[full:]
+    # A tail of fewer than W packs after the last full round is left out.
+    ends = ends[:full] + (_recut_tail(tail_lo, tail, world) if tail and n - tail_lo >= world else [])
+    slot_of = np.full(n, -1, np.int64)
+    lo = 0
+    for s, hi in enumerate(ends):
+        slot_of[lo:hi] = s
+        lo = hi
+    return _plan(start, start + n, world, slot_of, len(ends))
+
+
+def plan_balanced(start: int, costs: np.ndarray, world: int, packs_per_step: int) -> EpochPlan:
+    """Steps of `packs_per_step` consecutive packs, each dealt to ranks by LPT on `costs`; a rank's share is a slot."""
+    n = len(costs)
+    slot_of = np.full(n, -1, np.int64)
+    steps = 0
+    for lo in range(0, n, packs_per_step):
+        hi = min(lo + packs_per_step, n)
+        if hi - lo < world:  # a rank would get nothing: the (< W) packs are left out
+            break
+        for r, picked in enumerate(assign_lpt(costs[lo:hi].tolist(), world)):
+            slot_of[lo + np.asarray(picked, dtype=np.int64)] = steps * world + r
+        steps += 1
+    return _plan(start, start + n, world, slot_of, steps * world)

@@ -87,7 +87,10 @@ def flex_varlen_attention(q, k, v, cu_seqlens, scale: float | None = None) -> to
 
     total = q.shape[0]
     block_mask = flex_document_mask(cu_seqlens, total, device=q.device)
-    out = flex_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), block_mask=block_mask, scale=scale)
+    heads_first = [x.transpose(0, 1)[None] for x in (q, k, v)]
+    out = flex_attention(heads_first[0], heads_first[1], heads_first[2], block_mask=block_mask, scale=scale)
+    if isinstance(out, tuple):  # the return_lse overload
+        out = out[0]
     return out[0].transpose(0, 1)
 
 
@@ -96,15 +99,16 @@ def per_segment_attention(q, k, v, cu_seqlens, scale: float | None = None) -> to
     outs = []
     bounds = cu_seqlens.tolist()
     for lo, hi in itertools.pairwise(bounds):
-        seg = [x[lo:hi].transpose(0, 1)[None] for x in (q, k, v)]
-        outs.append(F.scaled_dot_product_attention(*seg, is_causal=True, scale=scale)[0].transpose(0, 1))
+        sq, sk, sv = (x[lo:hi].transpose(0, 1)[None] for x in (q, k, v))
+        outs.append(F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, scale=scale)[0].transpose(0, 1))
     return torch.cat(outs, dim=0)
 
 
 def sdpa_varlen_attention(q, k, v, cu_seqlens, scale: float | None = None) -> torch.Tensor:
     """SDPA over the whole row with the boolean block-causal mask ([T, H, D] in and out)."""
     mask = block_causal_mask(cu_seqlens.to(q.device), q.shape[0])
-    out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=mask, scale=scale)
+    hq, hk, hv = (x.transpose(0, 1)[None] for x in (q, k, v))
+    out = F.scaled_dot_product_attention(hq, hk, hv, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1)
 
 

@@ -11,12 +11,10 @@ import subprocess
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from packtool.cli import main
-from packtool.stats import length_summary
 
 PLOTS = ["plot-lengths", "plot-pack-fill", "plot-segments", "plot-targets", "plot-outcomes"]
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
@@ -27,17 +25,14 @@ needs_chromium = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def outputs(quickstart_build, tmp_path_factory) -> dict[str, Path]:
-    """The quickstart output as built, and a copy whose manifest records lengths as the build does."""
-    recorded = tmp_path_factory.mktemp("report") / "out"
-    shutil.copytree(quickstart_build, recorded)
-    manifest = json.loads((recorded / "manifest.json").read_text())
-    before = np.array([30, 200, 700, 900, 1500, 3000])
-    manifest["lengths"] = {
-        name: {"before": length_summary(before, 1024), "after": length_summary(np.minimum(before, 1024), 1024)}
-        for name in manifest["accounting"]
-    }
-    (recorded / "manifest.json").write_text(json.dumps(manifest))
-    return {"plain": quickstart_build, "recorded": recorded}
+    """The quickstart output as built (lengths recorded), and a copy whose manifest predates recorded lengths."""
+    legacy = tmp_path_factory.mktemp("report") / "out"
+    shutil.copytree(quickstart_build, legacy)
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    assert "lengths" in manifest
+    del manifest["lengths"]
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
+    return {"built": quickstart_build, "legacy": legacy}
 
 
 def _report(output: Path, destination: Path) -> tuple[str, dict]:
@@ -49,7 +44,7 @@ def _report(output: Path, destination: Path) -> tuple[str, dict]:
     return page, json.loads(block.group(1))
 
 
-@pytest.mark.parametrize("kind", ["plain", "recorded"])
+@pytest.mark.parametrize("kind", ["built", "legacy"])
 def test_the_page_embeds_the_numbers_of_stats_json(outputs, tmp_path, kind):
     page, data = _report(outputs[kind], tmp_path / "report.html")
     stats = json.loads(CliRunner().invoke(main, ["stats", str(outputs[kind]), "--json"]).output)
@@ -75,7 +70,7 @@ def test_the_page_embeds_the_numbers_of_stats_json(outputs, tmp_path, kind):
 
 def test_default_destination_is_inside_the_output(outputs, tmp_path):
     copy = tmp_path / "out"
-    shutil.copytree(outputs["plain"], copy)
+    shutil.copytree(outputs["built"], copy)
     result = CliRunner().invoke(main, ["report", str(copy)])
     assert result.exit_code == 0 and (copy / "report.html").is_file()
 
@@ -140,7 +135,7 @@ def _chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedPro
 
 
 @needs_chromium
-@pytest.mark.parametrize("kind", ["plain", "recorded"])
+@pytest.mark.parametrize("kind", ["built", "legacy"])
 def test_every_plot_renders_in_headless_chromium(outputs, tmp_path, kind):
     page = tmp_path / "report.html"
     _report(outputs[kind], page)
@@ -154,7 +149,7 @@ def test_every_plot_renders_in_headless_chromium(outputs, tmp_path, kind):
         assert "<svg" in figure.group(1) and '<rect class="mark' in figure.group(1), f"{plot} has no marks"
     lengths = re.search(r'<figure class="plot" id="plot-lengths">(.*?)</figure>', dom, re.S).group(1)
     assert lengths.count("<svg") == 3 and lengths.count('class="capacity"') == 3  # one per source, capacity marked
-    assert ('class="mark after' in lengths) == (kind == "recorded")
+    assert ('class="mark after' in lengths) == (kind == "built")
     console = [line for line in dumped.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
     assert console == [], console  # the page logs nothing when it renders cleanly
 

@@ -28,7 +28,7 @@ from tokenizers import Encoding, Tokenizer
 
 from packtool.config import TokenizerConfig
 from packtool.errors import PacktoolError, RecordError
-from packtool.records import ROLE_CODES, Rendered, Tokenized
+from packtool.records import ROLE_CODES, Rendered, Tokenized, literal_pattern
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,13 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
     tokenizer_config: dict[str, Any] = {}
     if config.config_path:
         tokenizer_config = json.loads(Path(config.config_path).read_text(encoding="utf-8"))
-    specials = sorted(
-        (t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content),
-        key=len,
-        reverse=True,
+    added = {i: t for i, t in tokenizer.get_added_tokens_decoder().items() if t.special and t.content}
+    specials = [t.content for t in added.values()]
+    # Templates find the special tokens a record may spell here (render.load_template); a
+    # tokenizer_config.json saved by transformers lists them, an older or hand-made one may not.
+    tokenizer_config.setdefault(
+        "added_tokens_decoder", {str(i): {"content": t.content, "special": True} for i, t in added.items()}
     )
-    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
     def config_token(key: str) -> str | None:
         value = tokenizer_config.get(key)
@@ -89,7 +90,7 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
         path=str(path),
         sha256=hashlib.sha256(raw).hexdigest(),
         config=tokenizer_config,
-        special_literals=pattern,
+        special_literals=literal_pattern(specials),
         bos_id=_id_or_none(tokenizer, config_token("bos_token")),
         eos_id=_id_or_none(tokenizer, config_token("eos_token")),
         pad_id=_id_or_none(tokenizer, config_token("pad_token")),
@@ -101,9 +102,24 @@ def _id_or_none(tokenizer: Tokenizer, text: str | None) -> int | None:
 
 
 def has_special_literal(rendered: Rendered, tokenizer: TextTokenizer) -> bool:
-    if tokenizer.special_literals is None:
-        return False
-    return any(tokenizer.special_literals.search(rendered.text, s, e) for s, e in rendered.content_ranges)
+    """Whether any string the record brings spells a special token (printed by the template or not)."""
+    return bool(rendered.literal_fields) or bool(escaped_ranges(rendered, tokenizer))
+
+
+def escaped_ranges(rendered: Rendered, tokenizer: TextTokenizer) -> list[tuple[int, int]]:
+    """Where the text spells a special token that came from data: the positions render marked, plus
+    any match inside content (a text document, or a token the template's list lacks)."""
+    found = set(rendered.literal_ranges)
+    if tokenizer.special_literals is not None:
+        for start, end in rendered.content_ranges:
+            found.update(m.span() for m in tokenizer.special_literals.finditer(rendered.text, start, end))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(found):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def encode_batch(
@@ -120,8 +136,9 @@ def encode_batch(
     for i, (rendered, policy) in enumerate(batch):
         if policy != "keep" and has_special_literal(rendered, tokenizer):
             if policy == "reject":
+                fields = ", ".join(rendered.literal_fields[:3]) or "content"
                 results[i] = RecordError(
-                    "message content spells a special token (special_tokens: reject)",
+                    f"{fields} spell(s) a special token (special_tokens: reject; escape keeps the text as plain text)",
                     kind="special_token_literal",
                     sample_id=rendered.example.id,
                 )
@@ -146,15 +163,16 @@ def _arrays(encoding: Encoding, shift: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _encode_escaped(rendered: Rendered, tokenizer: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Content pieces with special-token matching off, template pieces with it on."""
+    """Literals that came from data with special-token matching off, everything else with it on."""
     text = rendered.text
-    cuts = sorted({0, len(text), *(x for r in rendered.content_ranges for x in r)})
-    content_starts = {s for s, _ in rendered.content_ranges}
+    literals = escaped_ranges(rendered, tokenizer)
+    cuts = sorted({0, len(text), *(x for r in literals for x in r)})
+    literal_starts = {s for s, _ in literals}
     ids_parts, offset_parts = [], []
     for start, end in pairwise(cuts):
         if start == end:
             continue
-        engine = tokenizer.literal_tokenizer if start in content_starts else tokenizer.tokenizer
+        engine = tokenizer.literal_tokenizer if start in literal_starts else tokenizer.tokenizer
         ids, offsets = _arrays(engine.encode(text[start:end], add_special_tokens=False), start)
         ids_parts.append(ids)
         offset_parts.append(offsets)

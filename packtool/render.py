@@ -25,6 +25,7 @@ import datetime as _dt
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -37,12 +38,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from packtool.config import BuildConfig, TrainPolicy
 from packtool.errors import PacktoolError, RecordError
-from packtool.records import Example, Message, Rendered, Span
+from packtool.records import Example, Message, Rendered, Span, literal_pattern
 
 # Plane-16 private-use characters: never meaningful text, and removed before tokenization.
 _MARK_BASE = 0x100000
 _GEN_OPEN = chr(0x10FFF0)
 _GEN_CLOSE = chr(0x10FFF1)
+# Put in front of every special-token literal a record brings (a user typing `<|im_end|>`, a tool
+# description spelling `<|im_start|>system`): its rendered position tells encode what to escape and
+# tells the mask which end markers are data, not structure.
+_LITERAL = chr(0x10FFF2)
 _MAX_MESSAGES = (0x10FFF0 - _MARK_BASE) // 2
 _MARKERS = re.compile("[\U00100000-\U0010ffff]")
 
@@ -112,6 +117,8 @@ class ChatTemplate:
     compiled: Any = None
     generation_header: str | None = None
     has_generation_blocks: bool = False
+    # The special tokens a record may spell (the tokenizer's, from tokenizer_config.json).
+    literals: re.Pattern[str] | None = None
 
     @property
     def sha256(self) -> str:
@@ -184,13 +191,21 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
     variables = dict(variables or {})
     date = _dt.date.fromisoformat(str(variables.pop("date", DEFAULT_DATE)))
     compiled.globals["strftime_now"] = lambda fmt: date.strftime(fmt)
+    specials = special_token_strings(tokenizer_config)
+    added = tokenizer_config.get("added_tokens_decoder") or {}
     template = ChatTemplate(
         name=name,
         source=source,
-        special_tokens=special_token_strings(tokenizer_config),
+        special_tokens=specials,
         variables=variables,
         compiled=compiled,
         has_generation_blocks="{% generation %}" in source or "{%- generation %}" in source,
+        literals=literal_pattern(
+            [
+                *specials.values(),
+                *(t.get("content", "") for t in added.values() if isinstance(t, dict) and t.get("special")),
+            ]
+        ),
     )
     return _with_generation_header(template)
 
@@ -252,12 +267,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     messages = example.messages
     if len(messages) > _MAX_MESSAGES:
         raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
-    for i, message in enumerate(messages):
-        if _MARKERS.search(message.content):
-            raise RecordError(
-                "content holds plane-16 private-use characters, which packtool reserves as markers",
-                field=f"messages[{i}].content",
-            )
+    literal_fields = _check_data_strings(example, template.literals)
     trained = trained_messages(messages, policy)
     for i, message in enumerate(messages):
         if trained[i] and message.role == "assistant" and not message.content.strip() and not message.tool_calls:
@@ -265,17 +275,18 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
             # even place it. A data defect (seen in real alpaca sets), not a turn to train.
             raise RecordError(f"message {i} (assistant) is empty: nothing to train", kind="bad_record")
     plain = [m.as_template_dict() for m in messages]
-    marked = [_marked(m, i) for i, m in enumerate(messages)]
+    literals = template.literals if literal_fields else None
+    marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
     tools = list(example.tools) if example.tools else None
     try:
         text = template.render(plain, tools)
-        marked_text = template.render(marked, tools, mark=True)
+        marked_text = template.render(marked, _mark_literals(tools, literals), mark=True)
     except TemplateRaised as exc:
         raise RecordError(f"template refused the sample: {exc}", kind="template_error") from None
     except jinja2.TemplateError as exc:
         raise RecordError(f"template failed: {exc}", kind="template_error") from None
 
-    clean, contents, generations = _strip_markers(marked_text)
+    clean, contents, generations, literal_at = _strip_markers(marked_text)
     if clean != text:
         raise RecordError(
             "the template rewrites message content (trims, splits or reorders it), so its mask "
@@ -305,10 +316,13 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     spans = tuple(
         Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
     )
+    literal_ranges = tuple(
+        (at, found.end()) for at in literal_at if literals and (found := literals.match(text, at)) is not None
+    )
     if template.has_generation_blocks:
         targets = _targets_from_generation_blocks(generations, contents, trained, [m.role for m in messages])
     else:
-        targets = _targets_from_headers(text, messages, contents, trained, template, policy)
+        targets = _targets_from_headers(text, messages, contents, trained, template, policy, literal_ranges)
     # Tool calls carry no sentinel, so a template that ignores them (Gemma 3, Phi-3) would train an
     # empty turn: each called function's name must appear inside its message's target.
     for start, end, i in targets:
@@ -325,35 +339,98 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         spans=spans,
         content_ranges=tuple((s.start, s.end) for s in spans),
         target_ranges=tuple(targets),
+        literal_ranges=literal_ranges,
+        literal_fields=literal_fields,
     )
 
 
-def _marked(message: Message, index: int) -> dict[str, Any]:
+def data_strings(example: Example) -> Iterator[tuple[str, str]]:
+    """(field, text) for every string a chat record brings into the render: contents, reasoning,
+    names and ids, tool calls (name, argument keys and values) and tool definitions (every key and
+    value: names, descriptions, parameter schemas)."""
+    for i, message in enumerate(example.messages):
+        where = f"messages[{i}]"
+        yield f"{where}.content", message.content
+        for key in ("reasoning_content", "name", "tool_call_id"):
+            value = getattr(message, key)
+            if value is not None:
+                yield f"{where}.{key}", value
+        for j, call in enumerate(message.tool_calls):
+            yield from _strings(call, f"{where}.tool_calls[{j}]")
+    for j, tool in enumerate(example.tools or ()):
+        yield from _strings(tool, f"tools[{j}]")
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key, f"{where} key")
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for j, item in enumerate(value):
+            yield from _strings(item, f"{where}[{j}]")
+
+
+def _check_data_strings(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
+    """Reject private-use marker characters anywhere in the record; name the fields that spell a special token."""
+    spelled = []
+    for where, text in data_strings(example):
+        if _MARKERS.search(text):
+            raise RecordError("holds plane-16 private-use characters, which packtool reserves as markers", field=where)
+        if literals is not None and literals.search(text):
+            spelled.append(where)
+    return tuple(spelled)
+
+
+def _mark_literals(value: Any, literals: re.Pattern[str] | None) -> Any:
+    """A copy with the literal sentinel in front of every special-token literal inside every string."""
+    if literals is None or value is None:
+        return value
+    if isinstance(value, str):
+        return literals.sub(lambda found: _LITERAL + found.group(), value)
+    if isinstance(value, dict):
+        return {_mark_literals(k, literals): _mark_literals(v, literals) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mark_literals(item, literals) for item in value]
+    return value
+
+
+def _marked(message: Message, index: int, literals: re.Pattern[str] | None = None) -> dict[str, Any]:
     """The message with its content core wrapped in sentinels; surrounding whitespace stays outside so
-    templates that trim content still produce the same text."""
-    out = message.as_template_dict()
+    templates that trim content still produce the same text. Special-token literals in any of its
+    strings get the literal sentinel."""
+    out = _mark_literals(message.as_template_dict(), literals)
     core = message.content.strip()
     if core:
         lead = message.content[: len(message.content) - len(message.content.lstrip())]
         trail = message.content[len(lead) + len(core) :]
-        out["content"] = f"{lead}{open_mark(index)}{core}{close_mark(index)}{trail}"
+        out["content"] = f"{lead}{open_mark(index)}{_mark_literals(core, literals)}{close_mark(index)}{trail}"
     return out
 
 
-def _strip_markers(marked: str) -> tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]]]:
+def _strip_markers(
+    marked: str,
+) -> tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]], list[int]]:
+    """The text without sentinels, each message's content ranges, the generation blocks and where
+    data literals start."""
     pieces: list[str] = []
     length = 0
     last = 0
     opened: dict[int, int] = {}
     contents: dict[int, list[tuple[int, int]]] = {}
     generations: list[tuple[int, int]] = []
+    literal_at: list[int] = []
     gen_start: int | None = None
     for match in _MARKERS.finditer(marked):
         pieces.append(marked[last : match.start()])
         length += match.start() - last
         last = match.end()
         char = match.group()
-        if char == _GEN_OPEN:
+        if char == _LITERAL:
+            literal_at.append(length)
+        elif char == _GEN_OPEN:
             gen_start = length
         elif char == _GEN_CLOSE:
             if gen_start is not None:
@@ -367,7 +444,7 @@ def _strip_markers(marked: str) -> tuple[str, dict[int, list[tuple[int, int]]], 
             else:
                 opened[index] = length
     pieces.append(marked[last:])
-    return "".join(pieces), contents, generations
+    return "".join(pieces), contents, generations, literal_at
 
 
 def _targets_from_generation_blocks(
@@ -400,7 +477,10 @@ def _targets_from_headers(
     trained: list[bool],
     template: ChatTemplate,
     policy: TrainPolicy,
+    literal_ranges: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[int, int, int]]:
+    """Targets from the assistant header and the first end-of-turn marker; markers and headers that a
+    record spells (literal_ranges) are data, never structure."""
     starts = sorted((s, i) for i, ranges in contents.items() for s, _ in ranges)
     ends = sorted(e for ranges in contents.values() for _, e in ranges)
     targets = []
@@ -419,7 +499,7 @@ def _targets_from_headers(
         upper = own[0] if own else min(following, default=len(text))
         lower = max((e for e in ends if e <= upper and (own is None or e != own[1])), default=0)
         if message.role == "assistant" and template.generation_header:
-            header_at = text.rfind(template.generation_header, lower, upper)
+            header_at = _rfind_structure(text, template.generation_header, lower, upper, literal_ranges)
             start = header_at + len(template.generation_header) if header_at >= 0 else (own[0] if own else -1)
         else:
             start = own[0] if own else -1
@@ -437,7 +517,9 @@ def _targets_from_headers(
             )
         search_from = own[1] if own else start
         limit = min((s for s, j in starts if s >= search_from and j != i), default=len(text))
-        end = _end_of_turn(text, search_from, limit, template.end_markers, include=policy.end_of_turn)
+        end = _end_of_turn(
+            text, search_from, limit, template.end_markers, include=policy.end_of_turn, skip=literal_ranges
+        )
         if end is None:
             if not policy.end_of_turn and own:
                 end = own[1]
@@ -451,8 +533,33 @@ def _targets_from_headers(
     return targets
 
 
-def _end_of_turn(text: str, start: int, limit: int, markers: tuple[str, ...], *, include: bool) -> int | None:
-    found = [(at, marker) for marker in markers if (at := text.find(marker, start, limit)) >= 0]
+def _in_any(at: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    return any(start <= at < end for start, end in ranges)
+
+
+def _rfind_structure(text: str, needle: str, lower: int, upper: int, skip: tuple[tuple[int, int], ...]) -> int:
+    at = text.rfind(needle, lower, upper)
+    while at >= 0 and _in_any(at, skip):
+        at = text.rfind(needle, lower, at)
+    return at
+
+
+def _end_of_turn(
+    text: str,
+    start: int,
+    limit: int,
+    markers: tuple[str, ...],
+    *,
+    include: bool,
+    skip: tuple[tuple[int, int], ...] = (),
+) -> int | None:
+    found = []
+    for marker in markers:
+        at = text.find(marker, start, limit)
+        while at >= 0 and _in_any(at, skip):
+            at = text.find(marker, at + 1, limit)
+        if at >= 0:
+            found.append((at, marker))
     if not found:
         return None
     at, marker = min(found)

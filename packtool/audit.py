@@ -31,6 +31,7 @@ from packtool.render import (
     ChatTemplate,
     render_example,
     template_for,
+    template_injections,
     trained_messages,
 )
 from packtool.show import tokenized_table, visible
@@ -245,6 +246,8 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
         _check_probe(state, "multi_turn_tools", probes["tools"], data, _has_tools)
         _check_markers(state, probes["two_turn"])
     _check_bos_eos(state, probes.get("two_turn"), data)
+    _check_text_bos(state, data)
+    _check_injections(state)
     _check_literals(state, data)
     _check_tool_json(state, [probes["tools"]] if probes else [], data)
     _check_truncation(state, probes.get("tools"), data)
@@ -423,6 +426,51 @@ def _check_bos_eos(state: _Audit, probe: _Trial | None, data: dict[str, list]) -
         )
     else:
         state.add(name, "pass", "; ".join(notes))
+
+
+def _check_text_bos(state: _Audit, data: dict[str, list]) -> None:
+    """Documents must start as `tokenizer(text)` starts them: with BOS exactly when its post-processor adds one."""
+    name = "text_bos"
+    documents = [t for t in _trials(data) if t.example.is_text and t.tokenized is not None]
+    if not documents:
+        state.add(name, "skip", "no text document audited")
+        return
+    tokenizer = state.tokenizer
+    wrong = []
+    for trial in documents:
+        expected = tokenizer.tokenizer.encode(trial.example.text or "", add_special_tokens=True).ids[:1]
+        starts_with_bos = tokenizer.bos_id is not None and expected == [tokenizer.bos_id]
+        if starts_with_bos != (trial.tokenized.input_ids[:1].tolist() == [tokenizer.bos_id]):
+            wrong.append((trial, starts_with_bos))
+    if not wrong:
+        bos = "start with BOS" if tokenizer.config.get("add_bos_token") is True else "start without BOS"
+        state.add(name, "pass", f"{len(documents)} text documents {bos}, as tokenizer(text) does")
+        return
+    trial, expected_bos = wrong[0]
+    evidence = (
+        f"{len(wrong)} of {len(documents)} text documents {'lack' if expected_bos else 'add'} the BOS "
+        f"that tokenizer(text) {'adds' if expected_bos else 'does not add'} (e.g. {trial.example.id})"
+    )
+    if state.config.add_bos is not None:
+        state.add(name, "warn", f"{evidence}; add_bos: {str(state.config.add_bos).lower()} in the config says so")
+    else:
+        state.add(name, "fail", evidence, trial)
+
+
+def _check_injections(state: _Audit) -> None:
+    name = "template_injections"
+    if state.template is None:
+        state.add(name, "skip", "no chat template")
+        return
+    injected = template_injections(state.template, state.tokenizer)
+    if injected:
+        state.add(
+            name,
+            "warn",
+            "every sample gets, whatever the data: " + "; ".join(repr(_short(line, 80)) for line in injected),
+        )
+    else:
+        state.add(name, "pass", "the template adds no text of its own beyond its markers")
 
 
 def _injection(state: _Audit) -> str | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, pre_tokenizers
 
 from packtool.config import TokenizerConfig
 from packtool.errors import PacktoolError, RecordError
@@ -46,11 +46,28 @@ class TextTokenizer:
 
     @cached_property
     def literal_tokenizer(self) -> Tokenizer:
-        """Same vocabulary with special-token matching off, for escaped content. Built on first use:
+        """Same vocabulary with special-token matching off, for escaped literals. Built on first use:
         cloning a large vocabulary costs about as much as loading it."""
-        literal = Tokenizer.from_str(self.tokenizer.to_str())
+        literal = self._continuing(Tokenizer.from_str(self.tokenizer.to_str()))
         literal.encode_special_tokens = True
         return literal
+
+    @cached_property
+    def continuation_tokenizer(self) -> Tokenizer:
+        """For a piece of text that does not start the text: a Metaspace pre-tokenizer that prepends
+        "▁" only at the start of the text must not prepend it to a piece encoded on its own."""
+        if not self._prepends_first():
+            return self.tokenizer
+        return self._continuing(Tokenizer.from_str(self.tokenizer.to_str()))
+
+    def _prepends_first(self) -> bool:
+        pre = json.loads(self.tokenizer.to_str()).get("pre_tokenizer") or {}
+        return pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first"
+
+    def _continuing(self, tokenizer: Tokenizer) -> Tokenizer:
+        if self._prepends_first():
+            tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=False)
+        return tokenizer
 
     @property
     def vocab_size(self) -> int:
@@ -73,6 +90,7 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
     tokenizer_config: dict[str, Any] = {}
     if config.config_path:
         tokenizer_config = json.loads(Path(config.config_path).read_text(encoding="utf-8"))
+    as_transformers_loads_it(tokenizer, tokenizer_config)
     added = {i: t for i, t in tokenizer.get_added_tokens_decoder().items() if t.special and t.content}
     specials = [t.content for t in added.values()]
     # Templates find the special tokens a record may spell here (render.load_template); a
@@ -85,15 +103,58 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
         value = tokenizer_config.get(key)
         return value.get("content") if isinstance(value, dict) else value
 
+    bos_id = _id_or_none(tokenizer, config_token("bos_token"))
+    if tokenizer_config.get("add_bos_token") is None:
+        # What `tokenizer(text)` does, as transformers reads the key: Llama 3.2's and Gemma 3's
+        # post-processors start plain text with BOS (render_text follows this unless add_bos is set).
+        tokenizer_config["add_bos_token"] = text_starts_with_bos(tokenizer, bos_id)
     return TextTokenizer(
         tokenizer=tokenizer,
         path=str(path),
         sha256=hashlib.sha256(raw).hexdigest(),
         config=tokenizer_config,
         special_literals=literal_pattern(specials),
-        bos_id=_id_or_none(tokenizer, config_token("bos_token")),
+        bos_id=bos_id,
         eos_id=_id_or_none(tokenizer, config_token("eos_token")),
         pad_id=_id_or_none(tokenizer, config_token("pad_token")),
+    )
+
+
+# Tokenizer classes that transformers (5.x) rebuilds around the vocabulary instead of running
+# tokenizer.json's normalizer and pre-tokenizer (models/llama/tokenization_llama.py).
+_METASPACE_CLASSES = {"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"}
+
+
+def as_transformers_loads_it(tokenizer: Tokenizer, tokenizer_config: dict[str, Any]) -> None:
+    """Make `tokenizers` produce the ids transformers (and so inference servers) produce.
+
+    For SentencePiece-style Llama tokenizers (Phi-3-mini, Llama 2, Mistral 7B v0.1) transformers
+    drops tokenizer.json's legacy normalizer (Prepend("▁") + Replace(" ", "▁"), which puts a "▁" in
+    front of every piece between added tokens) and pre-tokenizes with Metaspace instead: spaces
+    become "▁", and "▁" is prepended only to the piece at the very start of the text
+    (prepend_scheme "first", as `legacy: false` asks; "always" with `legacy: true`, "never" with
+    `add_prefix_space: false`). After an added token nothing is prepended:
+
+        "<|user|>\nHow are you"   tokenizer.json: <|user|> ▁<0x0A> ... ▁How   transformers: <|user|> How (5328)
+    """
+    if tokenizer_config.get("tokenizer_class") not in _METASPACE_CLASSES:
+        return
+    if json.loads(tokenizer.to_str())["model"].get("type") != "BPE":
+        return
+    legacy = tokenizer_config.get("legacy") is True
+    scheme = "never" if tokenizer_config.get("add_prefix_space") is False else "always" if legacy else "first"
+    tokenizer.normalizer = None
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+
+
+def text_starts_with_bos(tokenizer: Tokenizer, bos_id: int | None) -> bool:
+    """Whether the tokenizer's own post-processor puts BOS in front of plain text."""
+    if bos_id is None:
+        return False
+    return (
+        tokenizer.encode("a", add_special_tokens=True).ids[:1]
+        == [bos_id]
+        != tokenizer.encode("a", add_special_tokens=False).ids[:1]
     )
 
 
@@ -147,11 +208,28 @@ def encode_batch(
             results[i] = _checked(rendered, ids, offsets, tokenizer, add_bos, add_eos)
         else:
             whole.append(i)
-    encodings = tokenizer.tokenizer.encode_batch([batch[i][0].text for i in whole], add_special_tokens=False)
-    for i, encoding in zip(whole, encodings):
-        ids, offsets = _arrays(encoding, 0)
+    # A document's BOS is tokenized apart from its text, as the post-processor adds it to
+    # tokenizer(text): a Metaspace tokenizer then prepends "▁" to the first word ("▁The", not "The").
+    heads = [_document_head(batch[i][0]) for i in whole]
+    encodings = tokenizer.tokenizer.encode_batch(
+        [batch[i][0].text[head:] for i, head in zip(whole, heads)], add_special_tokens=False
+    )
+    for i, head, encoding in zip(whole, heads, encodings):
+        ids, offsets = _arrays(encoding, head)
+        if head:
+            head_ids, head_offsets = _arrays(
+                tokenizer.tokenizer.encode(batch[i][0].text[:head], add_special_tokens=False), 0
+            )
+            ids, offsets = np.concatenate([head_ids, ids]), np.concatenate([head_offsets, offsets])
         results[i] = _checked(batch[i][0], ids, offsets, tokenizer, add_bos, add_eos)
     return [r for r in results if r is not None]
+
+
+def _document_head(rendered: Rendered) -> int:
+    """Length of the BOS string render_text put in front of a document (0 for chats)."""
+    if not rendered.example.is_text or not rendered.content_ranges:
+        return 0
+    return rendered.content_ranges[0][0]
 
 
 def _arrays(encoding: Encoding, shift: int) -> tuple[np.ndarray, np.ndarray]:
@@ -172,7 +250,10 @@ def _encode_escaped(rendered: Rendered, tokenizer: TextTokenizer) -> tuple[np.nd
     for start, end in pairwise(cuts):
         if start == end:
             continue
-        engine = tokenizer.literal_tokenizer if start in literal_starts else tokenizer.tokenizer
+        if start in literal_starts:
+            engine = tokenizer.literal_tokenizer
+        else:
+            engine = tokenizer.tokenizer if start == 0 else tokenizer.continuation_tokenizer
         ids, offsets = _arrays(engine.encode(text[start:end], add_special_tokens=False), start)
         ids_parts.append(ids)
         offset_parts.append(offsets)

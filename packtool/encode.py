@@ -269,6 +269,36 @@ def _in_ranges(positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> n
     return np.where(inside, index, -1)
 
 
+def _crossing_token(
+    text: str, token_start: np.ndarray, token_end: np.ndarray, t_start: np.ndarray, t_end: np.ndarray
+) -> tuple[int, int] | None:
+    """The first token that hides a target's edge, as (token index, target number), or None.
+
+    A token straddling a target's start may swallow only whitespace of the target (Phi-3's
+    `<|assistant|>` strips what follows it); a token running past a target's end may absorb only
+    whitespace. Token offsets never decrease, so each edge has one candidate token, found by
+    bisection (one search per edge instead of a pass over every token per target).
+
+        tokens   [<|im_start|>][assistant][\n][He][llo][<|im_end|>][\n]
+        target                                ^start                ^end     edges fall between tokens: None
+    """
+    n = len(token_start)
+    if n == 0 or len(t_start) == 0:
+        return None
+    found = []
+    first_ending_after = np.searchsorted(token_end, t_start, side="right")
+    for j in np.flatnonzero(first_ending_after < n).tolist():
+        t = int(first_ending_after[j])
+        if token_start[t] < t_start[j] and text[t_start[j] : token_end[t]].strip():
+            found.append((t, j))
+    last_starting_before = np.searchsorted(token_start, t_end, side="left") - 1
+    for j in np.flatnonzero(last_starting_before >= 0).tolist():
+        t = int(last_starting_before[j])
+        if token_end[t] > t_end[j] and text[t_end[j] : token_end[t]].strip():
+            found.append((t, j))
+    return min(found) if found else None
+
+
 def _checked(
     rendered: Rendered,
     ids: np.ndarray,
@@ -285,26 +315,17 @@ def _checked(
     t_start = np.array([r[0] for r in targets_sorted], dtype=np.int64)
     t_end = np.array([r[1] for r in targets_sorted], dtype=np.int64)
     t_msg = np.array([r[2] for r in targets_sorted], dtype=np.int64)
-    for start, end, message in targets_sorted:
-        straddles_start = (token_start < start) & (token_end > start)
-        if straddles_start.any():
-            # Mirror of the end rule: a context token may swallow leading whitespace of the target
-            # (Phi-3's `<|assistant|>` strips what follows it); only a non-space character hiding
-            # in a context token shifts the mask.
-            straddles_start &= np.array([bool(text[start:e].strip()) for e in token_end], dtype=bool)
-        overrun = (token_start < end) & (token_end > end)
-        bad_end = (
-            overrun & np.array([bool(text[end:e].strip()) for e in token_end], dtype=bool) if overrun.any() else overrun
+    crossing = _crossing_token(text, token_start, token_end, t_start, t_end)
+    if crossing is not None:
+        t, j = crossing
+        message = int(t_msg[j])
+        piece = text[token_start[t] : token_end[t]]
+        return RecordError(
+            f"token {piece!r} crosses the edge of the target span of message {message}; "
+            "the mask cannot be aligned to tokens",
+            kind="mask_check",
+            sample_id=example.id,
         )
-        if straddles_start.any() or bad_end.any():
-            t = int(np.flatnonzero(straddles_start | bad_end)[0])
-            piece = text[token_start[t] : token_end[t]]
-            return RecordError(
-                f"token {piece!r} crosses the edge of the target span of message {message}; "
-                "the mask cannot be aligned to tokens",
-                kind="mask_check",
-                sample_id=example.id,
-            )
 
     in_target = _in_ranges(token_start, t_start, t_end)
     targets = in_target >= 0

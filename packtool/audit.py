@@ -530,8 +530,44 @@ def _check_literals(state: _Audit, data: dict[str, list]) -> None:
         else:
             notes.append(f"keep: user text becomes control ids {forged}")
             status = "warn" if status == "pass" else status
-    notes.append(f"{spelled} audited row(s) spell a special token in their content")
+    if "escape" in {s.special_tokens for s in chat_sources}:
+        note, forged_trial = _tool_injection(state, injection, special_ids)
+        notes.append(note)
+        if forged_trial is not None:
+            status, failing = "fail", forged_trial
+    notes.append(f"{spelled} audited row(s) spell a special token in their data")
     state.add(name, status, "; ".join(notes), failing)
+
+
+def _tool_injection(state: _Audit, injection: str, special_ids: set[int]) -> tuple[str, _Trial | None]:
+    """Under escape, the injection inside a tool call's arguments and a tool's description adds no control id."""
+
+    def tools_probe(payload: str) -> Example:
+        call = {
+            "id": _CALL_IDS[0],
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": payload}},
+        }
+        tool = {**_TOOLS[0], "function": {**_TOOLS[0]["function"], "description": payload}}
+        return _probe(
+            "tool_injection",
+            Message("user", "Weather?"),
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "sunny", tool_call_id=_CALL_IDS[0]),
+            Message("assistant", "Sunny."),
+            tools=(tool,),
+        )
+
+    injected, harmless = state.run(tools_probe(injection)), state.run(tools_probe("Oslo"))
+    if injected.tokenized is None or harmless.tokenized is None:
+        return "escape, tool calls and definitions: not checked (the template does not render the tool probe)", None
+    counts = [int(np.isin(t.tokenized.input_ids, list(special_ids)).sum()) for t in (injected, harmless)]
+    if counts[0] != counts[1]:
+        return (
+            f"escape: the injection in tool arguments/descriptions forges {counts[0] - counts[1]} control ids",
+            injected,
+        )
+    return "escape: the injection in tool-call arguments and tool descriptions stays plain text", None
 
 
 def _json_values(text: str) -> list[Any]:

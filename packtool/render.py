@@ -212,6 +212,16 @@ def _is_tracked(values: Iterable[Any]) -> bool:
     return any(isinstance(value, _Tracked) for value in values)
 
 
+def _holds_containers(values: Iterable[Any]) -> bool:
+    return any(isinstance(value, list | tuple | dict) for value in values)
+
+
+def _tainted(result: Any) -> Any:
+    """A string made from values that may hold a marked content (`message | tojson`,
+    `[content] | join`, a macro's output) stays tracked, so inspecting it later is noticed."""
+    return _Tracked(result) if isinstance(result, str) and not isinstance(result, _Tracked) else result
+
+
 def _check_size(size: int, what: str) -> None:
     if size > MAX_TEMPLATE_CHARS:
         raise TemplateLimit(f"{what} of {size:,} items exceeds the {MAX_TEMPLATE_CHARS:,} a template may build")
@@ -270,8 +280,7 @@ def _limited_filter(function: Any, name: str) -> Any:
             _inspected()
         result = function(*args, **kwargs)
         _check_size(_sized(result), f"the result of |{name}")
-        # JSON of anything may hold a marked content (`message | tojson`): its text stays tracked
-        return _Tracked(result) if isinstance(result, str) and (tracked or name == "tojson") else result
+        return _tainted(result) if tracked or name == "tojson" or _holds_containers(args) else result
 
     return limited
 
@@ -313,12 +322,13 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         ):
             budget.inspected = True
         if not isinstance(__obj, Macro):
-            return super().call(__context, __obj, *args, **kwargs)
+            result = super().call(__context, __obj, *args, **kwargs)
+            return _tainted(result) if _holds_containers(args) else result
         budget.depth += 1
         try:
             if budget.depth > MAX_TEMPLATE_DEPTH:
                 raise TemplateLimit(f"macro calls nested deeper than {MAX_TEMPLATE_DEPTH} (runaway recursion)")
-            return super().call(__context, __obj, *args, **kwargs)
+            return _tainted(super().call(__context, __obj, *args, **kwargs))  # may print any content it reads
         finally:
             budget.depth -= 1
 
@@ -327,6 +337,8 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         if operator == "+":  # the hot one (templates build turns with +): checked after, at most 2x the limit
             result = left + right  # a _Tracked operand keeps the result tracked (_Tracked.__add__/__radd__)
             _check_size(_sized(result), "a concatenation")
+            if isinstance(left, _Tracked) or isinstance(right, _Tracked):  # Markup + content loses the type
+                return _tainted(result)
             return result
         if isinstance(left, _Tracked) or isinstance(right, _Tracked):
             _inspected()
@@ -352,7 +364,8 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             size += _sized(piece)
             _check_size(size, "the rendered text")
             texts.append(piece)
-        return "".join(texts)
+        # `{% set x %}...{% endset %}` and caller() join their output here too: keep a content's taint
+        return _Tracked("".join(texts)) if _is_tracked(texts) else "".join(texts)
 
 
 def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:

@@ -79,6 +79,8 @@ def test_qwen_on_glaive_tool_data_is_clean(qwen_glaive: AuditReport) -> None:
     assert "parse back to the same object" in qwen_glaive.by_name("tool_call_json").evidence
     assert "<|im_start|>assistant" in qwen_glaive.by_name("assistant_markers").evidence
     assert "whole or gone" in qwen_glaive.by_name("truncation_structured").evidence
+    literals = qwen_glaive.by_name("control_token_literals").evidence
+    assert "tool-call arguments and tool descriptions stays plain text" in literals
     assert format_audit(qwen_glaive).endswith("OK")
 
 

@@ -598,6 +598,9 @@ BRANCHES = {
     # {"role": "assistant", "content": "Hello"} is 41 characters
     "json_then_inspected": "(message | tojson) | length > 41",
     "slice": "message.content[0] == 'H'",
+    "joined_list_then_inspected": "([message.content] | join) | length > 5",
+    "method_join_then_inspected": "(''.join([message.content])) | length > 5",
+    "formatted": "('%s!' % message.content) | length > 6",
 }
 
 
@@ -632,6 +635,26 @@ def _count_renders(template, monkeypatch) -> list[int]:
 
     monkeypatch.setattr(template.compiled, "render", counting)
     return calls
+
+
+@pytest.mark.parametrize(
+    "capture",
+    [
+        "{% set c %}{{ message.content }}{% endset %}",
+        "{% macro m() %}{{ message.content }}{% endmacro %}{% set c = m() %}",
+    ],
+)
+def test_content_captured_by_a_block_or_macro_stays_tracked(capture, tmp_path):
+    source = (
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+        + capture
+        + "{% if message.role == 'assistant' and c | length > 5 %}NOTE: {% endif %}"
+        "{{ message.content }}<|im_end|>\n{% endfor %}"
+    )
+    template = load_template(_template_file(tmp_path, source), {})
+    with pytest.raises(RecordError) as caught:
+        render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    assert caught.value.kind == "mask_check"
 
 
 def test_a_template_that_only_copies_content_renders_once(monkeypatch):

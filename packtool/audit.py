@@ -431,16 +431,16 @@ def _check_bos_eos(state: _Audit, probe: _Trial | None, data: dict[str, list]) -
 def _check_text_bos(state: _Audit, data: dict[str, list]) -> None:
     """Documents must start as `tokenizer(text)` starts them: with BOS exactly when its post-processor adds one."""
     name = "text_bos"
-    documents = [t for t in _trials(data) if t.example.is_text and t.tokenized is not None]
+    documents = [(t, t.tokenized) for t in _trials(data) if t.example.is_text and t.tokenized is not None]
     if not documents:
         state.add(name, "skip", "no text document audited")
         return
     tokenizer = state.tokenizer
     wrong = []
-    for trial in documents:
+    for trial, sample in documents:
         expected = tokenizer.tokenizer.encode(trial.example.text or "", add_special_tokens=True).ids[:1]
         starts_with_bos = tokenizer.bos_id is not None and expected == [tokenizer.bos_id]
-        if starts_with_bos != (trial.tokenized.input_ids[:1].tolist() == [tokenizer.bos_id]):
+        if starts_with_bos != (sample.input_ids[:1].tolist() == [tokenizer.bos_id]):
             wrong.append((trial, starts_with_bos))
     if not wrong:
         bos = "start with BOS" if tokenizer.config.get("add_bos_token") is True else "start without BOS"
@@ -548,7 +548,9 @@ def _tool_injection(state: _Audit, injection: str, special_ids: set[int]) -> tup
             "type": "function",
             "function": {"name": "get_weather", "arguments": {"city": payload}},
         }
-        tool = {**_TOOLS[0], "function": {**_TOOLS[0]["function"], "description": payload}}
+        parameters = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        function = {"name": "get_weather", "description": payload, "parameters": parameters}
+        tool: dict[str, Any] = {"type": "function", "function": function}
         return _probe(
             "tool_injection",
             Message("user", "Weather?"),
@@ -559,9 +561,10 @@ def _tool_injection(state: _Audit, injection: str, special_ids: set[int]) -> tup
         )
 
     injected, harmless = state.run(tools_probe(injection)), state.run(tools_probe("Oslo"))
-    if injected.tokenized is None or harmless.tokenized is None:
+    samples = [t.tokenized for t in (injected, harmless) if t.tokenized is not None]
+    if len(samples) < 2:
         return "escape, tool calls and definitions: not checked (the template does not render the tool probe)", None
-    counts = [int(np.isin(t.tokenized.input_ids, list(special_ids)).sum()) for t in (injected, harmless)]
+    counts = [int(np.isin(sample.input_ids, list(special_ids)).sum()) for sample in samples]
     if counts[0] != counts[1]:
         return (
             f"escape: the injection in tool arguments/descriptions forges {counts[0] - counts[1]} control ids",

@@ -357,7 +357,7 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         _check_size(sum(map(_sized, texts)), "a ~ concatenation")
         return _Tracked("".join(texts)) if _is_tracked(parts) else "".join(texts)
 
-    def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override] - jinja joins output with it
+    def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]  # jinja joins output with it
         texts = []
         size = 0
         for piece in pieces:

@@ -260,43 +260,34 @@ def _encode_escaped(rendered: Rendered, tokenizer: TextTokenizer) -> tuple[np.nd
     return np.concatenate(ids_parts), np.concatenate(offset_parts)
 
 
-def _in_ranges(positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Index of the (sorted, disjoint) range holding each position, or -1."""
-    if len(starts) == 0:
-        return np.full(len(positions), -1, dtype=np.int64)
-    index = np.searchsorted(starts, positions, side="right") - 1
-    inside = (index >= 0) & (positions < ends[np.maximum(index, 0)])
-    return np.where(inside, index, -1)
+def _token_runs(token_start: np.ndarray, ranges: list[tuple[int, int]]) -> list[list[int]]:
+    """For each character range [start, end), the tokens [a, b) whose first character lies in it
+    (token starts never decrease, so they are one run)."""
+    if not ranges:
+        return []
+    return np.searchsorted(token_start, np.asarray(ranges, dtype=np.int64).ravel()).reshape(-1, 2).tolist()
 
 
 def _crossing_token(
-    text: str, token_start: np.ndarray, token_end: np.ndarray, t_start: np.ndarray, t_end: np.ndarray
+    text: str, token_end: np.ndarray, targets: list[tuple[int, int, int]], runs: list[list[int]]
 ) -> tuple[int, int] | None:
     """The first token that hides a target's edge, as (token index, target number), or None.
 
     A token straddling a target's start may swallow only whitespace of the target (Phi-3's
     `<|assistant|>` strips what follows it); a token running past a target's end may absorb only
-    whitespace. Token offsets never decrease, so each edge has one candidate token, found by
-    bisection (one search per edge instead of a pass over every token per target).
+    whitespace. With the target's token run [a, b) (tokens starting inside it), the only
+    candidates are token a-1 (starts before the target: does it end inside?) and token b-1
+    (starts inside: does it end after?).
 
         tokens   [<|im_start|>][assistant][\n][He][llo][<|im_end|>][\n]
-        target                                ^start                ^end     edges fall between tokens: None
+        target                                ^start                ^end     a-1 = [\n] ends at start: fine
     """
-    n = len(token_start)
-    if n == 0 or len(t_start) == 0:
-        return None
-    found = []
-    first_ending_after = np.searchsorted(token_end, t_start, side="right")
-    for j in np.flatnonzero(first_ending_after < n).tolist():
-        t = int(first_ending_after[j])
-        if token_start[t] < t_start[j] and text[t_start[j] : token_end[t]].strip():
-            found.append((t, j))
-    last_starting_before = np.searchsorted(token_start, t_end, side="left") - 1
-    for j in np.flatnonzero(last_starting_before >= 0).tolist():
-        t = int(last_starting_before[j])
-        if token_end[t] > t_end[j] and text[t_end[j] : token_end[t]].strip():
-            found.append((t, j))
-    return min(found) if found else None
+    for j, ((start, end, _), (a, b)) in enumerate(zip(targets, runs)):
+        if a > 0 and token_end[a - 1] > start and text[start : token_end[a - 1]].strip():
+            return a - 1, j
+        if b > 0 and token_end[b - 1] > end and text[end : token_end[b - 1]].strip():
+            return b - 1, j
+    return None
 
 
 def _checked(
@@ -312,33 +303,28 @@ def _checked(
     token_start, token_end = offsets[:, 0], offsets[:, 1]
 
     targets_sorted = sorted(rendered.target_ranges)
-    t_start = np.array([r[0] for r in targets_sorted], dtype=np.int64)
-    t_end = np.array([r[1] for r in targets_sorted], dtype=np.int64)
-    t_msg = np.array([r[2] for r in targets_sorted], dtype=np.int64)
-    crossing = _crossing_token(text, token_start, token_end, t_start, t_end)
+    runs = _token_runs(token_start, [(start, end) for start, end, _ in targets_sorted])
+    crossing = _crossing_token(text, token_end, targets_sorted, runs)
     if crossing is not None:
         t, j = crossing
-        message = int(t_msg[j])
         piece = text[token_start[t] : token_end[t]]
         return RecordError(
-            f"token {piece!r} crosses the edge of the target span of message {message}; "
+            f"token {piece!r} crosses the edge of the target span of message {targets_sorted[j][2]}; "
             "the mask cannot be aligned to tokens",
             kind="mask_check",
             sample_id=example.id,
         )
 
-    in_target = _in_ranges(token_start, t_start, t_end)
-    targets = in_target >= 0
-
-    spans = sorted(rendered.spans, key=lambda s: s.start)
-    c_start = np.array([s.start for s in spans], dtype=np.int64)
-    c_end = np.array([s.end for s in spans], dtype=np.int64)
-    in_content = _in_ranges(token_start, c_start, c_end)
-    message_index = np.where(
-        in_content >= 0,
-        np.array([s.message for s in spans] + [-1])[in_content],
-        np.where(targets, t_msg[np.maximum(in_target, 0)] if len(t_msg) else -1, -1),
-    )
+    # A token belongs to the range holding its first character. Token starts never decrease, so
+    # each range is one run of tokens: paint the runs (targets, then contents over them).
+    targets = np.zeros(len(ids), dtype=bool)
+    message_index = np.full(len(ids), -1, dtype=np.int16)
+    for (a, b), (_, _, message) in zip(runs, targets_sorted):
+        targets[a:b] = True
+        message_index[a:b] = message
+    spans = rendered.spans
+    for (a, b), span in zip(_token_runs(token_start, [(s.start, s.end) for s in spans]), spans):
+        message_index[a:b] = span.message
     message_roles = tuple(m.role for m in example.messages)
     if example.is_text:
         roles = np.full(len(ids), ROLE_CODES["text"], dtype=np.int8)
@@ -373,10 +359,10 @@ def _checked(
         example_id=example.id,
         source=example.source,
         sample_hash=example.sample_hash,
-        input_ids=ids.astype(np.int32),
+        input_ids=ids.astype(np.int32, copy=False),
         targets=targets,
-        roles=roles.astype(np.int8),
-        message_index=message_index.astype(np.int16),
+        roles=roles.astype(np.int8, copy=False),
+        message_index=message_index.astype(np.int16, copy=False),
         message_roles=message_roles,
         structured_messages=frozenset(i for i, m in enumerate(example.messages) if m.tool_calls or m.role == "tool"),
     )

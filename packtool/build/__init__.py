@@ -38,6 +38,7 @@ from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
 from packtool.format import REJECTS, conventions, write_manifest
 from packtool.records import ROLE_CODES
+from packtool.render import template_injections
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
 from packtool.stats import length_summary, summarize
@@ -307,7 +308,14 @@ def _manifest(
             "eos_token_id": tokenizer.eos_id,
             "pad_token_id": tokenizer.pad_id,
         },
-        "template": None if template is None else {"name": template.name, "sha256": template.sha256},
+        "template": None
+        if template is None
+        else {
+            "name": template.name,
+            "sha256": template.sha256,
+            # text every sample gets from the template alone (default system prompt, date lines)
+            "injects": template_injections(template, tokenizer),
+        },
         "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
         "packing": {
             "strategy": config.packing,

@@ -122,6 +122,7 @@ def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(tmp_pa
     assert serial.shards > 1
     assert _digest(tmp_path / "serial") == _digest(tmp_path / "parallel")
     assert set(parallel.manifest["accounting"]) == {"glaive", "alpaca"}
+    assert any("Qwen" in line for line in parallel.manifest["template"]["injects"])  # Qwen's default system prompt
     assert verify(tmp_path / "parallel").ok
 
 

@@ -329,7 +329,9 @@ def test_literals_outside_content_are_counted_under_every_policy(tmp_path, write
     write_jsonl(rows)
     source = {"name": "s", "path": "data.jsonl", "format": "messages", "special_tokens": policy, "fields": {"id": "id"}}
     config = load_config(
-        write_config({"sources": [source], "tokenizer": str(folder), "capacity": 1024, "output": "out"})
+        write_config(
+            {"sources": [source], "tokenizer": str(folder), "capacity": 1024, "output": "out", "max_reject_share": 1.0}
+        )
     )
     accounting = build(config).manifest["accounting"]["s"]
     assert accounting["special_token_literals"] == 2

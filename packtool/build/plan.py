@@ -274,14 +274,14 @@ def _fit(
         }
         drops.append((p, int(ordinals[g]), entry))
 
-    for g in np.flatnonzero(within & ~trains):
-        drop(int(g), "no_targets", "no token of this sample is a target (check the train policy and template)")
+    for untrained in np.flatnonzero(within & ~trains):
+        drop(int(untrained), "no_targets", "no token of this sample is a target (check the train policy and template)")
 
     piece_rows: list[tuple[int, int, int, int]] = []  # (global row, piece number, piece ref, length)
     writer = PartitionWriter(pieces_path, "")
     try:
-        for g in np.flatnonzero(cut & trains):
-            g = int(g)
+        for row in np.flatnonzero(cut & trains):
+            g = int(row)
             p = int(np.searchsorted(bases, g, side="right") - 1)
             sample = readers[p].tokenized(g - int(bases[p]))
             cap = int(limit[g])
@@ -413,11 +413,11 @@ def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Sou
 
 def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int) -> PackPlan:
     """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
-    options = {"seed": config.seed, "max_segments": config.max_segments, "shuffle": config.shuffle_packs}
+    seed, max_segments, shuffle = config.seed, config.max_segments, config.shuffle_packs
     if config.group_by != "source":
-        return plan_packs(lengths, capacity, config.packing, **options)
+        return plan_packs(lengths, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
     groups = np.array([s.group or s.name for s in config.sources], dtype=object)[source]
-    return plan_groups(lengths, groups, capacity, config.packing, **options)
+    return plan_groups(lengths, groups, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
 
 
 def source_multipliers(
@@ -504,7 +504,7 @@ def _write(plan: Plan) -> None:
     for i, when in enumerate(plan.lengths.values()):
         arrays[f"lengths.{i}.before"] = when["before"]
         arrays[f"lengths.{i}.after"] = when["after"]
-    np.savez(plan.folder / ARRAYS_FILE, **arrays)
+    np.savez(plan.folder / ARRAYS_FILE, allow_pickle=False, **arrays)
     meta = {
         "key": plan.key,
         "partitions": [[p.key, p.path, p.source, p.report] for p in plan.partitions],

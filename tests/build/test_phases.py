@@ -122,6 +122,7 @@ def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(tmp_pa
     assert serial.shards > 1
     assert _digest(tmp_path / "serial") == _digest(tmp_path / "parallel")
     assert set(parallel.manifest["accounting"]) == {"glaive", "alpaca"}
+    assert any("Qwen" in line for line in parallel.manifest["template"]["injects"])  # Qwen's default system prompt
     assert verify(tmp_path / "parallel").ok
 
 
@@ -265,6 +266,19 @@ def test_dry_run_previews_the_build_and_writes_no_shard(reference, tmp_path):
     assert f"{stats['tokens']:,} tokens, token efficiency {stats['token_efficiency']:.4f}" in result.output
     assert "dry run: no shard was written" in result.output
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [".packtool-cache"]
+
+
+def test_a_smaller_rebuild_leaves_nothing_stale(tmp_path, write_config, write_jsonl):
+    rows = _chat_rows(20, "a")
+    rows[0]["messages"][1]["content"] = " ".join(["long"] * 300)
+    write_jsonl(rows, "a.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    raw = {**_raw(), "overflow": {"mode": "bucket", "capacity": 1024}}
+    bucket = build(load_config(write_config(raw)))
+    assert (tmp_path / "out" / "overflow" / "manifest.json").is_file() and bucket.manifest["overflow"]["segments"] >= 1
+    plain = build(load_config(write_config({**_raw(), "rows_per_shard": 1000})))
+    assert sorted(_digest(tmp_path / "out")) == ["manifest.json", "rejects.jsonl", "shard-00000.parquet"]
+    assert len(plain.manifest["shards"]) == 1 and verify(tmp_path / "out").ok
 
 
 def test_the_library_front_door():

@@ -9,7 +9,6 @@ import sys
 
 import pyarrow.parquet as pq
 from click.testing import CliRunner
-from support import REPO
 
 from packtool.cli import main
 
@@ -64,7 +63,7 @@ def test_around_is_compact_for_many_documents(quickstart_build):
     assert len(compact) < len(full) / 3
 
 
-def test_target_markers_survive_a_pipe_with_and_without_color(quickstart_build):
+def test_target_markers_survive_a_pipe_with_and_without_color(quickstart_build, tmp_path):
     for flag in ("--color", "--no-color"):
         output = _inspect(str(quickstart_build / "shard-00000.parquet"), "--limit", "40", flag)
         assert any("  *" in line for line in output.splitlines()), flag
@@ -73,7 +72,7 @@ def test_target_markers_survive_a_pipe_with_and_without_color(quickstart_build):
         capture_output=True,
         text=True,
         check=True,
-        cwd=REPO,
+        cwd=tmp_path,
     ).stdout
     marked = [line for line in piped.splitlines() if "*" in line]
     assert marked and "\x1b[" in marked[0]  # --color forces colour into the pipe, and the marker stays

@@ -86,6 +86,13 @@ class _Trial:
     tokenized: Tokenized | None = None
     error: RecordError | None = None
 
+    @property
+    def sample(self) -> Tokenized:
+        """The tokenized sample of a trial the caller already filtered to those that tokenized."""
+        if self.tokenized is None:
+            raise RuntimeError(f"{self.example.id}: trial has no tokenized sample ({self.error})")
+        return self.tokenized
+
 
 @dataclass
 class _Audit:
@@ -136,7 +143,7 @@ class _Audit:
 
     def target_texts(self, trial: _Trial) -> dict[int, str]:
         """Decoded targets of each trained message."""
-        sample = trial.tokenized
+        sample = trial.sample
         if sample is None:
             return {}
         out = {}
@@ -297,14 +304,17 @@ def _check_rows(state: _Audit, source: SourceConfig, items: list[_Trial | Record
     if not items:
         state.add(name, "warn", "the source yielded no rows")
         return
-    errors = [(t.error if isinstance(t, _Trial) else t, t) for t in items]
-    errors = [(e, t) for e, t in errors if e is not None]
+    errors: list[tuple[RecordError, _Trial | RecordError]] = []
+    for t in items:
+        error = t.error if isinstance(t, _Trial) else t
+        if error is not None:
+            errors.append((error, t))
     ok = len(items) - len(errors)
     if not errors:
         state.add(name, "pass", f"{len(items)} rows render and tokenize")
         return
     kinds = Counter(e.kind for e, _ in errors)
-    first_of_kind = {}
+    first_of_kind: dict[str, str] = {}
     for e, _ in errors:
         first_of_kind.setdefault(e.kind, _reason(e))
     parts = [f"{kind} x{n}: {_short(first_of_kind[kind], 70)}" for kind, n in kinds.most_common()]
@@ -393,30 +403,33 @@ def _check_bos_eos(state: _Audit, probe: _Trial | None, data: dict[str, list]) -
     name = "bos_eos"
     tokenizer = state.tokenizer
     samples = [t for t in ([probe] if probe else []) + _trials(data) if t.tokenized is not None]
-    doubled = [t for t in _trials(data) + ([probe] if probe else []) if t.error and t.error.kind == "double_bos"]
+    doubled = [
+        (t, t.error) for t in _trials(data) + ([probe] if probe else []) if t.error and t.error.kind == "double_bos"
+    ]
     if doubled:
-        state.add(name, "fail", f"doubled BOS in {len(doubled)} sample(s): {doubled[0].error.reason}", doubled[0])
+        first, error = doubled[0]
+        state.add(name, "fail", f"doubled BOS in {len(doubled)} sample(s): {error.reason}", first)
         return
     notes = []
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     if bos is None:
         notes.append("tokenizer has no BOS")
     else:
-        starts = Counter(bool(t.tokenized.input_ids[0] == bos) for t in samples if len(t.tokenized))
+        starts = Counter(bool(t.sample.input_ids[0] == bos) for t in samples if len(t.sample))
         notes.append(f"BOS id {bos} starts {starts[True]} of {sum(starts.values())} samples")
     repeated_eos = [
         t
         for t in samples
-        if eos is not None and np.any((t.tokenized.input_ids[1:] == eos) & (t.tokenized.input_ids[:-1] == eos))
+        if eos is not None and np.any((t.sample.input_ids[1:] == eos) & (t.sample.input_ids[:-1] == eos))
     ]
     if repeated_eos:
         state.add(name, "fail", f"EOS id {eos} twice in a row in {repeated_eos[0].example.id}", repeated_eos[0])
         return
     if eos is not None:
-        trained_eos = sum(int(np.sum(t.tokenized.targets & (t.tokenized.input_ids == eos))) for t in samples)
+        trained_eos = sum(int(np.sum(t.sample.targets & (t.sample.input_ids == eos))) for t in samples)
         notes.append(f"EOS id {eos} trained {trained_eos} times")
     expects_bos = state.tokenizer.config.get("add_bos_token") is True
-    missing = bos is not None and expects_bos and any(t.tokenized.input_ids[0] != bos for t in samples)
+    missing = bos is not None and expects_bos and any(t.sample.input_ids[0] != bos for t in samples)
     if missing:
         state.add(
             name,
@@ -627,12 +640,12 @@ def _check_truncation(state: _Audit, probe: _Trial | None, data: dict[str, list]
     """Cut a sample inside its first structured message (a tool call or result): it must go whole."""
     name = "truncation_structured"
     candidates = [t for t in ([probe] if probe else []) + _trials(data) if t.tokenized is not None]
-    candidates = [t for t in candidates if t.tokenized.structured_messages]
+    candidates = [t for t in candidates if t.sample.structured_messages]
     if not candidates:
         state.add(name, "skip", "no sample with tool calls or results rendered")
         return
     trial = candidates[0]
-    sample = trial.tokenized
+    sample = trial.sample
     # The last structured message with a target before it, so a right cut still leaves a sample.
     trained_before = [m for m in sorted(sample.structured_messages) if sample.targets[: _first(sample, m)].any()]
     message = trained_before[-1] if trained_before else min(sample.structured_messages)
@@ -681,7 +694,7 @@ def _first(sample: Tokenized, message: int) -> int:
 def _check_zero_targets(state: _Audit, data: dict[str, list]) -> None:
     name = "zero_targets"
     trials = [t for t in _trials(data) if t.tokenized is not None]
-    empty = [t for t in trials if t.tokenized.n_targets == 0]
+    empty = [t for t in trials if t.sample.n_targets == 0]
     if not trials:
         state.add(name, "skip", "no audited row tokenized")
     elif len(empty) == len(trials):

@@ -172,8 +172,8 @@ def locate(path: str | Path) -> tuple[Path, dict[str, Any] | None, list[Path]]:
     """An output folder or one shard -> (folder, manifest or None, shard files)."""
     path = Path(path)
     if path.is_dir():
-        manifest = read_manifest(path)
-        return path, manifest, [path / s["file"] for s in manifest["shards"]]
+        listed = read_manifest(path)
+        return path, listed, [path / s["file"] for s in listed["shards"]]
     if path.is_file() and path.suffix == ".parquet":
         manifest_path = path.parent / MANIFEST
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None

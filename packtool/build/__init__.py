@@ -37,6 +37,7 @@ from packtool.build.publish import Staging
 from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
 from packtool.format import REJECTS, conventions, write_manifest
+from packtool.packing import PackPlan
 from packtool.records import ROLE_CODES
 from packtool.render import template_injections
 from packtool.shards import ShardInfo
@@ -127,8 +128,8 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         infos: dict[str, list[ShardInfo]] = {f.name: [] for f in plan.folders}
         shards_reused = 0
         with progress.phase("emit", len(emits), "shards") as bar:
-            for done, (item, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
-                infos[item.folder].append(outcome.info)
+            for done, (emitted, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
+                infos[emitted.folder].append(outcome.info)
                 shards_reused += outcome.reused
                 bar.update(1)
                 _kill_hook("emit", done)
@@ -178,7 +179,8 @@ def preview(config: BuildConfig, plan: Plan) -> dict[str, Any]:
     """What a build would write: per output folder its packs, shards, segments, tokens and token efficiency."""
     outputs = {}
     for folder in plan.folders:
-        tokens = int(folder.length[folder.layout.members].sum()) if not folder.stream else int(folder.length.sum())
+        layout = folder.layout
+        tokens = int(folder.length[layout.members].sum()) if isinstance(layout, PackPlan) else int(folder.length.sum())
         outputs[folder.name or "."] = {
             "capacity": folder.capacity,
             "packs": folder.n_packs,
@@ -236,8 +238,8 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
         )
     if sum(f.n_packs for f in plan.folders) == 0:
         read = sum(a["read"] for a in plan.accounting.values())
-        reasons = Counter(r["reason"] for r in plan.rejects)
-        listed = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "no input records"
+        by_reason = Counter(r["reason"] for r in plan.rejects)
+        listed = ", ".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "no input records"
         raise BuildError(f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published")
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from packtool.config import DEFAULT_SHAREGPT_ROLES, SourceConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch
 from packtool.errors import RecordError
-from packtool.records import Example, Message, Tokenized
+from packtool.records import Example, Message, Rendered, Tokenized
 from packtool.render import ChatTemplate, render_example
 from packtool.sources import from_messages, from_sharegpt, record_hash
 
@@ -199,7 +199,7 @@ def group_from_record(record: dict, *, id: str, source: str, location: str = "")
     raw = record.get("completions")
     if not isinstance(raw, list) or not raw:
         raise RecordError("expected a non-empty list of completions", field="completions")
-    completions = []
+    completions: list[Messages] = []
     for i, item in enumerate(raw):
         where = f"completions[{i}]"
         if isinstance(item, str):
@@ -256,7 +256,10 @@ def _as_answer(messages: Messages) -> Messages:
 
 def _sharegpt(record: dict, column: str, roles: dict[str, str], id: str, location: str, *, with_extras: bool = False):
     """The ShareGPT turns in `record[column]`, read by the sharegpt source adapter (same roles, same errors)."""
-    fields = {"conversations": column, **({"system": "system", "tools": "tools"} if with_extras else {})}
+    fields: dict[str, str | None] = {
+        "conversations": column,
+        **({"system": "system", "tools": "tools"} if with_extras else {}),
+    }
     source = SourceConfig(name="", paths=(), patterns=(), format="sharegpt", fields=fields, role_map=roles)
     return from_sharegpt(record, source, id, location)
 
@@ -272,7 +275,7 @@ def _sharegpt_answer(record: dict, column: str, roles: dict[str, str], id: str, 
 
 
 def _openai(record: dict, column: str, id: str, location: str, *, with_tools: bool = False) -> Example:
-    fields = {"messages": column, **({"tools": "tools"} if with_tools else {})}
+    fields: dict[str, str | None] = {"messages": column, **({"tools": "tools"} if with_tools else {})}
     source = SourceConfig(name="", paths=(), patterns=(), format="messages", fields=fields)
     if column not in record or record[column] is None:
         raise RecordError("missing", field=column)
@@ -331,27 +334,18 @@ def encode_answers(
     """
     if template is None and not item.is_text:
         raise RecordError("no chat template is configured for a chat preference record", kind="template_error")
-    rendered = []
-    for answer in item.answers:
-        if template is None:
-            rendered.append(_render_continuation(item, answer, tokenizer, policy, add_bos=add_bos, add_eos=add_eos))
-        else:
-            example = Example(
-                item.id,
-                item.source,
-                item.sample_hash,
-                messages=item.prompt + answer,
-                tools=item.tools,
-                location=item.location,
-            )
-            rendered.append(
-                render_example(example, template, tokenizer.config, policy, add_bos=add_bos, add_eos=add_eos)
-            )
+    try:
+        rendered = [
+            _render_answer(item, answer, template, tokenizer, policy, add_bos, add_eos) for answer in item.answers
+        ]
+    except RecordError as error:
+        error.sample_id = error.sample_id or item.id
+        raise
     encoded = encode_batch(
         [(r, special_tokens) for r in rendered],
         tokenizer,
         add_bos=bool(add_bos),
-        add_eos=bool(add_eos) and template is not None,
+        add_eos=bool(add_eos),
     )
     segments = []
     for result in encoded:
@@ -362,15 +356,21 @@ def encode_answers(
     return tuple(segments)
 
 
-def _render_continuation(
+def _render_answer(
     item: PreferencePair | CompletionGroup,
     answer: Messages,
+    template: ChatTemplate | None,
     tokenizer: TextTokenizer,
     policy: TrainPolicy,
-    *,
     add_bos: bool | None,
     add_eos: bool | None,
-):
+) -> Rendered:
+    if template is not None:
+        messages = item.prompt + answer
+        example = Example(
+            item.id, item.source, item.sample_hash, messages=messages, tools=item.tools, location=item.location
+        )
+        return render_example(example, template, tokenizer.config, policy, add_bos=add_bos, add_eos=add_eos)
     prompt = item.prompt[0].content
     example = Example(item.id, item.source, item.sample_hash, text=prompt + answer[0].content, location=item.location)
     rendered = render_example(example, None, tokenizer.config, policy, add_bos=add_bos, add_eos=add_eos)

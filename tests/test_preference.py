@@ -253,6 +253,8 @@ def test_string_pair_without_template_is_a_text_continuation(quickstart):
     assert answer_text(tokenizer, chosen) == " blue.<|im_end|>"
     assert answer_text(tokenizer, rejected) == " green.<|im_end|>"
     assert decode(tokenizer, chosen.input_ids) == "The sky is blue.<|im_end|>"
+    no_eos = encode_answers(pair(STRINGS), None, tokenizer, TrainPolicy(end_of_turn=False))
+    assert [answer_text(tokenizer, s) for s in no_eos] == [" blue.", " green."]
     with pytest.raises(RecordError, match="no chat template"):
         encode_answers(pair(TRL_CONVERSATIONAL), None, tokenizer)
 
@@ -277,6 +279,28 @@ def test_empty_answer_is_a_record_error(quickstart):
     )
     with pytest.raises(RecordError, match="empty"):
         encode_answers(bad, template, tokenizer)
+
+
+def test_template_whose_prompt_depends_on_the_answer_is_rejected(quickstart, tmp_path):
+    tokenizer, template = quickstart
+    # prints the number of messages first: a 3-message answer changes the prompt's tokens
+    path = tmp_path / "counting.jinja"
+    path.write_text("{{ messages | length }}\n" + template.source, encoding="utf-8")
+    counting = load_template(str(path), tokenizer.config)
+    record = {
+        "prompt": [{"role": "user", "content": "Weather?"}],
+        "chosen": [
+            {"role": "assistant", "tool_calls": [{"function": {"name": "weather", "arguments": {}}}]},
+            {"role": "tool", "content": "18C"},
+            {"role": "assistant", "content": "18C."},
+        ],
+        "rejected": [{"role": "assistant", "content": "No idea."}],
+    }
+    with pytest.raises(RecordError, match="tokenizes the prompt differently") as caught:
+        encode_answers(pair(record), counting, tokenizer)
+    assert (caught.value.kind, caught.value.sample_id) == ("prompt_mismatch", "p:0")
+    chosen, _ = encode_answers(pair(record), template, tokenizer)  # the same pair under a prefix-stable template
+    assert answer_text(tokenizer, chosen).endswith("18C.<|im_end|>")
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

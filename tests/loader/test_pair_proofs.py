@@ -216,3 +216,69 @@ def test_pair_normalisation_over_two_gloo_ranks_equals_single_process(tmp_path):
     local = window_grads([(rank_batches[0], 1 * 2), (rank_batches[1], 2 * 2)])
     assert max((local[n] - expected[n]).abs().max() for n in expected) > 1e-6
     assert pair_window_norm([KINDS]).scale == 1 / 2  # not distributed: W = 1, two pairs
+
+
+def test_encoded_items_planned_and_collated_score_like_each_sequence_alone():
+    """The build-side pieces composed: real encodings, joint truncation, item planning, labels, collate."""
+    from support import QUICKSTART
+
+    from packtool.config import TokenizerConfig
+    from packtool.encode import load_tokenizer
+    from packtool.labels import cu_seqlens_from_lengths, labels_for
+    from packtool.packing_items import plan_items, validate_item_plan
+    from packtool.preference import encode_answers, group_from_record, pair_from_record, truncate_item
+    from packtool.render import load_template
+
+    folder = QUICKSTART / "tokenizer"
+    tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
+    template = load_template("model", tokenizer.config)
+    records = [
+        {"prompt": "Name a colour of the sky at noon, please.", "chosen": "Blue.", "rejected": "Green."},
+        {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
+         "rejected": [{"role": "assistant", "content": "5, I think"}]},
+        {"prompt": "Say hi.", "completions": ["hi", "hello there", "hey"]},
+    ]  # fmt: skip
+    items = [
+        group_from_record(r, id=f"g:{i}", source="s")
+        if "completions" in r
+        else pair_from_record(r, id=f"p:{i}", source="s")
+        for i, r in enumerate(records)
+    ]
+    capacity = 72
+    segments, kinds, groups = [], [], []
+    for i, item in enumerate(items):
+        fitted = truncate_item(encode_answers(item, template, tokenizer), capacity, "left")
+        assert fitted.drop_reason is None
+        segments += fitted.segments
+        k = len(fitted.segments)
+        kinds += [CHOSEN, REJECTED] if "completions" not in records[i] else [KIND_CODES["completion"]] * k
+        groups += [i] * k
+    lengths = [len(s) for s in segments]
+    offsets = np.concatenate([[0], np.cumsum([2, 2, 3])])
+    plan = plan_items(lengths, offsets, capacity, seed=1)
+    validate_item_plan(plan, lengths, offsets, capacity)
+    order = plan.segments.members.tolist()
+    packs = []
+    for p in range(plan.segments.n_packs):
+        members = plan.segments.pack(p).tolist()
+        ids = np.concatenate([segments[j].input_ids for j in members])
+        cu = cu_seqlens_from_lengths([lengths[j] for j in members])
+        packs.append(
+            {
+                "input_ids": ids,
+                "labels": labels_for(ids, np.concatenate([segments[j].targets for j in members]), cu),
+                "cu_seqlens": cu,
+            }
+        )
+    mb = collate(packs)
+    model = tiny_llama(seed=2)
+    model.resize_token_embeddings(tokenizer.vocab_size)
+    with torch.no_grad():
+        scores = segment_logprobs(packed_forward(model, mb), mb)
+        for position, j in enumerate(order):
+            ids = segments[j].input_ids
+            labels = np.where(segments[j].targets, ids, -100)
+            assert abs(scores.sums[position] - naive_logp(alone(model, ids), labels)) < 1e-9
+            assert int(scores.counts[position]) == segments[j].n_targets
+    terms = dpo_loss(scores.sums, scores.sums.detach() - 1, torch.tensor(groups)[order], torch.tensor(kinds)[order])
+    assert terms.losses.numel() == 2 and torch.isfinite(terms.losses).all()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.packing import PackPlan, plan_packs
+from packtool.packing import PackPlan, plan_groups, plan_packs
 
 # Per-segment kind in shards: a plain sample, the two answers of a pair, a completion of a group
 # (its index within the group is stored beside it).
@@ -61,11 +61,13 @@ def plan_items(
     seed: int = 0,
     max_segments: int | None = None,
     shuffle: bool = True,
+    groups: np.ndarray | Iterable[str] | None = None,
 ) -> ItemPlan:
     """Pack items whole: `plan_packs` over item lengths, expanded to segments (see the module docstring).
 
-    An item longer than `capacity` must be truncated or dropped first (preference.truncate_item);
-    plan_packs raises ValueError naming it otherwise.
+    `groups` (one label per item, e.g. its source for `group_by: source`) plans each group apart
+    with `plan_groups`, so no pack mixes groups. An item longer than `capacity` must be truncated
+    or dropped first (preference.truncate_item); the planner raises ValueError naming it otherwise.
     """
     lengths = _array(segment_lengths)
     offsets = _checked_offsets(item_offsets, lengths.size)
@@ -77,9 +79,11 @@ def plan_items(
             i = int(np.argmax(sizes))
             raise ValueError(f"item {i} has {largest} segments > max_segments {max_segments}; raise max_segments")
         per_pack = max_segments // largest
-    items = plan_packs(
-        item_lengths(lengths, offsets), capacity, strategy, seed=seed, max_segments=per_pack, shuffle=shuffle
-    )
+    totals = item_lengths(lengths, offsets)
+    if groups is None:
+        items = plan_packs(totals, capacity, strategy, seed=seed, max_segments=per_pack, shuffle=shuffle)
+    else:
+        items = plan_groups(totals, groups, capacity, strategy, seed=seed, max_segments=per_pack, shuffle=shuffle)
     return ItemPlan(items=items, segments=_expanded(items, offsets))
 
 

@@ -33,10 +33,16 @@ def items(draw):
     return np.asarray(lengths, dtype=np.int64), offsets
 
 
-@given(items(), st.sampled_from(["bfd", "ffd", "histogram", "sequential", "pad"]), st.sampled_from([None, 6, 7, 12]))
-def test_members_contiguous_every_segment_once_packs_within_limits(data, strategy, max_segments):
+@given(
+    items(),
+    st.sampled_from(["bfd", "ffd", "histogram", "sequential", "pad"]),
+    st.sampled_from([None, 6, 7, 12]),
+    st.booleans(),
+)
+def test_members_contiguous_every_segment_once_packs_within_limits(data, strategy, max_segments, grouped):
     lengths, offsets = data
-    plan = plan_items(lengths, offsets, CAPACITY, strategy, seed=3, max_segments=max_segments)
+    labels = np.arange(offsets.size - 1) % 3 if grouped else None  # e.g. three sources under group_by
+    plan = plan_items(lengths, offsets, CAPACITY, strategy, seed=3, max_segments=max_segments, groups=labels)
     validate_item_plan(plan, lengths, offsets, CAPACITY, max_segments)  # the contract, checked as a whole
     # and its parts, spelled out independently of validate_item_plan:
     assert sorted(plan.segments.members.tolist()) == list(range(lengths.size))
@@ -49,6 +55,20 @@ def test_members_contiguous_every_segment_once_packs_within_limits(data, strateg
             run = list(range(offsets[i], offsets[i + 1]))
             at = members.index(run[0])
             assert members[at : at + len(run)] == run
+        if grouped:
+            assert len(set(labels[plan.items.pack(p)].tolist())) == 1
+
+
+def test_groups_never_share_a_pack():
+    lengths = np.array([5, 7, 3, 3, 9, 2, 4, 4, 6, 1])
+    offsets = np.array([0, 2, 4, 5, 7, 10])
+    labels = np.array(["dpo", "sft", "dpo", "sft", "dpo"])  # per item
+    plan = plan_items(lengths, offsets, 32, groups=labels)
+    validate_item_plan(plan, lengths, offsets, 32)
+    assert sorted(sorted(labels[plan.items.pack(p)].tolist()) for p in range(plan.items.n_packs)) == [
+        ["dpo", "dpo", "dpo"],
+        ["sft", "sft"],
+    ]
 
 
 def test_seed_only_reorders_packs():

@@ -48,7 +48,7 @@ def encoded_pairs(files: list[Path], tokenizer_folder: Path) -> list[tuple]:
     pairs = []
     for file in files:
         for i, row in enumerate(json.loads(file.read_text(encoding="utf-8"))):
-            pair = pair_from_record(row, id=f"{file.name}:{i}", source=file.stem)
+            pair = pair_from_record(row, sample_id=f"{file.name}:{i}", source=file.stem)
             pairs.append(encode_answers(pair, template, tokenizer))
     return pairs
 

@@ -62,6 +62,7 @@ class PreferencePair:
     is_text: bool = False
 
     def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
         for name in ("chosen", "rejected"):
             _check_answer(getattr(self, name), name)
 
@@ -86,6 +87,7 @@ class CompletionGroup:
     is_text: bool = False
 
     def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
         if not self.completions:
             raise RecordError("a group needs at least one completion", field="completions")
         for i, completion in enumerate(self.completions):
@@ -98,6 +100,11 @@ class CompletionGroup:
     @property
     def answers(self) -> tuple[Messages, ...]:
         return self.completions
+
+
+def _check_prompt(prompt: Messages) -> None:
+    if not prompt:
+        raise RecordError("empty prompt: the answers need something to answer", field="prompt")
 
 
 def _check_answer(answer: Messages, field: str) -> None:
@@ -133,7 +140,7 @@ def pair_shape(record: dict) -> str:
 def pair_from_record(
     record: dict,
     *,
-    id: str,
+    sample_id: str,
     source: str,
     location: str = "",
     role_map: dict[str, str] | None = None,
@@ -149,18 +156,18 @@ def pair_from_record(
     tools = None
     is_text = False
     if shape == "llamafactory":
-        prompt_example = _sharegpt(record, "conversations", roles, id, location, with_extras=True)
+        prompt_example = _sharegpt(record, "conversations", roles, sample_id, location, with_extras=True)
         prompt, tools = prompt_example.messages, prompt_example.tools
-        chosen = _sharegpt_answer(record, "chosen", roles, id, location)
-        rejected = _sharegpt_answer(record, "rejected", roles, id, location)
+        chosen = _sharegpt_answer(record, "chosen", roles, sample_id, location)
+        rejected = _sharegpt_answer(record, "rejected", roles, sample_id, location)
     elif shape == "trl_conversational":
-        prompt_example = _openai(record, "prompt", id, location, with_tools=True)
+        prompt_example = _openai(record, "prompt", sample_id, location, with_tools=True)
         prompt, tools = prompt_example.messages, prompt_example.tools
-        chosen = _openai(record, "chosen", id, location).messages
-        rejected = _openai(record, "rejected", id, location).messages
+        chosen = _openai(record, "chosen", sample_id, location).messages
+        rejected = _openai(record, "rejected", sample_id, location).messages
     elif shape == "trl_implicit":
-        chosen_full = _openai(record, "chosen", id, location, with_tools=True)
-        rejected_full = _openai(record, "rejected", id, location).messages
+        chosen_full = _openai(record, "chosen", sample_id, location, with_tools=True)
+        rejected_full = _openai(record, "rejected", sample_id, location).messages
         tools = chosen_full.tools
         prompt, chosen, rejected = split_common_prefix(chosen_full.messages, rejected_full)
     else:
@@ -169,7 +176,7 @@ def pair_from_record(
         rejected = (Message("assistant", _string(record, "rejected")),)
         is_text = True
     return PreferencePair(
-        id=id,
+        id=sample_id,
         source=source,
         sample_hash=record_hash(record),
         prompt=_as_context(prompt),
@@ -181,7 +188,7 @@ def pair_from_record(
     )
 
 
-def group_from_record(record: dict, *, id: str, source: str, location: str = "") -> CompletionGroup:
+def group_from_record(record: dict, *, sample_id: str, source: str, location: str = "") -> CompletionGroup:
     """Parse `{prompt, completions, rewards?, advantages?}`.
 
     `prompt` is a string or a list of messages; each completion is a string, one assistant
@@ -194,7 +201,7 @@ def group_from_record(record: dict, *, id: str, source: str, location: str = "")
         prompt: Messages = (Message("user", _string(record, "prompt")),)
         tools = None
     else:
-        prompt_example = _openai(record, "prompt", id, location, with_tools=True)
+        prompt_example = _openai(record, "prompt", sample_id, location, with_tools=True)
         prompt, tools = prompt_example.messages, prompt_example.tools
     raw = record.get("completions")
     if not isinstance(raw, list) or not raw:
@@ -208,11 +215,11 @@ def group_from_record(record: dict, *, id: str, source: str, location: str = "")
             completions.append((Message("assistant", item),))
         else:
             item = [item] if isinstance(item, dict) else item
-            completions.append(_openai({where: item}, where, id, location).messages)
+            completions.append(_openai({where: item}, where, sample_id, location).messages)
     if is_text and any(len(c) != 1 or c[0].tool_calls for c in completions):
         raise RecordError("a string prompt takes string completions", field="completions")
     return CompletionGroup(
-        id=id,
+        id=sample_id,
         source=source,
         sample_hash=record_hash(record),
         prompt=_as_context(prompt),
@@ -254,34 +261,38 @@ def _as_answer(messages: Messages) -> Messages:
     return tuple(replace(m, train=m.role == "assistant") for m in messages)
 
 
-def _sharegpt(record: dict, column: str, roles: dict[str, str], id: str, location: str, *, with_extras: bool = False):
+def _sharegpt(
+    record: dict, column: str, roles: dict[str, str], sample_id: str, location: str, *, with_extras: bool = False
+):
     """The ShareGPT turns in `record[column]`, read by the sharegpt source adapter (same roles, same errors)."""
     fields: dict[str, str | None] = {
         "conversations": column,
         **({"system": "system", "tools": "tools"} if with_extras else {}),
     }
     source = SourceConfig(name="", paths=(), patterns=(), format="sharegpt", fields=fields, role_map=roles)
-    return from_sharegpt(record, source, id, location)
+    return from_sharegpt(record, source, sample_id, location)
 
 
-def _sharegpt_answer(record: dict, column: str, roles: dict[str, str], id: str, location: str) -> Messages:
+def _sharegpt_answer(record: dict, column: str, roles: dict[str, str], sample_id: str, location: str) -> Messages:
     # LLaMA-Factory writes the answer as one turn object; a list of turns is accepted as well.
     value = record.get(column)
     if value is None:
         raise RecordError("missing", field=column)
     if not isinstance(value, (dict, list)):
         raise RecordError(f"expected a turn object or a list of turns, got {type(value).__name__}", field=column)
-    return _sharegpt({column: [value] if isinstance(value, dict) else value}, column, roles, id, location).messages
+    return _sharegpt(
+        {column: [value] if isinstance(value, dict) else value}, column, roles, sample_id, location
+    ).messages
 
 
-def _openai(record: dict, column: str, id: str, location: str, *, with_tools: bool = False) -> Example:
+def _openai(record: dict, column: str, sample_id: str, location: str, *, with_tools: bool = False) -> Example:
     fields: dict[str, str | None] = {"messages": column, **({"tools": "tools"} if with_tools else {})}
     source = SourceConfig(name="", paths=(), patterns=(), format="messages", fields=fields)
     if column not in record or record[column] is None:
         raise RecordError("missing", field=column)
     if not isinstance(record[column], list):
         raise RecordError(f"expected a list of messages, got {type(record[column]).__name__}", field=column)
-    return from_messages(record, source, id, location)
+    return from_messages(record, source, sample_id, location)
 
 
 def _string(record: dict, column: str) -> str:

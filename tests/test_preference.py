@@ -85,7 +85,7 @@ STRINGS = {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}
 
 
 def pair(record, id="p:0"):
-    return pair_from_record(record, id=id, source="prefs", location=f"prefs.jsonl:{id}")
+    return pair_from_record(record, sample_id=id, source="prefs", location=f"prefs.jsonl:{id}")
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -184,7 +184,7 @@ def test_bad_preference_records_name_the_field(record, field, message):
 
 def test_group_shapes_and_scores():
     group = group_from_record(
-        {"prompt": "2+2=", "completions": ["4", "5", "four"], "rewards": [1, 0, 0.5]}, id="g:0", source="rl"
+        {"prompt": "2+2=", "completions": ["4", "5", "four"], "rewards": [1, 0, 0.5]}, sample_id="g:0", source="rl"
     )
     assert isinstance(group, CompletionGroup) and group.is_text
     assert [c[0].content for c in group.completions] == ["4", "5", "four"]
@@ -195,7 +195,7 @@ def test_group_shapes_and_scores():
             "completions": [{"role": "assistant", "content": "Hello"}, [{"role": "assistant", "content": "Hey"}]],
             "advantages": [0.5, -0.5],
         },
-        id="g:1",
+        sample_id="g:1",
         source="rl",
     )
     assert [c[0].content for c in chat.answers] == ["Hello", "Hey"] and chat.advantages == (0.5, -0.5)
@@ -218,7 +218,7 @@ def test_group_shapes_and_scores():
 )
 def test_bad_group_records_name_the_field(record, field):
     with pytest.raises(RecordError) as caught:
-        group_from_record(record, id="g", source="rl")
+        group_from_record(record, sample_id="g", source="rl")
     assert caught.value.field == field
 
 
@@ -261,7 +261,7 @@ def test_string_pair_without_template_is_a_text_continuation(quickstart):
 
 def test_group_encodes_one_segment_per_completion(quickstart):
     tokenizer, template = quickstart
-    group = group_from_record({"prompt": "2+2=", "completions": ["4", "5", "four"]}, id="g:0", source="rl")
+    group = group_from_record({"prompt": "2+2=", "completions": ["4", "5", "four"]}, sample_id="g:0", source="rl")
     segments = encode_answers(group, template, tokenizer)
     assert [answer_text(tokenizer, s) for s in segments] == ["4<|im_end|>", "5<|im_end|>", "four<|im_end|>"]
     assert len({s.input_ids[: prompt_length(s)].tobytes() for s in segments}) == 1
@@ -279,6 +279,9 @@ def test_empty_answer_is_a_record_error(quickstart):
     )
     with pytest.raises(RecordError, match="empty"):
         encode_answers(bad, template, tokenizer)
+    with pytest.raises(RecordError, match="empty prompt") as caught:
+        PreferencePair("p", "s", "h", (), bad.rejected, bad.rejected)
+    assert caught.value.field == "prompt"
 
 
 def test_template_whose_prompt_depends_on_the_answer_is_rejected(quickstart, tmp_path):

@@ -239,9 +239,9 @@ def test_encoded_items_planned_and_collated_score_like_each_sequence_alone():
         {"prompt": "Say hi.", "completions": ["hi", "hello there", "hey"]},
     ]  # fmt: skip
     items = [
-        group_from_record(r, id=f"g:{i}", source="s")
+        group_from_record(r, sample_id=f"g:{i}", source="s")
         if "completions" in r
-        else pair_from_record(r, id=f"p:{i}", source="s")
+        else pair_from_record(r, sample_id=f"p:{i}", source="s")
         for i, r in enumerate(records)
     ]
     capacity = 72

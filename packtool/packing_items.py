@@ -136,5 +136,89 @@ def _checked_offsets(item_offsets: np.ndarray | Iterable[int], n_segments: int) 
     return offsets
 
 
-def _array(values: np.ndarray | Iterable[int]) -> np.ndarray:
+def _array(values: np.ndarray | Iterable[int] | Iterable[str]) -> np.ndarray:
     return values if isinstance(values, np.ndarray) else np.asarray(list(values))
+
+
+# -- per-segment columns of shard schema v2 ----------------------------------------------------------
+
+
+def segment_columns(
+    item_offsets: np.ndarray | Iterable[int], item_types: np.ndarray | Iterable[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group id, kind, completion index) of every segment, in segment index order.
+
+    `item_types[i]` is "single", "pair" or "group"; the group id of item i is i (-1 for a single),
+    so ids are unique across the build when the offsets cover the whole build. Index the arrays
+    with `plan.segments.members` to get them in pack order.
+
+        offsets [0, 1, 3, 6], types [single, pair, group]
+        -> groups [-1, 1, 1, 2, 2, 2], kinds [0, 1, 2, 3, 3, 3], completion_index [-1, -1, -1, 0, 1, 2]
+    """
+    types = _array(item_types)
+    offsets = _checked_offsets(item_offsets, int(_array(item_offsets)[-1]))
+    sizes = np.diff(offsets)
+    if types.shape != sizes.shape:
+        raise ValueError(f"{types.size} item types for {sizes.size} items")
+    unknown = sorted(set(types.tolist()) - {"single", "pair", "group"})
+    if unknown:
+        raise ValueError(f"unknown item type {unknown[0]!r}; expected single, pair or group")
+    wrong = ((types == "single") & (sizes != 1)) | ((types == "pair") & (sizes != 2))
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise ValueError(f"item {i} is a {types[i]} of {sizes[i]} segments")
+    item_of = np.repeat(np.arange(sizes.size), sizes)
+    rank = np.arange(item_of.size) - offsets[:-1][item_of]  # position of the segment inside its item
+    is_pair, is_group = types[item_of] == "pair", types[item_of] == "group"
+    kinds = np.select(
+        [is_pair & (rank == 0), is_pair, is_group],
+        [KIND_CODES["chosen"], KIND_CODES["rejected"], KIND_CODES["completion"]],
+        KIND_CODES["single"],
+    ).astype(np.int8)
+    groups = np.where(is_pair | is_group, item_of, -1).astype(np.int64)
+    completion = np.where(is_group, rank, -1).astype(np.int16)
+    return groups, kinds, completion
+
+
+def validate_pack_groups(
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    cu_seqlens: np.ndarray,
+    groups: np.ndarray,
+    kinds: np.ndarray,
+    completion_index: np.ndarray,
+) -> None:
+    """Raise ValueError unless one pack's v2 columns describe whole, well-formed groups (what verify checks).
+
+    Per segment: a target (a label other than -100); per group: its segments contiguous, one
+    kind (a pair: exactly chosen then rejected; a group: completions 0..k-1 in order), and the
+    same tokens before the first target in every segment (the shared prompt).
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    groups, kinds, completion = (np.asarray(x) for x in (groups, kinds, completion_index))
+    n = cu.size - 1
+    if not groups.size == kinds.size == completion.size == n:
+        raise ValueError(f"{n} segments but {groups.size} group ids, {kinds.size} kinds, {completion.size} indices")
+    labels = np.asarray(labels)
+    for g in np.unique(groups[groups >= 0]):
+        members = np.flatnonzero(groups == g)
+        if np.any(np.diff(members) != 1):
+            raise ValueError(f"group {g}: segments {members.tolist()} are not contiguous")
+        kind = kinds[members].tolist()
+        pair = [KIND_CODES["chosen"], KIND_CODES["rejected"]]
+        completions = [KIND_CODES["completion"]] * members.size
+        if kind != pair and (kind != completions or completion[members].tolist() != list(range(members.size))):
+            raise ValueError(
+                f"group {g}: kinds {kind} / indices {completion[members].tolist()} are not a pair or a group"
+            )
+        prompts = []
+        for s in members:
+            targets = np.flatnonzero(labels[cu[s] : cu[s + 1]] != -100)
+            if targets.size == 0:
+                raise ValueError(f"group {g}: segment {s} has no target")
+            prompts.append(np.asarray(input_ids)[cu[s] : cu[s] + targets[0]].tolist())
+        if any(p != prompts[0] for p in prompts):
+            raise ValueError(f"group {g}: its segments do not share the same prompt tokens")
+    singles = groups < 0
+    if np.any(kinds[singles] != KIND_CODES["single"]):
+        raise ValueError("a segment outside any group must have kind single")

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packtool.packing import PackPlan
-from packtool.packing_items import ItemPlan, item_lengths, plan_items, validate_item_plan
+from packtool.packing_items import (
+    ItemPlan,
+    item_lengths,
+    plan_items,
+    segment_columns,
+    validate_item_plan,
+    validate_pack_groups,
+)
 
 CAPACITY = 64
 
@@ -97,3 +104,74 @@ def test_errors_name_the_problem():
         plan_items([5, 5], [0, 2], 8)
     with pytest.raises(ValueError, match="item_offsets must run from 0 to 2"):
         plan_items([5, 5], [0, 1], 8)
+
+
+# -- v2 segment columns ---------------------------------------------------------------------------
+
+
+def test_segment_columns_docstring_example():
+    groups, kinds, completion = segment_columns([0, 1, 3, 6], ["single", "pair", "group"])
+    assert groups.tolist() == [-1, 1, 1, 2, 2, 2]
+    assert kinds.tolist() == [0, 1, 2, 3, 3, 3]
+    assert completion.tolist() == [-1, -1, -1, 0, 1, 2]
+    with pytest.raises(ValueError, match="item 0 is a pair of 3 segments"):
+        segment_columns([0, 3], ["pair"])
+    with pytest.raises(ValueError, match="unknown item type 'triple'"):
+        segment_columns([0, 3], ["triple"])
+
+
+def synthetic_items(sizes: list[int], types: list[str], seed: int = 0):
+    """Segments as (input_ids, labels): items share a prompt; prompt tokens are -100, answers are targets."""
+    rng = np.random.default_rng(seed)
+    segments = []
+    for size in sizes:
+        prompt = rng.integers(10, 99, size=int(rng.integers(1, 6)))
+        for _ in range(size):
+            answer = rng.integers(10, 99, size=int(rng.integers(1, 6)))
+            labels = np.concatenate([np.full(prompt.size, -100), answer])
+            segments.append((np.concatenate([prompt, answer]), labels))
+    return segments
+
+
+def pack_columns(segments, members, columns):
+    ids = np.concatenate([segments[j][0] for j in members])
+    labels = np.concatenate([segments[j][1] for j in members])
+    cu = np.concatenate([[0], np.cumsum([len(segments[j][0]) for j in members])])
+    return ids, labels, cu, *(c[members] for c in columns)
+
+
+@given(st.lists(st.sampled_from(["single", "pair", "group"]), min_size=1, max_size=30), st.integers(0, 99))
+def test_planned_packs_carry_valid_group_columns(types, seed):
+    rng = np.random.default_rng(seed)
+    sizes = [{"single": 1, "pair": 2}.get(t, int(rng.integers(1, 5))) for t in types]
+    segments = synthetic_items(sizes, types, seed)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    lengths = np.array([len(s[0]) for s in segments])
+    plan = plan_items(lengths, offsets, 48, seed=seed)
+    columns = segment_columns(offsets, types)
+    for p in range(plan.segments.n_packs):
+        validate_pack_groups(*pack_columns(segments, plan.segments.pack(p), columns))
+
+
+def test_validate_pack_groups_catches_each_violation():
+    segments = synthetic_items([2, 3], ["pair", "group"], seed=1)
+    columns = segment_columns([0, 2, 5], ["pair", "group"])
+    good = pack_columns(segments, np.arange(5), columns)
+    validate_pack_groups(*good)
+    ids, labels, cu, groups, kinds, completion = good
+    with pytest.raises(ValueError, match="group 0: segments \\[0, 2\\] are not contiguous"):
+        validate_pack_groups(*pack_columns(segments, np.array([0, 2, 1, 3, 4]), columns))
+    with pytest.raises(ValueError, match="group 0: kinds \\[2, 1\\]"):
+        validate_pack_groups(ids, labels, cu, groups, kinds[[1, 0, 2, 3, 4]], completion)
+    with pytest.raises(ValueError, match="group 1: kinds"):
+        validate_pack_groups(ids, labels, cu, groups, kinds, completion[[0, 1, 3, 2, 4]])
+    other_prompt = ids.copy()
+    other_prompt[cu[1]] += 1  # the rejected segment's first prompt token
+    with pytest.raises(ValueError, match="group 0: its segments do not share the same prompt"):
+        validate_pack_groups(other_prompt, labels, cu, groups, kinds, completion)
+    no_target = labels.copy()
+    no_target[cu[4] : cu[5]] = -100
+    with pytest.raises(ValueError, match="group 1: segment 4 has no target"):
+        validate_pack_groups(ids, no_target, cu, groups, kinds, completion)
+    with pytest.raises(ValueError, match="outside any group must have kind single"):
+        validate_pack_groups(ids, labels, cu, np.array([-1, -1, 1, 1, 1]), kinds, completion)

@@ -460,8 +460,9 @@ def truncate_item(
         drop    drop the item
 
     The same prompt tokens go in every segment, so the segments still share one prompt. The
-    prompt keeps at least one token (the header that opens the answer). `too_long` is the drop
-    reason (`pair_too_long`, `group_too_long`).
+    prompt keeps at least one token (the header that opens the answer). `left` may cut through a
+    tool call in the prompt, unlike SFT truncation: prompt tokens are context only, so no broken
+    syntax is ever a target. `too_long` is the drop reason (`pair_too_long`, `group_too_long`).
     """
     if strategy not in ITEM_TRUNCATION:
         raise ValueError(f"unknown item truncation {strategy!r}; expected one of {', '.join(ITEM_TRUNCATION)}")

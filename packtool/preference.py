@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.config import DEFAULT_SHAREGPT_ROLES, SourceConfig, TrainPolicy
+from packtool.config import DEFAULT_SHAREGPT_ROLES, ITEM_TRUNCATION, SourceConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch
 from packtool.errors import RecordError
 from packtool.records import Example, Message, Rendered, Tokenized
@@ -416,9 +416,8 @@ def _check_shared_prompt(segments: Sequence[Tokenized], item_id: str) -> None:
 
 # -- joint truncation ---------------------------------------------------------------------------
 
-# How a shared prompt may be shortened. The answers are never cut: a preference between two
-# half answers, or a reward for a completion the model no longer sees, is not the same signal.
-ITEM_TRUNCATION = ("drop", "left", "turns")
+# How a shared prompt may be shortened (config.ITEM_TRUNCATION). The answers are never cut: a preference
+# between two half answers, or a reward for a completion the model no longer sees, is not the same signal.
 
 
 @dataclass(frozen=True, slots=True)

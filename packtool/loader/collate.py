@@ -43,6 +43,7 @@ import torch
 from packtool.errors import PackFormatError
 from packtool.format import attn_cost, check_cu_seqlens
 from packtool.labels import IGNORE_INDEX, position_ids
+from packtool.shards import SegmentColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class PackRow:
     shard: str = ""
     row: int = -1
     step: int = -1  # the global step of a balanced epoch plan (PackedDataset(balance=...)); -1 outside one
+    segments: SegmentColumns | None = None  # schema v2 (pairs and groups): per attention segment
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -120,6 +122,13 @@ class MicroBatch:
     n_packs: int
     pack_hashes: tuple[str, ...] = ()  # provenance: shard rows -> sample ids via the manifest
     step: int = -1  # the balanced-plan step of its packs (never mixed), -1 outside a balanced plan
+    # Schema v2, [S] each, aligned with cu_seqlens (padding segments: group -1, kind single, NaN); None for v1 packs.
+    # A micro-batch is made of whole packs and a pack holds whole groups, so no pair or group is ever split.
+    segment_groups: torch.Tensor | None = None  # int64: the pair's or group's id, -1 for a plain sample
+    segment_kinds: torch.Tensor | None = None  # int8: packing_items.KIND_CODES
+    completion_index: torch.Tensor | None = None  # int16: -1 unless a group's completion
+    segment_rewards: torch.Tensor | None = None  # float64, NaN where none
+    segment_advantages: torch.Tensor | None = None  # float64, NaN where none
 
     @property
     def n_tokens(self) -> int:
@@ -216,6 +225,7 @@ def collate(
     ids_parts: list[np.ndarray] = []
     label_parts: list[np.ndarray] = []
     cu_parts: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+    segments_per_row: list[int] = []
     offset = 0
     for pack in packs:
         if len(pack.labels) != len(pack.input_ids):
@@ -234,6 +244,7 @@ def collate(
         ids_parts.append(np.asarray(ids, dtype=np.int64))
         label_parts.append(np.asarray(labels, dtype=np.int64))
         cu_parts.append(cu[1:] + offset)
+        segments_per_row.append(len(cu) - 1)
         offset += len(ids)
     if n_padding_rows:
         if capacity is None:
@@ -249,6 +260,11 @@ def collate(
     validate_cu_seqlens(cu_seqlens, len(input_ids))
     max_seqlen = int(np.diff(cu_seqlens).max())
     steps = {p.step for p in packs}
+    segments = (
+        _segment_tensors(packs, segments_per_row, len(cu_seqlens) - 1)
+        if any(p.segments is not None for p in packs)
+        else {}
+    )
     return MicroBatch(
         input_ids=torch.from_numpy(input_ids).unsqueeze(0),
         labels=torch.from_numpy(labels).unsqueeze(0),
@@ -259,7 +275,30 @@ def collate(
         n_packs=len(packs),
         pack_hashes=tuple(p.pack_hash for p in packs),
         step=steps.pop() if len(steps) == 1 else -1,
+        **segments,
     )
+
+
+def _segment_tensors(packs: Sequence[PackRow], segments_per_row: list[int], n_segments: int) -> dict[str, torch.Tensor]:
+    """The packs' per-segment columns in micro-batch order; segments collate added (padding) are plain."""
+    fill = {"groups": -1, "kinds": 0, "completion_index": -1, "rewards": np.nan, "advantages": np.nan}
+    dtypes = {"groups": np.int64, "kinds": np.int8, "completion_index": np.int16, "rewards": np.float64}
+    dtypes["advantages"] = np.float64
+    out = {name: np.full(n_segments, value, dtype=dtypes[name]) for name, value in fill.items()}
+    at = 0
+    for pack, row_segments in zip(packs, segments_per_row):
+        n = len(pack.cu_seqlens) - 1  # a padded row has one more segment (its padding), which keeps the fill
+        if pack.segments is not None:
+            for name in fill:
+                out[name][at : at + n] = getattr(pack.segments, name)
+        at += row_segments
+    return {
+        "segment_groups": torch.from_numpy(out["groups"]),
+        "segment_kinds": torch.from_numpy(out["kinds"]),
+        "completion_index": torch.from_numpy(out["completion_index"]),
+        "segment_rewards": torch.from_numpy(out["rewards"]),
+        "segment_advantages": torch.from_numpy(out["advantages"]),
+    }
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -83,8 +83,17 @@ from packtool.format import attn_cost, read_manifest, sha256_file
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import assign_lpt, pack_costs
 from packtool.loader.collate import MicroBatch, PackRow, batch_by_tokens
+from packtool.shards import SegmentColumns
 
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "attn_cost", "pack_hash"]
+# schema v2 (pairs and groups): column -> SegmentColumns field
+SEGMENT_COLUMNS = {
+    "segment_groups": "groups",
+    "segment_kinds": "kinds",
+    "completion_index": "completion_index",
+    "segment_rewards": "rewards",
+    "segment_advantages": "advantages",
+}
 STATE_KEYS = ("epoch", "consumed", "seed", "world_size", "num_workers")
 BALANCE_MODES = (None, "attention")
 
@@ -183,6 +192,7 @@ class _Decoded:
     cu: tuple[np.ndarray, np.ndarray]  # doc_cu_seqlens when documents are isolated
     attn_cost: np.ndarray
     pack_hash: list[str]
+    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # schema v2 columns, as (offsets, values)
 
 
 class PackedDataset(IterableDataset):
@@ -457,7 +467,9 @@ class PackedDataset(IterableDataset):
             files.clear()
             files[unit.shard] = pq.ParquetFile(self.shard_files[unit.shard])
         cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
-        table = files[unit.shard].read_row_group(unit.row_group, columns=[*COLUMNS[:2], cu_name, *COLUMNS[3:]])
+        v2 = "segment_groups" in files[unit.shard].schema_arrow.names
+        extra = list(SEGMENT_COLUMNS) if v2 else []
+        table = files[unit.shard].read_row_group(unit.row_group, columns=[*COLUMNS[:2], cu_name, *COLUMNS[3:], *extra])
 
         def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
             col = table.column(name).combine_chunks()
@@ -470,6 +482,7 @@ class PackedDataset(IterableDataset):
             lists(cu_name),
             table.column("attn_cost").to_numpy(),
             table.column("pack_hash").to_pylist(),
+            {name: lists(name) for name in extra} if v2 else None,
         )
 
     def _pack(self, cols: _Decoded, i: int, step: int = -1) -> PackRow:
@@ -480,7 +493,11 @@ class PackedDataset(IterableDataset):
             cost = attn_cost(cu)
         unit = self.units[cols.unit]
         shard = self.shard_files[unit.shard].name
-        return PackRow(ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step)
+        segments = None
+        if cols.segments is not None:
+            values = {SEGMENT_COLUMNS[k]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
+            segments = SegmentColumns(**values)
+        return PackRow(ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, segments)
 
     def _read(self, unit_ids: list[int], start: int, stop: int) -> Iterator[PackRow]:
         position = 0  # packs of this worker's stream before the current unit

@@ -50,6 +50,23 @@ class Segmented(Protocol):
     cu_seqlens: torch.Tensor  # [S + 1]
 
 
+class Paired(Protocol):
+    """A micro-batch read from schema v2 shards (collate.MicroBatch): per-segment group ids and kinds."""
+
+    segment_groups: torch.Tensor | None
+    segment_kinds: torch.Tensor | None
+
+
+def segment_pairing(mb: Paired) -> tuple[torch.Tensor, torch.Tensor]:
+    """(group ids, kinds) of a micro-batch's segments; PacktoolError for packs without them (schema v1)."""
+    if mb.segment_groups is None or mb.segment_kinds is None:
+        raise PacktoolError(
+            "this micro-batch has no segment_groups/segment_kinds: its shards are schema v1 (no pairs); "
+            "build the data with a `format: preference` or `format: group` source"
+        )
+    return mb.segment_groups, mb.segment_kinds
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentLogprobs:
     """Summed target log-probs and target counts per segment, [S] each."""
@@ -128,11 +145,14 @@ class PairTerms:
 def dpo_loss(
     policy_logps: torch.Tensor,
     reference_logps: torch.Tensor,
-    group_ids: torch.Tensor,
-    kinds: torch.Tensor,
+    group_ids: torch.Tensor | Paired,
+    kinds: torch.Tensor | None = None,
     beta: float = 0.1,
 ) -> PairTerms:
     """Sigmoid DPO over the pairs of one micro-batch, from per-segment log-probs [S] (usually `.sums`).
+
+    Pass the micro-batch itself (`dpo_loss(policy, reference, mb, beta=0.1)`: its segment_groups
+    and segment_kinds pair the segments) or the two tensors (`dpo_loss(policy, reference, groups, kinds, beta)`).
 
         z_g    = beta * ((pi_c - ref_c) - (pi_r - ref_r))
         loss_g = -log sigmoid(z_g)
@@ -144,6 +164,10 @@ def dpo_loss(
     `loss_sum` also carries a zero times every log-prob, so a micro-batch without a pair still
     reaches every parameter (DDP expects a gradient for each on every rank).
     """
+    if not isinstance(group_ids, torch.Tensor):
+        group_ids, kinds = segment_pairing(group_ids)
+    if kinds is None:
+        raise ValueError("dpo_loss needs the segment kinds with group ids (or pass the micro-batch)")
     chosen, rejected = pair_index(group_ids, kinds)
     reference = reference_logps.detach().to(policy_logps.dtype)
     chosen_ratio = policy_logps[chosen] - reference[chosen]

@@ -32,6 +32,7 @@ import numpy as np
 
 from packtool.build.cache import code_fingerprint
 from packtool.config import BuildConfig, canonical_json
+from packtool.errors import BuildError
 from packtool.format import write_json_atomic
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
@@ -429,8 +430,22 @@ def _item_folder(
     if config.group_by == "source":
         labels = np.array([s.group or s.name for s in config.sources], dtype=object)
         groups = labels[source[item_offsets[:-1]]]
-    options = {"seed": config.seed, "max_segments": config.max_segments, "shuffle": config.shuffle_packs}
-    plan = plan_items(length, item_offsets, config.capacity, config.packing, groups=groups, **options)
+    largest = int(item_sizes.max())
+    if config.max_segments is not None and largest > config.max_segments:
+        raise BuildError(
+            f"{config.config_file}: packing.max_segments {config.max_segments} < {largest}, the segments of one "
+            "group (a group is never split across packs); raise packing.max_segments or drop that group"
+        )
+    plan = plan_items(
+        length,
+        item_offsets,
+        config.capacity,
+        config.packing,
+        seed=config.seed,
+        max_segments=config.max_segments,
+        shuffle=config.shuffle_packs,
+        groups=groups,
+    )
     return FolderPlan("", config.capacity, ref, repeat, plan.segments, group)
 
 

@@ -188,3 +188,19 @@ def test_a_plain_build_stays_schema_v1(tmp_path, write_config):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["schema_version"] == 1 and "kind_codes" not in manifest and "kinds" not in manifest["stats"]
     assert "segment_groups" not in pq.read_schema(tmp_path / "out" / "shard-00000.parquet").names
+
+
+def test_a_group_with_more_segments_than_max_segments_is_one_line(tmp_path, write_config):
+    (tmp_path / "groups.jsonl").write_text(json.dumps({"prompt": "q", "completions": ["a", "b", "c"]}) + "\n")
+    config = {
+        "sources": [{"name": "rl", "path": "groups.jsonl", "format": "group"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "template": "chatml",
+        "capacity": 64,
+        "packing": {"strategy": "bfd", "max_segments": 2},
+        "output": "out",
+        "workers": 1,
+    }
+    result = CliRunner().invoke(main, ["build", str(write_config(config))])
+    assert result.exit_code == 1 and "packing.max_segments 2 < 3" in result.output
+    assert "Traceback" not in result.output

@@ -31,6 +31,7 @@ from packtool.render import (
     ChatTemplate,
     render_example,
     template_for,
+    template_injections,
     trained_messages,
 )
 from packtool.show import tokenized_table, visible
@@ -245,6 +246,8 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
         _check_probe(state, "multi_turn_tools", probes["tools"], data, _has_tools)
         _check_markers(state, probes["two_turn"])
     _check_bos_eos(state, probes.get("two_turn"), data)
+    _check_text_bos(state, data)
+    _check_injections(state)
     _check_literals(state, data)
     _check_tool_json(state, [probes["tools"]] if probes else [], data)
     _check_truncation(state, probes.get("tools"), data)
@@ -425,6 +428,51 @@ def _check_bos_eos(state: _Audit, probe: _Trial | None, data: dict[str, list]) -
         state.add(name, "pass", "; ".join(notes))
 
 
+def _check_text_bos(state: _Audit, data: dict[str, list]) -> None:
+    """Documents must start as `tokenizer(text)` starts them: with BOS exactly when its post-processor adds one."""
+    name = "text_bos"
+    documents = [(t, t.tokenized) for t in _trials(data) if t.example.is_text and t.tokenized is not None]
+    if not documents:
+        state.add(name, "skip", "no text document audited")
+        return
+    tokenizer = state.tokenizer
+    wrong = []
+    for trial, sample in documents:
+        expected = tokenizer.tokenizer.encode(trial.example.text or "", add_special_tokens=True).ids[:1]
+        starts_with_bos = tokenizer.bos_id is not None and expected == [tokenizer.bos_id]
+        if starts_with_bos != (sample.input_ids[:1].tolist() == [tokenizer.bos_id]):
+            wrong.append((trial, starts_with_bos))
+    if not wrong:
+        bos = "start with BOS" if tokenizer.config.get("add_bos_token") is True else "start without BOS"
+        state.add(name, "pass", f"{len(documents)} text documents {bos}, as tokenizer(text) does")
+        return
+    trial, expected_bos = wrong[0]
+    evidence = (
+        f"{len(wrong)} of {len(documents)} text documents {'lack' if expected_bos else 'add'} the BOS "
+        f"that tokenizer(text) {'adds' if expected_bos else 'does not add'} (e.g. {trial.example.id})"
+    )
+    if state.config.add_bos is not None:
+        state.add(name, "warn", f"{evidence}; add_bos: {str(state.config.add_bos).lower()} in the config says so")
+    else:
+        state.add(name, "fail", evidence, trial)
+
+
+def _check_injections(state: _Audit) -> None:
+    name = "template_injections"
+    if state.template is None:
+        state.add(name, "skip", "no chat template")
+        return
+    injected = template_injections(state.template, state.tokenizer)
+    if injected:
+        state.add(
+            name,
+            "warn",
+            "every sample gets, whatever the data: " + "; ".join(repr(_short(line, 80)) for line in injected),
+        )
+    else:
+        state.add(name, "pass", "the template adds no text of its own beyond its markers")
+
+
 def _injection(state: _Audit) -> str | None:
     """User text that spells the control tokens of this template (or the tokenizer's specials)."""
     pattern = state.tokenizer.special_literals
@@ -482,8 +530,47 @@ def _check_literals(state: _Audit, data: dict[str, list]) -> None:
         else:
             notes.append(f"keep: user text becomes control ids {forged}")
             status = "warn" if status == "pass" else status
-    notes.append(f"{spelled} audited row(s) spell a special token in their content")
+    if "escape" in {s.special_tokens for s in chat_sources}:
+        note, forged_trial = _tool_injection(state, injection, special_ids)
+        notes.append(note)
+        if forged_trial is not None:
+            status, failing = "fail", forged_trial
+    notes.append(f"{spelled} audited row(s) spell a special token in their data")
     state.add(name, status, "; ".join(notes), failing)
+
+
+def _tool_injection(state: _Audit, injection: str, special_ids: set[int]) -> tuple[str, _Trial | None]:
+    """Under escape, the injection inside a tool call's arguments and a tool's description adds no control id."""
+
+    def tools_probe(payload: str) -> Example:
+        call = {
+            "id": _CALL_IDS[0],
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": payload}},
+        }
+        parameters = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        function = {"name": "get_weather", "description": payload, "parameters": parameters}
+        tool: dict[str, Any] = {"type": "function", "function": function}
+        return _probe(
+            "tool_injection",
+            Message("user", "Weather?"),
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "sunny", tool_call_id=_CALL_IDS[0]),
+            Message("assistant", "Sunny."),
+            tools=(tool,),
+        )
+
+    injected, harmless = state.run(tools_probe(injection)), state.run(tools_probe("Oslo"))
+    samples = [t.tokenized for t in (injected, harmless) if t.tokenized is not None]
+    if len(samples) < 2:
+        return "escape, tool calls and definitions: not checked (the template does not render the tool probe)", None
+    counts = [int(np.isin(sample.input_ids, list(special_ids)).sum()) for sample in samples]
+    if counts[0] != counts[1]:
+        return (
+            f"escape: the injection in tool arguments/descriptions forges {counts[0] - counts[1]} control ids",
+            injected,
+        )
+    return "escape: the injection in tool-call arguments and tool descriptions stays plain text", None
 
 
 def _json_values(text: str) -> list[Any]:

@@ -52,6 +52,7 @@ def main() -> None:
 @click.option("--cache", "cache_dir", help="Token store folder (default: .packtool-cache beside the output).")
 @click.option("--no-cache", is_flag=True, help="Reuse and resume nothing; keep no token store.")
 @click.option("--strict", is_flag=True, help="Fail when any source loses a record (max_reject_share 0).")
+@click.option("--dry-run", is_flag=True, help="Encode and plan, print what the build would write; write no shard.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 def build(
     config: Path,
@@ -65,6 +66,7 @@ def build(
     cache_dir: str | None,
     no_cache: bool,
     strict: bool,
+    dry_run: bool,
     quiet: bool,
 ) -> None:
     """Encode, plan and emit packed shards as CONFIG describes; OUT is replaced only when the build is complete.
@@ -102,11 +104,16 @@ def build(
         )
         progress = BarProgress() if not quiet and sys.stderr.isatty() else Progress()
         with _interrupt_on_sigterm():
-            built = run_build(settings, progress=progress, use_cache=not no_cache)
+            built = run_build(settings, progress=progress, use_cache=not no_cache, dry_run=dry_run)
     except PacktoolError as error:
         raise _fail(error) from None
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; the previous output is unchanged, rerun to resume") from None
+    if dry_run:
+        from packtool.build import format_preview
+
+        click.echo(format_preview(built.manifest))
+        return
     if not quiet:
         manifest = built.manifest
         click.echo(format_stats(manifest["stats"]))

@@ -165,9 +165,13 @@ class BuildConfig:
         return hashlib.sha256(canonical_json(self.raw).encode()).hexdigest()
 
 
+# One encoder for every call: json.dumps with options builds a new one each time (a cost per record).
+# default=str: Parquet and Arrow rows may hold timestamps or bytes, which JSON has no type for.
+_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def canonical_json(value: Any) -> str:
-    # default=str: Parquet and Arrow rows may hold timestamps or bytes, which JSON has no type for
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return _CANONICAL.encode(value)
 
 
 class _Problems:

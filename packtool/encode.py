@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, pre_tokenizers
 
 from packtool.config import TokenizerConfig
 from packtool.errors import PacktoolError, RecordError
-from packtool.records import ROLE_CODES, Rendered, Tokenized
+from packtool.records import ROLE_CODES, Rendered, Tokenized, literal_pattern
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,28 @@ class TextTokenizer:
 
     @cached_property
     def literal_tokenizer(self) -> Tokenizer:
-        """Same vocabulary with special-token matching off, for escaped content. Built on first use:
+        """Same vocabulary with special-token matching off, for escaped literals. Built on first use:
         cloning a large vocabulary costs about as much as loading it."""
-        literal = Tokenizer.from_str(self.tokenizer.to_str())
+        literal = self._continuing(Tokenizer.from_str(self.tokenizer.to_str()))
         literal.encode_special_tokens = True
         return literal
+
+    @cached_property
+    def continuation_tokenizer(self) -> Tokenizer:
+        """For a piece of text that does not start the text: a Metaspace pre-tokenizer that prepends
+        "▁" only at the start of the text must not prepend it to a piece encoded on its own."""
+        if not self._prepends_first():
+            return self.tokenizer
+        return self._continuing(Tokenizer.from_str(self.tokenizer.to_str()))
+
+    def _prepends_first(self) -> bool:
+        pre = json.loads(self.tokenizer.to_str()).get("pre_tokenizer") or {}
+        return pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first"
+
+    def _continuing(self, tokenizer: Tokenizer) -> Tokenizer:
+        if self._prepends_first():
+            tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=False)
+        return tokenizer
 
     @property
     def vocab_size(self) -> int:
@@ -73,26 +90,71 @@ def load_tokenizer(config: TokenizerConfig) -> TextTokenizer:
     tokenizer_config: dict[str, Any] = {}
     if config.config_path:
         tokenizer_config = json.loads(Path(config.config_path).read_text(encoding="utf-8"))
-    specials = sorted(
-        (t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content),
-        key=len,
-        reverse=True,
+    as_transformers_loads_it(tokenizer, tokenizer_config)
+    added = {i: t for i, t in tokenizer.get_added_tokens_decoder().items() if t.special and t.content}
+    specials = [t.content for t in added.values()]
+    # Templates find the special tokens a record may spell here (render.load_template); a
+    # tokenizer_config.json saved by transformers lists them, an older or hand-made one may not.
+    tokenizer_config.setdefault(
+        "added_tokens_decoder", {str(i): {"content": t.content, "special": True} for i, t in added.items()}
     )
-    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
     def config_token(key: str) -> str | None:
         value = tokenizer_config.get(key)
         return value.get("content") if isinstance(value, dict) else value
 
+    bos_id = _id_or_none(tokenizer, config_token("bos_token"))
+    if tokenizer_config.get("add_bos_token") is None:
+        # What `tokenizer(text)` does, as transformers reads the key: Llama 3.2's and Gemma 3's
+        # post-processors start plain text with BOS (render_text follows this unless add_bos is set).
+        tokenizer_config["add_bos_token"] = text_starts_with_bos(tokenizer, bos_id)
     return TextTokenizer(
         tokenizer=tokenizer,
         path=str(path),
         sha256=hashlib.sha256(raw).hexdigest(),
         config=tokenizer_config,
-        special_literals=pattern,
-        bos_id=_id_or_none(tokenizer, config_token("bos_token")),
+        special_literals=literal_pattern(specials),
+        bos_id=bos_id,
         eos_id=_id_or_none(tokenizer, config_token("eos_token")),
         pad_id=_id_or_none(tokenizer, config_token("pad_token")),
+    )
+
+
+# Tokenizer classes that transformers (5.x) rebuilds around the vocabulary instead of running
+# tokenizer.json's normalizer and pre-tokenizer (models/llama/tokenization_llama.py).
+_METASPACE_CLASSES = {"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"}
+
+
+def as_transformers_loads_it(tokenizer: Tokenizer, tokenizer_config: dict[str, Any]) -> None:
+    """Make `tokenizers` produce the ids transformers (and so inference servers) produce.
+
+    For SentencePiece-style Llama tokenizers (Phi-3-mini, Llama 2, Mistral 7B v0.1) transformers
+    drops tokenizer.json's legacy normalizer (Prepend("▁") + Replace(" ", "▁"), which puts a "▁" in
+    front of every piece between added tokens) and pre-tokenizes with Metaspace instead: spaces
+    become "▁", and "▁" is prepended only to the piece at the very start of the text
+    (prepend_scheme "first", as `legacy: false` asks; "always" with `legacy: true`, "never" with
+    `add_prefix_space: false`). After an added token nothing is prepended:
+
+        "<|user|>\nHow are you"   tokenizer.json: <|user|> ▁<0x0A> ... ▁How   transformers: <|user|> How (5328)
+    """
+    if tokenizer_config.get("tokenizer_class") not in _METASPACE_CLASSES:
+        return
+    if json.loads(tokenizer.to_str())["model"].get("type") != "BPE":
+        return
+    legacy = tokenizer_config.get("legacy") is True
+    scheme = "never" if tokenizer_config.get("add_prefix_space") is False else "always" if legacy else "first"
+    tokenizer.normalizer = None
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+
+
+def text_starts_with_bos(tokenizer: Tokenizer, bos_id: int | None) -> bool:
+    """Whether the tokenizer's own post-processor puts BOS in front of plain text."""
+    if bos_id is None:
+        return False
+    return (
+        tokenizer.encode("a", add_special_tokens=True).ids[:1]
+        == [bos_id]
+        != tokenizer.encode("a", add_special_tokens=False).ids[:1]
     )
 
 
@@ -101,9 +163,24 @@ def _id_or_none(tokenizer: Tokenizer, text: str | None) -> int | None:
 
 
 def has_special_literal(rendered: Rendered, tokenizer: TextTokenizer) -> bool:
-    if tokenizer.special_literals is None:
-        return False
-    return any(tokenizer.special_literals.search(rendered.text, s, e) for s, e in rendered.content_ranges)
+    """Whether any string the record brings spells a special token (printed by the template or not)."""
+    return bool(rendered.literal_fields) or bool(escaped_ranges(rendered, tokenizer))
+
+
+def escaped_ranges(rendered: Rendered, tokenizer: TextTokenizer) -> list[tuple[int, int]]:
+    """Where the text spells a special token that came from data: the positions render marked, plus
+    any match inside content (a text document, or a token the template's list lacks)."""
+    found = set(rendered.literal_ranges)
+    if tokenizer.special_literals is not None:
+        for start, end in rendered.content_ranges:
+            found.update(m.span() for m in tokenizer.special_literals.finditer(rendered.text, start, end))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(found):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def encode_batch(
@@ -120,8 +197,9 @@ def encode_batch(
     for i, (rendered, policy) in enumerate(batch):
         if policy != "keep" and has_special_literal(rendered, tokenizer):
             if policy == "reject":
+                fields = ", ".join(rendered.literal_fields[:3]) or "content"
                 results[i] = RecordError(
-                    "message content spells a special token (special_tokens: reject)",
+                    f"{fields} spell(s) a special token (special_tokens: reject; escape keeps the text as plain text)",
                     kind="special_token_literal",
                     sample_id=rendered.example.id,
                 )
@@ -130,11 +208,28 @@ def encode_batch(
             results[i] = _checked(rendered, ids, offsets, tokenizer, add_bos, add_eos)
         else:
             whole.append(i)
-    encodings = tokenizer.tokenizer.encode_batch([batch[i][0].text for i in whole], add_special_tokens=False)
-    for i, encoding in zip(whole, encodings):
-        ids, offsets = _arrays(encoding, 0)
+    # A document's BOS is tokenized apart from its text, as the post-processor adds it to
+    # tokenizer(text): a Metaspace tokenizer then prepends "▁" to the first word ("▁The", not "The").
+    heads = [_document_head(batch[i][0]) for i in whole]
+    encodings = tokenizer.tokenizer.encode_batch(
+        [batch[i][0].text[head:] for i, head in zip(whole, heads)], add_special_tokens=False
+    )
+    for i, head, encoding in zip(whole, heads, encodings):
+        ids, offsets = _arrays(encoding, head)
+        if head:
+            head_ids, head_offsets = _arrays(
+                tokenizer.tokenizer.encode(batch[i][0].text[:head], add_special_tokens=False), 0
+            )
+            ids, offsets = np.concatenate([head_ids, ids]), np.concatenate([head_offsets, offsets])
         results[i] = _checked(batch[i][0], ids, offsets, tokenizer, add_bos, add_eos)
     return [r for r in results if r is not None]
+
+
+def _document_head(rendered: Rendered) -> int:
+    """Length of the BOS string render_text put in front of a document (0 for chats)."""
+    if not rendered.example.is_text or not rendered.content_ranges:
+        return 0
+    return rendered.content_ranges[0][0]
 
 
 def _arrays(encoding: Encoding, shift: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,28 +241,53 @@ def _arrays(encoding: Encoding, shift: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _encode_escaped(rendered: Rendered, tokenizer: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Content pieces with special-token matching off, template pieces with it on."""
+    """Literals that came from data with special-token matching off, everything else with it on."""
     text = rendered.text
-    cuts = sorted({0, len(text), *(x for r in rendered.content_ranges for x in r)})
-    content_starts = {s for s, _ in rendered.content_ranges}
+    literals = escaped_ranges(rendered, tokenizer)
+    cuts = sorted({0, len(text), *(x for r in literals for x in r)})
+    literal_starts = {s for s, _ in literals}
     ids_parts, offset_parts = [], []
     for start, end in pairwise(cuts):
         if start == end:
             continue
-        engine = tokenizer.literal_tokenizer if start in content_starts else tokenizer.tokenizer
+        if start in literal_starts:
+            engine = tokenizer.literal_tokenizer
+        else:
+            engine = tokenizer.tokenizer if start == 0 else tokenizer.continuation_tokenizer
         ids, offsets = _arrays(engine.encode(text[start:end], add_special_tokens=False), start)
         ids_parts.append(ids)
         offset_parts.append(offsets)
     return np.concatenate(ids_parts), np.concatenate(offset_parts)
 
 
-def _in_ranges(positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Index of the (sorted, disjoint) range holding each position, or -1."""
-    if len(starts) == 0:
-        return np.full(len(positions), -1, dtype=np.int64)
-    index = np.searchsorted(starts, positions, side="right") - 1
-    inside = (index >= 0) & (positions < ends[np.maximum(index, 0)])
-    return np.where(inside, index, -1)
+def _token_runs(token_start: np.ndarray, ranges: list[tuple[int, int]]) -> list[list[int]]:
+    """For each character range [start, end), the tokens [a, b) whose first character lies in it
+    (token starts never decrease, so they are one run)."""
+    if not ranges:
+        return []
+    return np.searchsorted(token_start, np.asarray(ranges, dtype=np.int64).ravel()).reshape(-1, 2).tolist()
+
+
+def _crossing_token(
+    text: str, token_end: np.ndarray, targets: list[tuple[int, int, int]], runs: list[list[int]]
+) -> tuple[int, int] | None:
+    """The first token that hides a target's edge, as (token index, target number), or None.
+
+    A token straddling a target's start may swallow only whitespace of the target (Phi-3's
+    `<|assistant|>` strips what follows it); a token running past a target's end may absorb only
+    whitespace. With the target's token run [a, b) (tokens starting inside it), the only
+    candidates are token a-1 (starts before the target: does it end inside?) and token b-1
+    (starts inside: does it end after?).
+
+        tokens   [<|im_start|>][assistant][\n][He][llo][<|im_end|>][\n]
+        target                                ^start                ^end     a-1 = [\n] ends at start: fine
+    """
+    for j, ((start, end, _), (a, b)) in enumerate(zip(targets, runs)):
+        if a > 0 and token_end[a - 1] > start and text[start : token_end[a - 1]].strip():
+            return a - 1, j
+        if b > 0 and token_end[b - 1] > end and text[end : token_end[b - 1]].strip():
+            return b - 1, j
+    return None
 
 
 def _checked(
@@ -183,42 +303,28 @@ def _checked(
     token_start, token_end = offsets[:, 0], offsets[:, 1]
 
     targets_sorted = sorted(rendered.target_ranges)
-    t_start = np.array([r[0] for r in targets_sorted], dtype=np.int64)
-    t_end = np.array([r[1] for r in targets_sorted], dtype=np.int64)
-    t_msg = np.array([r[2] for r in targets_sorted], dtype=np.int64)
-    for start, end, message in targets_sorted:
-        straddles_start = (token_start < start) & (token_end > start)
-        if straddles_start.any():
-            # Mirror of the end rule: a context token may swallow leading whitespace of the target
-            # (Phi-3's `<|assistant|>` strips what follows it); only a non-space character hiding
-            # in a context token shifts the mask.
-            straddles_start &= np.array([bool(text[start:e].strip()) for e in token_end], dtype=bool)
-        overrun = (token_start < end) & (token_end > end)
-        bad_end = (
-            overrun & np.array([bool(text[end:e].strip()) for e in token_end], dtype=bool) if overrun.any() else overrun
+    runs = _token_runs(token_start, [(start, end) for start, end, _ in targets_sorted])
+    crossing = _crossing_token(text, token_end, targets_sorted, runs)
+    if crossing is not None:
+        t, j = crossing
+        piece = text[token_start[t] : token_end[t]]
+        return RecordError(
+            f"token {piece!r} crosses the edge of the target span of message {targets_sorted[j][2]}; "
+            "the mask cannot be aligned to tokens",
+            kind="mask_check",
+            sample_id=example.id,
         )
-        if straddles_start.any() or bad_end.any():
-            t = int(np.flatnonzero(straddles_start | bad_end)[0])
-            piece = text[token_start[t] : token_end[t]]
-            return RecordError(
-                f"token {piece!r} crosses the edge of the target span of message {message}; "
-                "the mask cannot be aligned to tokens",
-                kind="mask_check",
-                sample_id=example.id,
-            )
 
-    in_target = _in_ranges(token_start, t_start, t_end)
-    targets = in_target >= 0
-
-    spans = sorted(rendered.spans, key=lambda s: s.start)
-    c_start = np.array([s.start for s in spans], dtype=np.int64)
-    c_end = np.array([s.end for s in spans], dtype=np.int64)
-    in_content = _in_ranges(token_start, c_start, c_end)
-    message_index = np.where(
-        in_content >= 0,
-        np.array([s.message for s in spans] + [-1])[in_content],
-        np.where(targets, t_msg[np.maximum(in_target, 0)] if len(t_msg) else -1, -1),
-    )
+    # A token belongs to the range holding its first character. Token starts never decrease, so
+    # each range is one run of tokens: paint the runs (targets, then contents over them).
+    targets = np.zeros(len(ids), dtype=bool)
+    message_index = np.full(len(ids), -1, dtype=np.int16)
+    for (a, b), (_, _, message) in zip(runs, targets_sorted):
+        targets[a:b] = True
+        message_index[a:b] = message
+    spans = rendered.spans
+    for (a, b), span in zip(_token_runs(token_start, [(s.start, s.end) for s in spans]), spans):
+        message_index[a:b] = span.message
     message_roles = tuple(m.role for m in example.messages)
     if example.is_text:
         roles = np.full(len(ids), ROLE_CODES["text"], dtype=np.int8)
@@ -253,10 +359,10 @@ def _checked(
         example_id=example.id,
         source=example.source,
         sample_hash=example.sample_hash,
-        input_ids=ids.astype(np.int32),
+        input_ids=ids.astype(np.int32, copy=False),
         targets=targets,
-        roles=roles.astype(np.int8),
-        message_index=message_index.astype(np.int16),
+        roles=roles.astype(np.int8, copy=False),
+        message_index=message_index.astype(np.int16, copy=False),
         message_roles=message_roles,
         structured_messages=frozenset(i for i, m in enumerate(example.messages) if m.tool_calls or m.role == "tool"),
     )

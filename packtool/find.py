@@ -44,7 +44,7 @@ _NUMBERED = re.compile(r"^(?P<file>.+):(?P<number>\d+)$")
 class Placement:
     """One document of one pack."""
 
-    shard: str
+    shard: str  # relative to the output folder: shard-00000.parquet, overflow/shard-00000.parquet
     row: int
     document: int
     start: int
@@ -98,16 +98,20 @@ def find(output: str | Path, key: str, *, config: str | Path | None = None) -> T
     sources = _SourceFiles(folder, manifest, config)
 
     numbered = _NUMBERED.match(key)
-    if numbered and numbered["file"].endswith(".parquet") and not Path(numbered["file"]).is_file():
-        shard, row = Path(numbered["file"]).name, int(numbered["number"])
+    shards = {p.shard for p in placements}
+    if numbered and numbered["file"].endswith(".parquet") and _shard_name(numbered["file"], shards) is not None:
+        shard, row = _shard_name(numbered["file"], shards), int(numbered["number"])
         trace = Trace(key, "shard_row", [p for p in placements if p.shard == shard and p.row == row])
         if not trace.placements:
-            raise PacktoolError(f"{folder}: no pack at {shard} row {row} (shards: {_shard_names(manifest)})")
+            raise PacktoolError(f"{folder}: no pack at {shard} row {row}")
     elif any(p.sample_id == key for p in placements) or any(r.get("id") == key for r in rejects):
         trace = Trace(key, "sample_id", [p for p in placements if p.sample_id == key])
         trace.rejects = [r for r in rejects if r.get("id") == key]
     elif _HEX.fullmatch(key) and len(key) >= MIN_HASH_PREFIX and any(p.pack_hash.startswith(key) for p in placements):
         trace = Trace(key, "pack_hash", [p for p in placements if p.pack_hash.startswith(key)])
+    elif numbered and Path(numbered["file"]).name.startswith("shard-") and not Path(numbered["file"]).is_file():
+        listed = ", ".join(sorted(shards)[:3]) + (", ..." if len(shards) > 3 else "")
+        raise PacktoolError(f"{folder}: no shard {numbered['file']} in this output (its shards: {listed})")
     elif numbered:
         trace = _by_location(folder, key, numbered["file"], int(numbered["number"]), placements, rejects, sources)
     else:
@@ -122,18 +126,48 @@ def find(output: str | Path, key: str, *, config: str | Path | None = None) -> T
     return trace
 
 
+def _shard_name(file: str, shards: set[str]) -> str | None:
+    """The shard a `SHARD.parquet` key names: as written relative to OUT (`overflow/shard-00000.parquet`),
+    or by its bare name for the main output. A path that is no shard of this output is a source location."""
+    if file in shards:
+        return file
+    name = Path(file).name
+    if name in shards and not Path(file).is_file():
+        return name
+    return None
+
+
+def _parts(folder: Path, manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(prefix, manifest) of the main output and of the sub-outputs it names (overflow bucket, validation split)."""
+    parts = [("", manifest)]
+    for key in ("overflow", "validation"):
+        name = (manifest.get(key) or {}).get("folder")
+        if isinstance(name, str) and (folder / name / MANIFEST).is_file():
+            parts.append((f"{name}/", read_manifest(folder / name)))
+    return parts
+
+
 def _documents(folder: Path, manifest: dict[str, Any]) -> list[Placement]:
     """Every document of every pack, read from the small per-document columns only (no tokens)."""
     out = []
+    for prefix, part in _parts(folder, manifest):
+        out += _part_documents(folder, prefix, part)
+    return out
+
+
+def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list[Placement]:
+    out = []
     for entry in manifest["shards"]:
-        v2 = "segment_kinds" in pq.read_schema(folder / entry["file"]).names
-        table = pq.read_table(folder / entry["file"], columns=INDEX_COLUMNS + (ITEM_COLUMNS if v2 else []))
+        shard = prefix + entry["file"]
+        v2 = "segment_kinds" in pq.read_schema(folder / shard).names
+        table = pq.read_table(folder / shard, columns=INDEX_COLUMNS + (ITEM_COLUMNS if v2 else []))
         for row, pack in enumerate(table.to_pylist()):
             docs = pack["doc_cu_seqlens"]
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])
             for d, (sample_id, sample_hash, repeat, source) in enumerate(columns):
-                where = (entry["file"], row, d, docs[d], docs[d + 1], pack["pack_hash"])
-                out.append(Placement(*where, sample_id, sample_hash, source, repeat, item=_item(pack, d) if v2 else ""))
+                where = (shard, row, d, docs[d], docs[d + 1], pack["pack_hash"])
+                item = _item(pack, d) if v2 else ""
+                out.append(Placement(*where, sample_id, sample_hash, source, repeat, item=item))
     return out
 
 
@@ -166,11 +200,6 @@ def _rejects(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _shard_names(manifest: dict[str, Any]) -> str:
-    names = [s["file"] for s in manifest["shards"]]
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _by_location(

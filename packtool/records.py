@@ -8,6 +8,8 @@ happens instead of as a wrong label three stages later.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,19 @@ ROLES = ("system", "user", "assistant", "tool")
 # (headers, separators), which belongs to no message.
 ROLE_CODES = {"template": 0, "system": 1, "user": 2, "assistant": 3, "tool": 4, "text": 5, "padding": 6}
 ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
+
+
+def literal_pattern(literals: Iterable[str]) -> re.Pattern[str] | None:
+    """A regex finding special-token literals (longest first, so `<|im_start|>` never matches as `<|im_`).
+
+    The leading class of first characters lets the search skip most positions at once: Mistral has
+    1,000 special tokens, and every string a record brings is searched.
+    """
+    ordered = sorted({t for t in literals if t}, key=len, reverse=True)
+    if not ordered:
+        return None
+    first = "".join(sorted({re.escape(t[0]) for t in ordered}))
+    return re.compile(f"(?=[{first}])(?:{'|'.join(re.escape(t) for t in ordered)})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +112,10 @@ class Rendered:
     # Character ranges whose text came from the data (message contents): the special-token
     # literal policy applies inside them and never to template structure.
     content_ranges: tuple[tuple[int, int], ...] = ()
+    # Where a string the record brings (content, reasoning, tool calls, tool definitions) spells a
+    # special token in the text, and the fields that spell one (printed or not).
+    literal_ranges: tuple[tuple[int, int], ...] = ()
+    literal_fields: tuple[str, ...] = ()
     # (start, end, message index or -1): characters the model must learn to produce.
     target_ranges: tuple[tuple[int, int, int], ...] = ()
 

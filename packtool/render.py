@@ -21,10 +21,14 @@ and ends after the first end-of-turn marker behind the content. Templates that c
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as _dt
+import functools
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -32,17 +36,23 @@ from typing import Any
 
 import jinja2
 from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from packtool.config import BuildConfig, TrainPolicy
 from packtool.errors import PacktoolError, RecordError, TemplateRaised
-from packtool.records import Example, Message, Rendered, Span
+from packtool.records import Example, Message, Rendered, Span, literal_pattern
 
 # Plane-16 private-use characters: never meaningful text, and removed before tokenization.
 _MARK_BASE = 0x100000
 _GEN_OPEN = chr(0x10FFF0)
 _GEN_CLOSE = chr(0x10FFF1)
+# Put in front of every special-token literal a record brings (a user typing `<|im_end|>`, a tool
+# description spelling `<|im_start|>system`): its rendered position tells encode what to escape and
+# tells the mask which end markers are data, not structure.
+_LITERAL = chr(0x10FFF2)
 _MAX_MESSAGES = (0x10FFF0 - _MARK_BASE) // 2
 _MARKERS = re.compile("[\U00100000-\U0010ffff]")
 
@@ -59,6 +69,309 @@ def open_mark(index: int) -> str:
 
 def close_mark(index: int) -> str:
     return chr(_MARK_BASE + 2 * index + 1)
+
+
+# Template limits. Each is a count, never a time, so a sample is rejected for the same reason on
+# every machine and executor and the output bytes stay identical. A real chat template spends
+# a few hundred operations on a conversation and prints what the data holds; these bounds are
+# orders of magnitude above that and far below what would hang a build or exhaust memory.
+MAX_TEMPLATE_OPERATIONS = 1_000_000  # loop iterations + calls + arithmetic, per render
+MAX_TEMPLATE_CHARS = 1 << 23  # 8 Mi characters: any string or sequence a template builds, its output included
+MAX_TEMPLATE_DEPTH = 64  # nested macro calls (runaway recursion)
+MAX_INT_BITS = 1 << 16  # results of ** (3**(3**20) would take minutes and gigabytes)
+MAX_LIPSUM = 100  # lipsum paragraphs
+
+
+class TemplateLimit(Exception):
+    """A render went past one of the limits above: the sample is rejected (kind `template_limit`)."""
+
+
+@dataclass(slots=True)
+class _Budget:
+    operations: int = 0
+    depth: int = 0
+    inspected: bool = False  # the template looked inside a marked content string (see _Tracked)
+
+    def spend(self, n: int = 1) -> None:
+        self.operations += n
+        if self.operations > MAX_TEMPLATE_OPERATIONS:
+            raise TemplateLimit(
+                f"more than {MAX_TEMPLATE_OPERATIONS:,} operations (loop iterations, calls, arithmetic) in one render"
+            )
+
+
+# One budget per render; a context variable keeps concurrent renders on two threads apart.
+_BUDGET: contextvars.ContextVar[_Budget] = contextvars.ContextVar("packtool_template_budget")
+
+
+def _spend(n: int = 1) -> _Budget:
+    budget = _BUDGET.get(None)
+    if budget is None:  # a render outside ChatTemplate.render (a test calling jinja directly)
+        budget = _Budget()
+        _BUDGET.set(budget)
+    budget.spend(n)
+    return budget
+
+
+# -- one render, and the proof that the plain render would be the same ---------------------------
+#
+# The marked render differs from the plain one only in the content strings, which carry sentinel
+# characters. A template whose output depends on content only by copying it (printing, `+`, `~`,
+# trim, tojson, truthiness: the same with or without sentinels) gives, once the sentinels are cut
+# out, exactly the plain render. So marked contents are `_Tracked` strings: any other use (a
+# comparison, `in`, `|length`, slicing, `.startswith`, iteration, a filter) sets `inspected`, and
+# then, only then, render_chat renders the plain messages as well and compares the two texts.
+# Results derived from a tracked string (`+`, `~`, trim, tojson) stay tracked, so copying a
+# content into a variable first does not hide a later inspection.
+
+_COPYING_METHODS = frozenset({"strip", "lstrip", "rstrip"})
+_COPYING_FILTERS = frozenset({"trim", "string", "tojson"})
+
+
+class _Tracked(str):
+    """A marked content string that reports being inspected (methods defined below the class)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return self
+
+    def __bool__(self) -> bool:  # empty exactly when the plain content is: the sentinels wrap a non-empty core
+        return str.__len__(self) > 0
+
+    def __add__(self, other: Any) -> Any:
+        result = str.__add__(self, other)
+        return result if result is NotImplemented else _Tracked(result)
+
+    def __radd__(self, other: Any) -> Any:
+        return _Tracked(str.__add__(other, self)) if isinstance(other, str) else NotImplemented
+
+    def _copying(self, name: str, chars: Any = None) -> str:
+        if chars is not None and (not isinstance(chars, str) or chars.strip()):
+            _inspected()  # stripping anything but whitespace could eat a sentinel's neighbour
+        return _Tracked(getattr(str, name)(self, chars))
+
+    def strip(self, chars: Any = None) -> str:
+        return self._copying("strip", chars)
+
+    def lstrip(self, chars: Any = None) -> str:
+        return self._copying("lstrip", chars)
+
+    def rstrip(self, chars: Any = None) -> str:
+        return self._copying("rstrip", chars)
+
+
+def _inspected() -> None:
+    budget = _BUDGET.get(None)
+    if budget is not None:
+        budget.inspected = True
+
+
+def _inspecting(name: str) -> Any:
+    method = getattr(str, name)
+
+    def inspecting(self: str, *args: Any, **kwargs: Any) -> Any:
+        _inspected()
+        return method(self, *args, **kwargs)
+
+    inspecting.__name__ = name
+    return inspecting
+
+
+for _name in sorted(vars(str)):
+    if _name not in {
+        "__new__",
+        "__init__",
+        "__getattribute__",
+        "__str__",
+        "__repr__",
+        "__bool__",
+        "__add__",
+        "__radd__",
+        "__reduce__",
+        "__reduce_ex__",
+        "__getnewargs__",
+        "__sizeof__",
+        "__class__",
+        "__doc__",
+        "__init_subclass__",
+        "__subclasshook__",
+        "__format__",
+        "maketrans",
+        *_COPYING_METHODS,
+    } and callable(getattr(str, _name)):
+        setattr(_Tracked, _name, _inspecting(_name))
+_Tracked.__hash__ = _inspecting("__hash__")  # type: ignore[method-assign]
+
+
+def _is_tracked(values: Iterable[Any]) -> bool:
+    return any(isinstance(value, _Tracked) for value in values)
+
+
+def _holds_containers(values: Iterable[Any]) -> bool:
+    return any(isinstance(value, list | tuple | dict) for value in values)
+
+
+def _tainted(result: Any) -> Any:
+    """A string made from values that may hold a marked content (`message | tojson`,
+    `[content] | join`, a macro's output) stays tracked, so inspecting it later is noticed."""
+    return _Tracked(result) if isinstance(result, str) and not isinstance(result, _Tracked) else result
+
+
+def _check_size(size: int, what: str) -> None:
+    if size > MAX_TEMPLATE_CHARS:
+        raise TemplateLimit(f"{what} of {size:,} items exceeds the {MAX_TEMPLATE_CHARS:,} a template may build")
+
+
+def _sized(value: Any) -> int:
+    # str.__len__, not len(): the limits must not count as the template inspecting a _Tracked string
+    if isinstance(value, str):
+        return str.__len__(value)
+    return len(value) if isinstance(value, list | tuple | bytes) else 0
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse, before computing it, a result that would be huge."""
+    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+        if abs(left) > 1 and max(left.bit_length(), 1) * right > MAX_INT_BITS:
+            raise TemplateLimit(f"{left} ** {right} exceeds {MAX_INT_BITS} bits")
+    elif operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if _sized(seq) and isinstance(times, int):
+                _check_size(_sized(seq) * times, "a repeated string or list")
+    elif operator == "%" and isinstance(left, str):
+        widths = re.findall(r"%[-+ #0]*(\d+|\*)", left)
+        if any(w == "*" or int(w) > MAX_TEMPLATE_CHARS for w in widths):
+            raise TemplateLimit("a %-format width above the template limit")
+
+
+def _check_arguments(args: tuple, kwargs: dict[str, Any]) -> None:
+    """Numbers that size a result (center(10**9), indent, ljust, zfill) and replace() that multiplies."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TEMPLATE_CHARS:
+            raise TemplateLimit(
+                f"argument {value:,} exceeds the {MAX_TEMPLATE_CHARS:,} characters a template may build"
+            )
+
+
+def _check_replace(text: Any, old: Any, new: Any) -> None:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) and len(new) > len(old):
+        count = len(text) + 1 if not old else text.count(old)
+        _check_size(len(text) + count * (len(new) - len(old)), "a replace() result")
+
+
+def _limited_filter(function: Any, name: str) -> Any:
+    """A filter that counts as an operation, checks its size arguments and the size of its result."""
+
+    @functools.wraps(function)
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        _spend()
+        _check_arguments(args, kwargs)
+        if name == "replace":
+            plain = [a for a in args if not hasattr(a, "environment")]  # drop the eval context jinja passes
+            if len(plain) >= 3:
+                _check_replace(*plain[:3])
+        tracked = _is_tracked((*args, *kwargs.values()))
+        if tracked and name not in _COPYING_FILTERS:
+            _inspected()
+        result = function(*args, **kwargs)
+        _check_size(_sized(result), f"the result of |{name}")
+        return _tainted(result) if tracked or name == "tojson" or _holds_containers(args) else result
+
+    return limited
+
+
+class _LimitedCodeGenerator(CodeGenerator):
+    """Compiles every loop to iterate through `environment.counted` and every `~` through
+    `environment.joined`: the two ways a template spends time or memory without calling anything."""
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:
+        counted = nodes.EnvironmentAttribute("counted")
+        if not (isinstance(node.iter, nodes.Call) and node.iter.node == counted):
+            node.iter = nodes.Call(counted, [node.iter], [], None, None, lineno=node.lineno)
+        super().visit_For(node, frame)
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.joined((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class LimitedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox plus counted limits (module constants above) on time and memory."""
+
+    code_generator_class = _LimitedCodeGenerator
+    intercepted_binops = frozenset({"**", "*", "+", "%"})
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        budget = _spend()
+        _check_arguments(args, kwargs)
+        owner = getattr(__obj, "__self__", None)
+        if getattr(__obj, "__name__", None) == "replace" and isinstance(owner, str):
+            _check_replace(owner, *args[:2])
+        # calls reach str.format past the method table (the sandbox formats itself), and any
+        # function given a marked content may look at it
+        if (isinstance(owner, _Tracked) and __obj.__name__ not in _COPYING_METHODS) or _is_tracked(
+            (*args, *kwargs.values())
+        ):
+            budget.inspected = True
+        if not isinstance(__obj, Macro):
+            result = super().call(__context, __obj, *args, **kwargs)
+            return _tainted(result) if _holds_containers(args) else result
+        budget.depth += 1
+        try:
+            if budget.depth > MAX_TEMPLATE_DEPTH:
+                raise TemplateLimit(f"macro calls nested deeper than {MAX_TEMPLATE_DEPTH} (runaway recursion)")
+            return _tainted(super().call(__context, __obj, *args, **kwargs))  # may print any content it reads
+        finally:
+            budget.depth -= 1
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _spend()
+        if operator == "+":  # the hot one (templates build turns with +): checked after, at most 2x the limit
+            result = left + right  # a _Tracked operand keeps the result tracked (_Tracked.__add__/__radd__)
+            if type(result) is str:  # the common case, inlined: 10 of these per conversation
+                if str.__len__(result) > MAX_TEMPLATE_CHARS:
+                    _check_size(str.__len__(result), "a concatenation")
+                return result
+            _check_size(_sized(result), "a concatenation")
+            if isinstance(left, _Tracked) or isinstance(right, _Tracked):  # Markup + content loses the type
+                return _tainted(result)
+            return result
+        if isinstance(left, _Tracked) or isinstance(right, _Tracked):
+            _inspected()
+        _check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    @staticmethod
+    def counted(iterable: Any) -> Iterator[Any]:
+        for item in iterable:
+            _spend()
+            yield item
+
+    @staticmethod
+    def joined(parts: tuple[Any, ...]) -> str:
+        texts = [str(part) for part in parts]
+        _check_size(sum(map(_sized, texts)), "a ~ concatenation")
+        return _Tracked("".join(texts)) if _is_tracked(parts) else "".join(texts)
+
+    def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]  # jinja joins output with it
+        texts = []
+        size = 0
+        for piece in pieces:
+            size += _sized(piece)
+            _check_size(size, "the rendered text")
+            texts.append(piece)
+        # `{% set x %}...{% endset %}` and caller() join their output here too: keep a content's taint
+        return _Tracked("".join(texts)) if _is_tracked(texts) else "".join(texts)
+
+
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    if n > MAX_LIPSUM or max > MAX_LIPSUM:
+        raise TemplateLimit(f"lipsum(n={n}, max={max}) above the limit of {MAX_LIPSUM}")
+    return jinja2.utils.generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
 class _GenerationBlocks(Extension):
@@ -89,13 +402,16 @@ def _tojson(
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def make_environment() -> ImmutableSandboxedEnvironment:
-    """The sandbox transformers renders chat templates in: untrusted templates cannot reach Python internals."""
-    env = ImmutableSandboxedEnvironment(
+def make_environment() -> LimitedSandbox:
+    """The sandbox transformers renders chat templates in (untrusted templates cannot reach Python
+    internals), with counted limits on time and memory."""
+    env = LimitedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlocks, "jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
+    env.filters = {name: _limited_filter(f, name) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
+    env.globals["lipsum"] = _lipsum
     return env
 
 
@@ -108,6 +424,8 @@ class ChatTemplate:
     compiled: Any = None
     generation_header: str | None = None
     has_generation_blocks: bool = False
+    # The special tokens a record may spell (the tokenizer's, from tokenizer_config.json).
+    literals: re.Pattern[str] | None = None
 
     @property
     def sha256(self) -> str:
@@ -121,8 +439,19 @@ class ChatTemplate:
     def render(
         self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
     ) -> str:
+        """The rendered text. Raises TemplateRaised (the template's raise_exception), TemplateLimit,
+        jinja2.TemplateError (any other failure of the template on these messages) or PacktoolError
+        (a sandbox escape: the template itself is hostile)."""
+        return self.render_tracked(messages, tools, add_generation_prompt=add_generation_prompt, mark=mark)[0]
+
+    def render_tracked(
+        self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
+    ) -> tuple[str, bool]:
+        """render(), and whether the template inspected a marked (_Tracked) content string."""
+        budget = _Budget()
+        token = _BUDGET.set(budget)
         try:
-            return self.compiled.render(
+            text = self.compiled.render(
                 **self.special_tokens,
                 **self.variables,
                 messages=messages,
@@ -130,10 +459,21 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 __packtool_mark=mark,
             )
+            return str.__str__(text), budget.inspected
         except SecurityError as exc:
             raise PacktoolError(
                 f"template {self.name!r} tried to reach Python internals and was stopped: {exc}"
             ) from None
+        except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
+            raise
+        except RecursionError:
+            raise TemplateLimit("recursion deeper than Python allows (nested data or a recursive loop)") from None
+        except MemoryError:
+            raise TemplateLimit("the render ran out of memory") from None
+        except Exception as exc:  # the template's own code failing on this sample (1/0, 'a' + 1, a bad key)
+            raise jinja2.TemplateRuntimeError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            _BUDGET.reset(token)
 
 
 def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:
@@ -173,6 +513,7 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
         source, name = path.read_text(encoding="utf-8"), spec
     env = make_environment()
     try:
+        _refuse_other_files(env.parse(source), name)
         compiled = env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         raise PacktoolError(f"template {name!r} line {exc.lineno}: {exc.message}") from None
@@ -180,15 +521,38 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
     variables = dict(variables or {})
     date = _dt.date.fromisoformat(str(variables.pop("date", DEFAULT_DATE)))
     compiled.globals["strftime_now"] = lambda fmt: date.strftime(fmt)
+    specials = special_token_strings(tokenizer_config)
+    added = tokenizer_config.get("added_tokens_decoder") or {}
     template = ChatTemplate(
         name=name,
         source=source,
-        special_tokens=special_token_strings(tokenizer_config),
+        special_tokens=specials,
         variables=variables,
         compiled=compiled,
         has_generation_blocks="{% generation %}" in source or "{%- generation %}" in source,
+        literals=literal_pattern(
+            [
+                *specials.values(),
+                *(t.get("content", "") for t in added.values() if isinstance(t, dict) and t.get("special")),
+            ]
+        ),
     )
     return _with_generation_header(template)
+
+
+def _refuse_other_files(tree: nodes.Template, name: str) -> None:
+    """A chat template travels inside tokenizer_config.json alone: it may not pull in other files."""
+    tags = {
+        nodes.Include: "include",
+        nodes.Import: "import",
+        nodes.FromImport: "from ... import",
+        nodes.Extends: "extends",
+    }
+    for node in tree.find_all(tuple(tags)):
+        raise PacktoolError(
+            f"template {name!r} line {node.lineno}: {{% {tags[type(node)]} %}} is not supported; "
+            "a chat template must be one self-contained file (paste the other template in)"
+        )
 
 
 def special_token_strings(tokenizer_config: dict[str, Any]) -> dict[str, str]:
@@ -208,6 +572,10 @@ def _with_generation_header(template: ChatTemplate) -> ChatTemplate:
     try:
         closed = template.render(probe, None)
         opened = template.render(probe, None, add_generation_prompt=True)
+    except TemplateLimit as exc:
+        raise PacktoolError(
+            f"template {template.name!r} exceeds a template limit on a one-message conversation: {exc}"
+        ) from None
     except (TemplateRaised, jinja2.TemplateError):
         return template
     if opened.startswith(closed) and len(opened) > len(closed):
@@ -248,34 +616,39 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     messages = example.messages
     if len(messages) > _MAX_MESSAGES:
         raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
-    for i, message in enumerate(messages):
-        if _MARKERS.search(message.content):
-            raise RecordError(
-                "content holds plane-16 private-use characters, which packtool reserves as markers",
-                field=f"messages[{i}].content",
-            )
+    literal_fields = _check_data_strings(example, template.literals)
     trained = trained_messages(messages, policy)
     for i, message in enumerate(messages):
         if trained[i] and message.role == "assistant" and not message.content.strip() and not message.tool_calls:
             # Nothing but an end marker to learn; templates without an assistant header could not
             # even place it. A data defect (seen in real alpaca sets), not a turn to train.
             raise RecordError(f"message {i} (assistant) is empty: nothing to train", kind="bad_record")
-    plain = [m.as_template_dict() for m in messages]
-    marked = [_marked(m, i) for i, m in enumerate(messages)]
+    literals = template.literals if literal_fields else None
+    marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
     tools = list(example.tools) if example.tools else None
-    try:
-        text = template.render(plain, tools)
-        marked_text = template.render(marked, tools, mark=True)
-    except TemplateRaised as exc:
-        raise RecordError(f"template refused the sample: {exc}", kind="template_error") from None
-    except jinja2.TemplateError as exc:
-        raise RecordError(f"template failed: {exc}", kind="template_error") from None
 
-    clean, contents, generations = _strip_markers(marked_text)
+    def plain_render() -> str:
+        return template.render([m.as_template_dict() for m in messages], tools)
+
+    with _template_verdicts():
+        try:
+            marked_text, inspected = template.render_tracked(marked, _mark_literals(tools, literals), mark=True)
+        except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
+            # a verdict reached on marked content stands only if the plain render reaches it too
+            plain_render()
+            raise RecordError(
+                "the template fails on sentinel-marked content but not on the plain content (it inspects "
+                "the content), so its mask cannot be derived safely",
+                kind="mask_check",
+            ) from None
+        clean, contents, generations, literal_at = _strip_markers(marked_text)
+        # One render is enough when the template only copied contents (see _Tracked). Literal
+        # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
+        text = plain_render() if inspected or literals is not None else clean
     if clean != text:
         raise RecordError(
-            "the template rewrites message content (trims, splits or reorders it), so its mask "
-            "cannot be derived safely",
+            "the template rewrites message content (trims, splits, reorders or branches on it), so its "
+            "mask cannot be derived safely",
             kind="mask_check",
         )
     for i, ranges in contents.items():
@@ -298,13 +671,17 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 "(it drops or rewrites it), so training on this render would silently lose it",
                 kind="template_error",
             )
+    _check_tools_printed(example, text, contents)
     spans = tuple(
         Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
+    )
+    literal_ranges = tuple(
+        (at, found.end()) for at in literal_at if literals and (found := literals.match(text, at)) is not None
     )
     if template.has_generation_blocks:
         targets = _targets_from_generation_blocks(generations, contents, trained, [m.role for m in messages])
     else:
-        targets = _targets_from_headers(text, messages, contents, trained, template, policy)
+        targets = _targets_from_headers(text, messages, contents, trained, template, policy, literal_ranges)
     # Tool calls carry no sentinel, so a template that ignores them (Gemma 3, Phi-3) would train an
     # empty turn: each called function's name must appear inside its message's target.
     for start, end, i in targets:
@@ -321,35 +698,183 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         spans=spans,
         content_ranges=tuple((s.start, s.end) for s in spans),
         target_ranges=tuple(targets),
+        literal_ranges=literal_ranges,
+        literal_fields=literal_fields,
     )
 
 
-def _marked(message: Message, index: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def _template_verdicts() -> Iterator[None]:
+    """A template's own failure on one sample becomes that sample's RecordError (sentinels cut out
+    of the words it quotes)."""
+    try:
+        yield
+    except TemplateRaised as exc:
+        raise RecordError(f"template refused the sample: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
+    except TemplateLimit as exc:
+        raise RecordError(f"template stopped at a limit: {exc}", kind="template_limit") from None
+    except jinja2.TemplateError as exc:
+        raise RecordError(f"template failed: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
+
+
+def _check_tools_printed(example: Example, text: str, contents: dict[int, list[tuple[int, int]]]) -> None:
+    """Every tool definition's name and parameter names, and every tool call's name and argument
+    values, must reach the text, as message contents must. Templates re-serialize JSON (key order,
+    spacing, quoting), so the pieces are compared, not the JSON.
+
+    A call is looked for between the contents of its neighbours, so the tool definitions or the
+    user's words cannot stand in for it; definitions anywhere outside message contents and calls.
+    """
+    spans = sorted((s, e, i) for i, ranges in contents.items() for s, e in ranges)
+    regions = {}
+    for i, message in enumerate(example.messages):
+        if message.tool_calls:
+            # neighbours in print order: a template may print an earlier message later (Mistral's system prompt)
+            upper = min((s for s, _, k in spans if k > i), default=len(text))
+            regions[i] = (max((e for _, e, k in spans if k < i and e <= upper), default=0), upper)
+    # Definitions: outside every content and every call's region, so neither stands in for them.
+    cuts = sorted([*((s, e) for s, e, _ in spans), *regions.values()])
+    kept, at = [], 0
+    for start, end in cuts:
+        kept.append(text[at:start] if start > at else "")
+        at = max(at, end)
+    outside = "\0".join([*kept, text[at:]])
+    for j, tool in enumerate(example.tools or ()):
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        name = function.get("name") if isinstance(function, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        pieces = [name, *(properties if isinstance(properties, dict) else ())]
+        missing = [p for p in pieces if isinstance(p, str) and p and not _printed(p, outside)]
+        if missing:
+            raise RecordError(
+                f"the template does not print tool definition {name!r} (tools[{j}]): "
+                f"{', '.join(map(repr, missing[:3]))} missing from the render, so the model would be trained "
+                "to call a tool it never saw",
+                kind="template_dropped_tools",
+            )
+    for i, message in enumerate(example.messages):
+        if not message.tool_calls:
+            continue
+        region = text[slice(*regions[i])]
+        for j, call in enumerate(message.tool_calls):
+            function = call.get("function", {})
+            pieces = [function.get("name"), *_leaves(function.get("arguments"))]
+            missing = [p for p in pieces if p is not None and p != "" and not _printed(p, region)]
+            if missing:
+                raise RecordError(
+                    f"the template does not print tool call {j} of message {i} ({message.role}): "
+                    f"{', '.join(repr(p) for p in missing[:3])} missing from the render",
+                    kind="template_dropped_tools",
+                )
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def _printed(value: Any, text: str) -> bool:
+    """Whether a value appears in text as a template would print it: raw, JSON (escaped or not) or Python."""
+    forms = {str(value), json.dumps(value), json.dumps(value, ensure_ascii=False)}
+    if isinstance(value, str):
+        forms |= {form[1:-1] for form in forms if form.startswith('"')} | {repr(value)[1:-1]}
+    return any(form in text for form in forms)
+
+
+def data_strings(example: Example) -> Iterator[tuple[str, str]]:
+    """(field, text) for every string a chat record brings into the render: contents, reasoning,
+    names and ids, tool calls (name, argument keys and values) and tool definitions (every key and
+    value: names, descriptions, parameter schemas)."""
+    for i, message in enumerate(example.messages):
+        where = f"messages[{i}]"
+        yield f"{where}.content", message.content
+        for key in ("reasoning_content", "name", "tool_call_id"):
+            value = getattr(message, key)
+            if value is not None:
+                yield f"{where}.{key}", value
+        for j, call in enumerate(message.tool_calls):
+            yield from _strings(call, f"{where}.tool_calls[{j}]")
+    for j, tool in enumerate(example.tools or ()):
+        yield from _strings(tool, f"tools[{j}]")
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key, f"{where} key")
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for j, item in enumerate(value):
+            yield from _strings(item, f"{where}[{j}]")
+
+
+def _check_data_strings(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
+    """Reject private-use marker characters anywhere in the record; name the fields that spell a special token."""
+    spelled = []
+    for where, text in data_strings(example):
+        if _MARKERS.search(text):
+            raise RecordError("holds plane-16 private-use characters, which packtool reserves as markers", field=where)
+        if literals is not None and literals.search(text):
+            spelled.append(where)
+    return tuple(spelled)
+
+
+def _mark_literals(value: Any, literals: re.Pattern[str] | None) -> Any:
+    """A copy with the literal sentinel in front of every special-token literal inside every string."""
+    if literals is None or value is None:
+        return value
+    if isinstance(value, str):
+        return literals.sub(lambda found: _LITERAL + found.group(), value)
+    if isinstance(value, dict):
+        return {_mark_literals(k, literals): _mark_literals(v, literals) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mark_literals(item, literals) for item in value]
+    return value
+
+
+def _marked(message: Message, index: int, literals: re.Pattern[str] | None = None) -> dict[str, Any]:
     """The message with its content core wrapped in sentinels; surrounding whitespace stays outside so
-    templates that trim content still produce the same text."""
-    out = message.as_template_dict()
+    templates that trim content still produce the same text. Special-token literals in any of its
+    strings get the literal sentinel."""
+    out = _mark_literals(message.as_template_dict(), literals)
     core = message.content.strip()
     if core:
         lead = message.content[: len(message.content) - len(message.content.lstrip())]
         trail = message.content[len(lead) + len(core) :]
-        out["content"] = f"{lead}{open_mark(index)}{core}{close_mark(index)}{trail}"
+        out["content"] = _Tracked(f"{lead}{open_mark(index)}{_mark_literals(core, literals)}{close_mark(index)}{trail}")
     return out
 
 
-def _strip_markers(marked: str) -> tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]]]:
+def _strip_markers(
+    marked: str,
+) -> tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]], list[int]]:
+    """The text without sentinels, each message's content ranges, the generation blocks and where
+    data literals start."""
     pieces: list[str] = []
     length = 0
     last = 0
     opened: dict[int, int] = {}
     contents: dict[int, list[tuple[int, int]]] = {}
     generations: list[tuple[int, int]] = []
+    literal_at: list[int] = []
     gen_start: int | None = None
     for match in _MARKERS.finditer(marked):
         pieces.append(marked[last : match.start()])
         length += match.start() - last
         last = match.end()
         char = match.group()
-        if char == _GEN_OPEN:
+        if char == _LITERAL:
+            literal_at.append(length)
+        elif char == _GEN_OPEN:
             gen_start = length
         elif char == _GEN_CLOSE:
             if gen_start is not None:
@@ -363,7 +888,7 @@ def _strip_markers(marked: str) -> tuple[str, dict[int, list[tuple[int, int]]], 
             else:
                 opened[index] = length
     pieces.append(marked[last:])
-    return "".join(pieces), contents, generations
+    return "".join(pieces), contents, generations, literal_at
 
 
 def _targets_from_generation_blocks(
@@ -396,7 +921,10 @@ def _targets_from_headers(
     trained: list[bool],
     template: ChatTemplate,
     policy: TrainPolicy,
+    literal_ranges: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[int, int, int]]:
+    """Targets from the assistant header and the first end-of-turn marker; markers and headers that a
+    record spells (literal_ranges) are data, never structure."""
     starts = sorted((s, i) for i, ranges in contents.items() for s, _ in ranges)
     ends = sorted(e for ranges in contents.values() for _, e in ranges)
     targets = []
@@ -415,7 +943,7 @@ def _targets_from_headers(
         upper = own[0] if own else min(following, default=len(text))
         lower = max((e for e in ends if e <= upper and (own is None or e != own[1])), default=0)
         if message.role == "assistant" and template.generation_header:
-            header_at = text.rfind(template.generation_header, lower, upper)
+            header_at = _rfind_structure(text, template.generation_header, lower, upper, literal_ranges)
             start = header_at + len(template.generation_header) if header_at >= 0 else (own[0] if own else -1)
         else:
             start = own[0] if own else -1
@@ -433,7 +961,9 @@ def _targets_from_headers(
             )
         search_from = own[1] if own else start
         limit = min((s for s, j in starts if s >= search_from and j != i), default=len(text))
-        end = _end_of_turn(text, search_from, limit, template.end_markers, include=policy.end_of_turn)
+        end = _end_of_turn(
+            text, search_from, limit, template.end_markers, include=policy.end_of_turn, skip=literal_ranges
+        )
         if end is None:
             if not policy.end_of_turn and own:
                 end = own[1]
@@ -447,8 +977,33 @@ def _targets_from_headers(
     return targets
 
 
-def _end_of_turn(text: str, start: int, limit: int, markers: tuple[str, ...], *, include: bool) -> int | None:
-    found = [(at, marker) for marker in markers if (at := text.find(marker, start, limit)) >= 0]
+def _in_any(at: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    return any(start <= at < end for start, end in ranges)
+
+
+def _rfind_structure(text: str, needle: str, lower: int, upper: int, skip: tuple[tuple[int, int], ...]) -> int:
+    at = text.rfind(needle, lower, upper)
+    while at >= 0 and _in_any(at, skip):
+        at = text.rfind(needle, lower, at)
+    return at
+
+
+def _end_of_turn(
+    text: str,
+    start: int,
+    limit: int,
+    markers: tuple[str, ...],
+    *,
+    include: bool,
+    skip: tuple[tuple[int, int], ...] = (),
+) -> int | None:
+    found = []
+    for marker in markers:
+        at = text.find(marker, start, limit)
+        while at >= 0 and _in_any(at, skip):
+            at = text.find(marker, at + 1, limit)
+        if at >= 0:
+            found.append((at, marker))
     if not found:
         return None
     at, marker = min(found)
@@ -464,10 +1019,57 @@ def render_example(
     add_bos: bool | None,
     add_eos: bool | None,
 ) -> Rendered:
-    """A chat example through its template, a text example as a document (EOS-terminated unless add_eos is False)."""
+    """A chat example through its template, a text example as a document (EOS-terminated unless add_eos is
+    False; BOS-led when add_bos is True, or when it is None and the tokenizer starts plain text with BOS)."""
     if example.is_text:
         specials = template.special_tokens if template else special_token_strings(tokenizer_config)
-        return render_text(example, specials, add_bos=bool(add_bos), add_eos=add_eos is not False)
+        # Unset add_bos: the BOS `tokenizer(text)` starts with (add_bos_token, which load_tokenizer
+        # fills from the post-processor), so documents look as they do to the model's own tokenizer.
+        bos = tokenizer_config.get("add_bos_token") is True if add_bos is None else add_bos
+        return render_text(example, specials, add_bos=bos, add_eos=add_eos is not False)
     if template is None:
         raise RecordError("no chat template is configured for a chat example", kind="template_error")
     return render_chat(example, template, policy)
+
+
+_ROLE_WORDS = {"system", "user", "assistant", "model", "tool", "ipython", "function", "developer"}
+
+
+def template_injections(template: ChatTemplate, tokenizer: Any = None) -> list[str]:
+    """Text the template puts into every sample whatever the data: a default system prompt, date lines.
+
+    What a conversation without a system message gets before its first user turn, less the user
+    header itself (the part every later user turn repeats), split at special tokens and lines:
+
+        [user x, assistant y]  ->  <|im_start|>system\\nYou are Qwen, ...<|im_end|>\\n<|im_start|>user\\n x ...
+        [.. , user z, ..]       ->                          ... y<|im_end|>\\n<|im_start|>user\\n z ...
+        injected                =  ["You are Qwen, ..."]   (role names and special tokens are structure)
+
+    `tokenizer` (a packtool.encode.TextTokenizer, optional) supplies its special tokens when the
+    template's list lacks them.
+    """
+    x, y, z, w = (open_mark(i) for i in range(4))  # characters no template prints on its own
+    one = [{"role": "user", "content": x}, {"role": "assistant", "content": y}]
+    two = [*one, {"role": "user", "content": z}, {"role": "assistant", "content": w}]
+    try:
+        first = template.render(one, None)
+        second = template.render(two, None)
+    except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
+        return []
+    at_x, at_y, at_z = first.find(x), second.find(y), second.find(z)
+    if min(at_x, at_y, at_z) < 0:
+        return []
+    preamble, user_header = first[:at_x], second[at_y + 1 : at_z]
+    common = 0
+    while common < min(len(preamble), len(user_header)) and preamble[-1 - common] == user_header[-1 - common]:
+        common += 1
+    cut = len(preamble) - common
+    pattern = getattr(tokenizer, "special_literals", None) or template.literals
+    # a suffix shared inside a special token (`<s>[INST]` vs `</s>[INST]`) does not split it
+    for literal in pattern.finditer(preamble) if pattern is not None else ():
+        if literal.start() < cut < literal.end():
+            cut = literal.start()
+    before = preamble[:cut]
+    pieces = pattern.split(before) if pattern is not None else [before]
+    lines = [line.strip() for piece in pieces for line in piece.splitlines()]
+    return [line for line in lines if line and line.lower() not in _ROLE_WORDS]

@@ -14,7 +14,9 @@ import hashlib
 import io
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import chain, islice
 from typing import TYPE_CHECKING, Any, Union
 
@@ -41,19 +43,51 @@ _MAGIC = {
     b"\x1f\x8b": "gzip",
     b"\x28\xb5\x2f\xfd": "zstd",
 }
-# A JSON escape that may decode to a NUL or a lone surrogate: only then is the parsed record walked.
-_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+# Escapes that may decode to something no record may hold: a NUL or half of a surrogate pair. Only a
+# record whose text holds one is walked (one fast scan for a literal backslash-u per record).
+_MAYBE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+_LOW_HALF = re.compile(r"\\u[dD][c-fC-F]")
+_HIGH_HALF = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-class _NotFinite(ValueError):
-    """NaN and Infinity are not JSON (RFC 8259) although Python's parser accepts them."""
+def _skip_blanks(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    return match.end() if match else pos
 
 
-def _reject_constant(literal: str) -> Any:
-    raise _NotFinite(literal)
+class _NotFinite:
+    """Stands in for a NaN/Infinity literal: JSON (RFC 8259) has none, though Python's parser reads them.
+
+    `made` counts them, so a parse that met one is known without scanning the text: compare the
+    count before and after (another thread's parse can only cause an extra check, never a missed one).
+    """
+
+    __slots__ = ("literal",)
+    made = 0
+
+    def __init__(self, literal: str):
+        self.literal = literal
+        _NotFinite.made += 1
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=_NotFinite)
+
+
+def _suspect(text: str, pos: int = 0, end: int = sys.maxsize) -> bool:
+    """Whether text[pos:end] may hold a NUL or a lone surrogate escape (never misses one)."""
+    if not _MAYBE.search(text, pos, end):  # the common case, one C-level scan
+        return False
+    for match in _MAYBE.finditer(text, pos, end):
+        token, at = match.group(), match.start()
+        if token == "\\u0000":
+            return True
+        if token[3] in "89abAB":
+            if not _LOW_HALF.match(text, at + 6):  # a high half must be followed by its low half
+                return True
+        elif at < 6 or not _HIGH_HALF.match(text, at - 6):  # a low half must follow a high half
+            return True
+    return False
 
 
 def source_files(source: SourceConfig) -> list[str]:
@@ -134,7 +168,11 @@ def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterato
     if kind == "empty":
         yield unreadable("file is empty (0 bytes)")
         return
-    readers = {"parquet": _parquet_rows, "arrow_file": _arrow_rows, "arrow_stream": _arrow_rows}
+    readers: dict[str, Callable[[str, int, int | None], Iterator[Raw]]] = {
+        "parquet": _parquet_rows,
+        "arrow_file": partial(_arrow_rows, stream=False),
+        "arrow_stream": partial(_arrow_rows, stream=True),
+    }
     reader = readers.get(kind)
     rows = reader(path, start, stop) if reader else _text_records(path, kind, label, start, stop)
     last = start - 1
@@ -143,7 +181,7 @@ def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterato
             last = n
             yield n, record
     except _ReadError as exc:
-        yield unreadable(str(exc))
+        yield unreadable(str(exc), exc.row)
     except _READ_ERRORS as exc:
         if last < start:
             yield unreadable(f"cannot read as {kind.replace('_', ' ')}: {_short(exc)}")
@@ -153,7 +191,11 @@ def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterato
 
 
 class _ReadError(Exception):
-    """The file as a whole is not something packtool reads; the message says what it found."""
+    """The file (from `row` on, when given) is not something packtool reads; the message says what it found."""
+
+    def __init__(self, message: str, row: int | None = None):
+        super().__init__(message)
+        self.row = row
 
 
 def _short(exc: BaseException) -> str:
@@ -177,15 +219,14 @@ def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
             row += batch.num_rows
 
 
-def _arrow_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
+def _arrow_rows(path: str, start: int, stop: int | None, *, stream: bool) -> Iterator[Raw]:
     """Arrow IPC, file or stream format (`datasets` writes streams); memory-mapped, batch by batch."""
     with pa.memory_map(path) as source:
-        try:
-            batches: Any = pa.ipc.open_file(source)
-            batches = (batches.get_batch(i) for i in range(batches.num_record_batches))
-        except pa.ArrowInvalid:
-            source.seek(0)
-            batches = pa.ipc.open_stream(source)
+        if stream:
+            batches: Iterator[pa.RecordBatch] = iter(pa.ipc.open_stream(source))
+        else:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         row = 0
         for batch in batches:
             if stop is not None and row >= stop:
@@ -200,9 +241,26 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
     hi = batch.num_rows if stop is None else min(stop - first, batch.num_rows)
     if lo >= hi:
         return
-    for offset, record in enumerate(batch.slice(lo, hi - lo).to_pylist(), start=first + lo):
-        problem = _text_problem(record)
-        yield offset, record if problem is None else RecordError(problem[1], field=problem[0])
+    part = batch.slice(lo, hi - lo)
+    check = any(_may_hold_nul(column) for column in part.columns)
+    for row, record in enumerate(part.to_pylist(), start=first + lo):
+        yield row, _checked(record) if check else record
+
+
+def _may_hold_nul(array: pa.Array) -> bool:
+    """Whether any string in the array (nested lists and structs included) holds a NUL; vectorized."""
+    import pyarrow.compute as pc
+
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return bool(pc.any(pc.match_substring(array, "\x00")).as_py())
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _may_hold_nul(array.values)  # all values, sliced away or not: a superset is safe
+    if pa.types.is_struct(kind):
+        return any(_may_hold_nul(array.field(i)) for i in range(kind.num_fields))
+    if pa.types.is_dictionary(kind):
+        return _may_hold_nul(array.dictionary)
+    return False
 
 
 def _open_text(path: str, kind: str) -> io.BufferedIOBase:
@@ -241,64 +299,109 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
         for index, line in islice(enumerate(chain(head, handle)), start, stop):
-            if line.strip():
+            if not line.isspace():  # no copy, unlike strip(); iteration never yields b""
                 yield index + 1, _parse_line(line, label, index + 1)
 
 
 def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
+    """Rows of a JSON array.
+
+    A clean array is parsed in one call; one whose text holds a suspect escape or literal, or that
+    does not parse, is parsed an element at a time, so each row is checked on its own text span
+    and the rows before a break are still read.
+    """
     try:
         text = data.decode("utf-8")
-        records = _DECODER.decode(text)
     except UnicodeDecodeError as exc:
         raise _ReadError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise _ReadError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except _NotFinite as exc:
-        raise _ReadError(f"{exc} is not valid JSON (write null or a string)") from None
-    except RecursionError:
-        raise _ReadError("JSON nested too deeply to read") from None
-    if not isinstance(records, list):
-        raise _ReadError(f"expected a JSON array of records, got {type(records).__name__}")
-    check = _SUSPECT_ESCAPE.search(text) is not None
-    for row, record in islice(enumerate(records), start, stop):
-        problem = _text_problem(record) if check else None
-        yield row, record if problem is None else RecordError(problem[1], field=problem[0])
+    if not _suspect(text):
+        made = _NotFinite.made
+        try:
+            records = _DECODER.decode(text)
+        except (json.JSONDecodeError, RecursionError):
+            records = None
+        if isinstance(records, list) and _NotFinite.made == made:
+            yield from islice(enumerate(records), start, stop)
+            return
+    yield from _json_array_rows(text, start, stop)
 
 
-def _parse_line(line: bytes | str, label: str, n: int) -> Any:
+def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
+    pos = _skip_blanks(text, _skip_blanks(text, 0) + 1)  # past "["
+    row = 0
+    while not text.startswith("]", pos):
+        where = None if row == 0 else row
+        made = _NotFinite.made
+        try:
+            record, end = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            reason = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            raise _ReadError(
+                reason if row == 0 else f"{reason} (row {row}; the rows before it are read)", where
+            ) from None
+        except RecursionError:
+            raise _ReadError(f"row {row} is nested too deeply to read", where) from None
+        if row >= start:
+            check = _NotFinite.made != made or _suspect(text, pos, end)
+            yield row, _checked(record) if check else record
+        row += 1
+        pos = _skip_blanks(text, end)
+        if text.startswith(",", pos):
+            pos = _skip_blanks(text, pos + 1)
+        elif not text.startswith("]", pos):
+            raise _ReadError(f"not valid JSON: expected ',' or ']' after row {row - 1}", row)
+        if stop is not None and row >= stop:
+            return
+    if text[pos + 1 :].strip():
+        raise _ReadError("not valid JSON: extra data after the closing ']'", row)
+
+
+def _parse_line(line: bytes, label: str, n: int) -> Any:
     """One JSON Lines record, or the RecordError saying why the line is not one."""
     try:
-        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        byte = line[exc.start] if isinstance(line, bytes) else 0
-        reason = f"not valid UTF-8: byte 0x{byte:02x} at column {exc.start + 1}"
+        reason = f"not valid UTF-8: byte 0x{line[exc.start]:02x} at column {exc.start + 1}"
         return RecordError(reason, kind="parse_error", file=label, row=n)
+    made = _NotFinite.made
     try:
-        record = _DECODER.decode(text)
+        if text[:1].isspace():
+            record = _DECODER.decode(text)  # decode() skips leading blanks
+        else:
+            # raw_decode saves decode()'s whitespace scans; only the line end may follow the value
+            record, end = _DECODER.raw_decode(text)
+            if end < len(text) and not text[end:].isspace():
+                raise json.JSONDecodeError("Extra data", text, end)
     except json.JSONDecodeError as exc:
         return RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", kind="parse_error", file=label, row=n)
-    except _NotFinite as exc:
-        return RecordError(f"{exc} is not valid JSON (write null or a string)", kind="parse_error", file=label, row=n)
     except RecursionError:
         return RecordError("nested too deeply to read (JSON depth over ~1000)", kind="parse_error", file=label, row=n)
-    if _SUSPECT_ESCAPE.search(text):
-        problem = _text_problem(record)
-        if problem is not None:
-            return RecordError(problem[1], field=problem[0], file=label, row=n)
-    return record
+    return _checked(record) if _NotFinite.made != made or _suspect(text) else record
 
 
-def _text_problem(value: Any, path: str = "") -> tuple[str, str] | None:
-    """(field, reason) for the first string no tokenizer should see: a NUL or a lone surrogate."""
+def _checked(record: Any) -> Any:
+    """The record, or the RecordError for the first value in it that no tokenizer should see."""
+    problem = _text_problem(record)
+    if problem is None:
+        return record
+    field, reason, kind = problem
+    return RecordError(reason, kind=kind, field=field)
+
+
+def _text_problem(value: Any, path: str = "") -> tuple[str, str, str] | None:
+    """(field, reason, kind) for the first value that is not text or JSON: a NUL, a lone surrogate, NaN."""
     if isinstance(value, str):
         if "\x00" in value:
-            return path, "contains a NUL character (U+0000), a sign of binary or corrupted text"
+            return path, "contains a NUL character (U+0000), a sign of binary or corrupted text", "bad_record"
         if not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                return path, f"contains a lone surrogate (U+{ord(value[exc.start]):04X}), which is not text"
+                reason = f"contains a lone surrogate (U+{ord(value[exc.start]):04X}), which is not text"
+                return path, reason, "bad_record"
         return None
+    if isinstance(value, _NotFinite):
+        return path, f"{value.literal} is not valid JSON (write null or a string)", "parse_error"
     if isinstance(value, dict):
         for key, item in value.items():
             where = f"{path}.{key}" if path else str(key)
@@ -353,7 +456,8 @@ def _get(record: dict, source: SourceConfig, key: str, kind: type | tuple[type, 
 
 def _kind(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({str: "a string", list: "a list", dict: "an object"}.get(k, k.__name__) for k in kinds)
+    names: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
@@ -361,12 +465,9 @@ def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
     value = _get(record, source, "tools", (list, str), required=False)
     if value is None:
         return None
-    column = source.fields["tools"]
+    column = source.fields["tools"] or "tools"
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"tools string is not valid JSON: {exc.msg}", field=column) from None
+        value = _embedded_json(value, "tools string", column)
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise RecordError("expected a list of tool definitions", field=column)
     # Bare function schemas (LLaMA-Factory/glaive: {"name", "description", "parameters"}) get the
@@ -378,10 +479,20 @@ def _tools(record: dict, source: SourceConfig) -> tuple[dict, ...] | None:
 def _arguments(value: Any, field_name: str) -> Any:
     """Tool-call arguments as an object: templates serialize them with tojson themselves."""
     if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            raise RecordError("tool-call arguments are not valid JSON", field=field_name) from None
+        return _embedded_json(value, "tool-call arguments", field_name)
+    return value
+
+
+def _embedded_json(text: str, what: str, field_name: str) -> Any:
+    """JSON held in a string field (tools, arguments), checked as a record is: no NaN, NUL or lone surrogate."""
+    made = _NotFinite.made
+    try:
+        value = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{what}: not valid JSON ({exc.msg})", field=field_name) from None
+    problem = _text_problem(value) if _NotFinite.made != made or _suspect(text) else None
+    if problem:
+        raise RecordError(f"{what}: {problem[1]}", field=field_name)
     return value
 
 
@@ -400,20 +511,20 @@ def _tool_call(call: Any, field_name: str) -> dict[str, Any]:
     return normalized
 
 
-def _content(value: Any, field_name: str) -> tuple[str, str | None, list[dict]]:
+def _content(value: Any) -> tuple[str, str | None, list[dict]]:
     """Message content as (text, reasoning, tool calls). Content parts are flattened in order."""
     if value is None:
         return "", None, []
     if isinstance(value, str):
         return value, None, []
     if not isinstance(value, list):
-        raise RecordError(f"content must be a string or a list of parts, got {type(value).__name__}", field=field_name)
+        raise RecordError(f"content must be a string or a list of parts, got {type(value).__name__}", field=".content")
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict] = []
     for part in value:
         if not isinstance(part, dict):
-            raise RecordError("content part is not an object", field=field_name)
+            raise RecordError("content part is not an object", field=".content")
         kind = part.get("type", "text")
         text = part.get("text", part.get("value"))
         if kind == "text" and isinstance(text, str):
@@ -421,64 +532,81 @@ def _content(value: Any, field_name: str) -> tuple[str, str | None, list[dict]]:
         elif kind in ("reasoning", "thinking") and isinstance(text, str):
             reasoning.append(text)
         elif kind == "tool_call":
-            call = json.loads(text) if isinstance(text, str) else text
-            calls.append(_tool_call(call, field_name))
+            calls.append(_tool_call(_arguments(text, ".content") if isinstance(text, str) else text, ".content"))
         else:
-            raise RecordError(f"unsupported content part {kind!r}", field=field_name)
+            raise RecordError(f"unsupported content part {kind!r}", field=".content")
     return "".join(texts), ("\n".join(reasoning) if reasoning else None), calls
 
 
-def _message(raw: Any, field_name: str) -> Message:
+_ROLE_SET = frozenset(ROLES)
+
+
+def _message(raw: Any) -> Message:
+    """One message; a RecordError's field is relative (`.role`), the caller puts the message's path in front."""
+    if type(raw) is dict and len(raw) == 2:
+        # Most messages are exactly {role, content: str}; they skip the checks for optional keys.
+        role, content = raw.get("role"), raw.get("content")
+        if type(content) is str and role in _ROLE_SET:
+            return Message(role, content)
     if not isinstance(raw, dict):
-        raise RecordError(f"message is not an object: {raw!r:.60}", field=field_name)
+        raise RecordError(f"message is not an object: {raw!r:.60}")
     role = raw.get("role")
-    if role not in ROLES:
-        raise RecordError(f"unknown role {role!r} (expected {', '.join(ROLES)})", field=f"{field_name}.role")
-    content, reasoning, part_calls = _content(raw.get("content"), f"{field_name}.content")
+    if role not in _ROLE_SET:
+        raise RecordError(f"unknown role {role!r} (expected {', '.join(ROLES)})", field=".role")
+    content, reasoning, part_calls = _content(raw.get("content"))
     calls_raw = raw.get("tool_calls") or []
     if not isinstance(calls_raw, list):
-        raise RecordError("tool_calls must be a list", field=f"{field_name}.tool_calls")
-    calls = [_tool_call(c, f"{field_name}.tool_calls") for c in calls_raw] + part_calls
+        raise RecordError("tool_calls must be a list", field=".tool_calls")
+    calls = [_tool_call(c, ".tool_calls") for c in calls_raw] + part_calls
     if calls and role != "assistant":
-        raise RecordError(f"only assistant messages make tool calls, not {role!r}", field=f"{field_name}.tool_calls")
+        raise RecordError(f"only assistant messages make tool calls, not {role!r}", field=".tool_calls")
     reasoning = raw.get("reasoning_content", reasoning)
     if reasoning is not None and not isinstance(reasoning, str):
-        raise RecordError("reasoning_content must be a string", field=f"{field_name}.reasoning_content")
+        raise RecordError("reasoning_content must be a string", field=".reasoning_content")
     train = raw.get("train", raw.get("weight"))
     if train is not None:
         if train not in (0, 1, True, False):
-            raise RecordError(f"train/weight must be true/false or 0/1, got {train!r}", field=f"{field_name}.train")
+            raise RecordError(f"train/weight must be true/false or 0/1, got {train!r}", field=".train")
         train = bool(train)
+    call_id, name = raw.get("tool_call_id"), raw.get("name")
     return Message(
         role=role,
         content=content,
         tool_calls=tuple(calls),
-        tool_call_id=None if raw.get("tool_call_id") is None else str(raw["tool_call_id"]),
-        name=raw.get("name") if isinstance(raw.get("name"), str) else None,
+        tool_call_id=None if call_id is None else str(call_id),
+        name=name if isinstance(name, str) else None,
         reasoning_content=reasoning,
         train=train,
     )
 
 
-def _check_conversation(messages: list[Message], field_name: str) -> None:
+def _messages(raw_messages: list, column: str) -> tuple[Message, ...]:
+    messages = []
+    for i, raw in enumerate(raw_messages):
+        try:
+            messages.append(_message(raw))
+        except RecordError as error:
+            error.field = f"{column}[{i}]{error.field}"  # the path is built only for a record that fails
+            raise
+    _check_conversation(messages, column)
+    return tuple(messages)
+
+
+def _check_conversation(messages: list[Message], column: str) -> None:
     if not messages:
-        raise RecordError("empty conversation", field=field_name)
-    if not any(m.role != "system" for m in messages):
-        raise RecordError("conversation has only system messages", field=field_name)
+        raise RecordError("empty conversation", field=column)
+    if messages[0].role == "system" and all(m.role == "system" for m in messages):
+        raise RecordError("conversation has only system messages", field=column)
 
 
 def from_messages(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
-    column = source.fields["messages"]
-    raw_messages = _get(record, source, "messages", list, required=True)
-    messages = [_message(m, f"{column}[{i}]") for i, m in enumerate(raw_messages)]
-    _check_conversation(messages, column)
-    return Example(
-        example_id, source.name, record_hash(record), tuple(messages), _tools(record, source), location=location
-    )
+    column = source.fields["messages"] or "messages"
+    messages = _messages(_get(record, source, "messages", list, required=True), column or "messages")
+    return Example(example_id, source.name, record_hash(record), messages, _tools(record, source), location=location)
 
 
 def from_sharegpt(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
-    column = source.fields["conversations"]
+    column = source.fields["conversations"] or "conversations"
     turns = _get(record, source, "conversations", list, required=True)
     messages: list[Message] = []
     system = _get(record, source, "system", str, required=False)
@@ -495,10 +623,7 @@ def from_sharegpt(record: dict, source: SourceConfig, example_id: str, location:
         if not isinstance(value, str):
             raise RecordError(f"expected a string, got {type(value).__name__}", field=f"{where}.value")
         if role == "function_call":
-            try:
-                call = json.loads(value)
-            except json.JSONDecodeError:
-                raise RecordError("function_call value is not valid JSON", field=f"{where}.value") from None
+            call = _embedded_json(value, "function_call value", f"{where}.value")
             calls = call if isinstance(call, list) else [call]
             messages.append(Message("assistant", "", tool_calls=tuple(_tool_call(c, f"{where}.value") for c in calls)))
         else:
@@ -530,7 +655,7 @@ def from_alpaca(record: dict, source: SourceConfig, example_id: str, location: s
 def from_text(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
     text = _get(record, source, "text", str, required=True)
     if not text:
-        raise RecordError("empty text", field=source.fields["text"])
+        raise RecordError("empty text", field=source.fields["text"] or "text")
     return Example(example_id, source.name, record_hash(record), text=text, location=location)
 
 

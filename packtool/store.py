@@ -175,6 +175,10 @@ class PartitionReader:
         parts = [b.batch.column(name).to_numpy() for b in self._batches]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
+    def batch_column(self, name: str) -> list:
+        """One string column of every row as Python values (the validation split reads sample_hash)."""
+        return [value for b in self._batches for value in b.batch.column(name).to_pylist()]
+
     def get(self, row: int, repeat: int = 0) -> StoredSample:
         batch = self._batches[row // BATCH_ROWS]
         r = row % BATCH_ROWS

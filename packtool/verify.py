@@ -163,6 +163,9 @@ def manifest_problems(manifest: Any) -> list[str]:
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
+    names = [entry.get("file") for entry in shards if isinstance(entry, dict)]
+    for name in sorted({n for n in names if isinstance(n, str) and names.count(n) > 1}):
+        problems.append(f"shards lists {name!r} more than once")
     for i, entry in enumerate(shards):
         if not isinstance(entry, dict):
             problems.append(f"shards[{i}] must be an object, got {entry!r:.80}")
@@ -232,7 +235,7 @@ def _check_output(
         else:
             _check_shard(lone, entry, capacity, result, tally)
         return
-    present = {p.name for p in folder.glob("*.parquet")}
+    present = {p.name for p in folder.glob("*.parquet") if p.is_file()}
     for name in sorted(present - listed.keys()):
         result.add(f"{name}: present in {folder} but not listed in the manifest (an extra or leftover shard)")
     for name, entry in listed.items():

@@ -6,6 +6,7 @@ gemma-3 + glaive tool data   -> rows and multi_turn_tools fail: Gemma's template
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ CHECKS = {
     "truncation_structured",
     "zero_targets",
     "targets_match_content",
+    "text_bos",
+    "template_injections",
 }
 
 
@@ -66,11 +69,18 @@ def test_every_check_reports_a_status_and_evidence(qwen_glaive: AuditReport) -> 
 
 def test_qwen_on_glaive_tool_data_is_clean(qwen_glaive: AuditReport) -> None:
     assert qwen_glaive.ok, format_audit(qwen_glaive)
-    assert {c.status for c in qwen_glaive.checks} == {"pass"}, format_audit(qwen_glaive)
+    statuses = {c.name: c.status for c in qwen_glaive.checks}
+    # Qwen's template adds its default system prompt to rows without one: listed, not an error
+    assert statuses.pop("template_injections") == "warn"
+    assert "You are Qwen, created by Alibaba Cloud" in qwen_glaive.by_name("template_injections").evidence
+    assert statuses.pop("text_bos") == "skip"  # no text source
+    assert set(statuses.values()) == {"pass"}, format_audit(qwen_glaive)
     assert qwen_glaive.first_failure is None
     assert "parse back to the same object" in qwen_glaive.by_name("tool_call_json").evidence
     assert "<|im_start|>assistant" in qwen_glaive.by_name("assistant_markers").evidence
     assert "whole or gone" in qwen_glaive.by_name("truncation_structured").evidence
+    literals = qwen_glaive.by_name("control_token_literals").evidence
+    assert "tool-call arguments and tool descriptions stays plain text" in literals
     assert format_audit(qwen_glaive).endswith("OK")
 
 
@@ -79,6 +89,8 @@ def test_gemma_on_tool_data_reports_the_failures(gemma_glaive: AuditReport) -> N
     failed = {c.name for c in gemma_glaive.checks if c.status == "fail"}
     assert failed == {"rows:glaive", "multi_turn_tools"}, format_audit(gemma_glaive)
     assert "Conversation roles must alternate" in gemma_glaive.by_name("rows:glaive").evidence
+    # rows without tool turns render, but Gemma prints no tool definitions: counted, named
+    assert "template_dropped_tools x" in gemma_glaive.by_name("rows:glaive").evidence
     assert "rejected" in gemma_glaive.by_name("rows:glaive").evidence
     # A template that cannot express tools leaves nothing to check there: skipped, not passed.
     assert gemma_glaive.by_name("tool_call_json").status == "skip"
@@ -119,3 +131,44 @@ def test_rows_must_not_be_negative() -> None:
 
     with pytest.raises(PacktoolError, match="rows must be >= 0"):
         audit(_config("qwen2.5"), rows=-1)
+
+
+C4 = DATA / "datasets" / "llamafactory_c4_demo.jsonl"
+
+
+def _text_config(tmp_path: Path, add_bos_token: object, **extra) -> BuildConfig:
+    """Llama 3.2 with its own tokenizer_config.json, except add_bos_token."""
+    folder = DATA / "tokenizers" / "llama-3.2"
+    if not C4.is_file() or not folder.is_dir():
+        pytest.skip(f"shared test data not found at {DATA}")
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer_config["add_bos_token"] = add_bos_token
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), encoding="utf-8")
+    (tmp_path / "tokenizer.json").symlink_to(folder / "tokenizer.json")
+    raw = {
+        "sources": [{"name": "c4", "path": str(C4), "format": "text"}],
+        "tokenizer": str(tmp_path),
+        "capacity": 4096,
+        "output": "unused",
+        **extra,
+    }
+    return parse_config(raw, base_dir=tmp_path)
+
+
+def test_text_documents_carry_the_tokenizers_bos(tmp_path: Path) -> None:
+    report = audit(_text_config(tmp_path, None), rows=5)
+    assert report.by_name("text_bos").status == "pass", format_audit(report)
+    assert "5 text documents start with BOS" in report.by_name("text_bos").evidence
+
+
+def test_audit_fails_when_text_documents_disagree_with_the_tokenizer(tmp_path: Path) -> None:
+    # tokenizer_config.json says no BOS while the post-processor adds one: documents would differ from tokenizer(text)
+    report = audit(_text_config(tmp_path, False), rows=5)
+    check = report.by_name("text_bos")
+    assert check.status == "fail" and not report.ok
+    assert "5 of 5 text documents lack the BOS that tokenizer(text) adds" in check.evidence
+    # said on purpose in the build config: a warning that names the setting
+    again = tmp_path / "again"
+    again.mkdir()
+    chosen = audit(_text_config(again, None, add_bos=False), rows=5).by_name("text_bos")
+    assert chosen.status == "warn" and "add_bos: false" in chosen.evidence

@@ -112,7 +112,7 @@ CASES = [
         _lines("messages", '{"score": NaN, ' + _msg('"x"')[1:]),
         kept=1,
         rejected={"parse_error": 1},
-        where="c.jsonl:2",
+        where="c.jsonl:2, field 'score'",
         reason="NaN is not valid JSON",
     ),
     Case(
@@ -210,6 +210,20 @@ CASES = [
         reason="expected a JSON object, got list",
     ),
     Case(
+        "content_part_tool_call_not_json",
+        "messages",
+        "c.jsonl",
+        _lines(
+            "messages",
+            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": '
+            '[{"type": "tool_call", "text": "{oops"}]}]}',
+        ),
+        kept=1,
+        rejected={"bad_record": 1},
+        where="c.jsonl:2, field 'messages[1].content'",
+        reason="not valid JSON",
+    ),
+    Case(
         "tool_call_arguments_not_json",
         "messages",
         "c.jsonl",
@@ -221,7 +235,7 @@ CASES = [
         kept=1,
         rejected={"bad_record": 1},
         where="c.jsonl:2, field 'messages[1].tool_calls'",
-        reason="arguments are not valid JSON",
+        reason="tool-call arguments: not valid JSON",
     ),
     Case(
         "train_flag_not_boolean",
@@ -237,6 +251,16 @@ CASES = [
         reason="train/weight must be true/false",
     ),
     # sharegpt
+    Case(
+        "sharegpt_nan_in_tools_string",
+        "sharegpt",
+        "s.jsonl",
+        _lines("sharegpt", '{"tools": "[{\\"name\\": \\"f\\", \\"max\\": NaN}]", ' + json.dumps(GOOD["sharegpt"])[1:]),
+        kept=1,
+        rejected={"bad_record": 1},
+        where="s.jsonl:2, field 'tools'",
+        reason="tools string: NaN is not valid JSON",
+    ),
     Case("sharegpt_valid", "sharegpt", "s.jsonl", _lines("sharegpt", json.dumps(GOOD["sharegpt"])), kept=2),
     Case(
         "sharegpt_unknown_speaker",
@@ -268,7 +292,7 @@ CASES = [
         kept=1,
         rejected={"bad_record": 1},
         where="s.jsonl:2, field 'conversations[1].value'",
-        reason="function_call value is not valid JSON",
+        reason="function_call value: not valid JSON",
     ),
     Case(
         "sharegpt_tools_string_not_json",
@@ -278,7 +302,7 @@ CASES = [
         kept=1,
         rejected={"bad_record": 1},
         where="s.jsonl:2, field 'tools'",
-        reason="tools string is not valid JSON",
+        reason="tools string: not valid JSON",
     ),
     Case(
         "sharegpt_lone_surrogate_in_system",
@@ -367,6 +391,26 @@ CASES = [
     # JSON arrays (rows 0-based)
     Case("array_valid", "text", "t.json", json.dumps([GOOD["text"], {"text": "two"}]).encode(), kept=2),
     Case(
+        "array_nan_in_one_row",
+        "text",
+        "t.json",
+        b'[{"text": "one", "score": 1.5}, {"text": "two", "score": NaN}, {"text": "Infinity and NaN as words"}]',
+        kept=2,
+        rejected={"parse_error": 1},
+        where="t.json:1, field 'score'",
+        reason="NaN is not valid JSON",
+    ),
+    Case(
+        "array_of_arrays",
+        "text",
+        "t.json",
+        b"[[1, 2], " + json.dumps(GOOD["text"]).encode() + b"]",
+        kept=1,
+        rejected={"bad_record": 1},
+        where="t.json:0",
+        reason="expected a JSON object, got list",
+    ),
+    Case(
         "array_element_not_an_object",
         "text",
         "t.json",
@@ -391,9 +435,9 @@ CASES = [
         "text",
         "t.json",
         b'[{"text": "fine"}, {"text": "cut',
-        kept=0,
+        kept=1,  # the rows before the break are read; the rest is one unreadable_file reject at the row
         rejected={"unreadable_file": 1},
-        where="t.json",
+        where="t.json:1",
         reason="not valid JSON",
     ),
     Case(

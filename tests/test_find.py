@@ -39,11 +39,17 @@ def test_a_sample_id_goes_to_its_pack_and_back_to_its_line(quickstart_build):
     assert absolute["placements"] == [placement]
 
 
-def test_default_ids_and_json_array_rows(quickstart_build):
-    trace = find(quickstart_build, "instructions:2")
-    assert len(trace.placements) == 1
+def test_default_ids_round_trip(quickstart_build):
+    """Alpaca rows have no id field: the default id (whatever its spelling) leads to a line and back."""
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(quickstart_build / "shard-00000.parquet", columns=["sample_ids", "sources"]).to_pylist()
+    sample_id = next(i for r in row for i, s in zip(r["sample_ids"], r["sources"]) if s == "instructions")
+    trace = find(quickstart_build, sample_id)
+    [placement] = trace.placements
     [origin] = trace.origins
-    assert origin.status == "matches" and origin.location.endswith("alpaca.jsonl:3")  # index 2 is line 3
+    assert origin.status == "matches" and "alpaca.jsonl:" in origin.location
+    assert find(quickstart_build, origin.location).placements == [placement]
 
 
 def test_split_documents_are_named_as_pieces(quickstart_build):
@@ -118,7 +124,12 @@ def test_a_rejected_sample_is_found_with_its_reason(tmp_path, write_config, writ
 def test_unknown_keys_are_one_line(quickstart_build):
     output = _find(str(quickstart_build), "no-such-sample", exit_code=1)
     assert output.count("\n") == 1 and "is no sample id, pack_hash prefix" in output
-    assert "no pack at shard-00009.parquet row 0" in _find(str(quickstart_build), "shard-00009.parquet:0", exit_code=1)
+    assert "no shard shard-00009.parquet in this output" in _find(
+        str(quickstart_build), "shard-00009.parquet:0", exit_code=1
+    )
+    assert "no pack at shard-00000.parquet row 9999" in _find(
+        str(quickstart_build), "shard-00000.parquet:9999", exit_code=1
+    )
     assert "names no record" in _find(str(quickstart_build), "quickstart/chat.jsonl:99999", exit_code=1)
 
 
@@ -135,3 +146,22 @@ def test_unknown_keys_are_one_line(quickstart_build):
 def test_config_folder_from_the_tokenizer(named, file, expected):
     manifest = {"config": {"tokenizer": named}, "tokenizer": {"file": file}}
     assert config_folder(manifest) == (Path(expected) if expected else None)
+
+
+def test_documents_in_the_overflow_bucket_are_found(tmp_path):
+    import yaml
+
+    config = yaml.safe_load((QUICKSTART.parent / "quickstart.yaml").read_text())
+    for source in config["sources"]:
+        source["path"] = str(QUICKSTART.parent / source["path"])
+        source.pop("truncation", None)
+    config.update(tokenizer=str(QUICKSTART / "tokenizer"), capacity=256, overflow={"mode": "bucket", "capacity": 4096})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(main, ["build", str(tmp_path / "c.yaml"), "-o", str(out), "-q"]).exit_code == 0
+    trace = find(out, "qs-doc-0000", config=tmp_path / "c.yaml")  # 1000+ tokens: too long for 256, in the bucket
+    [placement] = trace.placements
+    assert placement.shard == "overflow/shard-00000.parquet"
+    back = find(out, f"{placement.shard}:{placement.row}", config=tmp_path / "c.yaml")
+    assert back.kind == "shard_row" and placement in back.placements
+    assert trace.origins[0].status == "matches"

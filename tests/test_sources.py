@@ -7,11 +7,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from support import shared
 
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
-from packtool.sources import read_file, read_source, record_hash, source_files
+from packtool.sources import _suspect, _text_problem, read_file, read_source, record_hash, source_files
 
 
 def source(fmt: str, *paths: Path, **fields) -> SourceConfig:
@@ -158,3 +160,36 @@ def test_an_unreadable_file_is_one_error_naming_it(tmp_path):
     (error,) = list(read_source(source("text", empty)))
     assert isinstance(error, RecordError) and error.kind == "unreadable_file" and error.row is None
     assert str(error) == "empty.parquet: file is empty (0 bytes)" and error.sample_id == "src:empty.parquet"
+
+
+@given(st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0xFFFF, blacklist_categories=())))
+def test_the_cheap_scan_never_misses_a_nul_or_lone_surrogate(text):
+    """Records are walked only when the scan says so: it must flag every string the walk would reject."""
+    encoded = json.dumps({"content": text})  # ensure_ascii: NUL and surrogates become \\u escapes
+    if _text_problem(json.loads(encoded)) is not None:
+        assert _suspect(encoded)
+
+
+def test_arrow_file_and_stream_formats_with_ranges(tmp_path):
+    table = pa.table({"text": [f"row {i}" for i in range(7)]})
+    for name, open_writer in [("f.arrow", pa.ipc.new_file), ("s.arrow", pa.ipc.new_stream)]:
+        with pa.OSFile(str(tmp_path / name), "wb") as sink, open_writer(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=3):  # batches of 3, 3, 1 rows
+                writer.write_batch(batch)
+        src = source("text", tmp_path / name)
+        assert [e.text for e in read_file(src, str(tmp_path / name), 2, 5)] == ["row 2", "row 3", "row 4"]
+        assert [e.location for e in read_source(src)][-1] == f"{name}:6"
+
+
+def test_yaml_dates_in_the_config_stay_json(tmp_path, write_jsonl):
+    from packtool.config import canonical_json, load_config
+
+    write_jsonl([{"text": "x"}])
+    config = tmp_path / "c.yaml"
+    tokenizer = Path(__file__).resolve().parents[1] / "configs" / "quickstart" / "tokenizer"
+    config.write_text(
+        f"sources: [{{name: d, path: data.jsonl, format: text}}]\ntokenizer: {tokenizer}\n"
+        "capacity: 64\noutput: out\ntemplate_vars: {date: 2026-03-01}\n"
+    )
+    loaded = load_config(config)
+    assert loaded.template_vars["date"] == "2026-03-01" and '"2026-03-01"' in canonical_json(loaded.raw)

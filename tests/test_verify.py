@@ -310,3 +310,20 @@ def test_a_validation_split_is_verified_as_its_own_output(sealed, tmp_path):
     assert result.exit_code == 1 and "shard-00001.parquet: listed in the manifest but missing" in result.output
     _edit_manifest(copy, lambda m: m.update(validation={"folder": "../elsewhere"}), reseal=True)
     assert "validation.folder '../elsewhere' is not a folder name inside the output" in _verify(copy).output
+
+
+def test_64_single_byte_flips_of_the_manifest_are_reported_not_raised(sealed, tmp_path):
+    copy = _copy(sealed, tmp_path)
+    path = copy / "manifest.json"
+    original = path.read_bytes()
+    rng = random.Random(1)
+    for _ in range(64):
+        damaged = bytearray(original)
+        damaged[rng.randrange(len(original))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(damaged))
+        result = verify(copy)  # any exception fails the test
+        assert not result.ok
+    manifest = json.loads(original)
+    manifest["shards"].append(dict(manifest["shards"][0]))
+    path.write_text(json.dumps(manifest))
+    assert "shards lists 'shard-00000.parquet' more than once" in _verify(copy).output

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import types
@@ -38,6 +39,7 @@ from packtool.errors import BuildError, PacktoolError
 from packtool.format import ITEMS_SCHEMA_VERSION, REJECTS, conventions, write_manifest
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_CODES
+from packtool.render import template_injections
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
 from packtool.stats import length_summary, summarize
@@ -59,10 +61,13 @@ class Built:
     shards_reused: int
 
 
-def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: bool = True) -> Built:
+def build(
+    config: BuildConfig, *, progress: Progress | None = None, use_cache: bool = True, dry_run: bool = False
+) -> Built:
     """Run every phase and publish the result to config.output; the previous output stays until then.
 
     use_cache=False reuses and resumes nothing (its token store lives in the staging folder and goes with it).
+    dry_run=True encodes and plans, then returns a preview (`Built.manifest`, see `preview`) and writes no shard.
     """
     progress = progress or Progress()
     staging = Staging(Path(config.output).resolve())
@@ -71,7 +76,8 @@ def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: b
         if not use_cache:
             staging.discard()
             staging.root.mkdir(parents=True)
-        built = _build(config, progress, staging, TokenCache(cache_root(config) if use_cache else staging.cache))
+        cache = TokenCache(cache_root(config) if use_cache else staging.cache)
+        built = _build(config, progress, staging, cache, dry_run)
     except OSError as exc:
         where = exc.filename or config.output
         raise PacktoolError(
@@ -84,7 +90,7 @@ def build(config: BuildConfig, *, progress: Progress | None = None, use_cache: b
     return built
 
 
-def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: TokenCache) -> Built:
+def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: TokenCache, dry_run: bool) -> Built:
     progress.step(f"loading tokenizer {config.tokenizer.path}")
     stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
     items = _encode_items(config, stages, cache)
@@ -100,6 +106,17 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
         partitions = [_partition(item, cache) for item in items]
         key = plan_key(config, [p.key for p in partitions])
+        if dry_run:
+            # an interrupted build's staged work stays untouched; the preview's plan goes with it
+            folder = staging.root / f"dry-run-{key}"
+            try:
+                plan = make_plan(config, partitions, folder, key)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+                if not any(staging.root.iterdir()):
+                    staging.root.rmdir()
+            _check_outcome(config, plan)
+            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0)
         staging.keep_only(key)
         with progress.phase("plan", 1, "plan") as bar:
             plan = make_plan(config, partitions, staging.plan(key), key)
@@ -111,8 +128,8 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         infos: dict[str, list[ShardInfo]] = {f.name: [] for f in plan.folders}
         shards_reused = 0
         with progress.phase("emit", len(emits), "shards") as bar:
-            for done, (item, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
-                infos[item.folder].append(outcome.info)
+            for done, (shard, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
+                infos[shard.folder].append(outcome.info)
                 shards_reused += outcome.reused
                 bar.update(1)
                 _kill_hook("emit", done)
@@ -158,6 +175,50 @@ def _kill_hook(phase: str, done: int) -> None:
         os.kill(os.getpid(), getattr(signal, f"SIG{hook[2] if len(hook) > 2 else 'KILL'}"))
 
 
+def preview(config: BuildConfig, plan: Plan) -> dict[str, Any]:
+    """What a build would write: per output folder its packs, shards, segments, tokens and token efficiency."""
+    outputs = {}
+    for folder in plan.folders:
+        tokens = int(folder.length.sum())  # every segment is in exactly one pack
+        outputs[folder.name or "."] = {
+            "capacity": folder.capacity,
+            "packs": folder.n_packs,
+            "shards": -(-folder.n_packs // config.rows_per_shard),
+            "segments": len(folder.ref),
+            "tokens": tokens,
+            "token_efficiency": round(tokens / (folder.n_packs * folder.capacity), 6) if folder.n_packs else 0.0,
+        }
+    by_reason = Counter(r["reason"] for r in plan.rejects)
+    return {
+        "dry_run": True,
+        "plan_hash": plan.key,
+        "outputs": outputs,
+        "accounting": plan.accounting,
+        "rejects": {"count": len(plan.rejects), "by_reason": dict(sorted(by_reason.items()))},
+    }
+
+
+def format_preview(preview: dict[str, Any]) -> str:
+    lines = [f"{'source':<20} {'read':>8} {'kept':>8} {'rejected':>9} {'dropped':>8} {'truncated':>10}"]
+    for name, a in preview["accounting"].items():
+        truncated = sum(t["samples"] for t in a["truncated"].values())
+        lines.append(
+            f"{name:<20} {a['read']:>8,} {a['kept']:>8,} {sum(a['rejected'].values()):>9,} "
+            f"{sum(a['dropped'].values()):>8,} {truncated:>10,}"
+        )
+    lines.append("")
+    for name, o in preview["outputs"].items():
+        lines.append(
+            f"{'OUT' if name == '.' else name + '/'}: {o['packs']:,} packs of {o['capacity']:,} in "
+            f"{o['shards']:,} shard(s), {o['segments']:,} segments, {o['tokens']:,} tokens, "
+            f"token efficiency {o['token_efficiency']:.4f}"
+        )
+    reasons = ", ".join(f"{k}={v}" for k, v in preview["rejects"]["by_reason"].items())
+    lines.append(f"not trained: {preview['rejects']['count']:,}{f' ({reasons})' if reasons else ''}")
+    lines.append("dry run: no shard was written")
+    return "\n".join(lines)
+
+
 def _check_outcome(config: BuildConfig, plan: Plan) -> None:
     """Exit status tells the truth: an empty output, or a source that lost too much, is not published."""
     problems = []
@@ -176,8 +237,8 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
         )
     if sum(f.n_packs for f in plan.folders) == 0:
         read = sum(a["read"] for a in plan.accounting.values())
-        reasons = Counter(r["reason"] for r in plan.rejects)
-        listed = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "no input records"
+        by_reason = Counter(r["reason"] for r in plan.rejects)
+        listed = ", ".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "no input records"
         raise BuildError(f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published")
 
 
@@ -201,6 +262,9 @@ def _write_outputs(
             "packs": manifest["stats"]["packs"],
             "segments": len(folder.ref),
         }
+        if folder.name == "validation":
+            extra["validation"]["share"] = config.validation_share
+            extra["validation"]["samples"] = config.validation_samples
     main = plan.folders[0]
     out.mkdir(parents=True, exist_ok=True)
     _write_rejects(out / REJECTS, plan.rejects)
@@ -246,7 +310,14 @@ def _manifest(
             "eos_token_id": tokenizer.eos_id,
             "pad_token_id": tokenizer.pad_id,
         },
-        "template": None if template is None else {"name": template.name, "sha256": template.sha256},
+        "template": None
+        if template is None
+        else {
+            "name": template.name,
+            "sha256": template.sha256,
+            # text every sample gets from the template alone (default system prompt, date lines)
+            "injects": template_injections(template, tokenizer),
+        },
         "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
         "packing": {
             "strategy": config.packing,

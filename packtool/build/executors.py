@@ -309,11 +309,14 @@ class ProcessExecutor(_Closing):
                         break
                     worker = idle.pop()
                     worker.item = entry[0]
-                    first = worker.map_number != number
-                    worker.conn.send_bytes(pickle.dumps((number, fn if first else None, entry[1])))
-                    worker.map_number = number
-                    busy[worker.conn] = worker
+                    task = pickle.dumps((number, fn if worker.map_number != number else None, entry[1]))
+                    busy[worker.conn] = worker  # from here on, its death is this item's failure
                     pulled += 1
+                    try:
+                        worker.conn.send_bytes(task)
+                    except OSError:
+                        raise self._lost(worker) from None
+                    worker.map_number = number
                 while yielded in done:
                     result = _unwrap(done.pop(yielded))
                     yielded += 1
@@ -340,12 +343,15 @@ class ProcessExecutor(_Closing):
         try:
             return worker.conn.recv()
         except (EOFError, OSError):
-            worker.process.join(timeout=5)
-            code = worker.process.exitcode
-            raise WorkerError(
-                f"a worker process died (exit code {code}) while running work item {worker.item}; "
-                "a negative code is the signal that killed it (-9: often out of memory: lower workers)"
-            ) from None
+            raise self._lost(worker) from None
+
+    @staticmethod
+    def _lost(worker: _Worker) -> WorkerError:
+        worker.process.join(timeout=5)
+        return WorkerError(
+            f"a worker process died (exit code {worker.process.exitcode}) while running work item {worker.item}; "
+            "a negative code is the signal that killed it (-9: often out of memory: lower workers)"
+        )
 
     def close(self) -> None:
         self._closed = True

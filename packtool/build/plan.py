@@ -24,7 +24,7 @@ import hashlib
 import json
 import shutil
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +118,11 @@ class Partition:
 
 @dataclass(frozen=True)
 class FolderPlan:
-    """The packs of one output folder ("" for OUT itself, "overflow" for the bucket).
+    """The packs of one output folder ("" for OUT itself, "overflow" for the bucket, "validation").
 
     Segment s is stored sample `ref[s]` (>= 0: a global row of the partitions; < 0: piece -ref-1 of
-    pieces.arrow), copy number `repeat[s]`. Packs follow `layout` (a PackPlan, or a StreamPlan in stream mode).
+    pieces.arrow), copy number `repeat[s]`, `length[s]` tokens. Packs follow `layout` (a PackPlan, or
+    a StreamPlan in stream mode).
     `group[s]` is the segment's group id (-1: a plain sample), only in a plan with pairs or groups.
     """
 
@@ -129,6 +130,7 @@ class FolderPlan:
     capacity: int
     ref: np.ndarray
     repeat: np.ndarray
+    length: np.ndarray
     layout: PackPlan | StreamPlan
     group: np.ndarray | None = None
 
@@ -169,6 +171,7 @@ def plan_settings(config: BuildConfig) -> dict[str, Any]:
         "mixing": [config.mix_by, [s.weight for s in config.sources]],
         "seed": config.seed,
         "shards": [config.rows_per_shard, config.row_group_rows],
+        "validation": [config.validation_share, config.validation_samples],
     }
 
 
@@ -218,6 +221,9 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
             folder / PIECES_FILE,
             counts,
         )
+        if config.validation_share is not None or config.validation_samples is not None:
+            hashes = [h for r in readers for h in r.batch_column("sample_hash")]
+            fitted = _hold_out(config, fitted, hashes)
     finally:
         for reader in readers:
             reader.close()
@@ -225,6 +231,8 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
     folders = [_main_folder(config, fitted, counts)]
     if config.overflow == "bucket":
         folders.append(_overflow_folder(config, fitted, counts))
+    if fitted.held_out.any():
+        folders.append(_validation_folder(config, fitted))
     rejects = _ordered_rejects(partitions, budgets, fitted.drops)
     lengths_by_source = {
         name: {
@@ -257,6 +265,8 @@ class _Fitted:
     start: np.ndarray  # bool: the segment opens an item (every plain sample and piece does)
     kind: np.ndarray  # int8 KIND_CODES of each segment
     drops: list[tuple[int, int, dict[str, Any]]]  # (partition, ordinal, reject entry)
+    row: np.ndarray  # the global row of each segment's sample
+    held_out: np.ndarray  # bool: in the validation split
 
 
 def _fit(
@@ -300,14 +310,14 @@ def _fit(
         }
         drops.append((p, int(ordinals[g]), entry))
 
-    for g in np.flatnonzero(within & ~trains):
-        drop(int(g), "no_targets", "no token of this sample is a target (check the train policy and template)")
+    for untrained in np.flatnonzero(within & ~trains):
+        drop(int(untrained), "no_targets", "no token of this sample is a target (check the train policy and template)")
 
     piece_rows: list[tuple[int, int, int, int]] = []  # (global row, piece number, piece ref, length)
     writer = PartitionWriter(pieces_path, "")
     try:
-        for g in np.flatnonzero(cut & trains):
-            g = int(g)
+        for row in np.flatnonzero(cut & trains):
+            g = int(row)
             p = int(np.searchsorted(bases, g, side="right") - 1)
             sample = readers[p].tokenized(g - int(bases[p]))
             cap = int(limit[g])
@@ -352,6 +362,7 @@ def _fit(
         mine = kept_samples[source[kept_samples] == i]
         counts[name].kept += len(mine)
         counts[name].overflow += int(bucket[mine].sum())
+    no = np.zeros(len(ref), dtype=bool)
     return _Fitted(
         ref=ref,
         length=seg_length,
@@ -360,13 +371,15 @@ def _fit(
         start=start,
         kind=kinds[row_of],
         drops=drops,
+        row=row_of,
+        held_out=no,
     )
 
 
 def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
     """Source weights realized by seeded up- or down-sampling; copies keep their id and get a repeat number."""
     names = [s.name for s in config.sources]
-    main = ~fitted.bucket
+    main = ~fitted.bucket & ~fitted.held_out
     ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
     offsets = np.append(np.flatnonzero(fitted.start[main]), main.sum())  # item i: segments offsets[i]..offsets[i+1]
     item_source = source[offsets[:-1]]
@@ -401,7 +414,49 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
         layout = _layout(config, seg_len, seg_src, config.capacity)  # no pair or group: exactly the v1 plan
     else:
         return _item_folder(config, seg_ref, np.concatenate(repeats), seg_len, seg_src, seg_kind, item_sizes)
-    return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), layout)
+    return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), seg_len, layout)
+
+
+def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitted:
+    """The validation split, chosen by content: a seeded hash of each sample's record hash decides, so
+    records with identical content always land on the same side (no copy straddles the split).
+
+    share s: a sample is held out when its hash, read as a number in [0, 1), is below s.
+    samples n: whole groups of identical records in hash order until at least n samples are held out.
+    """
+    row_hash = np.array([int(h[:16], 16) for h in hashes], dtype=np.uint64)
+    score = _mix(row_hash, config.seed)
+    eligible = ~fitted.bucket
+    sample_score = score[fitted.row]
+    if config.validation_share is not None:
+        held = sample_score < np.uint64(min(int(config.validation_share * 2.0**64), 2**64 - 1))
+    else:
+        groups, sizes = np.unique(row_hash[np.unique(fitted.row[eligible])], return_counts=True)
+        order = np.argsort(_mix(groups, config.seed), kind="stable")
+        needed = int(np.searchsorted(np.cumsum(sizes[order]), config.validation_samples or 0)) + 1
+        held = np.isin(row_hash[fitted.row], groups[order[:needed]])
+    return replace(fitted, held_out=held & eligible)
+
+
+def _mix(values: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of each value under a seed: uniform 64-bit scores that the seed reshuffles."""
+    with np.errstate(over="ignore"):
+        z = values + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
+    held = fitted.held_out
+    length, source = fitted.length[held], fitted.source[held]
+    layout = (
+        plan_stream(length, config.capacity)
+        if config.packing == "stream"
+        else _layout(config, length, source, config.capacity)
+    )
+    repeat = np.zeros(int(held.sum()), np.int32)
+    return FolderPlan("validation", config.capacity, fitted.ref[held], repeat, length, layout)
 
 
 def _segments_of(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -446,7 +501,7 @@ def _item_folder(
         shuffle=config.shuffle_packs,
         groups=groups,
     )
-    return FolderPlan("", config.capacity, ref, repeat, plan.segments, group)
+    return FolderPlan("", config.capacity, ref, repeat, length, plan.segments, group)
 
 
 def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
@@ -455,18 +510,18 @@ def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Sou
     for i, name in enumerate(names):
         counts[name].segments += int((fitted.source[spilled] == i).sum())
     capacity = config.overflow_capacity or config.capacity
-    ref = fitted.ref[spilled]
-    layout = _layout(config, fitted.length[spilled], fitted.source[spilled], capacity)
-    return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), layout)
+    ref, length = fitted.ref[spilled], fitted.length[spilled]
+    layout = _layout(config, length, fitted.source[spilled], capacity)
+    return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), length, layout)
 
 
 def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int) -> PackPlan:
     """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
-    options = {"seed": config.seed, "max_segments": config.max_segments, "shuffle": config.shuffle_packs}
+    seed, max_segments, shuffle = config.seed, config.max_segments, config.shuffle_packs
     if config.group_by != "source":
-        return plan_packs(lengths, capacity, config.packing, **options)
+        return plan_packs(lengths, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
     groups = np.array([s.group or s.name for s in config.sources], dtype=object)[source]
-    return plan_groups(lengths, groups, capacity, config.packing, **options)
+    return plan_groups(lengths, groups, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
 
 
 def source_multipliers(
@@ -545,6 +600,7 @@ def _write(plan: Plan) -> None:
         arrays[f"{prefix}.repeat"] = f.repeat
         if f.group is not None:
             arrays[f"{prefix}.group"] = f.group
+        arrays[f"{prefix}.length"] = f.length
         if isinstance(f.layout, StreamPlan):
             for name in ("samples", "starts", "ends", "offsets"):
                 arrays[f"{prefix}.{name}"] = getattr(f.layout, name)
@@ -554,7 +610,7 @@ def _write(plan: Plan) -> None:
     for i, when in enumerate(plan.lengths.values()):
         arrays[f"lengths.{i}.before"] = when["before"]
         arrays[f"lengths.{i}.after"] = when["after"]
-    np.savez(plan.folder / ARRAYS_FILE, **arrays)
+    np.savez(plan.folder / ARRAYS_FILE, allow_pickle=False, **arrays)
     meta = {
         "key": plan.key,
         "partitions": [[p.key, p.path, p.source, p.report] for p in plan.partitions],
@@ -593,7 +649,15 @@ def load_plan(folder: Path) -> Plan:
             layout = PackPlan(members=arrays[f"{prefix}.members"], offsets=arrays[f"{prefix}.offsets"])
         group = arrays[f"{prefix}.group"] if f"{prefix}.group" in arrays.files else None
         folders.append(
-            FolderPlan(f["name"], f["capacity"], arrays[f"{prefix}.ref"], arrays[f"{prefix}.repeat"], layout, group)
+            FolderPlan(
+                f["name"],
+                f["capacity"],
+                arrays[f"{prefix}.ref"],
+                arrays[f"{prefix}.repeat"],
+                arrays[f"{prefix}.length"],
+                layout,
+                group,
+            )
         )
     return Plan(
         key=meta["key"],

@@ -188,6 +188,12 @@ def test_a_worker_that_dies_is_reported_and_replaced(processes):
     with pytest.raises(WorkerError, match=r"worker process died \(exit code 3\) while running work item [01];"):
         list(processes.map(die, range(3)))
     assert list(processes.map(square_later, range(3))) == [0, 1, 4]
+    # A worker killed between maps (the kernel's OOM killer, an operator) fails the item it was sent.
+    processes._pool[0].process.kill()
+    processes._pool[0].process.join()
+    with pytest.raises(WorkerError, match=r"exit code -9\) while running work item"):
+        list(processes.map(square_later, range(6)))
+    assert list(processes.map(square_later, range(3))) == [0, 1, 4]
 
 
 def test_a_closed_executor_refuses_work():

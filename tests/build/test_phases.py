@@ -4,6 +4,7 @@ as a cache, and OUT holding one complete build whatever fails."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,7 @@ def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(tmp_pa
     assert serial.shards > 1
     assert _digest(tmp_path / "serial") == _digest(tmp_path / "parallel")
     assert set(parallel.manifest["accounting"]) == {"glaive", "alpaca"}
+    assert any("Qwen" in line for line in parallel.manifest["template"]["injects"])  # Qwen's default system prompt
     assert verify(tmp_path / "parallel").ok
 
 
@@ -224,6 +226,59 @@ def test_an_output_with_foreign_files_is_not_replaced(tmp_path, write_config, wr
     result = CliRunner().invoke(main, ["build", str(write_config(_raw())), "-q"])
     assert result.exit_code == 1 and "notes.txt" in result.output
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("split", [{"share": 0.25}, {"samples": 7}])
+def test_validation_split_by_content(tmp_path, write_config, write_jsonl, split):
+    rows = _chat_rows(40, "a")
+    write_jsonl([*rows, *rows[:10]], "a.jsonl")  # ten records twice: a copy must never straddle the split
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    built = build(load_config(write_config({**_raw(), "validation": split})))
+    out = tmp_path / "out"
+
+    def hashes(folder: Path) -> list[str]:
+        import pyarrow.parquet as pq
+
+        return [
+            h
+            for f in sorted(folder.glob("shard-*.parquet"))
+            for r in pq.read_table(f).to_pylist()
+            for h in r["sample_hashes"]
+        ]
+
+    train, held = hashes(out), hashes(out / "validation")
+    assert held and not set(train) & set(held)
+    assert len(train) + len(held) == 70 and built.manifest["validation"]["segments"] == len(held)
+    if "samples" in split:
+        assert len(held) >= 7
+    else:
+        assert 5 <= len(held) <= 30
+    assert verify(out).ok
+
+
+def test_dry_run_previews_the_build_and_writes_no_shard(reference, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((reference / "manifest.json").read_text())
+    stats = manifest["stats"]
+    assert f"OUT: {stats['packs']:,} packs of 1,024 in 3 shard(s)" in result.output
+    assert f"{stats['tokens']:,} tokens, token efficiency {stats['token_efficiency']:.4f}" in result.output
+    assert "dry run: no shard was written" in result.output
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [".packtool-cache"]
+
+
+def test_a_smaller_rebuild_leaves_nothing_stale(tmp_path, write_config, write_jsonl):
+    rows = _chat_rows(20, "a")
+    rows[0]["messages"][1]["content"] = " ".join(["long"] * 300)
+    write_jsonl(rows, "a.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    raw = {**_raw(), "overflow": {"mode": "bucket", "capacity": 1024}}
+    bucket = build(load_config(write_config(raw)))
+    assert (tmp_path / "out" / "overflow" / "manifest.json").is_file() and bucket.manifest["overflow"]["segments"] >= 1
+    plain = build(load_config(write_config({**_raw(), "rows_per_shard": 1000})))
+    assert sorted(_digest(tmp_path / "out")) == ["manifest.json", "rejects.jsonl", "shard-00000.parquet"]
+    assert len(plain.manifest["shards"]) == 1 and verify(tmp_path / "out").ok
 
 
 def test_the_library_front_door():

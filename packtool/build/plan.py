@@ -449,13 +449,18 @@ def _mix(values: np.ndarray, seed: int) -> np.ndarray:
 
 def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
     held = fitted.held_out
-    length, source = fitted.length[held], fitted.source[held]
+    length, source, kind = fitted.length[held], fitted.source[held], fitted.kind[held]
+    repeat = np.zeros(int(held.sum()), np.int32)
+    if config.packing != "stream" and (kind != KIND_CODES["single"]).any():
+        # a pair's sides share its record hash, so they are held out together: plan them as whole items
+        sizes = np.diff(np.append(np.flatnonzero(fitted.start[held]), int(held.sum())))
+        items = _item_folder(config, fitted.ref[held], repeat, length, source, kind, sizes)
+        return replace(items, name="validation")
     layout = (
         plan_stream(length, config.capacity)
         if config.packing == "stream"
         else _layout(config, length, source, config.capacity)
     )
-    repeat = np.zeros(int(held.sum()), np.int32)
     return FolderPlan("validation", config.capacity, fitted.ref[held], repeat, length, layout)
 
 

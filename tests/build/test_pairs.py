@@ -204,3 +204,34 @@ def test_a_group_with_more_segments_than_max_segments_is_one_line(tmp_path, writ
     result = CliRunner().invoke(main, ["build", str(write_config(config))])
     assert result.exit_code == 1 and "packing.max_segments 2 < 3" in result.output
     assert "Traceback" not in result.output
+
+
+def test_held_out_pairs_stay_whole_in_the_validation_split(tmp_path, write_config):
+    config = {
+        "sources": [
+            {
+                "name": "en",
+                "path": str(shared("datasets", "llamafactory_dpo_en_demo.json")),
+                "format": "preference",
+                "max_samples": 24,
+            }
+        ],
+        "tokenizer": str(shared("tokenizers", "qwen2.5")),
+        "template": "model",
+        "capacity": 2048,
+        "validation": {"share": 0.3},
+        "output": "out",
+        "workers": 1,
+    }
+    build(load_config(write_config(config)))
+    out = tmp_path / "out"
+    assert verify(out).ok, verify(out).problems
+    held = _rows(out / "validation")
+    assert held, "the seed holds out no pair; pick another share"
+    sides: dict[int, list[int]] = {}
+    for row in held:
+        for g, k in zip(row["segment_groups"], row["segment_kinds"]):
+            sides.setdefault(g, []).append(k)
+    assert all(sorted(k) == [1, 2] for k in sides.values())
+    ids = {i for row in held for i in row["sample_ids"]}
+    assert not ids & {i for row in _rows(out) for i in row["sample_ids"]}  # no pair on both sides of the split

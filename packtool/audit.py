@@ -26,6 +26,7 @@ import numpy as np
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
+from packtool.preference import answer_example
 from packtool.records import ROLE_CODES, Example, Message, Rendered, Tokenized
 from packtool.render import (
     ChatTemplate,
@@ -280,7 +281,16 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
 def _source_trials(state: _Audit, source: SourceConfig, rows: int) -> list[_Trial | RecordError]:
     out: list[_Trial | RecordError] = []
     for item in islice(read_source(source), rows):
-        out.append(item if isinstance(item, RecordError) else state.run(item, source.train, source.special_tokens))
+        if isinstance(item, RecordError):
+            out.append(item)
+        elif isinstance(item, Example):
+            out.append(state.run(item, source.train, source.special_tokens))
+        else:  # a pair or group: each answer with its prompt is audited as the sample it renders as
+            chat = state.template is not None
+            out.extend(
+                state.run(answer_example(item, answer, chat=chat), source.train, source.special_tokens)
+                for answer in item.answers
+            )
     return out
 
 

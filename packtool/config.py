@@ -34,7 +34,11 @@ from packtool.errors import ConfigError, PacktoolError
 from packtool.packing import PACKERS
 from packtool.truncate import STRATEGIES
 
-FORMATS = ("messages", "sharegpt", "alpaca", "text")
+FORMATS = ("messages", "sharegpt", "alpaca", "text", "preference", "group")
+# Formats whose records are items of several segments that train together (packtool.preference).
+ITEM_FORMATS = ("preference", "group")
+# How a pair's or group's shared prompt is shortened to fit one pack (packtool.preference.truncate_item).
+ITEM_TRUNCATION = ("drop", "left", "turns")
 # Names come from the registries, so a new strategy is a config choice the moment it exists.
 TRUNCATION_STRATEGIES = tuple(STRATEGIES)
 PACKING_STRATEGIES = (*PACKERS, "stream")
@@ -67,6 +71,23 @@ DEFAULT_FIELDS = {
         "id": None,
     },
     "text": {"text": "text", "id": None},
+    # every shape of packtool.preference.pair_shape; a column absent from a record is simply not that shape
+    "preference": {
+        "conversations": "conversations",
+        "system": "system",
+        "tools": "tools",
+        "prompt": "prompt",
+        "chosen": "chosen",
+        "rejected": "rejected",
+        "id": None,
+    },
+    "group": {
+        "prompt": "prompt",
+        "completions": "completions",
+        "rewards": "rewards",
+        "advantages": "advantages",
+        "id": None,
+    },
 }
 
 
@@ -116,6 +137,7 @@ class BuildConfig:
     template_vars: dict[str, Any] = field(default_factory=dict)
     truncation: str = "right"
     truncation_fallback: str = "right"
+    item_truncation: str = "left"  # preference/group items: drop | left | turns (the shared prompt is cut)
     packing: str = "bfd"
     max_segments: int | None = None
     shuffle_packs: bool = True
@@ -452,11 +474,12 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         _check_output(Path(output), p)
 
     truncation_raw = raw.get("truncation", "right")
-    truncation, fallback = "right", "right"
+    truncation, fallback, items = "right", "right", "left"
     if isinstance(truncation_raw, str):
         truncation = p.take(raw, "truncation", str, "", "right", choices=TRUNCATION_STRATEGIES)
     elif isinstance(truncation_raw, dict):
-        p.unknown_keys(truncation_raw, {"strategy", "fallback"}, "truncation")
+        p.unknown_keys(truncation_raw, {"strategy", "fallback", "items"}, "truncation")
+        items = p.take(truncation_raw, "items", str, "truncation", "left", choices=ITEM_TRUNCATION)
         truncation = p.take(truncation_raw, "strategy", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
         fallback = p.take(truncation_raw, "fallback", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
         if fallback == "turns":
@@ -532,6 +555,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         output=output,
         truncation=truncation,
         truncation_fallback=fallback,
+        item_truncation=items or "left",
         packing=packing,
         max_segments=max_segments,
         shuffle_packs=shuffle,
@@ -698,7 +722,7 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
         else:
             mapping[key] = value
 
-    role_map = dict(DEFAULT_SHAREGPT_ROLES) if fmt == "sharegpt" else {}
+    role_map = dict(DEFAULT_SHAREGPT_ROLES) if fmt in ("sharegpt", "preference") else {}
     for key, value in p.take(item, "role_map", dict, where, {}).items():
         if value not in ("system", "user", "assistant", "tool", "function_call"):
             p.add(f"{where}.role_map.{key}", f"maps to unknown role {value!r}")

@@ -31,8 +31,10 @@ import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError, RecordError
 from packtool.format import MANIFEST, REJECTS, read_manifest
+from packtool.packing_items import KIND_CODES
 
 INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
+ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index"]  # schema v2
 MIN_HASH_PREFIX = 4  # shorter hex strings match too many packs to be a useful key
 _HEX = re.compile(r"[0-9a-f]+")
 _NUMBERED = re.compile(r"^(?P<file>.+):(?P<number>\d+)$")
@@ -53,6 +55,7 @@ class Placement:
     source: str
     repeat: int
     piece: str = ""  # "one of 3 pieces (split)" for a split sample; the shards do not number the pieces
+    item: str = ""  # schema v2: "chosen of group 174", "completion 2 of group 9"; "" for a plain sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,14 +159,26 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
     out = []
     for entry in manifest["shards"]:
         shard = prefix + entry["file"]
-        table = pq.read_table(folder / shard, columns=INDEX_COLUMNS)
+        v2 = "segment_kinds" in pq.read_schema(folder / shard).names
+        table = pq.read_table(folder / shard, columns=INDEX_COLUMNS + (ITEM_COLUMNS if v2 else []))
         for row, pack in enumerate(table.to_pylist()):
             docs = pack["doc_cu_seqlens"]
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])
             for d, (sample_id, sample_hash, repeat, source) in enumerate(columns):
                 where = (shard, row, d, docs[d], docs[d + 1], pack["pack_hash"])
-                out.append(Placement(*where, sample_id, sample_hash, source, repeat))
+                item = _item(pack, d) if v2 else ""
+                out.append(Placement(*where, sample_id, sample_hash, source, repeat, item=item))
     return out
+
+
+def _item(pack: dict[str, Any], d: int) -> str:
+    """A pair's or group's document: its kind and group (a pair's two sides share one sample id)."""
+    group = pack["segment_groups"][d]
+    if group < 0:
+        return ""
+    kind = {code: name for name, code in KIND_CODES.items()}[pack["segment_kinds"][d]]
+    index = pack["completion_index"][d]
+    return f"{kind} {index} of group {group}" if index >= 0 else f"{kind} of group {group}"
 
 
 def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Placement]:
@@ -174,7 +189,7 @@ def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Pl
     out = []
     for p in found:
         siblings = pieces[(p.sample_id, p.sample_hash, p.repeat)]
-        if len(siblings) > 1:
+        if len(siblings) > 1 and not p.item:  # the segments of a pair or group are not pieces
             p = Placement(**{**asdict(p), "piece": f"one of {len(siblings)} pieces (split)"})
         out.append(p)
     return out
@@ -354,7 +369,7 @@ def _resolved(path: str, base: Path) -> Path:
 def format_trace(trace: Trace) -> str:
     lines = [f"{trace.key} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
     for p in trace.placements:
-        extra = f", {p.piece}" if p.piece else ""
+        extra = "".join(f", {part}" for part in (p.piece, p.item) if part)
         lines.append(
             f"  {p.shard} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), pack_hash {p.pack_hash}, "
             f"sample {p.sample_id} (source {p.source}, hash {p.sample_hash[:12]}, repeat {p.repeat}{extra})"

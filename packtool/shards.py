@@ -25,6 +25,7 @@ from packtool.format import (
     MANIFEST,
     REJECTS,
     SCHEMA,
+    SCHEMA_V2,
     attn_cost,
     check_cu_seqlens,
     conventions,
@@ -56,6 +57,17 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentColumns:
+    """Schema v2 per-segment values: group id (-1: plain sample), kind code, completion index, reward, advantage."""
+
+    groups: np.ndarray
+    kinds: np.ndarray
+    completion_index: np.ndarray
+    rewards: np.ndarray
+    advantages: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class OutputPack:
     """One pack, ready to write. See docs/format.md for each column."""
 
@@ -68,6 +80,7 @@ class OutputPack:
     sample_hashes: list[str]
     sample_repeats: list[int]
     sources: list[str]
+    segments: SegmentColumns | None = None  # schema v2 only (a build with pairs or groups)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -77,6 +90,8 @@ class OutputPack:
         check_cu_seqlens(self.doc_cu_seqlens, n, "doc_cu_seqlens")
         if not len(self.sample_ids) == len(self.sample_hashes) == len(self.sources) == len(self.sample_repeats):
             raise ValueError("per-document columns differ in length")
+        if self.segments is not None and len(self.segments.groups) != len(self.cu_seqlens) - 1:
+            raise ValueError("per-segment columns need one entry per attention segment")
 
     @property
     def n_targets(self) -> int:
@@ -114,6 +129,19 @@ def _table(rows: list[OutputPack]) -> pa.Table:
         "attn_cost": pa.array([r.attn_cost for r in rows], pa.int64()),
         "pack_hash": pa.array([r.pack_hash for r in rows], pa.string()),
     }
+    if rows and rows[0].segments is not None:
+        for field, name, dtype in [
+            ("segment_groups", "groups", np.int64),
+            ("segment_kinds", "kinds", np.int8),
+            ("completion_index", "completion_index", np.int16),
+            ("segment_rewards", "rewards", np.float64),
+            ("segment_advantages", "advantages", np.float64),
+        ]:
+            arrays = [getattr(r.segments, name) for r in rows]
+            offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+            np.cumsum([len(a) for a in arrays], out=offsets[1:])
+            columns[field] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(arrays).astype(dtype)))
+        return pa.table(columns, schema=SCHEMA_V2)
     return pa.table(columns, schema=SCHEMA)
 
 

@@ -11,6 +11,7 @@ label that lands on the wrong side of a newline is seen, not guessed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
+from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
 from packtool.shards import locate, read_row
 
@@ -131,7 +133,8 @@ def pack_lines(
         start, end = int(docs[d]), int(docs[d + 1])
         head = (
             f"document {d}: {pack['sample_ids'][d]} (source {pack['sources'][d]}, "
-            f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}), tokens [{start}, {end})"
+            f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}{_item_label(pack, d)}), "
+            f"tokens [{start}, {end})"
         )
         out += [f"── {head}"] if compact else ["", f"── {head} ──"]
         shown = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
@@ -143,6 +146,29 @@ def pack_lines(
             out.append("text:")
             out.append(decoder.decode(ids[start:end].tolist(), skip_special_tokens=False))
     return out
+
+
+def segment_item(pack: dict[str, Any], d: int) -> dict[str, Any] | None:
+    """Schema v2: what document d is within its pair or group ({kind, group, completion_index, reward, advantage});
+    None for a plain sample or a v1 pack. In packed modes documents and attention segments coincide."""
+    if "segment_kinds" not in pack or pack["segment_groups"][d] < 0:
+        return None
+    names = {code: name for name, code in KIND_CODES.items()}
+    item = {"kind": names[pack["segment_kinds"][d]], "group": pack["segment_groups"][d]}
+    if pack["completion_index"][d] >= 0:
+        item["completion_index"] = pack["completion_index"][d]
+    for column, name in (("segment_rewards", "reward"), ("segment_advantages", "advantage")):
+        if not math.isnan(pack[column][d]):
+            item[name] = pack[column][d]
+    return item
+
+
+def _item_label(pack: dict[str, Any], d: int) -> str:
+    item = segment_item(pack, d)
+    if item is None:
+        return ""
+    extra = "".join(f", {k} {item[k]}" for k in ("completion_index", "reward", "advantage") if k in item)
+    return f", {item['kind']} of group {item['group']}{extra}"
 
 
 def _documents(ref: PackRef, count: int) -> list[int]:
@@ -208,6 +234,9 @@ def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | No
             "targets": int((labels[start:end] != IGNORE_INDEX).sum()),
             "tokens": tokens,
         }
+        item = segment_item(pack, d)
+        if item is not None:
+            entry["item"] = item
         if text:
             entry["text"] = decoder.decode(ids[start:end].tolist(), skip_special_tokens=False)
         documents.append(entry)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import chain, islice
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import pyarrow as pa
 
@@ -26,7 +26,12 @@ from packtool.config import SourceConfig, canonical_json
 from packtool.errors import RecordError
 from packtool.records import ROLES, Example, Message
 
-Adapter = Callable[[dict, SourceConfig, str, str], Example]
+if TYPE_CHECKING:
+    from packtool.preference import CompletionGroup, PreferencePair
+
+# What one record becomes: a sample, or an item of several segments (format: preference | group).
+Parsed = Union[Example, "PreferencePair", "CompletionGroup"]
+Adapter = Callable[[dict, SourceConfig, str, str], Parsed]
 Raw = tuple[int, Any]  # (N of the location, the parsed record or the RecordError saying why there is none)
 
 _BOM = b"\xef\xbb\xbf"
@@ -95,7 +100,7 @@ def file_label(source: SourceConfig, file: str) -> str:
     return source.labels.get(file, file)
 
 
-def read_source(source: SourceConfig) -> Iterator[Example | RecordError]:
+def read_source(source: SourceConfig) -> Iterator[Parsed | RecordError]:
     """Every record of a source (files in order) as an Example or the RecordError saying why it is not one.
 
     `max_samples` keeps the first N records; a bad record counts as one of them.
@@ -106,7 +111,7 @@ def read_source(source: SourceConfig) -> Iterator[Example | RecordError]:
 
 def read_file(
     source: SourceConfig, file: str, start: int = 0, stop: int | None = None
-) -> Iterator[Example | RecordError]:
+) -> Iterator[Parsed | RecordError]:
     """Records start..stop of one file (positions count from 0: JSON Lines lines, or rows).
 
     A file that cannot be read at all yields one `RecordError(kind="unreadable_file", row=None)`;
@@ -128,7 +133,7 @@ def read_file(
 
 def _example(
     record: Any, source: SourceConfig, adapter: Adapter, label: str, n: int, default_id: str
-) -> Example | RecordError:
+) -> Parsed | RecordError:
     try:
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
@@ -654,9 +659,38 @@ def from_text(record: dict, source: SourceConfig, example_id: str, location: str
     return Example(example_id, source.name, record_hash(record), text=text, location=location)
 
 
+def _canonical_columns(record: dict, source: SourceConfig) -> dict:
+    """The record with its configured columns under the names packtool.preference reads (`fields` remaps them)."""
+    renamed = {key: record[column] for key, column in source.fields.items() if column and column in record}
+    return {**record, **renamed}
+
+
+def from_preference(record: dict, source: SourceConfig, example_id: str, location: str) -> PreferencePair:
+    # imported here: packtool.preference builds on this module's message adapters
+    from packtool.preference import pair_from_record
+
+    return pair_from_record(
+        _canonical_columns(record, source),
+        sample_id=example_id,
+        source=source.name,
+        location=location,
+        role_map=source.role_map or None,
+    )
+
+
+def from_group(record: dict, source: SourceConfig, example_id: str, location: str) -> CompletionGroup:
+    from packtool.preference import group_from_record
+
+    return group_from_record(
+        _canonical_columns(record, source), sample_id=example_id, source=source.name, location=location
+    )
+
+
 ADAPTERS: dict[str, Adapter] = {
     "messages": from_messages,
     "sharegpt": from_sharegpt,
     "alpaca": from_alpaca,
     "text": from_text,
+    "preference": from_preference,
+    "group": from_group,
 }

@@ -16,9 +16,11 @@ import pyarrow.parquet as pq
 from packtool.errors import PacktoolError
 from packtool.format import attn_cost_of_lengths
 from packtool.labels import IGNORE_INDEX
+from packtool.packing_items import KIND_CODES
 from packtool.shards import shard_metadata
 
 STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
+KIND_COLUMNS = ["segment_kinds", "segment_groups"]  # schema v2 (pairs and groups)
 
 # Sixteen equal bins up to capacity: fine enough to see where a source's mass sits relative to the
 # pack, coarse enough to print as one terminal line per bin. Everything longer falls in one more bin.
@@ -80,8 +82,10 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         lambda: {"segments": 0, "tokens": 0, "targets": 0, "repeats": 0}
     )
     document_lengths: dict[str, list[int]] = defaultdict(list)
+    kinds = KindTally()
     for shard in shards:
-        table = pq.read_table(shard, columns=STAT_COLUMNS)
+        v2 = "segment_kinds" in pq.read_schema(shard).names
+        table = pq.read_table(shard, columns=STAT_COLUMNS + (KIND_COLUMNS if v2 else []))
         for row in table.to_pylist():
             labels = np.asarray(row["labels"], dtype=np.int32)
             docs = np.asarray(row["doc_cu_seqlens"], dtype=np.int64)
@@ -103,6 +107,8 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
                 entry["targets"] += int(n_targets)
                 entry["repeats"] += int(repeat > 0)
                 document_lengths[source].append(int(length))
+            if v2:
+                kinds.add(row["segment_kinds"], row["segment_groups"], np.diff(attention), doc_targets)
     lengths = np.concatenate(segment_lengths) if segment_lengths else np.zeros(0, dtype=np.int64)
     total_segments = sum(e["segments"] for e in per_source.values())
     slots = packs * capacity
@@ -137,6 +143,8 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         },
         "attention": _attention(lengths, np.asarray(pack_lengths, dtype=np.int64)),
     }
+    if kinds.seen:  # schema v2 only: a v1 output's stats keep their keys
+        stats["kinds"] = kinds.as_dict()
     if manifest is not None:
         stats["accounting"] = manifest.get("accounting", {})
         stats["mixing"] = manifest.get("mixing", {})
@@ -144,6 +152,35 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         # Recorded by the build (before truncation cannot be recomputed from shards); absent in older outputs.
         stats["lengths"] = manifest.get("lengths")
     return stats
+
+
+class KindTally:
+    """Segments, tokens and targets per segment kind, and the pairs and groups they form (schema v2)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.per_kind: dict[str, dict[str, int]] = {}
+        self.groups: dict[str, set[int]] = {"pairs": set(), "groups": set()}
+
+    def add(self, kinds: list[int], groups: list[int], lengths: np.ndarray, targets: np.ndarray) -> None:
+        self.seen = True
+        names = {code: name for name, code in KIND_CODES.items()}
+        for kind, group, length, n_targets in zip(kinds, groups, lengths, targets):
+            entry = self.per_kind.setdefault(names[kind], {"segments": 0, "tokens": 0, "targets": 0})
+            entry["segments"] += 1
+            entry["tokens"] += int(length)
+            entry["targets"] += int(n_targets)
+            if kind == KIND_CODES["chosen"]:
+                self.groups["pairs"].add(group)
+            elif kind == KIND_CODES["completion"]:
+                self.groups["groups"].add(group)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pairs": len(self.groups["pairs"]),
+            "groups": len(self.groups["groups"]),
+            "per_kind": {k: self.per_kind[k] for k in sorted(self.per_kind)},
+        }
 
 
 def _capacity(shards: list[Path], manifest: dict[str, Any] | None) -> int:
@@ -190,6 +227,15 @@ def format_stats(stats: dict[str, Any]) -> str:
             f"{name:<20} {s['segments']:>9,} {s['segment_share']:>7.3f} {s['tokens']:>11,} {s['token_share']:>7.3f} "
             f"{s['targets']:>10,} {s['target_share']:>7.3f} {s['repeats']:>8,}"
         )
+    if "kinds" in stats:
+        kinds = stats["kinds"]
+        lines += [
+            "",
+            f"pairs {kinds['pairs']:,}   groups {kinds['groups']:,}",
+            f"{'kind':<20} {'segments':>9} {'tokens':>11} {'targets':>10}",
+        ]
+        for name, k in kinds["per_kind"].items():
+            lines.append(f"{name:<20} {k['segments']:>9,} {k['tokens']:>11,} {k['targets']:>10,}")
     accounting = stats.get("accounting") or {}
     if accounting:
         lines += ["", f"{'source':<20} {'read':>7} {'kept':>7} {'overflow':>8}  rejected / dropped / truncated"]

@@ -10,6 +10,10 @@ Columns, one row per sample (token columns share their offsets):
     example_id, sample_hash, location: string    ordinal: int64 (record number in its file, rejects included)
     length, n_targets: int32    special_literal: uint8 (content spells a control token)
     message_roles: list<string>    structured: list<int32>
+    kind: int8 (packing_items.KIND_CODES)    completion: int16 (-1 unless a group's)
+    reward, advantage: float64 (NaN: none)
+
+The segments of one pair or group are consecutive rows with the same ordinal (their record's).
 
 `message_index`, `message_roles` and `structured` are what truncation needs; emit reads only the first
 three token columns and the provenance strings.
@@ -17,6 +21,7 @@ three token columns and the provenance strings.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +49,25 @@ PARTITION_SCHEMA = pa.schema(
         pa.field("special_literal", pa.uint8()),
         pa.field("message_roles", pa.list_(pa.string())),
         pa.field("structured", pa.list_(pa.int32())),
+        pa.field("kind", pa.int8()),
+        pa.field("completion", pa.int16()),
+        pa.field("reward", pa.float64()),
+        pa.field("advantage", pa.float64()),
     ]
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRole:
+    """What a stored row is within its item: a plain sample (the default), a pair's side, a group's completion."""
+
+    kind: int = 0  # packing_items.KIND_CODES
+    completion: int = -1
+    reward: float = math.nan
+    advantage: float = math.nan
+
+
+SINGLE = SegmentRole()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +81,7 @@ class StoredSample:
     sample_hash: str
     source: str
     repeat: int = 0
+    role: SegmentRole = SINGLE
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -77,9 +100,13 @@ class PartitionWriter:
         self._writer = pa.ipc.new_file(self._sink, schema)
         self._schema = schema
         self._buffer: list[tuple[Tokenized, str, int, bool]] = []
+        self._roles: list[SegmentRole] = []
 
-    def append(self, sample: Tokenized, location: str, ordinal: int, special_literal: bool = False) -> int:
+    def append(
+        self, sample: Tokenized, location: str, ordinal: int, special_literal: bool = False, role: SegmentRole = SINGLE
+    ) -> int:
         self._buffer.append((sample, location, ordinal, special_literal))
+        self._roles.append(role)
         self.rows += 1
         self.tokens += len(sample)
         if len(self._buffer) == BATCH_ROWS:
@@ -108,11 +135,16 @@ class PartitionWriter:
                     pa.array([int(literal) for _, _, _, literal in self._buffer], pa.uint8()),
                     pa.array([list(s.message_roles) for s in samples], pa.list_(pa.string())),
                     pa.array([sorted(s.structured_messages) for s in samples], pa.list_(pa.int32())),
+                    pa.array([r.kind for r in self._roles], pa.int8()),
+                    pa.array([r.completion for r in self._roles], pa.int16()),
+                    pa.array([r.reward for r in self._roles], pa.float64()),
+                    pa.array([r.advantage for r in self._roles], pa.float64()),
                 ],
                 schema=self._schema,
             )
         )
         self._buffer = []
+        self._roles = []
 
     def close(self) -> None:
         if self._sink.closed:
@@ -159,6 +191,7 @@ class PartitionReader:
             sample_hash=batch.batch.column("sample_hash")[r].as_py(),
             source=self.source,
             repeat=repeat,
+            role=SINGLE if batch.kind[r] == 0 else batch.role(r),
         )
 
     def tokenized(self, row: int) -> Tokenized:
@@ -197,3 +230,13 @@ class _Batch:
         self.input_ids = batch.column(0).values.to_numpy()
         self.targets = batch.column(1).values.to_numpy()
         self.roles = batch.column(2).values.to_numpy()
+        self.kind = batch.column("kind").to_numpy()
+
+    def role(self, r: int) -> SegmentRole:
+        columns = self.batch
+        return SegmentRole(
+            kind=int(self.kind[r]),
+            completion=columns.column("completion")[r].as_py(),
+            reward=columns.column("reward")[r].as_py(),
+            advantage=columns.column("advantage")[r].as_py(),
+        )

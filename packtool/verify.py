@@ -31,8 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.format import MANIFEST, SCHEMA, attn_cost, cu_seqlens_problem, pack_hash, sha256_file
+from packtool.format import MANIFEST, SCHEMA, SCHEMA_V2, attn_cost, cu_seqlens_problem, pack_hash, sha256_file
 from packtool.labels import IGNORE_INDEX
+from packtool.packing_items import validate_pack_groups
 from packtool.seal import SEAL, manifest_digest, seal_manifest
 
 __all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
@@ -80,6 +81,7 @@ class _Tally:
     segments: Counter = field(default_factory=Counter)
     samples: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
     readable: bool = True  # every shard decoded and every row sound: totals can be compared
+    groups: dict[int, str] = field(default_factory=dict)  # schema v2: group id -> the shard and row that hold it
 
 
 def verify(path: str | Path) -> Verification:
@@ -275,6 +277,12 @@ def _check_shard(path: Path, entry: dict[str, Any], capacity: int, result: Verif
             for source, sample_id, sample_hash in zip(row["sources"], row["sample_ids"], row["sample_hashes"]):
                 tally.segments[source] += 1
                 tally.samples[source].add((sample_id, sample_hash))
+            for group in set(row.get("segment_groups", [])) - {-1}:
+                if group in tally.groups:
+                    result.add(
+                        f"{path.name} row {number}: group {group} also in {tally.groups[group]} (split or reused)"
+                    )
+                tally.groups[group] = f"{path.name} row {number}"
     except _Unreadable as error:
         result.add(f"{path.name}: {error}")
         tally.readable = False
@@ -294,9 +302,8 @@ def _rows(path: Path) -> Iterator[dict[str, Any]]:
         schema = parquet.schema_arrow
     except READ_ERRORS as error:
         raise _Unreadable(f"cannot be read as Parquet ({type(error).__name__}: {error})") from None
-    expected = pa.schema(list(SCHEMA))
     actual = pa.schema(list(schema))
-    if not actual.equals(expected):
+    if not any(actual.equals(pa.schema(list(expected))) for expected in (SCHEMA, SCHEMA_V2)):
         raise _Unreadable(
             f"columns {actual.names} with types differ from the shard schema (docs/format.md); not a packtool shard"
         )
@@ -345,7 +352,23 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
         "pack_hash": pack_hash(ids, labels, cu),
     }
     problems += [f"{key} is {row[key]!r}, recomputed {value!r}" for key, value in expected.items() if row[key] != value]
+    if "segment_groups" in row:
+        problems += _group_problems(row, ids, labels, cu)
     return problems
+
+
+def _group_problems(row: dict[str, Any], ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> list[str]:
+    """Schema v2: one entry per segment in each per-segment column, and whole, well-formed pairs and groups."""
+    segments = len(cu) - 1
+    columns = ("segment_groups", "segment_kinds", "completion_index", "segment_rewards", "segment_advantages")
+    wrong = [f"{c} has {len(row[c])} entries for {segments} segments" for c in columns if len(row[c]) != segments]
+    if wrong:
+        return wrong
+    try:
+        validate_pack_groups(ids, labels, cu, row["segment_groups"], row["segment_kinds"], row["completion_index"])
+    except ValueError as error:
+        return [str(error)]
+    return []
 
 
 def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -> None:

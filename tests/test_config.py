@@ -166,3 +166,50 @@ def test_build_takes_set_and_max_samples_on_the_command_line(tmp_path, write_con
     )
     audit = CliRunner().invoke(main, ["audit", str(path), "--rows", "2", "--set", "capacity=1"])
     assert audit.exit_code == 1 and "capacity: must be between 2" in audit.output
+
+
+def test_preference_and_group_formats_with_item_truncation(tmp_path, write_config):
+    raw = _base(tmp_path)
+    (tmp_path / "pairs.jsonl").write_text('{"q": "2+2?", "good": "4", "bad": "5"}\n')
+    raw["sources"] = [
+        {
+            "name": "dpo",
+            "path": "pairs.jsonl",
+            "format": "preference",
+            "fields": {"prompt": "q", "chosen": "good", "rejected": "bad"},
+        },
+        {"name": "rl", "path": "pairs.jsonl", "format": "group"},
+    ]
+    raw["truncation"] = {"strategy": "right", "items": "turns"}
+    config = load_config(write_config(raw))
+    assert config.item_truncation == "turns"
+    assert config.sources[0].fields["prompt"] == "q" and config.sources[1].fields["completions"] == "completions"
+    assert config.sources[0].role_map["gpt"] == "assistant"  # LLaMA-Factory rows speak ShareGPT
+    assert load_config(write_config(_base(tmp_path))).item_truncation == "left"
+    raw["truncation"] = {"items": "middle"}
+    raw["sources"][1]["fields"] = {"chosen": "x"}
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(raw))
+    assert "truncation.items: 'middle' is not one of" in str(info.value)
+    assert "sources[1].fields.chosen: unknown field for format 'group'" in str(info.value)
+
+
+def test_preference_records_are_read_as_pairs_with_remapped_columns(tmp_path, write_config):
+    from packtool.errors import RecordError
+    from packtool.preference import PreferencePair
+    from packtool.sources import read_source
+
+    raw = _base(tmp_path)
+    (tmp_path / "pairs.jsonl").write_text('{"q": "2+2?", "good": "4", "bad": "5"}\n{"q": "x"}\n')
+    raw["sources"] = [
+        {
+            "name": "dpo",
+            "path": "pairs.jsonl",
+            "format": "preference",
+            "fields": {"prompt": "q", "chosen": "good", "rejected": "bad"},
+        }
+    ]
+    pair, bad = list(read_source(load_config(write_config(raw)).sources[0]))
+    assert isinstance(pair, PreferencePair) and pair.id == "dpo:pairs.jsonl:1"
+    assert pair.chosen[0].content == "4" and pair.rejected[0].content == "5"
+    assert isinstance(bad, RecordError) and bad.row == 2 and bad.sample_id == "dpo:pairs.jsonl:2"

@@ -34,10 +34,11 @@ from packtool.build.executors import make_executor
 from packtool.build.plan import Partition, Plan, make_plan, plan_key
 from packtool.build.progress import Progress
 from packtool.build.publish import Staging
-from packtool.config import BuildConfig, canonical_json
+from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
-from packtool.format import REJECTS, conventions, write_manifest
+from packtool.format import ITEMS_SCHEMA_VERSION, REJECTS, conventions, write_manifest
 from packtool.packing import PackPlan
+from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_CODES
 from packtool.render import template_injections
 from packtool.shards import ShardInfo
@@ -293,9 +294,10 @@ def _manifest(
 ) -> dict[str, Any]:
     tokenizer, template = stages.tokenizer, stages.template
     by_reason = Counter(r["reason"] for r in rejects)
-    return {
+    items = any(s.format in ITEM_FORMATS for s in config.sources)
+    manifest: dict[str, Any] = {
         "packtool_version": packtool.__version__,
-        "schema_version": packtool.SCHEMA_VERSION,
+        "schema_version": ITEMS_SCHEMA_VERSION if items else packtool.SCHEMA_VERSION,
         "mode": "stream" if stream else "packed",
         "capacity": capacity,
         "seed": config.seed,
@@ -341,6 +343,22 @@ def _manifest(
         },
         "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
     }
+    if items:  # schema v2 only: a build without pairs or groups keeps the v1 manifest byte for byte
+        manifest["kind_codes"] = KIND_CODES
+        manifest["truncation"]["items"] = config.item_truncation
+        manifest["accounting"] = _item_accounting(config, plan.accounting)
+    return manifest
+
+
+def _item_accounting(config: BuildConfig, accounting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Sources of pairs or groups count items: `kept` is pairs (groups) kept, also under `pairs` (`groups`)."""
+    counted = {}
+    for source in config.sources:
+        entry = dict(accounting[source.name])
+        if source.format in ITEM_FORMATS:
+            entry["pairs" if source.format == "preference" else "groups"] = entry["kept"]
+        counted[source.name] = entry
+    return counted
 
 
 class _CallableModule(types.ModuleType):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.config import BuildConfig, SourceConfig, canonical_json
+from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_json
 
 CACHE_DIR = ".packtool-cache"
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
@@ -73,6 +73,8 @@ def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]
         "special_tokens": source.special_tokens,
         "add_bos": config.add_bos,
         "add_eos": config.add_eos,
+        # pairs and groups are cut jointly while encoding (a segment alone cannot be cut), so the fit is encode's
+        **({"items": [config.capacity, config.item_truncation]} if source.format in ITEM_FORMATS else {}),
     }
 
 

@@ -22,7 +22,7 @@ from packtool.format import write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.packing import StreamPlan
 from packtool.records import ROLE_CODES
-from packtool.shards import OutputPack, ShardInfo, write_shard
+from packtool.shards import OutputPack, SegmentColumns, ShardInfo, write_shard
 from packtool.store import PartitionReader, StoredSample
 
 
@@ -93,10 +93,11 @@ def emit_item(item: EmitItem) -> EmitResult:
         packs = [_stream_pack(gather, folder.layout, w) for w in range(item.first_pack, item.end_pack)]
     else:
         layout = folder.layout
-        packs = [
-            _pack([gather.get(int(k)) for k in layout.members[layout.offsets[p] : layout.offsets[p + 1]]])
-            for p in range(item.first_pack, item.end_pack)
-        ]
+        packs = []
+        for p in range(item.first_pack, item.end_pack):
+            members = layout.members[layout.offsets[p] : layout.offsets[p + 1]]
+            groups = None if folder.group is None else folder.group[members]
+            packs.append(_pack([gather.get(int(k)) for k in members], groups))
     metadata = {
         "packtool.version": packtool.__version__,
         "packtool.capacity": str(folder.capacity),
@@ -133,7 +134,8 @@ class _Gather:
         return replace(self.pieces.get(row, repeat), source=source)
 
 
-def _pack(members: list[StoredSample]) -> OutputPack:
+def _pack(members: list[StoredSample], groups: np.ndarray | None = None) -> OutputPack:
+    """One pack; with `groups` (a plan with pairs or groups) also its schema v2 per-segment columns."""
     ids = np.concatenate([m.input_ids for m in members])
     targets = np.concatenate([m.targets for m in members])
     cu = cu_seqlens_from_lengths([len(m) for m in members])
@@ -147,6 +149,17 @@ def _pack(members: list[StoredSample]) -> OutputPack:
         sample_hashes=[m.sample_hash for m in members],
         sample_repeats=[m.repeat for m in members],
         sources=[m.source for m in members],
+        segments=None if groups is None else _segment_columns(members, groups),
+    )
+
+
+def _segment_columns(members: list[StoredSample], groups: np.ndarray) -> SegmentColumns:
+    return SegmentColumns(
+        groups=np.asarray(groups, dtype=np.int64),
+        kinds=np.array([m.role.kind for m in members], dtype=np.int8),
+        completion_index=np.array([m.role.completion for m in members], dtype=np.int16),
+        rewards=np.array([m.role.reward for m in members], dtype=np.float64),
+        advantages=np.array([m.role.advantage for m in members], dtype=np.float64),
     )
 
 

@@ -2,6 +2,9 @@
 
     file --read_file--> Example | RecordError --render--> Rendered --encode_batch--> Tokenized
          --PartitionWriter--> CACHE/tokens/KEY.arrow      (samples that tokenized and passed the self-check)
+    file --read_file--> PreferencePair | CompletionGroup --encode_answers--> one Tokenized per answer
+         --truncate_item--> segments fit for one pack, cut jointly (or a drop: pair_too_long, group_too_long)
+         --PartitionWriter--> consecutive rows with the record's ordinal, each with its SegmentRole
          --report-----------> CACHE/tokens/KEY.json       (read, rejected/dropped by reason, each reject)
 
 A work item whose report already exists under its key is not redone. Under `on_error: fail` an item
@@ -24,10 +27,12 @@ from packtool.config import BuildConfig, SourceConfig, canonical_json
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
 from packtool.format import REJECTS
-from packtool.records import Example, Rendered, Tokenized
+from packtool.packing_items import KIND_CODES
+from packtool.preference import CompletionGroup, ItemTruncation, PreferencePair, encode_answers, truncate_item
+from packtool.records import Rendered, Tokenized
 from packtool.render import ChatTemplate, render_example, template_for
-from packtool.sources import read_file
-from packtool.store import PartitionWriter
+from packtool.sources import Parsed, read_file
+from packtool.store import PartitionWriter, SegmentRole
 
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
 
@@ -69,7 +74,26 @@ class Stages:
         tokenizer = load_tokenizer(config.tokenizer)
         return cls(config, tokenizer, template_for(config, tokenizer.config))
 
-    def prepare(self, chunk: list[Example | RecordError], source: SourceConfig) -> list[Outcome]:
+    def fit_item(self, item: PreferencePair | CompletionGroup, source: SourceConfig) -> Outcome:
+        """A pair or group: its answers encoded with one shared prompt, cut jointly to fit one pack."""
+        try:
+            segments = encode_answers(
+                item,
+                self.template,
+                self.tokenizer,
+                source.train,
+                special_tokens=source.special_tokens,
+                add_bos=self.config.add_bos,
+                add_eos=self.config.add_eos,
+            )
+        except RecordError as error:
+            error.sample_id = item.id
+            return Outcome(item.location, item.id, error)
+        too_long = "pair_too_long" if isinstance(item, PreferencePair) else "group_too_long"
+        fitted = truncate_item(segments, self.config.capacity, self.config.item_truncation, too_long=too_long)
+        return Outcome(item.location, item.id, fitted, roles=item_roles(item))
+
+    def prepare(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> list[Outcome]:
         """Each input in order: its Tokenized sample or the RecordError saying why not, and whether
         its content spells a special token."""
         outcomes: list[Outcome] = []
@@ -78,6 +102,9 @@ class Stages:
         for item in chunk:
             if isinstance(item, RecordError):
                 outcomes.append(Outcome("", item.sample_id, item))  # the error names its own file and row
+                continue
+            if isinstance(item, PreferencePair | CompletionGroup):
+                outcomes.append(self.fit_item(item, source))
                 continue
             try:
                 rendered = render_example(
@@ -104,12 +131,24 @@ class Stages:
         return outcomes
 
 
+def item_roles(item: PreferencePair | CompletionGroup) -> tuple[SegmentRole, ...]:
+    """The stored role of each answer's segment: chosen, rejected; or completion i with its floats."""
+    if isinstance(item, PreferencePair):
+        return (SegmentRole(KIND_CODES["chosen"]), SegmentRole(KIND_CODES["rejected"]))
+    nan = (float("nan"),) * len(item.completions)
+    return tuple(
+        SegmentRole(KIND_CODES["completion"], i, reward, advantage)
+        for i, (reward, advantage) in enumerate(zip(item.rewards or nan, item.advantages or nan))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     location: str
     example_id: str
-    result: Tokenized | RecordError | None
+    result: Tokenized | ItemTruncation | RecordError | None
     special_literal: bool = False
+    roles: tuple[SegmentRole, ...] = ()  # per segment of an ItemTruncation
 
 
 @dataclass
@@ -123,6 +162,7 @@ class Report:
     tokens: int = 0
     rejected: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
+    truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # items: strategy -> {items, tokens} cut
     special_token_literals: int = 0
     rejects: list[dict[str, Any]] = field(default_factory=list)  # {id, location, reason, detail, ordinal}
 
@@ -135,6 +175,7 @@ class Report:
             "tokens": self.tokens,
             "rejected": dict(sorted(self.rejected.items())),
             "dropped": dict(sorted(self.dropped.items())),
+            "items_truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
             "special_token_literals": self.special_token_literals,
             "rejects": self.rejects,
         }
@@ -187,7 +228,7 @@ def encode_item(item: EncodeItem) -> EncodeResult:
 
 
 def _outcomes(stages: Stages, source: SourceConfig, file: str, stop: int | None) -> Iterator[Outcome]:
-    chunk: list[Example | RecordError] = []
+    chunk: list[Parsed | RecordError] = []
     for record in islice(read_file(source, file), stop):
         chunk.append(record)
         if len(chunk) == ENCODE_BATCH:
@@ -204,6 +245,9 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
     result = outcome.result
     if isinstance(result, Tokenized):
         writer.append(result, outcome.location, ordinal, outcome.special_literal)
+        return None
+    if isinstance(result, ItemTruncation):
+        _record_item(result, outcome, ordinal, report, writer)
         return None
     if not isinstance(result, RecordError):
         raise RuntimeError(f"{outcome.location}: rendered but not encoded")
@@ -224,6 +268,22 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
     detail = f"field '{result.field}': {result.reason}" if result.field else result.reason
     report.rejects.append({**_reject(result.sample_id, where, result.kind, detail, ordinal), "message": message})
     return None
+
+
+def _record_item(
+    fitted: ItemTruncation, outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter
+) -> None:
+    """A pair or group: its segments as consecutive rows of one ordinal, or its drop (valid input that cannot fit)."""
+    if fitted.drop_reason is not None:
+        report.dropped[fitted.drop_reason] += 1
+        report.rejects.append(_reject(outcome.example_id, outcome.location, fitted.drop_reason, fitted.detail, ordinal))
+        return
+    if fitted.removed_prompt_tokens:
+        entry = report.truncated.setdefault(fitted.strategy, {"items": 0, "tokens": 0})
+        entry["items"] += 1
+        entry["tokens"] += fitted.removed_prompt_tokens * len(fitted.segments)
+    for segment, role in zip(fitted.segments, outcome.roles):
+        writer.append(segment, outcome.location, ordinal, role=role)
 
 
 def _reject(example_id: str, location: str, reason: str, detail: str, ordinal: int) -> dict[str, Any]:

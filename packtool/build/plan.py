@@ -7,6 +7,11 @@
         no target                            -> dropped.no_targets
     kept segments --mixing (repeat_plan)--> (ref, repeat) --plan_packs / plan_groups / plan_stream--> packs
 
+Pairs and groups (format: preference | group) arrive fitted to one pack by encode, as consecutive
+rows of one record; the plan keeps them whole: an item is a record's rows (a plain sample is an
+item of one segment), mixing copies whole items, and `plan_items` places each item as one unit.
+A plan with at least one such item gives every segment its group id (`FolderPlan.group`).
+
 Only samples longer than capacity are read token by token (truncation needs their message
 structure); everything else is arrays of lengths and indices. The plan is written to its folder
 (plan.npz, pieces.arrow, plan.json last) under a key that hashes the partitions and every plan
@@ -27,8 +32,10 @@ import numpy as np
 
 from packtool.build.cache import code_fingerprint
 from packtool.config import BuildConfig, canonical_json
+from packtool.errors import BuildError
 from packtool.format import write_json_atomic
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
+from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.store import PartitionReader, PartitionWriter
 from packtool.truncate import truncate
 
@@ -57,6 +64,7 @@ class SourceCounts:
             self.rejected.update(report["rejected"])
             self.dropped.update(report["dropped"])
             self.special_token_literals += report["special_token_literals"]
+            self.note_item_truncation(report.get("items_truncated", {}))
             return
         self.read += budget
         self.special_token_literals += stored_literals
@@ -74,6 +82,13 @@ class SourceCounts:
         entry["samples"] += 1
         entry["tokens"] += tokens
         entry["targets"] += targets
+
+    def note_item_truncation(self, truncated: dict[str, dict[str, int]]) -> None:
+        """Pairs and groups cut while encoding: {strategy: {items, tokens}} (their answers, so targets, stay)."""
+        for strategy, cut in truncated.items():
+            entry = self.truncated.setdefault(strategy, {"samples": 0, "tokens": 0, "targets": 0})
+            entry["samples"] += cut["items"]
+            entry["tokens"] += cut["tokens"]
 
     def lost(self) -> int:
         return sum(self.rejected.values()) + sum(self.dropped.values())
@@ -108,6 +123,7 @@ class FolderPlan:
     Segment s is stored sample `ref[s]` (>= 0: a global row of the partitions; < 0: piece -ref-1 of
     pieces.arrow), copy number `repeat[s]`, `length[s]` tokens. Packs follow `layout` (a PackPlan, or
     a StreamPlan in stream mode).
+    `group[s]` is the segment's group id (-1: a plain sample), only in a plan with pairs or groups.
     """
 
     name: str
@@ -116,6 +132,7 @@ class FolderPlan:
     repeat: np.ndarray
     length: np.ndarray
     layout: PackPlan | StreamPlan
+    group: np.ndarray | None = None
 
     @property
     def stream(self) -> bool:
@@ -183,11 +200,26 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         ordinals = _concat([r.column("ordinal") for r in readers])
         within = ordinals < np.repeat(np.asarray(budgets, dtype=np.int64), rows)
         literals = _concat([r.column("special_literal") for r in readers]).astype(bool) & within
+        kinds = _concat([r.column("kind") for r in readers]).astype(np.int8)
+        completion = _concat([r.column("completion") for r in readers])
+        # a rejected side, or a completion after the first, continues the item its previous row opened
+        starts = ~((kinds == KIND_CODES["rejected"]) | ((kinds == KIND_CODES["completion"]) & (completion > 0)))
         for p, partition in enumerate(partitions):
             stored = int(literals[bases[p] : bases[p + 1]].sum())
             counts[partition.source].add_report(partition.report, budgets[p], stored)
         fitted = _fit(
-            config, readers, bases, lengths, n_targets, source, ordinals, within, folder / PIECES_FILE, counts
+            config,
+            readers,
+            bases,
+            lengths,
+            n_targets,
+            source,
+            ordinals,
+            within,
+            starts,
+            kinds,
+            folder / PIECES_FILE,
+            counts,
         )
         if config.validation_share is not None or config.validation_samples is not None:
             hashes = [h for r in readers for h in r.batch_column("sample_hash")]
@@ -230,6 +262,8 @@ class _Fitted:
     length: np.ndarray
     source: np.ndarray
     bucket: np.ndarray  # bool: routed to the overflow bucket
+    start: np.ndarray  # bool: the segment opens an item (every plain sample and piece does)
+    kind: np.ndarray  # int8 KIND_CODES of each segment
     drops: list[tuple[int, int, dict[str, Any]]]  # (partition, ordinal, reject entry)
     row: np.ndarray  # the global row of each segment's sample
     held_out: np.ndarray  # bool: in the validation split
@@ -244,6 +278,8 @@ def _fit(
     source: np.ndarray,
     ordinals: np.ndarray,
     within: np.ndarray,
+    starts: np.ndarray,
+    kinds: np.ndarray,
     pieces_path: Path,
     counts: dict[str, SourceCounts],
 ) -> _Fitted:
@@ -317,14 +353,27 @@ def _fit(
     ref = np.concatenate([kept_rows, pieces[:, 2]])[order]
     seg_length = np.concatenate([lengths[kept_rows], pieces[:, 3]])[order]
     row_of = order_row[order]
+    is_piece = np.concatenate([np.zeros(len(kept_rows), dtype=bool), np.ones(len(pieces), dtype=bool)])[order]
+    start = starts[row_of] | is_piece
 
     kept_samples = np.unique(row_of)
+    kept_samples = kept_samples[starts[kept_samples]]  # a pair or group is kept once, not once per segment
     for i, name in enumerate(names):
         mine = kept_samples[source[kept_samples] == i]
         counts[name].kept += len(mine)
         counts[name].overflow += int(bucket[mine].sum())
     no = np.zeros(len(ref), dtype=bool)
-    return _Fitted(ref, seg_length, source[row_of], bucket[row_of], drops, row_of, no)
+    return _Fitted(
+        ref=ref,
+        length=seg_length,
+        source=source[row_of],
+        bucket=bucket[row_of],
+        start=start,
+        kind=kinds[row_of],
+        drops=drops,
+        row=row_of,
+        held_out=no,
+    )
 
 
 def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
@@ -332,6 +381,8 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
     names = [s.name for s in config.sources]
     main = ~fitted.bucket & ~fitted.held_out
     ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
+    offsets = np.append(np.flatnonzero(fitted.start[main]), main.sum())  # item i: segments offsets[i]..offsets[i+1]
+    item_source = source[offsets[:-1]]
     present = [i for i in range(len(names)) if (source == i).any()]
     multipliers = source_multipliers(
         {names[i]: int((source == i).sum()) for i in present},
@@ -341,20 +392,28 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
     )
     refs, repeats, lens, srcs = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)], []
     srcs.append(np.zeros(0, np.int16))
+    sizes, kinds = [np.zeros(0, np.int64)], [np.zeros(0, np.int8)]
     for i, name in enumerate(names):
-        mine = np.flatnonzero(source == i)
+        mine = np.flatnonzero(item_source == i)
         positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=_seed(config.seed, name))
-        refs.append(ref[mine][positions])
-        repeats.append(repeat)
-        lens.append(length[mine][positions])
-        srcs.append(np.full(len(positions), i, dtype=np.int16))
-        counts[name].segments += len(positions)
+        chosen_items = mine[positions]  # whole items: a copy of a pair copies both sides
+        size = offsets[chosen_items + 1] - offsets[chosen_items]
+        segments = _segments_of(offsets[chosen_items], size)
+        refs.append(ref[segments])
+        repeats.append(np.repeat(repeat, size))
+        lens.append(length[segments])
+        srcs.append(np.full(len(segments), i, dtype=np.int16))
+        sizes.append(size)
+        kinds.append(fitted.kind[main][segments])
+        counts[name].segments += len(segments)
     seg_ref, seg_len, seg_src = np.concatenate(refs), np.concatenate(lens), np.concatenate(srcs)
-    layout = (
-        plan_stream(seg_len, config.capacity)
-        if config.packing == "stream"
-        else _layout(config, seg_len, seg_src, config.capacity)
-    )
+    item_sizes, seg_kind = np.concatenate(sizes), np.concatenate(kinds)
+    if config.packing == "stream":
+        layout: PackPlan | StreamPlan = plan_stream(seg_len, config.capacity)
+    elif (seg_kind == KIND_CODES["single"]).all():
+        layout = _layout(config, seg_len, seg_src, config.capacity)  # no pair or group: exactly the v1 plan
+    else:
+        return _item_folder(config, seg_ref, np.concatenate(repeats), seg_len, seg_src, seg_kind, item_sizes)
     return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), seg_len, layout)
 
 
@@ -390,14 +449,64 @@ def _mix(values: np.ndarray, seed: int) -> np.ndarray:
 
 def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
     held = fitted.held_out
-    length, source = fitted.length[held], fitted.source[held]
+    length, source, kind = fitted.length[held], fitted.source[held], fitted.kind[held]
+    repeat = np.zeros(int(held.sum()), np.int32)
+    if config.packing != "stream" and (kind != KIND_CODES["single"]).any():
+        # a pair's sides share its record hash, so they are held out together: plan them as whole items
+        sizes = np.diff(np.append(np.flatnonzero(fitted.start[held]), int(held.sum())))
+        items = _item_folder(config, fitted.ref[held], repeat, length, source, kind, sizes)
+        return replace(items, name="validation")
     layout = (
         plan_stream(length, config.capacity)
         if config.packing == "stream"
         else _layout(config, length, source, config.capacity)
     )
-    repeat = np.zeros(int(held.sum()), np.int32)
     return FolderPlan("validation", config.capacity, fitted.ref[held], repeat, length, layout)
+
+
+def _segments_of(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Segment indices of items given their first segment and size: starts [0, 5], sizes [2, 1] -> [0, 1, 5]."""
+    ends = np.cumsum(sizes)
+    return np.repeat(starts - (ends - sizes), sizes) + np.arange(int(ends[-1]) if len(ends) else 0)
+
+
+def _item_folder(
+    config: BuildConfig,
+    ref: np.ndarray,
+    repeat: np.ndarray,
+    length: np.ndarray,
+    source: np.ndarray,
+    kind: np.ndarray,
+    item_sizes: np.ndarray,
+) -> FolderPlan:
+    """Items placed whole (plan_items), each pair or group with its group id: its index in planning order."""
+    item_offsets = np.concatenate([[0], np.cumsum(item_sizes)]).astype(np.int64)
+    first_kind = kind[item_offsets[:-1]]
+    types = np.select(
+        [first_kind == KIND_CODES["chosen"], first_kind == KIND_CODES["completion"]], ["pair", "group"], "single"
+    )
+    group, _, _ = segment_columns(item_offsets, types)
+    groups = None
+    if config.group_by == "source":
+        labels = np.array([s.group or s.name for s in config.sources], dtype=object)
+        groups = labels[source[item_offsets[:-1]]]
+    largest = int(item_sizes.max())
+    if config.max_segments is not None and largest > config.max_segments:
+        raise BuildError(
+            f"{config.config_file}: packing.max_segments {config.max_segments} < {largest}, the segments of one "
+            "group (a group is never split across packs); raise packing.max_segments or drop that group"
+        )
+    plan = plan_items(
+        length,
+        item_offsets,
+        config.capacity,
+        config.packing,
+        seed=config.seed,
+        max_segments=config.max_segments,
+        shuffle=config.shuffle_packs,
+        groups=groups,
+    )
+    return FolderPlan("", config.capacity, ref, repeat, length, plan.segments, group)
 
 
 def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
@@ -494,6 +603,8 @@ def _write(plan: Plan) -> None:
         prefix = f.name or "main"
         arrays[f"{prefix}.ref"] = f.ref
         arrays[f"{prefix}.repeat"] = f.repeat
+        if f.group is not None:
+            arrays[f"{prefix}.group"] = f.group
         arrays[f"{prefix}.length"] = f.length
         if isinstance(f.layout, StreamPlan):
             for name in ("samples", "starts", "ends", "offsets"):
@@ -541,6 +652,7 @@ def load_plan(folder: Path) -> Plan:
             )
         else:
             layout = PackPlan(members=arrays[f"{prefix}.members"], offsets=arrays[f"{prefix}.offsets"])
+        group = arrays[f"{prefix}.group"] if f"{prefix}.group" in arrays.files else None
         folders.append(
             FolderPlan(
                 f["name"],
@@ -549,6 +661,7 @@ def load_plan(folder: Path) -> Plan:
                 arrays[f"{prefix}.repeat"],
                 arrays[f"{prefix}.length"],
                 layout,
+                group,
             )
         )
     return Plan(

@@ -44,6 +44,7 @@ from packtool.errors import PackFormatError
 from packtool.format import attn_cost
 from packtool.labels import IGNORE_INDEX, position_ids
 from packtool.loader.contract import validate_cu_seqlens
+from packtool.shards import SegmentColumns
 
 __all__ = ["LoadedPack", "MicroBatch", "PackFormatError", "batch_by_tokens", "collate", "validate_cu_seqlens"]
 
@@ -67,6 +68,7 @@ class LoadedPack:
     resume_after: int = -1
     closes_step: bool = False  # the last pack of this rank's share of its round
     checked: bool = False  # the reader already checked the contract (offsets, -100 at segment starts)
+    segments: SegmentColumns | None = None  # schema v2 (pairs and groups): per attention segment
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -120,6 +122,13 @@ class MicroBatch:
     n_segments: int = 0  # real attention segments (samples); padding segments not counted
     n_padding: int = 0  # padding token slots (fixed shape only)
     attn_cost: int = 0  # sum(l_i^2) over real segments
+    # Schema v2, [S] each, aligned with cu_seqlens (padding segments: group -1, kind single, NaN); None for v1 packs.
+    # A micro-batch is made of whole packs and a pack holds whole groups, so no pair or group is ever split.
+    segment_groups: torch.Tensor | None = None  # int64: the pair's or group's id, -1 for a plain sample
+    segment_kinds: torch.Tensor | None = None  # int8: packing_items.KIND_CODES
+    completion_index: torch.Tensor | None = None  # int16: -1 unless a group's completion
+    segment_rewards: torch.Tensor | None = None  # float64, NaN where none
+    segment_advantages: torch.Tensor | None = None  # float64, NaN where none
 
     @property
     def n_tokens(self) -> int:
@@ -247,7 +256,32 @@ def collate(
         n_segments=len(flat) - len(packs),
         n_padding=len(input_ids) - int(lens.sum()),
         attn_cost=sum(p.cost for p in packs),
+        **(_segment_tensors(packs, cu_seqlens, row_start) if any(p.segments is not None for p in packs) else {}),
     )
+
+
+def _segment_tensors(
+    packs: Sequence[LoadedPack], cu_seqlens: np.ndarray, row_start: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """The packs' per-segment columns in micro-batch order; segments collate added (padding) stay plain."""
+    fill = {"groups": -1, "kinds": 0, "completion_index": -1, "rewards": np.nan, "advantages": np.nan}
+    dtypes = {"groups": np.int64, "kinds": np.int8, "completion_index": np.int16, "rewards": np.float64}
+    dtypes["advantages"] = np.float64
+    out = {name: np.full(len(cu_seqlens) - 1, value, dtype=dtypes[name]) for name, value in fill.items()}
+    # a pack's first segment starts where its slot starts; its segments follow in order
+    firsts = np.searchsorted(cu_seqlens, row_start[:-1])
+    for pack, at in zip(packs, firsts.tolist(), strict=True):
+        if pack.segments is not None:
+            n = len(pack.cu_seqlens) - 1
+            for name in fill:
+                out[name][at : at + n] = getattr(pack.segments, name)
+    return {
+        "segment_groups": torch.from_numpy(out["groups"]),
+        "segment_kinds": torch.from_numpy(out["kinds"]),
+        "completion_index": torch.from_numpy(out["completion_index"]),
+        "segment_rewards": torch.from_numpy(out["rewards"]),
+        "segment_advantages": torch.from_numpy(out["advantages"]),
+    }
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -56,11 +56,20 @@ from packtool.loader.balance import pack_costs
 from packtool.loader.collate import LoadedPack, MicroBatch, batch_by_tokens
 from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
+from packtool.shards import SegmentColumns
 
 __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
 log = logging.getLogger("packtool.loader")
 STATE_KEYS = ("epoch", "position", "seed")
+# schema v2 (pairs and groups): column -> SegmentColumns field
+SEGMENT_COLUMNS = {
+    "segment_groups": "groups",
+    "segment_kinds": "kinds",
+    "completion_index": "completion_index",
+    "segment_rewards": "rewards",
+    "segment_advantages": "advantages",
+}
 BALANCE_MODES = (None, "attention")
 
 
@@ -84,6 +93,7 @@ class _Decoded:
     cu: tuple[np.ndarray, np.ndarray]  # doc_cu_seqlens when documents are isolated
     attn_cost: np.ndarray
     pack_hash: list[str]
+    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # schema v2 columns, as (offsets, values)
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -400,8 +410,10 @@ class PackedDataset(IterableDataset):
         if cached.get("file", (-1,))[0] != unit.shard:
             cached["file"] = (unit.shard, self._open(unit.shard))
         cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
+        v2 = "segment_groups" in cached["file"][1].schema_arrow.names
+        extra = list(SEGMENT_COLUMNS) if v2 else []
         table = cached["file"][1].read_row_group(
-            unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash"]
+            unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash", *extra]
         )
         ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
         # Checked once for the whole row group, so collate need not check each micro-batch again.
@@ -413,7 +425,15 @@ class PackedDataset(IterableDataset):
                 f"({cu_name} not from 0 to the pack length, or a label other than -100 at a segment start); "
                 "rebuild the shards"
             )
-        return _Decoded(unit_index, ids, labels, cu, _ints(table, "attn_cost"), table.column("pack_hash").to_pylist())
+        return _Decoded(
+            unit_index,
+            ids,
+            labels,
+            cu,
+            _ints(table, "attn_cost"),
+            table.column("pack_hash").to_pylist(),
+            {name: _lists(table, name) for name in extra} if v2 else None,
+        )
 
     def _pack(
         self, cached: dict[str, Any], order: EpochOrder, position: int, step: int, resume: int, closes: bool
@@ -431,8 +451,12 @@ class PackedDataset(IterableDataset):
             cost = attn_cost(cu)
         unit = self.units[u]
         shard = self.manifest.shards[unit.shard].file.name
+        segments = None
+        if cols.segments is not None:
+            values = {SEGMENT_COLUMNS[k]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
+            segments = SegmentColumns(**values)
         return LoadedPack(
-            ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True
+            ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True, segments
         )
 
 

@@ -1,6 +1,6 @@
 """The build: the only module that knows the order of the phases.
 
-    encode   one work item per input file -> a token-store partition + report   (cached by content, build.encode)
+    encode   one work item per input file or row range -> a token-store partition + report (cached, build.encode)
     plan     length columns -> truncation, mixing, global packing, in numpy        (build.plan)
     emit     one work item per output shard, gathered from the store             (build.emit)
     publish  the staged build replaces OUT whole, manifest last                   (build.publish)

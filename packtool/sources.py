@@ -34,7 +34,7 @@ Parsed = Union[Example, "PreferencePair", "CompletionGroup"]
 Adapter = Callable[[dict, SourceConfig, str, str], Parsed]
 Raw = tuple[int, Any]  # (N of the location, the parsed record or the RecordError saying why there is none)
 
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
 # Leading bytes of the binary formats (the reader is chosen by content, not by suffix).
 _MAGIC = {
     b"PAR1": "parquet",
@@ -281,8 +281,8 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
     """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed."""
     with _open_text(path, kind) as handle:
         head = [handle.readline()]
-        if head[0].startswith(_BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
-            head[0] = head[0][len(_BOM) :]
+        if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
+            head[0] = head[0][len(BOM) :]
         while head[-1] and not head[-1].strip():
             head.append(handle.readline())
         first = head[-1].lstrip()

@@ -1,6 +1,6 @@
 """The build: the only module that knows the order of the phases.
 
-    encode   one work item per input file -> a token-store partition + report   (cached by content, build.encode)
+    encode   one work item per input file or row range -> a token-store partition + report (cached, build.encode)
     plan     length columns -> truncation, mixing, global packing, in numpy        (build.plan)
     emit     one work item per output shard, gathered from the store             (build.emit)
     publish  the staged build replaces OUT whole, manifest last                   (build.publish)
@@ -29,7 +29,7 @@ from typing import Any
 import packtool
 from packtool.build.cache import TokenCache, cache_root, encode_key, file_sha256, source_settings
 from packtool.build.emit import emit_item, emit_items, release
-from packtool.build.encode import EncodeItem, Stages, encode_item, stages_for
+from packtool.build.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
 from packtool.build.executors import make_executor
 from packtool.build.plan import Partition, Plan, make_plan, plan_key
 from packtool.build.progress import Progress
@@ -151,15 +151,31 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     for source in config.sources:
         settings = source_settings(source, config)
         for file in source_files(source):
-            key = encode_key(
-                file_hash=file_sha256(file),
-                file=file_label(source, file),
-                tokenizer_hash=tokenizer_hash,
-                template_hash=template_hash,
-                settings={**settings, "stop": source.max_samples},
-            )
-            stop_at_bad = config.on_error == "fail"
-            items.append(EncodeItem(config, source.name, file, key, str(cache.root), stop_at_bad, source.max_samples))
+            file_hash = file_sha256(file)
+            ranges = row_ranges(file, source.max_samples)
+            for start, end in ranges:
+                key = encode_key(
+                    file_hash=file_hash,
+                    file=file_label(source, file),
+                    tokenizer_hash=tokenizer_hash,
+                    template_hash=template_hash,
+                    settings={**settings, "stop": source.max_samples, "range": [start, end]},
+                )
+                stop_at_bad = config.on_error == "fail"
+                items.append(
+                    EncodeItem(
+                        config,
+                        source.name,
+                        file,
+                        key,
+                        str(cache.root),
+                        stop_at_bad,
+                        source.max_samples,
+                        start,
+                        end,
+                        1 / len(ranges),
+                    )
+                )
     return items
 
 

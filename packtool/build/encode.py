@@ -1,4 +1,4 @@
-"""Encode phase: one work item per input file -> one token-store partition and its report.
+"""Encode phase: one work item per input file or row range of one -> one token-store partition and its report.
 
     file --read_file--> Example | RecordError --render--> Rendered --encode_batch--> Tokenized
          --PartitionWriter--> CACHE/tokens/KEY.arrow      (samples that tokenized and passed the self-check)
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from packtool.build.cache import TokenCache, publish_file
 from packtool.config import BuildConfig, SourceConfig, canonical_json
@@ -31,15 +34,17 @@ from packtool.packing_items import KIND_CODES
 from packtool.preference import CompletionGroup, ItemTruncation, PreferencePair, encode_answers, truncate_item
 from packtool.records import Rendered, Tokenized
 from packtool.render import ChatTemplate, render_example, template_for
-from packtool.sources import Parsed, read_file
+from packtool.sources import BOM, Parsed, read_file, sniff
 from packtool.store import PartitionWriter, SegmentRole
 
+RANGE_ROWS = 4096  # lines or rows per encode work item of a large file (see row_ranges)
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
+PREPARE_THREADS = 2  # chunks rendered and tokenized at once in one process (see _outcomes)
 
 
 @dataclass(frozen=True)
 class EncodeItem:
-    """One input file of one source, and where its partition goes."""
+    """One input file of one source, or a row range of a large one (see row_ranges), and where its partition goes."""
 
     config: BuildConfig
     source: str
@@ -48,10 +53,62 @@ class EncodeItem:
     cache_root: str
     stop_at_bad: bool  # on_error: fail
     stop: int | None  # the source's max_samples: no file gives more (the plan keeps the source's first N)
+    start: int = 0  # positions start..end of the file (JSON Lines lines, rows from 0): a row range of a large file
+    end: int | None = None
+
+    share: float = 1.0  # of the file's lines or rows: what progress counts for this item
 
     @property
     def bytes(self) -> int:
-        return os.path.getsize(self.file)
+        return round(os.path.getsize(self.file) * self.share)
+
+
+def row_ranges(file: str, max_samples: int | None) -> list[tuple[int, int | None]]:
+    """How one input file splits into encode work items, as (start, end) positions for `read_file`.
+
+    A plain JSON Lines file of L lines (blank lines included) or a Parquet file of L rows splits into
+    n = ceil(L / RANGE_ROWS) ranges of equal size, so that all workers share one large file:
+
+        lines  0 ........ s | s ........ 2s | ... | (n-1)s ........ end
+               item 0         item 1                item n-1 (end: None)
+
+    Locations and ids come from the file and the line or row, so they do not depend on the split, and the
+    partitions are read back in item order, so the plan and the shards do not either. Compressed files and
+    JSON arrays are read from their first byte whatever the range, and a source with max_samples counts
+    records across the file: those stay one item.
+    """
+    whole: list[tuple[int, int | None]] = [(0, None)]
+    if max_samples is not None:
+        return whole
+    try:
+        kind = sniff(file)
+        positions = _parquet_rows(file) if kind == "parquet" else _json_lines(file) if kind == "text" else 0
+    except (OSError, pa.ArrowException):
+        return whole  # the read reports it, once
+    n = -(-positions // RANGE_ROWS)
+    if n <= 1:
+        return whole
+    size = -(-positions // n)
+    return [(i * size, (i + 1) * size if i < n - 1 else None) for i in range(n)]
+
+
+def _parquet_rows(file: str) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(file).metadata.num_rows)
+
+
+def _json_lines(file: str) -> int:
+    """The lines of a plain JSON Lines file; 0 for anything else (a JSON array is parsed whole)."""
+    with open(file, "rb") as handle:
+        head = handle.read(1 << 16)
+        first = head.removeprefix(BOM).lstrip()
+        if not first.startswith(b"{") or first.split(b"\n", 1)[0].strip() == b"{":
+            return 0
+        lines, last = head.count(b"\n"), head[-1:]
+        while block := handle.read(1 << 20):
+            lines, last = lines + block.count(b"\n"), block[-1:]
+    return lines + (last != b"\n")
 
 
 @dataclass(frozen=True)
@@ -210,7 +267,7 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     writer = PartitionWriter(temporary, source.name)
     report = Report(source.name, item.file)
     try:
-        for ordinal, outcome in enumerate(_outcomes(stages, source, item.file, item.stop)):
+        for ordinal, outcome in enumerate(_outcomes(item, stages, source)):
             failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
             if failure is not None:
                 return EncodeResult(item.key, reused=False, failure=failure)
@@ -227,15 +284,31 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     return EncodeResult(item.key, reused=False)
 
 
-def _outcomes(stages: Stages, source: SourceConfig, file: str, stop: int | None) -> Iterator[Outcome]:
-    chunk: list[Parsed | RecordError] = []
-    for record in islice(read_file(source, file), stop):
-        chunk.append(record)
-        if len(chunk) == ENCODE_BATCH:
-            yield from stages.prepare(chunk, source)
-            chunk = []
-    if chunk:
-        yield from stages.prepare(chunk, source)
+def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig) -> Iterator[Outcome]:
+    """The outcomes of the item's records in order, PREPARE_THREADS chunks prepared at once.
+
+        thread 1:  render k (GIL) | encode k (Rust, no GIL) | check k (GIL) | render k+2 ...
+        thread 2:        render k+1 (GIL)  | encode k+1 (Rust) | ...
+        caller:    stores the outcomes of chunk k while k+1 and k+2 are prepared
+
+    The tokenizer releases the GIL, so one process keeps a core busy with Python while the other
+    tokenizes. Chunks are yielded in input order, so the partition's bytes do not depend on timing.
+    """
+    records = islice(read_file(source, item.file, item.start, item.end), item.stop)
+    chunks = _chunks(records, ENCODE_BATCH)
+    with ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="packtool-encode") as pool:
+        pending: deque[Future[list[Outcome]]] = deque()
+        for chunk in chunks:
+            pending.append(pool.submit(stages.prepare, chunk, source))
+            if len(pending) > PREPARE_THREADS:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
+
+
+def _chunks(records: Iterator[Parsed | RecordError], size: int) -> Iterator[list[Parsed | RecordError]]:
+    while chunk := list(islice(records, size)):
+        yield chunk
 
 
 def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter, stop_at_bad: bool) -> str | None:

@@ -8,7 +8,7 @@ until they hold at least --min-tokens tokens (1.5 M by default). Rows printed:
 
 - floor: `tokenizers` encode_batch on the already-rendered texts, one thread
   (TOKENIZERS_PARALLELISM=false), in a fresh process;
-- packtool `build -j 1` and `-j 2` through the public CLI in a fresh process each (import,
+- packtool `build --no-cache -j 1` and `-j 2` through the public CLI in a fresh process each (import,
   read, render, tokenize, check, plan, write: everything a user waits for), with the phase
   times the manifest reports when the build records them, and single-thread phase costs measured
   here (read, render, tokenize) to show where the time goes;

@@ -260,28 +260,32 @@ def collate(
     )
 
 
+# Schema v2 per-segment columns: shard column (also the MicroBatch field) -> SegmentColumns field,
+# the value of segments collate adds (padding: a plain sample), and its dtype.
+SEGMENT_COLUMNS: dict[str, tuple[str, float, type]] = {
+    "segment_groups": ("groups", -1, np.int64),
+    "segment_kinds": ("kinds", 0, np.int8),
+    "completion_index": ("completion_index", -1, np.int16),
+    "segment_rewards": ("rewards", np.nan, np.float64),
+    "segment_advantages": ("advantages", np.nan, np.float64),
+}
+
+
 def _segment_tensors(
     packs: Sequence[LoadedPack], cu_seqlens: np.ndarray, row_start: np.ndarray
 ) -> dict[str, torch.Tensor]:
     """The packs' per-segment columns in micro-batch order; segments collate added (padding) stay plain."""
-    fill = {"groups": -1, "kinds": 0, "completion_index": -1, "rewards": np.nan, "advantages": np.nan}
-    dtypes = {"groups": np.int64, "kinds": np.int8, "completion_index": np.int16, "rewards": np.float64}
-    dtypes["advantages"] = np.float64
-    out = {name: np.full(len(cu_seqlens) - 1, value, dtype=dtypes[name]) for name, value in fill.items()}
+    out: dict[str, np.ndarray] = {
+        column: np.full(len(cu_seqlens) - 1, fill, dtype=dtype) for column, (_, fill, dtype) in SEGMENT_COLUMNS.items()
+    }
     # a pack's first segment starts where its slot starts; its segments follow in order
     firsts = np.searchsorted(cu_seqlens, row_start[:-1])
     for pack, at in zip(packs, firsts.tolist(), strict=True):
         if pack.segments is not None:
             n = len(pack.cu_seqlens) - 1
-            for name in fill:
-                out[name][at : at + n] = getattr(pack.segments, name)
-    return {
-        "segment_groups": torch.from_numpy(out["groups"]),
-        "segment_kinds": torch.from_numpy(out["kinds"]),
-        "completion_index": torch.from_numpy(out["completion_index"]),
-        "segment_rewards": torch.from_numpy(out["rewards"]),
-        "segment_advantages": torch.from_numpy(out["advantages"]),
-    }
+            for column, (field, _, _) in SEGMENT_COLUMNS.items():
+                out[column][at : at + n] = getattr(pack.segments, field)
+    return {column: torch.from_numpy(values) for column, values in out.items()}
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import DatasetError, PackFormatError
-from packtool.format import check_cu_seqlens, pack_hash, sha256_file
+from packtool.format import MANIFEST, check_cu_seqlens, pack_hash, sha256_file
 from packtool.format import read_manifest as read_manifest_json
 from packtool.labels import IGNORE_INDEX
 
@@ -46,7 +46,7 @@ class Manifest:
 def read_manifest(folder: str | Path) -> Manifest:
     """Parse `folder/manifest.json`; refuse unknown schema versions and shard paths outside the folder."""
     folder = Path(folder)
-    path = folder / "manifest.json"
+    path = folder / MANIFEST
     try:
         raw = read_manifest_json(folder)
     except PackFormatError as err:

@@ -53,7 +53,7 @@ from packtool.errors import DatasetError
 from packtool.format import attn_cost
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import pack_costs
-from packtool.loader.collate import LoadedPack, MicroBatch, batch_by_tokens
+from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, batch_by_tokens
 from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 from packtool.shards import SegmentColumns
@@ -62,14 +62,6 @@ __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
 log = logging.getLogger("packtool.loader")
 STATE_KEYS = ("epoch", "position", "seed")
-# schema v2 (pairs and groups): column -> SegmentColumns field
-SEGMENT_COLUMNS = {
-    "segment_groups": "groups",
-    "segment_kinds": "kinds",
-    "completion_index": "completion_index",
-    "segment_rewards": "rewards",
-    "segment_advantages": "advantages",
-}
 BALANCE_MODES = (None, "attention")
 
 
@@ -453,7 +445,7 @@ class PackedDataset(IterableDataset):
         shard = self.manifest.shards[unit.shard].file.name
         segments = None
         if cols.segments is not None:
-            values = {SEGMENT_COLUMNS[k]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
+            values = {SEGMENT_COLUMNS[k][0]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
             segments = SegmentColumns(**values)
         return LoadedPack(
             ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True, segments

@@ -8,10 +8,11 @@
                                   rejects.jsonl): the record there, then its documents by id and content hash
 
 For each document found: shard, row, document index, token range, pack_hash, repeat (0: the first
-copy, 1, 2, ...: copies made by source mixing) and, for a `split` document, that it is one of
-several pieces. For each sample: where it came from (file:line) and whether the record there
-still hashes to the `sample_hash` stored in the shard, i.e. whether the file changed since the
-build. A sample that was not trained is found in rejects.jsonl with its reason.
+copy, 1, 2, ...: copies made by source mixing) and, for a piece of a cut sample (schema v2), its
+piece number and where it starts in the sample (`piece 2 from token 4096`). For each sample: where
+it came from (file:line) and whether the record there still hashes to the `sample_hash` stored in
+the shard, i.e. whether the file changed since the build. A sample that was not trained is found
+in rejects.jsonl with its reason.
 
 Source files are found through the config recorded in the manifest. Its relative paths are
 relative to the config's folder, which is taken from `--config`, or else inferred from where the
@@ -30,11 +31,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError, RecordError
-from packtool.format import MANIFEST, REJECTS, read_manifest
+from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
 
 INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
-ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index"]  # schema v2
+ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets"]
 MIN_HASH_PREFIX = 4  # shorter hex strings match too many packs to be a useful key
 _HEX = re.compile(r"[0-9a-f]+")
 _NUMBERED = re.compile(r"^(?P<file>.+):(?P<number>\d+)$")
@@ -54,8 +55,10 @@ class Placement:
     sample_hash: str
     source: str
     repeat: int
-    piece: str = ""  # "one of 3 pieces (split)" for a split sample; the shards do not number the pieces
+    piece: str = ""  # "piece 2 from token 4096 of the sample (3 pieces in this output)"; "" for a whole sample
     item: str = ""  # schema v2: "chosen of group 174", "completion 2 of group 9"; "" for a plain sample
+    piece_number: int | None = None  # schema v2: segment_pieces (-1: the sample whole); None for v1 shards
+    piece_offset: int | None = None  # schema v2: segment_piece_offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +169,11 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])
             for d, (sample_id, sample_hash, repeat, source) in enumerate(columns):
                 where = (shard, row, d, docs[d], docs[d + 1], pack["pack_hash"])
-                item = _item(pack, d) if v2 else ""
-                out.append(Placement(*where, sample_id, sample_hash, source, repeat, item=item))
+                if v2:
+                    item, number, offset = _item(pack, d), pack["segment_pieces"][d], pack["segment_piece_offsets"][d]
+                    out.append(Placement(*where, sample_id, sample_hash, source, repeat, "", item, number, offset))
+                else:
+                    out.append(Placement(*where, sample_id, sample_hash, source, repeat))
     return out
 
 
@@ -182,15 +188,19 @@ def _item(pack: dict[str, Any], d: int) -> str:
 
 
 def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Placement]:
-    """Name split pieces: several documents of one sample copy (same id, hash and repeat) are its pieces."""
+    """Name pieces: schema v2 numbers them; in v1 shards, several documents of one sample copy (same id,
+    hash and repeat) are its pieces, unnumbered."""
     pieces: dict[tuple[str, str, int], list[Placement]] = defaultdict(list)
     for p in everything:
         pieces[(p.sample_id, p.sample_hash, p.repeat)].append(p)
     out = []
     for p in found:
-        siblings = pieces[(p.sample_id, p.sample_hash, p.repeat)]
-        if len(siblings) > 1 and not p.item:  # the segments of a pair or group are not pieces
-            p = Placement(**{**asdict(p), "piece": f"one of {len(siblings)} pieces (split)"})
+        siblings = len(pieces[(p.sample_id, p.sample_hash, p.repeat)])
+        if p.piece_number is not None and p.piece_number != WHOLE:
+            trained = f"{siblings} piece{'s' if siblings > 1 else ''} of it in this output"
+            p = Placement(**{**asdict(p), "piece": f"piece {p.piece_number} from token {p.piece_offset} ({trained})"})
+        elif p.piece_number is None and siblings > 1 and not p.item:
+            p = Placement(**{**asdict(p), "piece": f"one of {siblings} pieces (split)"})
         out.append(p)
     return out
 

@@ -1,7 +1,8 @@
 """The on-disk contract of docs/format.md, in one place: what the builder writes and every reader checks.
 
     shard schema (SCHEMA, SCHEMA_VERSION)      one Parquet row per pack
-    SCHEMA_V2, ITEMS_SCHEMA_VERSION            the same plus per-segment group columns: builds with pairs or groups
+    SCHEMA_V2, SEGMENTS_SCHEMA_VERSION         the same plus per-segment columns (groups, pieces): builds with pairs,
+                                               groups or split truncation
     pack_hash(input_ids, labels, cu_seqlens)   sha256 over the three arrays as little-endian int32
     attn_cost(cu_seqlens)                      sum of squared segment lengths (quadratic attention cost)
     check_cu_seqlens(cu, n)                    0, strictly increasing, ends at n: what varlen kernels need
@@ -28,9 +29,10 @@ from packtool.seal import seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
-# A build with at least one preference or group source writes version 2; every other build writes the v1 bytes.
-ITEMS_SCHEMA_VERSION = 2
-SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION, ITEMS_SCHEMA_VERSION)
+# A build with a preference or group source, or with `split` truncation, writes version 2 (build.plan
+# shard_schema_version); every other build writes the v1 bytes.
+SEGMENTS_SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION)
 INT32_MAX = int(np.iinfo(np.int32).max)  # varlen kernels take int32 offsets: a row's tokens must fit
 
 SCHEMA = pa.schema(
@@ -52,19 +54,19 @@ SCHEMA = pa.schema(
     metadata={"packtool.schema_version": str(SCHEMA_VERSION)},
 )
 
-# Per attention segment, aligned with cu_seqlens (docs/format.md "Pairs and groups"); floats are NaN where none.
+# Per attention segment, aligned with cu_seqlens (docs/format.md "Pairs and groups" and "Pieces"); floats
+# are NaN where none. Version 2 is never a stream build, so its segments are its documents.
 SEGMENT_FIELDS = [
     pa.field("segment_groups", pa.list_(pa.int64())),
     pa.field("segment_kinds", pa.list_(pa.int8())),
     pa.field("completion_index", pa.list_(pa.int16())),
     pa.field("segment_rewards", pa.list_(pa.float64())),
     pa.field("segment_advantages", pa.list_(pa.float64())),
+    pa.field("segment_pieces", pa.list_(pa.int32())),
+    pa.field("segment_piece_offsets", pa.list_(pa.int32())),
 ]
-SCHEMA_V2 = pa.schema(list(SCHEMA) + SEGMENT_FIELDS, metadata={"packtool.schema_version": str(ITEMS_SCHEMA_VERSION)})
-
-
-def schema_for(version: int) -> pa.Schema:
-    return SCHEMA_V2 if version == ITEMS_SCHEMA_VERSION else SCHEMA
+SCHEMA_V2 = pa.schema(list(SCHEMA) + SEGMENT_FIELDS, metadata={"packtool.schema_version": str(SEGMENTS_SCHEMA_VERSION)})
+WHOLE = -1  # segment_pieces of a segment that is its sample whole (nothing was cut from it)
 
 
 def conventions(stream: bool) -> dict[str, Any]:

@@ -58,13 +58,16 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class SegmentColumns:
-    """Schema v2 per-segment values: group id (-1: plain sample), kind code, completion index, reward, advantage."""
+    """Schema v2 per-segment values: group id (-1: plain sample), kind code, completion index, reward, advantage,
+    piece number (WHOLE: the sample uncut) and the piece's first token's offset in its sample."""
 
     groups: np.ndarray
     kinds: np.ndarray
     completion_index: np.ndarray
     rewards: np.ndarray
     advantages: np.ndarray
+    pieces: np.ndarray
+    piece_offsets: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ class OutputPack:
     sample_hashes: list[str]
     sample_repeats: list[int]
     sources: list[str]
-    segments: SegmentColumns | None = None  # schema v2 only (a build with pairs or groups)
+    segments: SegmentColumns | None = None  # schema v2 only (build.plan.shard_schema_version)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -136,6 +139,8 @@ def _table(rows: list[OutputPack]) -> pa.Table:
             ("completion_index", "completion_index", np.int16),
             ("segment_rewards", "rewards", np.float64),
             ("segment_advantages", "advantages", np.float64),
+            ("segment_pieces", "pieces", np.int32),
+            ("segment_piece_offsets", "piece_offsets", np.int32),
         ]:
             arrays = [getattr(r.segments, name) for r in rows]
             offsets = np.zeros(len(arrays) + 1, dtype=np.int32)

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError
+from packtool.format import WHOLE
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
@@ -163,12 +164,22 @@ def segment_item(pack: dict[str, Any], d: int) -> dict[str, Any] | None:
     return item
 
 
+def segment_piece(pack: dict[str, Any], d: int) -> dict[str, int] | None:
+    """Schema v2: which piece of its sample document d is ({number, offset}: the piece's first token is
+    token `offset` of the sample); None for a whole sample or a v1 pack."""
+    if "segment_pieces" not in pack or pack["segment_pieces"][d] == WHOLE:
+        return None
+    return {"number": pack["segment_pieces"][d], "offset": pack["segment_piece_offsets"][d]}
+
+
 def _item_label(pack: dict[str, Any], d: int) -> str:
+    piece = segment_piece(pack, d)
+    label = "" if piece is None else f", piece {piece['number']} from token {piece['offset']} of the sample"
     item = segment_item(pack, d)
     if item is None:
-        return ""
+        return label
     extra = "".join(f", {k} {item[k]}" for k in ("completion_index", "reward", "advantage") if k in item)
-    return f", {item['kind']} of group {item['group']}{extra}"
+    return f"{label}, {item['kind']} of group {item['group']}{extra}"
 
 
 def _documents(ref: PackRef, count: int) -> list[int]:
@@ -234,9 +245,11 @@ def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | No
             "targets": int((labels[start:end] != IGNORE_INDEX).sum()),
             "tokens": tokens,
         }
-        item = segment_item(pack, d)
+        item, piece = segment_item(pack, d), segment_piece(pack, d)
         if item is not None:
             entry["item"] = item
+        if piece is not None:
+            entry["piece"] = piece
         if text:
             entry["text"] = decoder.decode(ids[start:end].tolist(), skip_special_tokens=False)
         documents.append(entry)

@@ -54,6 +54,12 @@ from packtool.records import Tokenized
 class Truncation:
     """What truncating one sample produced.
 
+    `numbers[i]` and `offsets[i]` say which part of the original `samples[i]` is: its number among
+    the parts the strategy cut (split numbers its pieces 0, 1, 2, ... in token order, counting pieces
+    later removed for having no target; every other strategy keeps one part, 0) and the position
+    of its first token in the original (0 for `right`, `middle` and `turns`, whose first token is
+    the original's). A trace names a segment with them (docs/format.md "Pieces").
+
     `removed_tokens + sum(len(s) for s in samples)` is the original length, and
     `removed_targets + sum(s.targets.sum() for s in samples)` its target count: the counts are
     of removed tokens and their target flags. A target that survives as a sample's first token
@@ -67,8 +73,12 @@ class Truncation:
     removed_targets: int
     drop_reason: str | None = None
     detail: str = ""
+    numbers: tuple[int, ...] = ()
+    offsets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not len(self.numbers) == len(self.offsets) == len(self.samples):
+            raise ValueError("Truncation needs one piece number and one offset per kept sample")
         if (self.drop_reason is None) != bool(self.samples):
             raise ValueError(
                 f"Truncation has {len(self.samples)} samples and drop_reason {self.drop_reason!r}; "
@@ -117,9 +127,17 @@ def check_strategy(strategy: str, fallback: str = "right") -> None:
 
 
 def _finish(
-    sample: Tokenized, pieces: tuple[Tokenized, ...], strategy: str, drop_reason: str | None = None, detail: str = ""
+    sample: Tokenized,
+    pieces: tuple[Tokenized, ...],
+    strategy: str,
+    drop_reason: str | None = None,
+    detail: str = "",
+    starts: tuple[int, ...] | None = None,
 ) -> Truncation:
-    kept = tuple(piece for piece in pieces if piece.n_targets > 0)
+    """`starts[k]`: where piece k begins in `sample` (all 0 when not given)."""
+    starts = starts if starts is not None else (0,) * len(pieces)
+    numbered = [(k, piece) for k, piece in enumerate(pieces) if piece.n_targets > 0]
+    kept = tuple(piece for _, piece in numbered)
     if not kept and drop_reason is None:
         drop_reason = "no_targets"
         if strategy == "none":
@@ -137,6 +155,8 @@ def _finish(
         removed_targets=int(sample.targets.sum()) - kept_targets,
         drop_reason=drop_reason,
         detail=detail if drop_reason else "",
+        numbers=tuple(k for k, _ in numbered),
+        offsets=tuple(starts[k] for k, _ in numbered),
     )
 
 
@@ -208,7 +228,7 @@ def _left(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Trun
     # The first kept token becomes a segment start and loses its label; the label builder
     # applies that rule, so slicing here stays a plain slice.
     start = _start_outside_structured(sample, len(sample) - capacity)
-    return _finish(sample, (sample.sliced(slice(start, len(sample))),), "left")
+    return _finish(sample, (sample.sliced(slice(start, len(sample))),), "left", starts=(start,))
 
 
 def _middle(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
@@ -229,7 +249,7 @@ def _window(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Tr
     # same window on every run and machine.
     digest = hashlib.blake2b(f"{seed}\x00{sample.example_id}".encode(), digest_size=8).digest()
     start = int.from_bytes(digest, "little") % (len(sample) - capacity + 1)
-    return _finish(sample, (sample.sliced(slice(start, start + capacity)),), "window")
+    return _finish(sample, (sample.sliced(slice(start, start + capacity)),), "window", starts=(start,))
 
 
 def _split(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
@@ -237,14 +257,16 @@ def _split(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Tru
         return _plain_text_only(sample, capacity, "split")
     # Each piece is its own segment: piece k cannot see piece k-1, and its first token loses
     # its label; the price of keeping every token of a long document.
-    pieces = tuple(sample.sliced(slice(start, start + capacity)) for start in range(0, len(sample), capacity))
-    return _finish(sample, pieces, "split")
+    starts = tuple(range(0, len(sample), capacity))
+    pieces = tuple(sample.sliced(slice(start, start + capacity)) for start in starts)
+    return _finish(sample, pieces, "split", starts=starts)
 
 
 def _turns(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
-    reduced = _without_old_turns(sample, capacity)
-    if len(reduced) == len(sample):
+    keep = _old_turns_removed(sample, capacity)
+    if keep is None or keep.all():
         return STRATEGIES[fallback](sample, capacity, fallback=fallback, seed=seed)
+    reduced = sample.sliced(keep)
     if len(reduced) <= capacity:
         return _finish(sample, (reduced,), "turns")
     rest = STRATEGIES[fallback](reduced, capacity, fallback=fallback, seed=seed)
@@ -252,32 +274,34 @@ def _turns(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Tru
     if rest.drop_reason:
         then = rest.detail.removeprefix(f"sample {sample.example_id!r}: ")
         detail = f"{_too_long(sample, capacity)}; {len(reduced)} after removing old turns, then {then}"
-    return _finish(sample, rest.samples, f"turns+{rest.strategy}", rest.drop_reason, detail)
+    in_original = np.flatnonzero(keep)  # the fallback's offsets are positions in `reduced`
+    starts = tuple(int(in_original[offset]) for offset in rest.offsets)
+    return _finish(sample, rest.samples, f"turns+{rest.strategy}", rest.drop_reason, detail, starts)
 
 
-def _without_old_turns(sample: Tokenized, capacity: int) -> Tokenized:
-    """Remove the oldest whole turns, as few as fit `capacity` (all removable ones if none do).
+def _old_turns_removed(sample: Tokenized, capacity: int) -> np.ndarray | None:
+    """Which tokens stay when the oldest whole turns go, as few as fit `capacity` (all removable ones if none do).
 
     A turn is a user message and everything up to the next user message. Messages before the
     first user message (system) stay, as does the turn holding the last message with a target
-    and anything after it. Returns `sample` itself when nothing can be removed.
+    and anything after it. None when nothing can be removed.
     """
     index = sample.message_index.astype(np.int64)
     own = index[index >= 0]
     if not sample.message_roles or np.any(own[1:] < own[:-1]):
         # Plain text, or a template that interleaves messages: no turn is a contiguous range.
-        return sample
+        return None
     # Every token gets the latest message seen so far; with ordered messages this makes the
     # first position of message m a binary search, and a trailing template token (an end
     # marker that is a target) belong to the message it closes.
     latest = np.maximum.accumulate(index)
     if not sample.targets.any():
-        return sample
+        return None
     last_target = int(np.flatnonzero(sample.targets)[-1])
     final_trained = int(latest[last_target])
     starts = [m for m, role in enumerate(sample.message_roles) if role == "user" and m <= final_trained]
     if len(starts) < 2:
-        return sample
+        return None
     # Cut from a user message's own tokens to another user message's own tokens: the header
     # left in front is the same kind (see the module docstring).
     bounds = [int(np.searchsorted(latest, m, side="left")) for m in starts]
@@ -285,7 +309,7 @@ def _without_old_turns(sample: Tokenized, capacity: int) -> Tokenized:
     removed = next((r for r in range(1, len(bounds)) if bounds[r] - bounds[0] >= excess), len(bounds) - 1)
     keep = np.ones(len(sample), dtype=bool)
     keep[bounds[0] : bounds[removed]] = False
-    return sample.sliced(keep)
+    return keep
 
 
 # Named truncation strategies; config names are checked against these keys.

@@ -31,7 +31,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.format import MANIFEST, SCHEMA, SCHEMA_V2, attn_cost, cu_seqlens_problem, pack_hash, sha256_file
+from packtool.format import (
+    MANIFEST,
+    SCHEMA,
+    SCHEMA_V2,
+    SEGMENT_FIELDS,
+    WHOLE,
+    attn_cost,
+    cu_seqlens_problem,
+    pack_hash,
+    sha256_file,
+)
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import validate_pack_groups
 from packtool.seal import SEAL, manifest_digest, seal_manifest
@@ -358,17 +368,25 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
 
 
 def _group_problems(row: dict[str, Any], ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> list[str]:
-    """Schema v2: one entry per segment in each per-segment column, and whole, well-formed pairs and groups."""
+    """Schema v2: one entry per segment in each per-segment column, whole, well-formed pairs and groups, and
+    piece numbers and offsets that name a part of a sample (an uncut one at offset 0)."""
     segments = len(cu) - 1
-    columns = ("segment_groups", "segment_kinds", "completion_index", "segment_rewards", "segment_advantages")
+    columns = [field.name for field in SEGMENT_FIELDS]
     wrong = [f"{c} has {len(row[c])} entries for {segments} segments" for c in columns if len(row[c]) != segments]
     if wrong:
         return wrong
+    problems = []
     try:
         validate_pack_groups(ids, labels, cu, row["segment_groups"], row["segment_kinds"], row["completion_index"])
     except ValueError as error:
-        return [str(error)]
-    return []
+        problems.append(str(error))
+    pieces, offsets = np.asarray(row["segment_pieces"]), np.asarray(row["segment_piece_offsets"])
+    if (pieces < WHOLE).any() or (offsets < 0).any() or (offsets[pieces == WHOLE] != 0).any():
+        problems.append(
+            f"segment_pieces {pieces.tolist()} with offsets {offsets.tolist()}: a piece number is -1 (the sample "
+            "whole, at offset 0) or >= 0, and an offset is >= 0"
+        )
+    return problems
 
 
 def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -> None:

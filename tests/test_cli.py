@@ -34,7 +34,7 @@ def _digest(folder: Path) -> dict[str, str]:
 
 def test_quickstart_build_writes_a_complete_self_describing_output(quickstart_build):
     manifest = json.loads((quickstart_build / "manifest.json").read_text())
-    assert manifest["schema_version"] == 1 and manifest["mode"] == "packed"
+    assert manifest["schema_version"] == 2 and manifest["mode"] == "packed"  # split truncation: pieces numbered
     assert manifest["conventions"]["ignore_index"] == IGNORE_INDEX
     assert manifest["template"]["name"] == "model" and len(manifest["tokenizer"]["sha256"]) == 64
     assert manifest["stats"]["token_efficiency"] > 0.95

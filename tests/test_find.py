@@ -53,10 +53,20 @@ def test_default_ids_round_trip(quickstart_build):
 
 
 def test_split_documents_are_named_as_pieces(quickstart_build):
+    """Each piece of a split document names its number and where it starts in the document."""
+    capacity = json.loads((quickstart_build / "manifest.json").read_text())["capacity"]
     trace = find(quickstart_build, "qs-doc-0000")
-    assert len(trace.placements) > 1
-    assert all(p.piece == f"one of {len(trace.placements)} pieces (split)" for p in trace.placements)
+    pieces = sorted(trace.placements, key=lambda p: p.piece_number)
+    assert len(pieces) > 1
+    assert [p.piece_number for p in pieces] == list(range(len(pieces)))  # every piece of this document trained
+    assert [p.piece_offset for p in pieces] == [k * capacity for k in range(len(pieces))]
+    assert [p.end - p.start for p in pieces[:-1]] == [capacity] * (len(pieces) - 1)
+    assert pieces[1].piece == f"piece 1 from token {capacity} ({len(pieces)} pieces of it in this output)"
     assert len(trace.origins) == 1 and trace.origins[0].status == "matches"
+    whole = find(quickstart_build, "qs-chat-00007").placements[0]
+    assert whole.piece == "" and whole.piece_number == -1 and whole.piece_offset == 0
+    text = _find(str(quickstart_build), "qs-doc-0000")
+    assert f"piece 1 from token {capacity}" in text
 
 
 def test_show_prints_the_document_like_inspect(quickstart_build):

@@ -34,6 +34,10 @@ def test_id_searches_every_shard_of_a_folder(quickstart_build):
     assert {line.split()[0] for line in output.splitlines() if " row " in line} >= {"shard-00000.parquet"}
     assert "text:" not in output
     assert "no document with sample id 'nope'" in _inspect(str(quickstart_build), "--id", "nope", exit_code=1)
+    assert all(" piece " in h and "from token" in h for h in headers)  # each header names its piece
+    report = json.loads(_inspect(str(quickstart_build), "--id", "qs-doc-0000", "--no-text", "--json"))
+    pieces = sorted(d["piece"]["number"] for pack in report["packs"] for d in pack["documents"])
+    assert pieces == list(range(len(headers)))
 
 
 def test_doc_and_json(quickstart_build):

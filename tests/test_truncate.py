@@ -414,6 +414,13 @@ def test_properties(args):
         for m in sample.structured_messages:
             assert (piece.message_index == m).sum() in (0, (sample.message_index == m).sum())
 
+    # Each kept part says where it starts in the original (ids are positions) and which piece it is.
+    assert [int(piece.input_ids[0]) for piece in result.samples] == list(result.offsets)
+    if result.strategy.endswith("split"):
+        assert list(result.numbers) == [offset // capacity for offset in result.offsets]
+    else:
+        assert set(result.numbers) <= {0}
+
     applied = result.strategy
     if applied in ("right", "left", "window", "split"):
         assert all(runs(piece.input_ids.tolist()) == 1 for piece in result.samples)

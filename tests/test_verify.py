@@ -327,3 +327,37 @@ def test_64_single_byte_flips_of_the_manifest_are_reported_not_raised(sealed, tm
     manifest["shards"].append(dict(manifest["shards"][0]))
     path.write_text(json.dumps(manifest))
     assert "shards lists 'shard-00000.parquet' more than once" in _verify(copy).output
+
+
+def test_row_problems_on_hand_made_v2_piece_columns():
+    v2 = {
+        "input_ids": [5, 6, 2, 7, 2],
+        "labels": [IGNORE_INDEX, 6, 2, IGNORE_INDEX, 2],
+        "cu_seqlens": [0, 3, 5],
+        "doc_cu_seqlens": [0, 3, 5],
+        "token_roles": [3, 3, 3, 3, 3],
+        "sample_ids": ["a", "b"],
+        "sample_hashes": ["x", "y"],
+        "sample_repeats": [0, 0],
+        "sources": ["s", "s"],
+        "n_tokens": 5,
+        "n_targets": 3,
+        "attn_cost": 13,
+        "segment_groups": [-1, -1],
+        "segment_kinds": [0, 0],
+        "completion_index": [-1, -1],
+        "segment_rewards": [float("nan")] * 2,
+        "segment_advantages": [float("nan")] * 2,
+        "segment_pieces": [-1, 3],  # a whole sample, then piece 3 of a split one
+        "segment_piece_offsets": [0, 6144],
+    }
+    v2["pack_hash"] = pack_hash(v2["input_ids"], v2["labels"], v2["cu_seqlens"])
+    assert row_problems(v2, capacity=8) == []
+    for broken in (
+        {"segment_pieces": [-1]},
+        {"segment_pieces": [-2, 3]},
+        {"segment_piece_offsets": [5, 6144]},
+        {"segment_piece_offsets": [0, -1]},
+    ):
+        problems = row_problems({**v2, **broken}, capacity=8)
+        assert len(problems) == 1 and "segment_piece" in problems[0], (broken, problems)

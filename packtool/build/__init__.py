@@ -36,7 +36,7 @@ from packtool.build.progress import Progress
 from packtool.build.publish import Staging
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
-from packtool.format import ITEMS_SCHEMA_VERSION, REJECTS, conventions, write_manifest
+from packtool.format import REJECTS, conventions, write_manifest
 from packtool.packing import PackPlan
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_CODES
@@ -313,7 +313,7 @@ def _manifest(
     items = any(s.format in ITEM_FORMATS for s in config.sources)
     manifest: dict[str, Any] = {
         "packtool_version": packtool.__version__,
-        "schema_version": ITEMS_SCHEMA_VERSION if items else packtool.SCHEMA_VERSION,
+        "schema_version": plan.schema_version,
         "mode": "stream" if stream else "packed",
         "capacity": capacity,
         "seed": config.seed,
@@ -359,8 +359,9 @@ def _manifest(
         },
         "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
     }
-    if items:  # schema v2 only: a build without pairs or groups keeps the v1 manifest byte for byte
-        manifest["kind_codes"] = KIND_CODES
+    if plan.schema_version != packtool.SCHEMA_VERSION:  # a v1 build keeps the v1 manifest byte for byte
+        manifest["kind_codes"] = KIND_CODES  # what segment_kinds holds
+    if items:
         manifest["truncation"]["items"] = config.item_truncation
         manifest["accounting"] = _item_accounting(config, plan.accounting)
     return manifest

@@ -18,7 +18,7 @@ import numpy as np
 
 import packtool
 from packtool.build.plan import PIECES_FILE, FolderPlan, Plan, load_plan
-from packtool.format import write_json_atomic
+from packtool.format import WHOLE, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.packing import StreamPlan
 from packtool.records import ROLE_CODES
@@ -96,8 +96,9 @@ def emit_item(item: EmitItem) -> EmitResult:
         packs = []
         for p in range(item.first_pack, item.end_pack):
             members = layout.members[layout.offsets[p] : layout.offsets[p + 1]]
-            groups = None if folder.group is None else folder.group[members]
-            packs.append(_pack([gather.get(int(k)) for k in members], groups))
+            samples = [gather.get(int(k)) for k in members]
+            v2 = plan.schema_version != packtool.SCHEMA_VERSION
+            packs.append(_pack(samples, _segment_columns(gather, members, samples) if v2 else None))
     metadata = {
         "packtool.version": packtool.__version__,
         "packtool.capacity": str(folder.capacity),
@@ -133,9 +134,16 @@ class _Gather:
         source = self.plan.partitions[int(np.searchsorted(self.bases, g, side="right") - 1)].source
         return replace(self.pieces.get(row, repeat), source=source)
 
+    def part(self, k: int) -> tuple[int, int]:
+        """(piece number, token offset in its sample) of segment k: (WHOLE, 0) for an uncut sample."""
+        ref = int(self.folder.ref[k])
+        if ref >= 0:
+            return WHOLE, 0
+        return int(self.plan.piece_numbers[-ref - 1]), int(self.plan.piece_offsets[-ref - 1])
 
-def _pack(members: list[StoredSample], groups: np.ndarray | None = None) -> OutputPack:
-    """One pack; with `groups` (a plan with pairs or groups) also its schema v2 per-segment columns."""
+
+def _pack(members: list[StoredSample], segments: SegmentColumns | None) -> OutputPack:
+    """One pack; `segments` are its schema v2 per-segment columns (None in a v1 build)."""
     ids = np.concatenate([m.input_ids for m in members])
     targets = np.concatenate([m.targets for m in members])
     cu = cu_seqlens_from_lengths([len(m) for m in members])
@@ -149,17 +157,21 @@ def _pack(members: list[StoredSample], groups: np.ndarray | None = None) -> Outp
         sample_hashes=[m.sample_hash for m in members],
         sample_repeats=[m.repeat for m in members],
         sources=[m.source for m in members],
-        segments=None if groups is None else _segment_columns(members, groups),
+        segments=segments,
     )
 
 
-def _segment_columns(members: list[StoredSample], groups: np.ndarray) -> SegmentColumns:
+def _segment_columns(gather: _Gather, segments: np.ndarray, members: list[StoredSample]) -> SegmentColumns:
+    groups = np.full(len(segments), -1) if gather.folder.group is None else gather.folder.group[segments]
+    parts = np.array([gather.part(int(k)) for k in segments], dtype=np.int32).reshape(-1, 2)
     return SegmentColumns(
         groups=np.asarray(groups, dtype=np.int64),
         kinds=np.array([m.role.kind for m in members], dtype=np.int8),
         completion_index=np.array([m.role.completion for m in members], dtype=np.int16),
         rewards=np.array([m.role.reward for m in members], dtype=np.float64),
         advantages=np.array([m.role.advantage for m in members], dtype=np.float64),
+        pieces=parts[:, 0],
+        piece_offsets=parts[:, 1],
     )
 
 

@@ -243,8 +243,11 @@ _STAGES: dict[str, Stages] = {}
 
 
 def stages_for(config: BuildConfig) -> Stages:
+    # Every config value a Stages reads is in the key: a later build in this process (a notebook, a Ray
+    # worker) with another capacity must not fit its pairs to the first build's.
     key = canonical_json(
         [config.tokenizer.path, config.template, config.template_vars, config.add_bos, config.add_eos]
+        + [config.capacity, config.item_truncation]
         + [[s.name, s.format] for s in config.sources]
     )
     if key not in _STAGES:

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+import packtool
 from packtool.build.cache import code_fingerprint
-from packtool.config import BuildConfig, canonical_json
+from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
 from packtool.errors import BuildError
-from packtool.format import write_json_atomic
+from packtool.format import SEGMENTS_SCHEMA_VERSION, write_json_atomic
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.store import PartitionReader, PartitionWriter
@@ -152,6 +153,9 @@ class Plan:
     accounting: dict[str, dict[str, Any]]
     rejects: list[dict[str, Any]]  # in input order: {id, source, location, reason, detail}
     lengths: dict[str, dict[str, np.ndarray]]  # source -> before/after truncation, for the manifest's length summary
+    piece_numbers: np.ndarray  # per row of pieces.arrow: which part of its sample it is (_Fitted)
+    piece_offsets: np.ndarray
+    schema_version: int  # of the shards this plan gives (shard_schema_version)
 
     @property
     def bases(self) -> np.ndarray:
@@ -173,6 +177,18 @@ def plan_settings(config: BuildConfig) -> dict[str, Any]:
         "shards": [config.rows_per_shard, config.row_group_rows],
         "validation": [config.validation_share, config.validation_samples],
     }
+
+
+def shard_schema_version(config: BuildConfig) -> int:
+    """Version 2 (per-segment columns) when a source has pairs or groups, or a long text may be split into pieces.
+
+    Decided by the config alone, so the version of a build does not depend on its data: every other
+    build writes the version 1 bytes.
+    """
+    items = any(s.format in ITEM_FORMATS for s in config.sources)
+    strategies = {s.truncation or config.truncation for s in config.sources}
+    splits = "split" in strategies or ("turns" in strategies and config.truncation_fallback == "split")
+    return SEGMENTS_SCHEMA_VERSION if items or (splits and config.packing != "stream") else packtool.SCHEMA_VERSION
 
 
 def plan_key(config: BuildConfig, partition_keys: list[str]) -> str:
@@ -249,6 +265,9 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         accounting={name: c.as_dict() for name, c in counts.items()},
         rejects=rejects,
         lengths=lengths_by_source,
+        piece_numbers=fitted.piece_numbers,
+        piece_offsets=fitted.piece_offsets,
+        schema_version=shard_schema_version(config),
     )
     _write(plan)
     return plan
@@ -267,6 +286,8 @@ class _Fitted:
     drops: list[tuple[int, int, dict[str, Any]]]  # (partition, ordinal, reject entry)
     row: np.ndarray  # the global row of each segment's sample
     held_out: np.ndarray  # bool: in the validation split
+    piece_numbers: np.ndarray  # piece k of pieces.arrow is part piece_numbers[k] of its sample ...
+    piece_offsets: np.ndarray  # ... starting at token piece_offsets[k] of it (Truncation.numbers/offsets)
 
 
 def _fit(
@@ -313,7 +334,7 @@ def _fit(
     for untrained in np.flatnonzero(within & ~trains):
         drop(int(untrained), "no_targets", "no token of this sample is a target (check the train policy and template)")
 
-    piece_rows: list[tuple[int, int, int, int]] = []  # (global row, piece number, piece ref, length)
+    piece_rows: list[tuple[int, int, int, int, int]] = []  # (global row, piece number, piece ref, length, offset)
     writer = PartitionWriter(pieces_path, "")
     try:
         for row in np.flatnonzero(cut & trains):
@@ -339,14 +360,14 @@ def _fit(
                 )
                 drop(g, result.drop_reason, detail)
                 continue
-            for number, piece in enumerate(result.samples):
+            for number, offset, piece in zip(result.numbers, result.offsets, result.samples):
                 k = writer.append(piece, "", g)  # a piece's ordinal is its sample's global row
-                piece_rows.append((g, number, -(k + 1), len(piece)))
+                piece_rows.append((g, number, -(k + 1), len(piece), offset))
     finally:
         writer.close()
 
     kept_rows = np.flatnonzero(whole)
-    pieces = np.array(piece_rows, dtype=np.int64).reshape(-1, 4)
+    pieces = np.array(piece_rows, dtype=np.int64).reshape(-1, 5)
     order_row = np.concatenate([kept_rows, pieces[:, 0]])
     order_piece = np.concatenate([np.zeros(len(kept_rows), dtype=np.int64), pieces[:, 1]])
     order = np.lexsort((order_piece, order_row))
@@ -373,6 +394,8 @@ def _fit(
         drops=drops,
         row=row_of,
         held_out=no,
+        piece_numbers=pieces[:, 1].astype(np.int32),  # piece_rows are in append order: row k is piece k
+        piece_offsets=pieces[:, 4].astype(np.int32),
     )
 
 
@@ -615,6 +638,8 @@ def _write(plan: Plan) -> None:
     for i, when in enumerate(plan.lengths.values()):
         arrays[f"lengths.{i}.before"] = when["before"]
         arrays[f"lengths.{i}.after"] = when["after"]
+    arrays["pieces.number"] = plan.piece_numbers
+    arrays["pieces.offset"] = plan.piece_offsets
     np.savez(plan.folder / ARRAYS_FILE, allow_pickle=False, **arrays)
     meta = {
         "key": plan.key,
@@ -631,6 +656,7 @@ def _write(plan: Plan) -> None:
         "accounting": plan.accounting,
         "rejects": plan.rejects,
         "sources": list(plan.lengths),
+        "schema_version": plan.schema_version,
     }
     write_json_atomic(plan.folder / PLAN_FILE, meta)  # last: the plan is complete
 
@@ -675,4 +701,7 @@ def load_plan(folder: Path) -> Plan:
             name: {"before": arrays[f"lengths.{i}.before"], "after": arrays[f"lengths.{i}.after"]}
             for i, name in enumerate(meta["sources"])
         },
+        piece_numbers=arrays["pieces.number"],
+        piece_offsets=arrays["pieces.offset"],
+        schema_version=meta["schema_version"],
     )

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from packtool.errors import PackFormatError
-from packtool.format import attn_cost
+from packtool.format import WHOLE, attn_cost
 from packtool.labels import IGNORE_INDEX, position_ids
 from packtool.loader.contract import validate_cu_seqlens
 from packtool.shards import SegmentColumns
@@ -129,6 +129,8 @@ class MicroBatch:
     completion_index: torch.Tensor | None = None  # int16: -1 unless a group's completion
     segment_rewards: torch.Tensor | None = None  # float64, NaN where none
     segment_advantages: torch.Tensor | None = None  # float64, NaN where none
+    segment_pieces: torch.Tensor | None = None  # int32: which piece of a split sample (-1: the sample whole)
+    segment_piece_offsets: torch.Tensor | None = None  # int32: the piece's first token's offset in its sample
 
     @property
     def n_tokens(self) -> int:
@@ -268,6 +270,8 @@ SEGMENT_COLUMNS: dict[str, tuple[str, float, type]] = {
     "completion_index": ("completion_index", -1, np.int16),
     "segment_rewards": ("rewards", np.nan, np.float64),
     "segment_advantages": ("advantages", np.nan, np.float64),
+    "segment_pieces": ("pieces", WHOLE, np.int32),
+    "segment_piece_offsets": ("piece_offsets", 0, np.int32),
 }
 
 

@@ -235,3 +235,32 @@ def test_held_out_pairs_stay_whole_in_the_validation_split(tmp_path, write_confi
     assert all(sorted(k) == [1, 2] for k in sides.values())
     ids = {i for row in held for i in row["sample_ids"]}
     assert not ids & {i for row in _rows(out) for i in row["sample_ids"]}  # no pair on both sides of the split
+
+
+def test_a_second_build_in_one_process_fits_pairs_to_its_own_capacity(tmp_path, write_config):
+    """The process keeps its loaded tokenizer and template between builds (a notebook, a Ray worker), but
+    never the first build's capacity: pairs are cut while encoding, to the capacity of the build at hand."""
+    source = {"name": "en", "path": str(shared("datasets", "llamafactory_dpo_en_demo.json")), "format": "preference"}
+    common = {"tokenizer": str(shared("tokenizers", "qwen2.5")), "template": "model", "workers": 1}
+    build(
+        load_config(
+            write_config(
+                {**common, "sources": [{**source, "max_samples": 8}], "capacity": 2048, "output": "wide"}, "wide.yaml"
+            )
+        )
+    )
+    narrow = {
+        **common,
+        "sources": [{**source, "max_samples": 16}],
+        "capacity": 512,
+        "output": "narrow",
+        "max_reject_share": 1.0,
+    }
+    manifest = build(load_config(write_config(narrow, "narrow.yaml"))).manifest
+    assert manifest["accounting"]["en"]["truncated"]["left"]["samples"] > 0  # pairs were cut to 512, not 2048
+    assert verify(tmp_path / "narrow").ok
+    for row in _rows(tmp_path / "narrow"):
+        assert len(row["input_ids"]) <= 512
+        for group in set(row["segment_groups"]):
+            sides = [k for k, g in zip(row["segment_kinds"], row["segment_groups"]) if g == group]
+            assert sorted(sides) == [1, 2]  # both sides of every pair, each cut to fit

@@ -57,8 +57,8 @@ class Truncation:
     `numbers[i]` and `offsets[i]` say which part of the original `samples[i]` is: its number among
     the parts the strategy cut (split numbers its pieces 0, 1, 2, ... in token order, counting pieces
     later removed for having no target; every other strategy keeps one part, 0) and the position
-    of its first token in the original (0 for `right`, `middle` and `turns`, whose first token is
-    the original's). A trace names a segment with them (docs/format.md "Pieces").
+    of its first token in the original (0 for `right` and `middle`, whose first token is the
+    original's). A trace names a segment with them (docs/format.md "Pieces").
 
     `removed_tokens + sum(len(s) for s in samples)` is the original length, and
     `removed_targets + sum(s.targets.sum() for s in samples)` its target count: the counts are
@@ -268,7 +268,8 @@ def _turns(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Tru
         return STRATEGIES[fallback](sample, capacity, fallback=fallback, seed=seed)
     reduced = sample.sliced(keep)
     if len(reduced) <= capacity:
-        return _finish(sample, (reduced,), "turns")
+        # Usually 0, but a first turn that begins at the sample's first token goes with the rest.
+        return _finish(sample, (reduced,), "turns", starts=(int(np.flatnonzero(keep)[0]),))
     rest = STRATEGIES[fallback](reduced, capacity, fallback=fallback, seed=seed)
     detail = rest.detail
     if rest.drop_reason:

@@ -57,15 +57,21 @@ from packtool.build import build
 from packtool.build.progress import Progress
 from packtool.config import load_config
 
+def anon_mb():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(status["RssAnon"].split()[0]) / 1024
+
 class Timed(Progress):
     def __init__(self):
         self.spans = {}
+        self.anon = {}  # RssAnon of this process as each phase ends
     @contextmanager
     def phase(self, name, total, unit):
         begin = time.perf_counter()
         with Progress.phase(self, name, total, unit) as bar:
             yield bar
         self.spans[name] = (begin - start, time.perf_counter() - start)
+        self.anon[name] = anon_mb()
 
 config_path, output, workers, use_cache, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 timed = Timed()
@@ -92,6 +98,7 @@ print(json.dumps({
     "shards": built.shards,
     "nodes": built.nodes,
     "vm_hwm_mb": int(status["VmHWM"].split()[0]) / 1024,
+    "anon_after_mb": {**timed.anon, "publish": anon_mb()},
 }))
 """
 
@@ -352,6 +359,9 @@ def main(argv: list[str] | None = None) -> None:
             rows = memory_flatness(folder / "memory", sizes)
             print()
             print_builds("memory flatness: the same synthetic chat set at growing sizes, serial, no cache", rows)
+            for name, r in rows:
+                after = ", ".join(f"{phase} {mb:.0f}" for phase, mb in r["anon_after_mb"].items())
+                print(f"  {name}: driver RssAnon (MB) as each phase ends: {after}")
             small, large = rows[0][1]["memory_mb"], rows[-1][1]["memory_mb"]
             print(
                 f"  driver RssAnon {large['driver_anon'] / small['driver_anon']:.2f}x, RssFile "

@@ -2,6 +2,7 @@
 
     python bench/build_bench.py                  # real datasets in ../shared/data, Qwen2.5 tokenizer
     python bench/build_bench.py --min-tokens 3e6 --skip-peer
+    python bench/build_bench.py --scale [OPTIONS]  # bench/scale_bench.py: phases, memory, executors at scale
 
 Chat data: the alpaca en/zh and code_alpaca demo files turned into `messages` rows and replicated
 until they hold at least --min-tokens tokens (1.5 M by default). Rows printed:
@@ -156,6 +157,10 @@ def packtool(config: Path, workers: int, repeat: int) -> tuple[float, dict]:
 
 
 def main() -> None:
+    if "--scale" in sys.argv[1:]:  # the scale benchmark has its own module and options
+        from scale_bench import main as scale_main
+
+        return scale_main([arg for arg in sys.argv[1:] if arg != "--scale"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--min-tokens", type=float, default=1.5e6)

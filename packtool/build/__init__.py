@@ -22,7 +22,7 @@ import signal
 import sys
 import types
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,10 @@ KILL_HOOK = "PACKTOOL_TEST_KILL"
 
 @dataclass(frozen=True)
 class Built:
-    """What a build wrote and how much of it an earlier, interrupted or cached run had done."""
+    """What a build wrote, how much of it an earlier, interrupted or cached run had done, and where it ran.
+
+    `nodes` holds, per phase (encode, emit), the work items each node ran: Ray node ids on Ray,
+    "local" otherwise. It is not in the manifest, whose bytes do not depend on the executor."""
 
     manifest: dict[str, Any]
     output: Path
@@ -60,6 +63,7 @@ class Built:
     encode_reused: int
     shards: int
     shards_reused: int
+    nodes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def build(
@@ -104,6 +108,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 encode_reused += result.reused
                 bar.update(item.bytes)
                 _kill_hook("encode", done)
+        nodes = {"encode": dict(executor.nodes)}
 
         partitions = [_partition(item, cache) for item in items]
         key = plan_key(config, [p.key for p in partitions])
@@ -117,7 +122,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 if not any(staging.root.iterdir()):
                     staging.root.rmdir()
             _check_outcome(config, plan)
-            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0)
+            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0, nodes)
         staging.keep_only(key)
         with progress.phase("plan", 1, "plan") as bar:
             plan = make_plan(config, partitions, staging.plan(key), key)
@@ -134,11 +139,12 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 shards_reused += outcome.reused
                 bar.update(1)
                 _kill_hook("emit", done)
+        nodes["emit"] = dict(executor.nodes - Counter(nodes["encode"]))
     release()
 
     manifest = _write_outputs(config, stages, plan, out, infos)
     staging.publish(key)
-    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused)
+    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes)
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
@@ -44,6 +44,8 @@ ITEMS_PER_WORKER = 2
 # A local Ray node only carries items and small results through its object store; without a
 # limit Ray reserves ~30% of the machine's memory for it.
 RAY_OBJECT_STORE_BYTES = 512 * 1024**2
+# Where items ran, as counted in Executor.nodes: a Ray node id, or this name for this machine.
+LOCAL_NODE = "local"
 _PARENT_POLL_S = 0.25  # how soon an orphaned worker notices, when the kernel's death signal is not available
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -53,9 +55,11 @@ class Executor(Protocol):
 
     `workers` is how many items run at once. Maps run one after another (worker processes serve
     one map at a time); leaving a map early cancels its items in flight. `fn` runs once per item,
-    except that Ray reruns a task whose node was lost: work items write their outputs atomically."""
+    except that Ray reruns a task whose node was lost: work items write their outputs atomically.
+    `nodes` counts the items each node finished, over every map so far (LOCAL_NODE off Ray)."""
 
     workers: int
+    nodes: Counter[str]
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]: ...
 
@@ -140,9 +144,14 @@ class SerialExecutor(_Closing):
 
     workers = 1
 
+    def __init__(self) -> None:
+        self.nodes: Counter[str] = Counter()
+
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         for item in items:
-            yield fn(item)
+            result = fn(item)
+            self.nodes[LOCAL_NODE] += 1
+            yield result
 
     def close(self) -> None:
         pass
@@ -280,6 +289,7 @@ class ProcessExecutor(_Closing):
         self._closed = False
         self._mapping = False
         self._maps = itertools.count()
+        self.nodes: Counter[str] = Counter()
 
     def _fill(self) -> None:
         while len(self._pool) < self.workers:
@@ -320,6 +330,7 @@ class ProcessExecutor(_Closing):
                 while yielded in done:
                     result = _unwrap(done.pop(yielded))
                     yielded += 1
+                    self.nodes[LOCAL_NODE] += 1
                     yield result
                 if not busy:
                     if exhausted:
@@ -363,10 +374,13 @@ class ProcessExecutor(_Closing):
 # -- Ray ------------------------------------------------------------------------------------------------
 
 
-def _ray_outcome(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any, str]:
-    """_outcome inside a Ray task, whose worker process Ray started (and may reuse) for one CPU."""
+def _ray_outcome(fn: Callable[[Any], Any], item: Any) -> tuple[str, tuple[bool, Any, str]]:
+    """(the id of the node it ran on, _outcome) inside a Ray task, whose worker process Ray started
+    (and may reuse) for one CPU."""
+    import ray
+
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task per CPU already: no nested thread pool
-    return _outcome(fn, item)
+    return ray.get_runtime_context().get_node_id(), _outcome(fn, item)
 
 
 def _import_ray() -> Any:
@@ -378,7 +392,10 @@ def _import_ray() -> Any:
 
 
 class RayExecutor(_Closing):
-    """Each item a plain Ray task (a CPU each); results fetched in item order.
+    """Each item a plain Ray task (a CPU each), spread over the nodes; results fetched in item order.
+
+    SPREAD, not Ray's default of filling the driver's node first: items read and write shared
+    storage, so no node is nearer their data, and a map of a few items still uses every node.
 
     Joins the Ray runtime already initialised in this process, else the cluster at `address` or
     $RAY_ADDRESS, else starts a one-machine cluster with `workers` CPUs on 127.0.0.1. close()
@@ -407,7 +424,8 @@ class RayExecutor(_Closing):
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = max(cpus, 1)
         self.depth = ITEMS_PER_WORKER * self.workers
-        self._task = ray.remote(_ray_outcome)
+        self._task = ray.remote(_ray_outcome).options(scheduling_strategy="SPREAD")
+        self.nodes: Counter[str] = Counter()
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = self._ray
@@ -429,13 +447,15 @@ class RayExecutor(_Closing):
     def _result(self, ref: Any) -> Any:
         ray = self._ray
         try:
-            outcome = ray.get(ref)
+            node, outcome = ray.get(ref)
         except ray.exceptions.RayError as exc:
             # Not the function's own exception (those come back as outcomes): a node or worker was lost,
             # or the task could not start (packtool missing on a node).
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             raise WorkerError(f"a Ray task failed: {last}") from exc
-        return _unwrap(outcome)
+        result = _unwrap(outcome)
+        self.nodes[node] += 1
+        return result
 
     def close(self) -> None:
         if self._task is None:

@@ -12,12 +12,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from packtool.build.executors import (
     ITEMS_PER_WORKER,
+    LOCAL_NODE,
     ProcessExecutor,
     RemoteTraceback,
     SerialExecutor,
@@ -110,7 +112,10 @@ def test_serial_and_processes_give_the_same_results_in_item_order(processes):
     expected = [x * x for x in range(40)]
     with make_executor("serial", 1) as serial:
         assert list(serial.map(square_later, range(40))) == expected
+    assert serial.nodes == {LOCAL_NODE: 40}
+    before = processes.nodes[LOCAL_NODE]
     assert list(processes.map(square_later, range(40))) == expected
+    assert processes.nodes[LOCAL_NODE] - before == 40
     assert list(processes.map(square_later, [])) == []
 
 
@@ -303,6 +308,8 @@ def test_ray_on_two_loopback_nodes_runs_items_on_both(ray_two_nodes):
         results = list(executor.map(node_of, range(8)))
     assert [x for x, _ in results] == list(range(8))
     assert {node for _, node in results} == nodes
+    # the executor's own count of where items ran agrees with what the items saw
+    assert executor.nodes == Counter(node for _, node in results)
 
 
 RAY_BUILD = textwrap.dedent(

@@ -95,11 +95,15 @@ def test_sigterm_and_ctrl_c_end_in_one_line_and_the_rerun_resumes(reference, tmp
 
 def test_worker_processes_write_the_same_bytes(reference, tmp_path):
     config = load_config(QUICKSTART_CONFIG, output=str(tmp_path / "out"), workers="2")
-    build(config, use_cache=False)
+    built = build(config, use_cache=False)
     assert _digest(tmp_path / "out") == _digest(reference)
+    assert built.nodes == {"encode": {"local": 3}, "emit": {"local": 3}}  # off Ray, every item ran here
 
 
-def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(tmp_path, write_config):
+@pytest.fixture(scope="module")
+def real_config(tmp_path_factory) -> Path:
+    """Two real sources (tool calls in sharegpt, alpaca) with the Qwen2.5 tokenizer and its own template."""
+    folder = tmp_path_factory.mktemp("real")
     raw = {
         "sources": [
             {
@@ -117,10 +121,22 @@ def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(tmp_pa
         "on_error": "skip",
         "max_reject_share": 1.0,
     }
-    serial = build(load_config(write_config(raw), workers="1"), use_cache=False)
-    parallel = build(load_config(write_config(raw), output=str(tmp_path / "parallel"), workers="2"), use_cache=False)
-    assert serial.shards > 1
-    assert _digest(tmp_path / "serial") == _digest(tmp_path / "parallel")
+    path = folder / "real.yaml"
+    path.write_text(json.dumps(raw), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_reference(real_config) -> Path:
+    """The two real sources built once, serial, without a cache."""
+    serial = build(load_config(real_config, workers="1"), use_cache=False)
+    assert serial.shards > 1 and serial.encode_items == 2
+    return serial.output
+
+
+def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(real_config, real_reference, tmp_path):
+    parallel = build(load_config(real_config, output=str(tmp_path / "parallel"), workers="2"), use_cache=False)
+    assert _digest(real_reference) == _digest(tmp_path / "parallel")
     assert set(parallel.manifest["accounting"]) == {"glaive", "alpaca"}
     assert any("Qwen" in line for line in parallel.manifest["template"]["injects"])  # Qwen's default system prompt
     assert verify(tmp_path / "parallel").ok
@@ -288,11 +304,22 @@ def test_the_library_front_door():
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(240, method="thread")
-def test_ray_writes_the_same_bytes(reference, tmp_path, ray_local):
-    config = load_config(QUICKSTART_CONFIG, output=str(tmp_path / "out"), workers="2")
-    build(replace(config, executor="ray"), use_cache=False)
-    assert _digest(tmp_path / "out") == _digest(reference)
+@pytest.mark.timeout(240, method="thread")  # a misconfigured Ray hangs instead of failing
+@pytest.mark.parametrize("cluster", ["ray_local", "ray_two_nodes"], ids=["one-node", "two-loopback-nodes"])
+def test_ray_writes_the_same_bytes_and_runs_work_items_on_every_node(
+    reference, real_config, real_reference, tmp_path, request, cluster
+):
+    ray = request.getfixturevalue(cluster)
+    node_ids = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    assert len(node_ids) == (1 if cluster == "ray_local" else 2)
+    for name, config, expected in (("quickstart", QUICKSTART_CONFIG, reference), ("real", real_config, real_reference)):
+        out = tmp_path / name
+        built = build(replace(load_config(config, output=str(out)), executor="ray"), use_cache=False)
+        assert _digest(out) == _digest(expected)
+        # every node ran encode and emit items of this build, and every item ran once
+        assert set(built.nodes["encode"]) == set(built.nodes["emit"]) == node_ids
+        assert sum(built.nodes["encode"].values()) == built.encode_items
+        assert sum(built.nodes["emit"].values()) == built.shards
 
 
 def _chat_rows(n: int, prefix: str) -> list[dict]:

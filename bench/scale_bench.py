@@ -1,0 +1,373 @@
+"""Build at scale: phase times, memory, executors, repacking from the token cache, planning 10M lengths.
+
+    python bench/build_bench.py --scale              # the same as: python bench/scale_bench.py
+    python bench/scale_bench.py --mb 200 --memory-mb 50,500 --skip-ray
+
+Input: a synthetic chat set written here (seeded, so every run reads the same bytes): JSON Lines
+files of FILE_MB each, `messages` rows of 1-3 user/assistant turns (a system prompt in one row of
+five), words drawn from a made-up vocabulary, turn lengths log-normal so that a few conversations
+pass the capacity and get truncated. Tokenizer: Qwen2.5 with its own template when ../shared/data
+has it, else the quickstart's. Every build runs in a fresh child process through `packtool.build`
+(no cache unless stated) and is timed by phase:
+
+    setup    config, tokenizer and template load, input listing and hashing, executor start
+    encode   read -> render -> tokenize -> check -> token store, all encode work items
+    plan     truncation, mixing and global packing over the store's length columns
+    emit     all shards written from the store
+    publish  rejects, manifests, the stats read back from the shards, the swap into OUT
+
+Memory is sampled every SAMPLE_S from /proc/PID/status of the build process (the "driver") and of
+every process below it: RssAnon (anonymous: Python objects, numpy arrays, tokenizer) and RssFile
+(file-backed pages mapped and resident: the memory-mapped token store, shared libraries). Peaks
+are the largest sample; VmHWM (the kernel's exact peak of the driver's whole RSS) is printed beside
+them as a check on the sampling. RssFile is page cache the kernel reclaims at will, so it is
+reported apart from RssAnon, which is what a build really holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = ROOT.parent / "shared" / "data" / "tokenizers" / "qwen2.5"
+QUICKSTART = ROOT / "configs" / "quickstart"
+CAPACITY = 2048
+FILE_MB = 16  # one input file: many files, each split into row-range work items, as a large dataset comes
+SAMPLE_S = 0.05
+PHASES = ("setup", "encode", "plan", "emit", "publish")
+
+# Runs one build in a fresh process and prints what it measured as JSON. The progress object is the
+# build's own phase hook, so the timings need nothing from the manifest (whose bytes must not
+# depend on the machine).
+CHILD = """
+import json, sys, time
+from contextlib import contextmanager
+start = time.perf_counter()
+from packtool.build import build
+from packtool.build.progress import Progress
+from packtool.config import load_config
+
+def anon_mb():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(status["RssAnon"].split()[0]) / 1024
+
+class Timed(Progress):
+    def __init__(self):
+        self.spans = {}
+        self.anon = {}  # RssAnon of this process as each phase ends
+    @contextmanager
+    def phase(self, name, total, unit):
+        begin = time.perf_counter()
+        with Progress.phase(self, name, total, unit) as bar:
+            yield bar
+        self.spans[name] = (begin - start, time.perf_counter() - start)
+        self.anon[name] = anon_mb()
+
+config_path, output, workers, use_cache, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+timed = Timed()
+config = load_config(config_path, output=output, workers=workers, overrides=overrides)
+built = build(config, progress=timed, use_cache=use_cache == "cache")
+end = time.perf_counter() - start
+spans = timed.spans
+phases = {
+    "setup": spans["encode"][0],
+    "encode": spans["encode"][1] - spans["encode"][0],
+    "plan": spans["plan"][1] - spans["plan"][0],
+    "emit": spans["emit"][1] - spans["emit"][0],
+    "publish": end - spans["emit"][1],
+}
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(json.dumps({
+    "seconds": end,
+    "phases": phases,
+    "tokens": built.manifest["stats"]["tokens"],
+    "samples": sum(a["read"] for a in built.manifest["accounting"].values()),
+    "packs": built.manifest["stats"]["packs"],
+    "encode_items": built.encode_items,
+    "encode_reused": built.encode_reused,
+    "shards": built.shards,
+    "nodes": built.nodes,
+    "vm_hwm_mb": int(status["VmHWM"].split()[0]) / 1024,
+    "anon_after_mb": {**timed.anon, "publish": anon_mb()},
+}))
+"""
+
+
+# -- the synthetic chat set --------------------------------------------------------------------------
+
+
+def vocabulary(rng: np.random.Generator, size: int = 4000) -> np.ndarray:
+    """Made-up words of 1-4 syllables: text a BPE splits into a few tokens a word, like prose."""
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in ("a", "e", "i", "o", "u", "ai", "ou")]
+    counts = rng.integers(1, 5, size)
+    return np.array(["".join(rng.choice(syllables, n)) for n in counts])
+
+
+def chat_rows(rng: np.random.Generator, words: np.ndarray, n: int) -> list[str]:
+    """n JSON lines of `messages` conversations."""
+
+    def text(mean_words: float) -> str:
+        count = max(1, int(rng.lognormal(np.log(mean_words), 0.8)))
+        return " ".join(words[rng.integers(0, len(words), count)]) + "."
+
+    lines = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": text(15)}] if rng.random() < 0.2 else []
+        for _ in range(int(rng.integers(1, 4))):
+            messages.append({"role": "user", "content": text(30)})
+            messages.append({"role": "assistant", "content": text(110)})
+        lines.append(json.dumps({"messages": messages}))
+    return lines
+
+
+def write_chat_set(folder: Path, megabytes: float, seed: int = 0) -> list[Path]:
+    """FILE_MB files of JSON Lines (the last one smaller) adding up to `megabytes` MB."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = vocabulary(rng)
+    files, left = [], int(megabytes * 1e6)
+    while left > 0:
+        path = folder / f"chat-{len(files):05d}.jsonl"
+        budget, size = min(left, FILE_MB * 10**6), 0
+        with open(path, "w", encoding="utf-8") as handle:
+            while size < budget:
+                block = "".join(line + "\n" for line in chat_rows(rng, words, 200))
+                handle.write(block)
+                size += len(block.encode())
+        files.append(path)
+        left -= size
+    return files
+
+
+def write_config(folder: Path, data: Path, name: str = "chat") -> Path:
+    tokenizer = QWEN if QWEN.is_dir() else QUICKSTART / "tokenizer"
+    config = folder / f"{name}.json"  # JSON is YAML
+    raw = {
+        "sources": [{"name": name, "path": str(data / "*.jsonl"), "format": "messages"}],
+        "tokenizer": str(tokenizer),
+        "template": "model",
+        "capacity": CAPACITY,
+        "truncation": {"strategy": "turns", "fallback": "right"},
+        "output": str(folder / "out"),
+        "on_error": "skip",
+    }
+    config.write_text(json.dumps(raw), encoding="utf-8")
+    return config
+
+
+# -- one build in a child process, its memory sampled from outside ------------------------------------
+
+
+def _status(pid: int) -> dict[str, int]:
+    """RssAnon and RssFile of one process in kB (empty once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {key: int(fields[key].split()[0]) for key in ("RssAnon", "RssFile") if key in fields}
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier}
+        found.extend(frontier)
+    return found
+
+
+def measured_build(config: Path, output: Path, workers: str, *, cache: bool = False, overrides=()) -> dict:
+    """Run one build in a child process; its JSON report plus the sampled memory peaks in MB."""
+    command = [sys.executable, "-c", CHILD, str(config), str(output), workers, "cache" if cache else "no-cache"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)  # Ray rows start their own one-machine cluster and stop it
+    child = subprocess.Popen([*command, *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = {"driver_anon": 0, "driver_file": 0, "all_anon": 0}
+    tree: list[int] = []
+    ticks = 0
+    while child.poll() is None:
+        if ticks % 10 == 0:  # the process tree changes rarely; scanning /proc is the costly part
+            tree = _descendants(child.pid)
+        driver = _status(child.pid)
+        others = [_status(pid) for pid in tree]
+        peak["driver_anon"] = max(peak["driver_anon"], driver.get("RssAnon", 0))
+        peak["driver_file"] = max(peak["driver_file"], driver.get("RssFile", 0))
+        total = driver.get("RssAnon", 0) + sum(s.get("RssAnon", 0) for s in others)
+        peak["all_anon"] = max(peak["all_anon"], total)
+        ticks += 1
+        time.sleep(SAMPLE_S)
+    out, err = child.communicate()
+    if child.returncode != 0:
+        raise SystemExit(f"build of {config} failed ({child.returncode}):\n{err[-3000:]}")
+    report = json.loads(out.strip().splitlines()[-1])
+    report["memory_mb"] = {key: value / 1024 for key, value in peak.items()}
+    return report
+
+
+# -- the parts of the benchmark --------------------------------------------------------------------------
+
+
+def executors_table(config: Path, folder: Path, skip_ray: bool) -> list[tuple[str, dict]]:
+    runs = [("serial (-j 1)", "1", ()), ("processes -j 2", "2", ())]
+    if not skip_ray:
+        runs.append(("ray, one local node, 2 CPUs", "2", ("executor=ray",)))
+    rows = []
+    for name, workers, overrides in runs:
+        rows.append((name, measured_build(config, folder / "out", workers, overrides=overrides)))
+    return rows
+
+
+def print_builds(title: str, rows: list[tuple[str, dict]]) -> None:
+    print(title)
+    header = f"{'build':<30}" + "".join(f"{p:>8}" for p in PHASES)
+    header += f"{'total s':>9}{'k tok/s':>9}{'anon MB':>9}{'file MB':>9}{'tree anon':>10}{'VmHWM':>7}"
+    print(header)
+    for name, r in rows:
+        m = r["memory_mb"]
+        line = f"{name:<30}" + "".join(f"{r['phases'][p]:>8.2f}" for p in PHASES)
+        line += f"{r['seconds']:>9.1f}{r['tokens'] / r['seconds'] / 1e3:>9.0f}"
+        line += f"{m['driver_anon']:>9.0f}{m['driver_file']:>9.0f}{m['all_anon']:>10.0f}{r['vm_hwm_mb']:>7.0f}"
+        print(line)
+
+
+def plan_10m(count: int = 10_000_000) -> tuple[float, float]:
+    """Seconds for the plan's packing (plan_packs, bfd, shuffled) of `count` synthetic lengths, and its efficiency."""
+    sys.path.insert(0, str(ROOT))
+    from packtool.packing import efficiency, plan_packs
+
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(400), 0.9, count), 1, CAPACITY).astype(np.int64)
+    start = time.perf_counter()
+    plan = plan_packs(lengths, CAPACITY, "bfd", seed=0)
+    seconds = time.perf_counter() - start
+    return seconds, efficiency(lengths, plan, CAPACITY)
+
+
+def replicated_quickstart(folder: Path, copies: int = 20) -> Path:
+    """The quickstart with every source file `copies` times over (ids made unique per copy)."""
+    import yaml
+
+    raw = yaml.safe_load((QUICKSTART.parent / "quickstart.yaml").read_text(encoding="utf-8"))
+    data = folder / "quickstart"
+    data.mkdir(parents=True)
+    for source in raw["sources"]:
+        original = QUICKSTART.parent / source["path"]
+        rows = [json.loads(line) for line in original.read_text(encoding="utf-8").splitlines() if line.strip()]
+        with open(data / original.name, "w", encoding="utf-8") as handle:
+            for copy in range(copies):
+                for row in rows:
+                    if isinstance(row, dict) and "id" in row:
+                        row = {**row, "id": f"{row['id']}-{copy}"}
+                    handle.write(json.dumps(row) + "\n")
+        source["path"] = str(data / original.name)
+    raw["tokenizer"] = str(QUICKSTART / "tokenizer")
+    raw["output"] = str(folder / "out")
+    config = folder / "quickstart-x20.json"
+    config.write_text(json.dumps(raw), encoding="utf-8")
+    return config
+
+
+def repack(folder: Path) -> tuple[dict, dict]:
+    """A first build with the cache, then the same build with only the capacity changed (1024 -> 2048)."""
+    config = replicated_quickstart(folder)
+    first = measured_build(config, folder / "out", "1", cache=True)
+    again = measured_build(config, folder / "out", "1", cache=True, overrides=("capacity=2048",))
+    return first, again
+
+
+def memory_flatness(folder: Path, sizes: list[float]) -> list[tuple[str, dict]]:
+    rows = []
+    for megabytes in sizes:
+        data = folder / f"chat-{megabytes:g}mb"
+        files = write_chat_set(data, megabytes)
+        config = write_config(folder, data, f"chat{megabytes:g}")
+        on_disk = sum(f.stat().st_size for f in files) / 1e6
+        rows.append((f"{on_disk:.0f} MB input, serial", measured_build(config, folder / "out", "1")))
+        shutil.rmtree(folder / "out", ignore_errors=True)
+        shutil.rmtree(data)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=60, help="size of the synthetic chat set for the executors table")
+    parser.add_argument(
+        "--memory-mb", default="50,500", help="input sizes (MB, comma-separated) of the memory flatness builds"
+    )
+    parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument(
+        "--only", choices=["executors", "plan", "repack", "memory"], action="append", help="run only these parts"
+    )
+    args = parser.parse_args(argv)
+    parts = set(args.only or ["executors", "plan", "repack", "memory"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    tokenizer = "Qwen2.5" if QWEN.is_dir() else "the quickstart's"
+    print(
+        f"{cores} cores, load average {os.getloadavg()[0]:.1f} at the start; {tokenizer} tokenizer, capacity {CAPACITY}"
+    )
+    with tempfile.TemporaryDirectory(prefix="packtool-scale-") as tmp:
+        folder = Path(tmp)
+        if "executors" in parts:
+            files = write_chat_set(folder / "chat", args.mb)
+            on_disk = sum(f.stat().st_size for f in files) / 1e6
+            rows = executors_table(write_config(folder, folder / "chat"), folder, args.skip_ray)
+            first = rows[0][1]
+            print()
+            print_builds(
+                f"synthetic chat: {on_disk:.0f} MB in {len(files)} files, {first['samples']:,} conversations, "
+                f"{first['tokens']:,} tokens written in {first['packs']:,} packs; no cache; seconds by phase, "
+                "peak MB (driver RssAnon, driver RssFile, RssAnon of the driver and all its descendants, VmHWM)",
+                rows,
+            )
+            for name, r in rows:
+                nodes = {phase: {node[:8]: n for node, n in ran.items()} for phase, ran in r["nodes"].items()}
+                print(f"  {name}: {r['encode_items']} encode items, {r['shards']} shards, items per node {nodes}")
+            shutil.rmtree(folder / "chat")
+            shutil.rmtree(folder / "out", ignore_errors=True)
+        if "plan" in parts:
+            seconds, packed = plan_10m()
+            print(
+                f"\nplan: bfd packing of 10,000,000 synthetic lengths (log-normal, median 400) into {CAPACITY}: "
+                f"{seconds:.1f} s, token efficiency {packed:.4f}"
+            )
+        if "repack" in parts:
+            first, again = repack(folder / "repack")
+            print(f"\nrepack, quickstart x20 ({first['samples']:,} records), -j 1, with the token cache:")
+            print_builds("", [("first build, capacity 1024", first), ("capacity-only change, 2048", again)])
+            print(
+                f"  capacity-only rebuild: {first['seconds'] / again['seconds']:.1f}x faster "
+                f"({again['encode_reused']} of {again['encode_items']} encode items reused)"
+            )
+        if "memory" in parts:
+            sizes = [float(s) for s in args.memory_mb.split(",")]
+            rows = memory_flatness(folder / "memory", sizes)
+            print()
+            print_builds("memory flatness: the same synthetic chat set at growing sizes, serial, no cache", rows)
+            for name, r in rows:
+                after = ", ".join(f"{phase} {mb:.0f}" for phase, mb in r["anon_after_mb"].items())
+                print(f"  {name}: driver RssAnon (MB) as each phase ends: {after}")
+            small, large = rows[0][1]["memory_mb"], rows[-1][1]["memory_mb"]
+            print(
+                f"  driver RssAnon {large['driver_anon'] / small['driver_anon']:.2f}x, RssFile "
+                f"{large['driver_file'] / small['driver_file']:.2f}x for {sizes[-1] / sizes[0]:g}x the input"
+            )
+
+
+if __name__ == "__main__":
+    main()

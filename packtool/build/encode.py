@@ -155,6 +155,7 @@ class Stages:
         its content spells a special token."""
         outcomes: list[Outcome] = []
         pending: list[tuple[Rendered, str]] = []
+        literals: list[bool] = []  # has_special_literal of each pending sample, searched once
         waiting: list[int] = []
         for item in chunk:
             if isinstance(item, RecordError):
@@ -176,13 +177,18 @@ class Stages:
                 error.sample_id = item.id
                 outcomes.append(Outcome(item.location, item.id, error))
                 continue
+            literal = has_special_literal(rendered, self.tokenizer)
             # counted for every policy; `reject` counts when encode rejects the sample
-            literal = source.special_tokens != "reject" and has_special_literal(rendered, self.tokenizer)
-            outcomes.append(Outcome(item.location, item.id, None, literal))
+            outcomes.append(Outcome(item.location, item.id, None, literal and source.special_tokens != "reject"))
             pending.append((rendered, source.special_tokens))
+            literals.append(literal)
             waiting.append(len(outcomes) - 1)
         add_bos, add_eos = bool(self.config.add_bos), bool(self.config.add_eos)
-        results = encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos) if pending else []
+        results = (
+            encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=literals)
+            if pending
+            else []
+        )
         for index, result in zip(waiting, results):
             outcomes[index] = replace(outcomes[index], result=result)
         return outcomes

@@ -18,7 +18,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -153,10 +153,9 @@ class Stages:
     def prepare(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> list[Outcome]:
         """Each input in order: its Tokenized sample or the RecordError saying why not, and whether
         its content spells a special token."""
-        outcomes: list[Outcome] = []
+        outcomes: list[Outcome | None] = []  # None: rendered, waits for its encoding
         pending: list[tuple[Rendered, str]] = []
         literals: list[bool] = []  # has_special_literal of each pending sample, searched once
-        waiting: list[int] = []
         for item in chunk:
             if isinstance(item, RecordError):
                 outcomes.append(Outcome("", item.sample_id, item))  # the error names its own file and row
@@ -177,21 +176,17 @@ class Stages:
                 error.sample_id = item.id
                 outcomes.append(Outcome(item.location, item.id, error))
                 continue
-            literal = has_special_literal(rendered, self.tokenizer)
-            # counted for every policy; `reject` counts when encode rejects the sample
-            outcomes.append(Outcome(item.location, item.id, None, literal and source.special_tokens != "reject"))
+            outcomes.append(None)
             pending.append((rendered, source.special_tokens))
-            literals.append(literal)
-            waiting.append(len(outcomes) - 1)
+            literals.append(has_special_literal(rendered, self.tokenizer))
         add_bos, add_eos = bool(self.config.add_bos), bool(self.config.add_eos)
-        results = (
-            encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=literals)
-            if pending
-            else []
+        results = encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=literals)
+        counted = source.special_tokens != "reject"  # `reject` counts when encode rejects the sample
+        encoded = (
+            Outcome(rendered.example.location, rendered.example.id, result, literal and counted)
+            for (rendered, _), literal, result in zip(pending, literals, results, strict=True)
         )
-        for index, result in zip(waiting, results):
-            outcomes[index] = replace(outcomes[index], result=result)
-        return outcomes
+        return [outcome if outcome is not None else next(encoded) for outcome in outcomes]
 
 
 def item_roles(item: PreferencePair | CompletionGroup) -> tuple[SegmentRole, ...]:

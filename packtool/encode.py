@@ -184,18 +184,26 @@ def escaped_ranges(rendered: Rendered, tokenizer: TextTokenizer) -> list[tuple[i
 
 
 def encode_batch(
-    batch: list[tuple[Rendered, str]], tokenizer: TextTokenizer, *, add_bos: bool = False, add_eos: bool = False
+    batch: list[tuple[Rendered, str]],
+    tokenizer: TextTokenizer,
+    *,
+    add_bos: bool = False,
+    add_eos: bool = False,
+    literals: list[bool] | None = None,
 ) -> list[Tokenized | RecordError]:
     """Encode rendered samples; each comes with its source's special-token policy.
 
     add_bos prepends the tokenizer's BOS where the text does not start with one (never a second
     one); add_eos appends EOS to a chat sample that does not end with one (documents get theirs
-    from render_text).
+    from render_text). `literals[i]` is has_special_literal of sample i when the caller has it
+    already (the build counts literals for every policy): the search runs once per sample.
     """
+    if literals is None:
+        literals = [policy != "keep" and has_special_literal(rendered, tokenizer) for rendered, policy in batch]
     results: list[Tokenized | RecordError | None] = [None] * len(batch)
     whole: list[int] = []
-    for i, (rendered, policy) in enumerate(batch):
-        if policy != "keep" and has_special_literal(rendered, tokenizer):
+    for i, ((rendered, policy), literal) in enumerate(zip(batch, literals, strict=True)):
+        if policy != "keep" and literal:
             if policy == "reject":
                 fields = ", ".join(rendered.literal_fields[:3]) or "content"
                 results[i] = RecordError(

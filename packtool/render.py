@@ -653,9 +653,9 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         )
     for i, ranges in contents.items():
         expected = messages[i].content.strip()
+        printed = {text[start:end] for start, end in ranges}
         # A JSON-quoted copy is the same words: Llama 3.x prints tool results through `tojson`.
-        quoted = json.dumps(expected, ensure_ascii=False)[1:-1]
-        if any(text[start:end] not in (expected, quoted) for start, end in ranges):
+        if printed != {expected} and not printed <= {expected, json.dumps(expected, ensure_ascii=False)[1:-1]}:
             raise RecordError(
                 f"the template changes the content of message {i} ({messages[i].role}) while "
                 "printing it, so its targets would not be the data's words",

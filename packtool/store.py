@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,11 @@ class StoredSample:
 
 
 class PartitionWriter:
-    """Append-only; `close()` finishes the file. Rows are numbered in append order from 0."""
+    """Append-only; `close()` finishes the file. Rows are numbered in append order from 0.
+
+    Rows are buffered column by column (one list per column), so a flush builds each Arrow column
+    from one list or one numpy concatenation instead of walking the rows once per column.
+    """
 
     def __init__(self, path: Path, source: str):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,52 +104,54 @@ class PartitionWriter:
         self._sink = pa.OSFile(str(path), "wb")
         self._writer = pa.ipc.new_file(self._sink, schema)
         self._schema = schema
-        self._buffer: list[tuple[Tokenized, str, int, bool]] = []
-        self._roles: list[SegmentRole] = []
+        self._columns: dict[str, list] = {name: [] for name in schema.names}
 
     def append(
         self, sample: Tokenized, location: str, ordinal: int, special_literal: bool = False, role: SegmentRole = SINGLE
     ) -> int:
-        self._buffer.append((sample, location, ordinal, special_literal))
-        self._roles.append(role)
+        columns = self._columns
+        columns["input_ids"].append(sample.input_ids)
+        columns["targets"].append(sample.targets)
+        columns["roles"].append(sample.roles)
+        columns["message_index"].append(sample.message_index)
+        columns["example_id"].append(sample.example_id)
+        columns["sample_hash"].append(sample.sample_hash)
+        columns["location"].append(location)
+        columns["ordinal"].append(ordinal)
+        columns["length"].append(len(sample.input_ids))
+        columns["special_literal"].append(special_literal)
+        columns["message_roles"].append(sample.message_roles)
+        columns["structured"].append(sorted(sample.structured_messages))
+        columns["kind"].append(role.kind)
+        columns["completion"].append(role.completion)
+        columns["reward"].append(role.reward)
+        columns["advantage"].append(role.advantage)
         self.rows += 1
-        self.tokens += len(sample)
-        if len(self._buffer) == BATCH_ROWS:
+        self.tokens += len(sample.input_ids)
+        if len(columns["ordinal"]) == BATCH_ROWS:
             self._flush()
         return self.rows - 1
 
     def _flush(self) -> None:
-        if not self._buffer:
+        columns = self._columns
+        if not columns["ordinal"]:
             return
-        samples = [s for s, _, _, _ in self._buffer]
-        offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in samples], out=offsets[1:])
-        self._writer.write_batch(
-            pa.record_batch(
-                [
-                    _lists([s.input_ids for s in samples], offsets, pa.int32()),
-                    _lists([s.targets.view(np.uint8) for s in samples], offsets, pa.uint8()),
-                    _lists([s.roles for s in samples], offsets, pa.int8()),
-                    _lists([s.message_index for s in samples], offsets, pa.int16()),
-                    pa.array([s.example_id for s in samples], pa.string()),
-                    pa.array([s.sample_hash for s in samples], pa.string()),
-                    pa.array([location for _, location, _, _ in self._buffer], pa.string()),
-                    pa.array([ordinal for _, _, ordinal, _ in self._buffer], pa.int64()),
-                    pa.array([len(s) for s in samples], pa.int32()),
-                    pa.array([s.n_targets for s in samples], pa.int32()),
-                    pa.array([int(literal) for _, _, _, literal in self._buffer], pa.uint8()),
-                    pa.array([list(s.message_roles) for s in samples], pa.list_(pa.string())),
-                    pa.array([sorted(s.structured_messages) for s in samples], pa.list_(pa.int32())),
-                    pa.array([r.kind for r in self._roles], pa.int8()),
-                    pa.array([r.completion for r in self._roles], pa.int16()),
-                    pa.array([r.reward for r in self._roles], pa.float64()),
-                    pa.array([r.advantage for r in self._roles], pa.float64()),
-                ],
-                schema=self._schema,
-            )
-        )
-        self._buffer = []
-        self._roles = []
+        lengths = np.asarray(columns["length"], dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        targets = np.concatenate(columns["targets"]).view(np.uint8)
+        arrays = {
+            "input_ids": _lists(columns["input_ids"], offsets, pa.int32()),
+            "targets": _list_of(targets, offsets, pa.uint8()),
+            "roles": _lists(columns["roles"], offsets, pa.int8()),
+            "message_index": _lists(columns["message_index"], offsets, pa.int16()),
+            "length": pa.array(lengths.astype(np.int32)),
+            "n_targets": pa.array(_n_targets(targets, offsets)),
+            "special_literal": pa.array(np.asarray(columns["special_literal"], dtype=np.uint8)),
+        }
+        batch = [arrays[f.name] if f.name in arrays else pa.array(columns[f.name], f.type) for f in self._schema]
+        self._writer.write_batch(pa.record_batch(batch, schema=self._schema))
+        self._columns = {name: [] for name in self._schema.names}
 
     def close(self) -> None:
         if self._sink.closed:
@@ -154,8 +161,25 @@ class PartitionWriter:
         self._sink.close()
 
 
+def _n_targets(targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Tokenized.n_targets of every row at once: its targets but its first token's.
+
+    targets  [0 1 1 | 1 0 1 | ]     offsets [0 3 6 6]
+    sums       2       2      0     first tokens 0, 1, (none)     n_targets [2 1 0]
+    """
+    running = np.zeros(len(targets) + 1, dtype=np.int64)
+    np.cumsum(targets, out=running[1:])
+    counts = running[offsets[1:]] - running[offsets[:-1]]
+    starts = offsets[:-1][offsets[1:] > offsets[:-1]]
+    counts[offsets[1:] > offsets[:-1]] -= targets[starts]
+    return counts.astype(np.int32)
+
+
 def _lists(arrays: list[np.ndarray], offsets: np.ndarray, dtype: pa.DataType) -> pa.Array:
-    flat = np.concatenate(arrays) if arrays else np.zeros(0)
+    return _list_of(np.concatenate(arrays), offsets, dtype)
+
+
+def _list_of(flat: np.ndarray, offsets: np.ndarray, dtype: pa.DataType) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=dtype))
 
 
@@ -187,8 +211,8 @@ class PartitionReader:
             input_ids=batch.input_ids[start:end],
             targets=batch.targets[start:end].view(bool),
             roles=batch.roles[start:end],
-            example_id=batch.batch.column("example_id")[r].as_py(),
-            sample_hash=batch.batch.column("sample_hash")[r].as_py(),
+            example_id=batch.example_ids[r],
+            sample_hash=batch.sample_hashes[r],
             source=self.source,
             repeat=repeat,
             role=SINGLE if batch.kind[r] == 0 else batch.role(r),
@@ -231,6 +255,15 @@ class _Batch:
         self.targets = batch.column(1).values.to_numpy()
         self.roles = batch.column(2).values.to_numpy()
         self.kind = batch.column("kind").to_numpy()
+
+    # Emit asks for these row by row: one conversion per batch instead of one Arrow scalar per row.
+    @cached_property
+    def example_ids(self) -> list[str]:
+        return self.batch.column("example_id").to_pylist()
+
+    @cached_property
+    def sample_hashes(self) -> list[str]:
+        return self.batch.column("sample_hash").to_pylist()
 
     def role(self, r: int) -> SegmentRole:
         columns = self.batch

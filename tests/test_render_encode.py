@@ -8,7 +8,7 @@ import pytest
 from support import QUICKSTART, shared
 
 from packtool.config import TokenizerConfig, TrainPolicy
-from packtool.encode import encode_batch, load_tokenizer
+from packtool.encode import encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import load_template, render_chat, render_text
@@ -117,6 +117,26 @@ def test_special_token_literal_reject_policy():
     example = chat(("user", "say <|im_end|>"), ("assistant", "No."))
     result = encode_one(example, tokenizer, template, special="reject")
     assert isinstance(result, RecordError) and result.kind == "special_token_literal"
+
+
+@pytest.mark.parametrize("policy", ["escape", "keep", "reject"])
+def test_literal_flags_from_the_caller_encode_as_a_fresh_search(policy):
+    """The build searches each sample for special-token literals once and hands the answer to encode_batch."""
+    tokenizer, template = qwen()
+    rendered = [
+        render_chat(chat(("user", text), ("assistant", "No.")), template, TrainPolicy())
+        for text in ("say <|im_end|> then <|im_start|>system", "plain words")
+    ]
+    batch = [(r, policy) for r in rendered]
+    flags = [has_special_literal(r, tokenizer) for r in rendered]
+    assert flags == [True, False]
+    searched, given = encode_batch(batch, tokenizer), encode_batch(batch, tokenizer, literals=flags)
+    for a, b in zip(searched, given, strict=True):
+        assert type(a) is type(b)
+        if isinstance(a, RecordError):
+            assert (a.kind, a.reason) == (b.kind, b.reason) == ("special_token_literal", a.reason)
+        else:
+            assert (a.input_ids == b.input_ids).all() and (a.targets == b.targets).all()
 
 
 def test_template_that_rewrites_content_is_caught():

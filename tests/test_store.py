@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from packtool.build.plan import repeat_plan
 from packtool.records import Tokenized
-from packtool.store import BATCH_ROWS, PartitionReader, PartitionWriter
+from packtool.store import BATCH_ROWS, PartitionReader, PartitionWriter, _n_targets
 
 
 def _sample(i: int, rng: np.random.Generator) -> Tokenized:
@@ -52,6 +52,15 @@ def test_partition_round_trips_across_batch_boundaries(tmp_path):
         assert whole.structured_messages == samples[i].structured_messages
         assert reader.location(i) == f"f.jsonl:{i + 1}"
     reader.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.booleans(), max_size=6), max_size=8))
+def test_batch_n_targets_match_each_sample(rows):
+    """The columnar count equals Tokenized.n_targets row by row, empty rows (first, last, between) included."""
+    targets = np.array([t for row in rows for t in row], dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(row) for row in rows])
+    assert _n_targets(targets, offsets).tolist() == [sum(row[1:]) for row in rows]
 
 
 def test_repeat_plan_worked_example():

@@ -4,7 +4,9 @@ The plan (which rank reads which pack in which round) is `schedule.py`: a pure f
 (seed, epoch, start position, world size, budget). This module does the I/O: it reads the
 manifest through `contract.py`, checks each shard's sha256 the first time a process opens it,
 decodes one Parquet row group at a time into numpy and hands out `LoadedPack`s whose arrays are
-views into that row group (no per-pack copies; `collate` makes the one copy into a batch).
+views into that row group. Micro-batches (`packed_batches`) skip the per-pack objects: the
+packs of a chunk of rounds are gathered as views and `collate.assemble` builds all their
+micro-batches with one concatenation per column (the one copy into a batch).
 
 Modes, by the options (docs/format.md "Loader contract"):
 
@@ -37,9 +39,11 @@ Packed builds have `doc_cu_seqlens == cu_seqlens`, so the option changes nothing
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +54,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.errors import DatasetError
-from packtool.format import attn_cost
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import pack_costs
-from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, batch_by_tokens
+from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble, plan_micro_batches
 from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 from packtool.shards import SegmentColumns
@@ -62,6 +65,9 @@ __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
 log = logging.getLogger("packtool.loader")
 STATE_KEYS = ("epoch", "position", "seed")
+# Parquet readers kept open per process: shuffled row groups come from a few shards at a time, and
+# opening one (footer and column paths) costs about as much as decoding a small row group.
+OPEN_SHARDS = 4
 BALANCE_MODES = (None, "attention")
 
 
@@ -77,15 +83,26 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class _Decoded:
-    """One unit's columns as numpy; list columns as (offsets, values)."""
+    """One unit's columns: list columns as (offsets, values), the offsets as Python ints (cheap to slice with)."""
 
     unit: int
-    ids: tuple[np.ndarray, np.ndarray]
-    labels: tuple[np.ndarray, np.ndarray]
-    cu: tuple[np.ndarray, np.ndarray]  # doc_cu_seqlens when documents are isolated
-    attn_cost: np.ndarray
+    ids: tuple[list[int], np.ndarray]
+    labels: tuple[list[int], np.ndarray]
+    cu: tuple[list[int], np.ndarray]  # doc_cu_seqlens when documents are isolated
+    attn_cost: list[int]  # sum(l_i^2) of the attention segments (of the documents when isolated)
     pack_hash: list[str]
-    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # schema v2 columns, as (offsets, values)
+    segments: dict[str, tuple[list[int], np.ndarray]] | None = None  # schema v2 columns
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """This rank's share of one plan round: packs (unit, row) and the resume positions at the round's start and end."""
+
+    step: int
+    start: int
+    end: int
+    units: list[int]
+    rows: list[int]
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -170,6 +187,11 @@ class PackedDataset(IterableDataset):
         self.isolate_documents = isolate_documents
         self._check_options()
         self._verified: set[int] = set()  # shards whose sha256 this process has checked
+        # Per shard: its parsed footer and whether it has the schema v2 segment columns. Parsed once (as
+        # much work as decoding a small row group); with verify, first after the sha256 check.
+        self._footers: dict[int, tuple[pq.FileMetaData, bool]] = {}
+        self._files: dict[int, pq.ParquetFile] = {}  # open readers, least recently used first
+        self._files_pid = os.getpid()
         self.units = self._read_footers()
         self._small: tuple[np.ndarray, np.ndarray] | None = None  # n_tokens, cost per pack, for planning
         self._plan: tuple[tuple[int, int], EpochOrder, EpochPlan] | None = None
@@ -220,12 +242,33 @@ class PackedDataset(IterableDataset):
     # ---- files ----
 
     def _open(self, shard: int) -> pq.ParquetFile:
-        """The shard's Parquet reader, its sha256 checked first (once per process) when verify is on."""
-        entry = self.manifest.shards[shard]
-        if self.verify and shard not in self._verified:
-            check_shard(entry)
-            self._verified.add(shard)
-        return pq.ParquetFile(entry.file)
+        """The shard's Parquet reader, its sha256 checked first (once per process) when verify is on.
+
+        The last OPEN_SHARDS readers stay open; a forked DataLoader worker opens its own.
+        """
+        if self._files_pid != os.getpid():
+            self._files, self._files_pid = {}, os.getpid()
+        parquet = self._files.pop(shard, None)
+        if parquet is None:
+            entry = self.manifest.shards[shard]
+            if self.verify and shard not in self._verified:
+                check_shard(entry)
+                self._verified.add(shard)
+            known = self._footers.get(shard)
+            parquet = pq.ParquetFile(entry.file, metadata=None if known is None else known[0])
+            if known is None:
+                self._remember_footer(shard, parquet.metadata)
+            if len(self._files) >= OPEN_SHARDS:
+                del self._files[next(iter(self._files))]  # the least recently used
+        self._files[shard] = parquet
+        return parquet
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Open readers do not travel to another process (spawned DataLoader workers open their own)."""
+        return {**self.__dict__, "_files": {}, "_files_pid": -1}
+
+    def _remember_footer(self, shard: int, meta: pq.FileMetaData) -> None:
+        self._footers[shard] = (meta, "segment_groups" in meta.schema.to_arrow_schema().names)
 
     def _read_footers(self) -> list[Unit]:
         units: list[Unit] = []
@@ -233,15 +276,17 @@ class PackedDataset(IterableDataset):
             if not entry.file.is_file():
                 raise DatasetError(f"{entry.file}: listed in the manifest but missing")
             try:
-                meta = pq.ParquetFile(entry.file).metadata  # footers only; the bytes are checked on first read
+                meta = pq.read_metadata(entry.file)  # footers only; the bytes are checked on first read
             except (OSError, ValueError) as err:
                 if self.verify:
-                    self._open(i)  # an altered shard: say so by its checksum, and where
+                    check_shard(entry)  # an altered shard: say so by its checksum, and where
                 raise DatasetError(
                     f"{entry.file}: unreadable Parquet footer ({one_line(err)}); rebuild or restore it"
                 ) from None
             if meta.num_rows != entry.rows:
                 raise DatasetError(f"{entry.file}: {meta.num_rows} rows, manifest says {entry.rows}")
+            if not self.verify:
+                self._remember_footer(i, meta)
             first = 0
             for g in range(meta.num_row_groups):
                 rows = meta.row_group(g).num_rows
@@ -257,12 +302,9 @@ class PackedDataset(IterableDataset):
         """
         if self._small is None:
             columns = ["n_tokens", "doc_cu_seqlens" if self.isolate_documents else "attn_cost"]
-            files: dict[int, pq.ParquetFile] = {}
             tokens, costs = [], []
             for unit in self.units:
-                if unit.shard not in files:
-                    files = {unit.shard: self._open(unit.shard)}
-                table = files[unit.shard].read_row_group(unit.row_group, columns=columns)
+                table = self._open(unit.shard).read_row_group(unit.row_group, columns=columns)
                 tokens.append(_ints(table, "n_tokens"))
                 costs.append(_row_costs(table, self.isolate_documents))
             empty = np.zeros(0, np.int64)
@@ -363,22 +405,29 @@ class PackedDataset(IterableDataset):
 
     # ---- reading ----
 
-    def _rounds(self, worker: int, n_workers: int) -> Iterator[list[LoadedPack]]:
-        """This rank's share of every n_workers-th round (from `worker`), as lists of packs."""
+    def _plan_rounds(self, worker: int, n_workers: int) -> Iterator[_Round]:
+        """This rank's share of every n_workers-th round (from `worker`)."""
         order, plan = self.plan()
         mine = plan.positions(self.rank)
         if not len(mine):
             return
-        cuts = np.flatnonzero(np.diff(plan.round[mine - plan.start])) + 1
+        rounds = plan.round[mine - plan.start]
+        cuts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(mine)]
+        units, rows, steps = order.unit[mine].tolist(), order.row[mine].tolist(), rounds.tolist()
+        bounds = plan.bounds.tolist()
+        for lo, hi in list(itertools.pairwise(cuts))[worker::n_workers]:
+            k = steps[lo]
+            yield _Round(k, bounds[k], bounds[k + 1], units[lo:hi], rows[lo:hi])
+
+    def _rounds(self, worker: int, n_workers: int) -> Iterator[list[LoadedPack]]:
+        """This rank's share of every n_workers-th round (from `worker`), as lists of packs."""
         cached: dict[str, Any] = {}
-        for group in np.split(mine, cuts)[worker::n_workers]:
-            k = int(plan.round[group[0] - plan.start])
-            lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
-            packs = []
-            for j, p in enumerate(group.tolist()):
-                last = j == len(group) - 1
-                packs.append(self._pack(cached, order, p, k, hi if last else lo, last))
-            yield packs
+        for round_ in self._plan_rounds(worker, n_workers):
+            last = len(round_.units) - 1
+            yield [
+                self._pack(self._unit(u, cached), i, round_.step, round_.end if j == last else round_.start, j == last)
+                for j, (u, i) in enumerate(zip(round_.units, round_.rows, strict=True))
+            ]
 
     def __iter__(self) -> Iterator[LoadedPack]:
         info = get_worker_info()
@@ -396,20 +445,26 @@ class PackedDataset(IterableDataset):
         for packs in self._rounds(worker, n_workers):
             yield from packs
 
-    def _decode(self, unit_index: int, cached: dict[str, Any]) -> _Decoded:
-        """One row group's columns; `cached["file"]` keeps the last shard open (opening costs as much as a decode)."""
+    def _unit(self, unit_index: int, cached: dict[str, Any]) -> _Decoded:
+        """The decoded row group; `cached` keeps the last one (positions come in order, a unit at a time)."""
+        cols = cached.get("cols")
+        if cols is None or cols.unit != unit_index:
+            cols = cached["cols"] = self._decode(unit_index)
+        return cols
+
+    def _decode(self, unit_index: int) -> _Decoded:
+        """One row group's columns, its pack contract checked."""
         unit = self.units[unit_index]
-        if cached.get("file", (-1,))[0] != unit.shard:
-            cached["file"] = (unit.shard, self._open(unit.shard))
-        cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
-        v2 = "segment_groups" in cached["file"][1].schema_arrow.names
+        # Isolated documents: their segments are the documents, so their cost comes from doc_cu_seqlens.
+        cu_name, cost_name = ("doc_cu_seqlens", None) if self.isolate_documents else ("cu_seqlens", "attn_cost")
+        parquet = self._open(unit.shard)
+        v2 = self._footers[unit.shard][1]
         extra = list(SEGMENT_COLUMNS) if v2 else []
-        table = cached["file"][1].read_row_group(
-            unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash", *extra]
-        )
+        names = ["input_ids", "labels", cu_name, *([cost_name] if cost_name else []), "pack_hash", *extra]
+        table = parquet.read_row_group(unit.row_group, columns=names)
         ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
         # Checked once for the whole row group, so collate need not check each micro-batch again.
-        # Isolated documents get their -100 at document starts in _pack, so that rule is not asked of them.
+        # Isolated documents get their -100 at document starts when read, so that rule is not asked of them.
         bad = first_broken_pack(ids[0], labels[0], cu[0], cu[1], None if self.isolate_documents else labels[1])
         if bad >= 0:
             raise DatasetError(
@@ -417,39 +472,138 @@ class PackedDataset(IterableDataset):
                 f"({cu_name} not from 0 to the pack length, or a label other than -100 at a segment start); "
                 "rebuild the shards"
             )
+
+        def sliceable(column: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], np.ndarray]:
+            return column[0].tolist(), column[1]
+
         return _Decoded(
             unit_index,
-            ids,
-            labels,
-            cu,
-            _ints(table, "attn_cost"),
+            sliceable(ids),
+            sliceable(labels),
+            sliceable(cu),
+            _row_costs(table, self.isolate_documents).tolist(),
             table.column("pack_hash").to_pylist(),
-            {name: _lists(table, name) for name in extra} if v2 else None,
+            {name: sliceable(_lists(table, name)) for name in extra} if v2 else None,
         )
 
-    def _pack(
-        self, cached: dict[str, Any], order: EpochOrder, position: int, step: int, resume: int, closes: bool
-    ) -> LoadedPack:
-        """The pack at a global position; `cached` keeps the last decoded row group (positions come in order)."""
-        u, i = int(order.unit[position]), int(order.row[position])
-        cols = cached.get("cols")
-        if cols is None or cols.unit != u:
-            cols = cached["cols"] = self._decode(u, cached)
-        ids, labels, cu = (values[offs[i] : offs[i + 1]] for offs, values in (cols.ids, cols.labels, cols.cu))
-        cost = int(cols.attn_cost[i])
+    def _pack(self, cols: _Decoded, i: int, step: int, resume: int, closes: bool) -> LoadedPack:
+        """Row i of a decoded unit as a LoadedPack (views into the unit's arrays)."""
+        (io, ids), (lo, labels), (co, cu) = cols.ids, cols.labels, cols.cu
+        pack_labels = labels[lo[i] : lo[i + 1]]
+        pack_cu = cu[co[i] : co[i + 1]]
         if self.isolate_documents:
-            labels = labels.copy()
-            labels[cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
-            cost = attn_cost(cu)
-        unit = self.units[u]
-        shard = self.manifest.shards[unit.shard].file.name
+            pack_labels = pack_labels.copy()
+            pack_labels[pack_cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
+        unit = self.units[cols.unit]
         segments = None
         if cols.segments is not None:
             values = {SEGMENT_COLUMNS[k][0]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
             segments = SegmentColumns(**values)
         return LoadedPack(
-            ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True, segments
+            ids[io[i] : io[i + 1]],
+            pack_labels,
+            pack_cu,
+            cols.pack_hash[i],
+            cols.attn_cost[i],
+            self.manifest.shards[unit.shard].file.name,
+            unit.first_row + i,
+            step,
+            resume,
+            closes,
+            True,
+            segments,
         )
+
+    def _round_batches(self, worker: int, n_workers: int) -> Iterator[list[MicroBatch]]:
+        """Each of this worker's rounds as its list of micro-batches, assembled a chunk of rounds at a time.
+
+        A round's share is cut greedily into micro-batches of at most token_budget tokens (a pack
+        counts `capacity` in fixed shape); `assemble` then builds every micro-batch of about
+        CHUNK_TOKENS tokens of rounds from one concatenation per column, straight from the decoded
+        row groups (no per-pack objects).
+        """
+        budget = self.token_budget or 0
+        fixed = self.capacity if self.fixed_shape else None
+        per_batch = budget // self.capacity
+        cached: dict[str, Any] = {}
+        chunk = _Chunk()
+        for round_ in self._plan_rounds(worker, n_workers):
+            sizes = [chunk.add(self._unit(u, cached), i) for u, i in zip(round_.units, round_.rows, strict=True)]
+            if fixed:
+                sizes = [fixed] * len(sizes)
+            groups = plan_micro_batches(sizes, budget)
+            last = groups[-1][-1]
+            chunk.close_round(
+                [len(g) for g in groups],
+                [round_.end if g[-1] == last else round_.start for g in groups],
+                round_.step,
+                [per_batch - len(g) for g in groups] if fixed else None,
+            )
+            if chunk.tokens >= CHUNK_TOKENS:
+                yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
+                chunk = _Chunk()
+        if chunk.rounds:
+            yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
+
+
+# Rounds are assembled together until they hold this many tokens: enough to spread the per-call
+# numpy and torch overhead over many micro-batches, small enough that the buffers their tensors
+# view stay a few MB.
+CHUNK_TOKENS = 1 << 16
+
+
+class _Chunk:
+    """Packs of consecutive rounds, as views, waiting to be assembled into micro-batches."""
+
+    def __init__(self) -> None:
+        self.views = PackViews([], [], [], [], [], [], [], None)
+        self.cuts = [0]
+        self.padding_rows: list[int] = []
+        self.rounds: list[int] = []  # micro-batches per round
+        self.tokens = 0
+
+    def add(self, cols: _Decoded, i: int) -> int:
+        """Append row i of a decoded unit; its token count."""
+        (io, ids), (lo, labels), (co, cu) = cols.ids, cols.labels, cols.cu
+        v = self.views
+        v.input_ids.append(ids[io[i] : io[i + 1]])
+        v.labels.append(labels[lo[i] : lo[i + 1]])
+        v.cu_seqlens.append(cu[co[i] : co[i + 1]])
+        v.pack_hash.append(cols.pack_hash[i])
+        v.attn_cost.append(cols.attn_cost[i])
+        if cols.segments is not None:
+            segments = v.segments
+            if segments is None:
+                segments = {name: [] for name in cols.segments}
+                self.views = v = replace(v, segments=segments)
+            for name, (o, values) in cols.segments.items():
+                segments[name].append(values[o[i] : o[i + 1]])
+        n = io[i + 1] - io[i]
+        self.tokens += n
+        return n
+
+    def close_round(self, sizes: list[int], resume: list[int], step: int, padding_rows: list[int] | None) -> None:
+        """The round's packs so far form micro-batches of `sizes` packs; `resume` and padding rows per micro-batch."""
+        for n, after in zip(sizes, resume, strict=True):
+            self.cuts.append(self.cuts[-1] + n)
+            self.views.step.extend([step] * n)
+            self.views.resume_after.extend([-1] * (n - 1) + [after])
+        self.padding_rows.extend(padding_rows or [0] * len(sizes))
+        self.rounds.append(len(sizes))
+
+    def flush(self, capacity: int | None, pad_id: int, isolate: bool) -> Iterator[list[MicroBatch]]:
+        mbs = assemble(
+            self.views,
+            self.cuts,
+            capacity=capacity,
+            pad_id=pad_id,
+            padding_rows=self.padding_rows,
+            isolate_starts=isolate,
+        )
+        at = 0
+        for n in self.rounds:
+            yield mbs[at : at + n]
+            at += n
 
 
 class _RoundBatches(IterableDataset):
@@ -461,12 +615,7 @@ class _RoundBatches(IterableDataset):
     def __iter__(self) -> Iterator[list[MicroBatch]]:
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        ds = self.dataset
-        for packs in ds._rounds(worker, n_workers):
-            budget = ds.token_budget or 0
-            yield list(
-                batch_by_tokens(packs, budget, fixed_shape=ds.fixed_shape, capacity=ds.capacity, pad_id=ds.pad_id)
-            )
+        yield from self.dataset._round_batches(worker, n_workers)
 
 
 def _identity(item: Any) -> Any:

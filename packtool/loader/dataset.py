@@ -42,7 +42,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -95,14 +96,19 @@ class _Decoded:
 
 
 @dataclass(frozen=True, slots=True)
-class _Round:
-    """This rank's share of one plan round: packs (unit, row) and the resume positions at the round's start and end."""
+class _Share:
+    """One worker's share of this rank's rounds: its packs (unit, row) in reading order, cut into rounds.
 
-    step: int
-    start: int
-    end: int
+    Round j holds packs cuts[j]:cuts[j+1] and is plan round steps[j]; a resume state may point at
+    starts[j] while its packs are in training and at ends[j] once its last pack is.
+    """
+
     units: list[int]
     rows: list[int]
+    cuts: list[int]
+    steps: list[int]
+    starts: list[int]
+    ends: list[int]
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -116,7 +122,9 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def _lists(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    col = table.column(name).combine_chunks()
+    column = table.column(name)
+    # A row group decodes to one chunk; combine_chunks would copy it.
+    col = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     return col.offsets.to_numpy(), col.values.to_numpy()
 
 
@@ -405,29 +413,36 @@ class PackedDataset(IterableDataset):
 
     # ---- reading ----
 
-    def _plan_rounds(self, worker: int, n_workers: int) -> Iterator[_Round]:
+    def _share(self, worker: int, n_workers: int) -> _Share:
         """This rank's share of every n_workers-th round (from `worker`)."""
         order, plan = self.plan()
         mine = plan.positions(self.rank)
-        if not len(mine):
-            return
         rounds = plan.round[mine - plan.start]
-        cuts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(mine)]
-        units, rows, steps = order.unit[mine].tolist(), order.row[mine].tolist(), rounds.tolist()
-        bounds = plan.bounds.tolist()
-        for lo, hi in list(itertools.pairwise(cuts))[worker::n_workers]:
-            k = steps[lo]
-            yield _Round(k, bounds[k], bounds[k + 1], units[lo:hi], rows[lo:hi])
+        new_round = np.ones(len(mine), bool)
+        new_round[1:] = rounds[1:] != rounds[:-1]
+        keep = (np.cumsum(new_round) - 1) % n_workers == worker
+        mine, rounds, firsts = mine[keep], rounds[keep], np.flatnonzero(new_round[keep])
+        steps = rounds[firsts]
+        return _Share(
+            order.unit[mine].tolist(),
+            order.row[mine].tolist(),
+            [*firsts.tolist(), len(mine)],
+            steps.tolist(),
+            plan.bounds[steps].tolist(),
+            plan.bounds[steps + 1].tolist(),
+        )
 
     def _rounds(self, worker: int, n_workers: int) -> Iterator[list[LoadedPack]]:
         """This rank's share of every n_workers-th round (from `worker`), as lists of packs."""
-        cached: dict[str, Any] = {}
-        for round_ in self._plan_rounds(worker, n_workers):
-            last = len(round_.units) - 1
-            yield [
-                self._pack(self._unit(u, cached), i, round_.step, round_.end if j == last else round_.start, j == last)
-                for j, (u, i) in enumerate(zip(round_.units, round_.rows, strict=True))
-            ]
+        share = self._share(worker, n_workers)
+        units, rows = share.units, share.rows
+        with _RowGroups(self._read, self._decode, units) as groups:
+            for j, (lo, hi) in enumerate(itertools.pairwise(share.cuts)):
+                step, start, end = share.steps[j], share.starts[j], share.ends[j]
+                yield [
+                    self._pack(groups.get(units[i]), rows[i], step, end if i == hi - 1 else start, i == hi - 1)
+                    for i in range(lo, hi)
+                ]
 
     def __iter__(self) -> Iterator[LoadedPack]:
         info = get_worker_info()
@@ -445,23 +460,23 @@ class PackedDataset(IterableDataset):
         for packs in self._rounds(worker, n_workers):
             yield from packs
 
-    def _unit(self, unit_index: int, cached: dict[str, Any]) -> _Decoded:
-        """The decoded row group; `cached` keeps the last one (positions come in order, a unit at a time)."""
-        cols = cached.get("cols")
-        if cols is None or cols.unit != unit_index:
-            cols = cached["cols"] = self._decode(unit_index)
-        return cols
-
-    def _decode(self, unit_index: int) -> _Decoded:
-        """One row group's columns, its pack contract checked."""
+    def _read(self, unit_index: int) -> pa.Table:
+        """One row group's columns as Arrow (the shard's sha256 checked first): no Python per value, little GIL."""
         unit = self.units[unit_index]
-        # Isolated documents: their segments are the documents, so their cost comes from doc_cu_seqlens.
-        cu_name, cost_name = ("doc_cu_seqlens", None) if self.isolate_documents else ("cu_seqlens", "attn_cost")
         parquet = self._open(unit.shard)
-        v2 = self._footers[unit.shard][1]
+        # Isolated documents: their segments are the documents, so their cost comes from doc_cu_seqlens.
+        cu_name, cost = ("doc_cu_seqlens", []) if self.isolate_documents else ("cu_seqlens", ["attn_cost"])
+        extra = list(SEGMENT_COLUMNS) if self._footers[unit.shard][1] else []
+        return parquet.read_row_group(
+            unit.row_group, columns=["input_ids", "labels", cu_name, *cost, "pack_hash", *extra]
+        )
+
+    def _decode(self, unit_index: int, table: pa.Table) -> _Decoded:
+        """A row group's columns as numpy, its pack contract checked."""
+        unit = self.units[unit_index]
+        cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
+        v2 = "segment_groups" in table.column_names
         extra = list(SEGMENT_COLUMNS) if v2 else []
-        names = ["input_ids", "labels", cu_name, *([cost_name] if cost_name else []), "pack_hash", *extra]
-        table = parquet.read_row_group(unit.row_group, columns=names)
         ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
         # Checked once for the whole row group, so collate need not check each micro-batch again.
         # Isolated documents get their -100 at document starts when read, so that rule is not asked of them.
@@ -525,25 +540,71 @@ class PackedDataset(IterableDataset):
         budget = self.token_budget or 0
         fixed = self.capacity if self.fixed_shape else None
         per_batch = budget // self.capacity
-        cached: dict[str, Any] = {}
         chunk = _Chunk()
-        for round_ in self._plan_rounds(worker, n_workers):
-            sizes = [chunk.add(self._unit(u, cached), i) for u, i in zip(round_.units, round_.rows, strict=True)]
-            if fixed:
-                sizes = [fixed] * len(sizes)
-            groups = plan_micro_batches(sizes, budget)
-            last = groups[-1][-1]
-            chunk.close_round(
-                [len(g) for g in groups],
-                [round_.end if g[-1] == last else round_.start for g in groups],
-                round_.step,
-                [per_batch - len(g) for g in groups] if fixed else None,
-            )
-            if chunk.tokens >= CHUNK_TOKENS:
-                yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
-                chunk = _Chunk()
+        share = self._share(worker, n_workers)
+        units, rows = share.units, share.rows
+        with _RowGroups(self._read, self._decode, units) as row_groups:
+            for j, (lo, hi) in enumerate(itertools.pairwise(share.cuts)):
+                sizes = [chunk.add(row_groups.get(units[i]), rows[i]) for i in range(lo, hi)]
+                if fixed:
+                    sizes = [fixed] * len(sizes)
+                groups = plan_micro_batches(sizes, budget)
+                last = groups[-1][-1]
+                chunk.close_round(
+                    [len(g) for g in groups],
+                    [share.ends[j] if g[-1] == last else share.starts[j] for g in groups],
+                    share.steps[j],
+                    [per_batch - len(g) for g in groups] if fixed else None,
+                )
+                if chunk.tokens >= CHUNK_TOKENS:
+                    yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
+                    chunk = _Chunk()
         if chunk.rounds:
             yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
+
+
+class _RowGroups:
+    """The decoded row groups of one pass, in the order its rounds visit them (each unit's packs are one run).
+
+    Once the packs of one row group are in use, the next row group is read on a thread: the sha256
+    check and pyarrow's decode run without the GIL, so reading overlaps batching on a second core
+    (the Python part of decoding stays on the caller's thread, where it does not contend for the
+    GIL). One read at a time, the next asked for only after the previous was taken; the thread
+    starts at the second pack of a row group, so a caller that stops after one pack has read one
+    row group. A failed read raises here when its row group is reached, as a direct read would.
+    """
+
+    def __init__(
+        self, read: Callable[[int], pa.Table], decode: Callable[[int, pa.Table], _Decoded], visits: list[int]
+    ) -> None:
+        self._order = [u for j, u in enumerate(visits) if j == 0 or u != visits[j - 1]]
+        self._read, self._decode = read, decode
+        self._at = -1
+        self._current: _Decoded | None = None
+        self._ahead: Future[pa.Table] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def get(self, unit: int) -> _Decoded:
+        current = self._current
+        if current is not None and current.unit == unit:
+            if self._ahead is None and self._at + 1 < len(self._order):
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-read")
+                self._ahead = self._pool.submit(self._read, self._order[self._at + 1])
+            return current
+        ahead, self._ahead = self._ahead, None
+        self._at += 1
+        unit = self._order[self._at]
+        table = ahead.result() if ahead is not None else self._read(unit)
+        self._current = current = self._decode(unit, table)
+        return current
+
+    def __enter__(self) -> _RowGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # Rounds are assembled together until they hold this many tokens: enough to spread the per-call

@@ -87,6 +87,8 @@ class _Decoded:
     """One unit's columns: list columns as (offsets, values), the offsets as Python ints (cheap to slice with)."""
 
     unit: int
+    shard: str  # the shard's file name
+    first_row: int  # row index of the group inside its shard
     ids: tuple[list[int], np.ndarray]
     labels: tuple[list[int], np.ndarray]
     cu: tuple[list[int], np.ndarray]  # doc_cu_seqlens when documents are isolated
@@ -493,6 +495,8 @@ class PackedDataset(IterableDataset):
 
         return _Decoded(
             unit_index,
+            self.manifest.shards[unit.shard].file.name,
+            unit.first_row,
             sliceable(ids),
             sliceable(labels),
             sliceable(cu),
@@ -509,7 +513,6 @@ class PackedDataset(IterableDataset):
         if self.isolate_documents:
             pack_labels = pack_labels.copy()
             pack_labels[pack_cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
-        unit = self.units[cols.unit]
         segments = None
         if cols.segments is not None:
             values = {SEGMENT_COLUMNS[k][0]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
@@ -520,8 +523,8 @@ class PackedDataset(IterableDataset):
             pack_cu,
             cols.pack_hash[i],
             cols.attn_cost[i],
-            self.manifest.shards[unit.shard].file.name,
-            unit.first_row + i,
+            cols.shard,
+            cols.first_row + i,
             step,
             resume,
             closes,

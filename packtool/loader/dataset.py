@@ -712,7 +712,8 @@ def packed_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
     several). The dataset's position advances when each micro-batch is handed out, so
     `dataset.state_dict()` taken after training on it resumes right after it (with balance, at
     the start of its step until the step's last micro-batch). Rounds prefetched by workers are
-    not counted: a restart reads them again.
+    not counted: a restart reads them again. The tensors of micro-batches assembled together
+    (about CHUNK_TOKENS tokens of rounds) are views into shared buffers; `.to(device)` copies.
     """
     for mb in _micro_batches(dataset):
         dataset.advance(mb.resume_after)

@@ -33,6 +33,7 @@ tokens never see it and it never adds a target::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,12 +42,21 @@ import numpy as np
 import torch
 
 from packtool.errors import PackFormatError
-from packtool.format import WHOLE, attn_cost
-from packtool.labels import IGNORE_INDEX, position_ids
+from packtool.format import INT32_MAX, WHOLE, attn_cost
+from packtool.labels import IGNORE_INDEX
 from packtool.loader.contract import validate_cu_seqlens
 from packtool.shards import SegmentColumns
 
-__all__ = ["LoadedPack", "MicroBatch", "PackFormatError", "batch_by_tokens", "collate", "validate_cu_seqlens"]
+__all__ = [
+    "LoadedPack",
+    "MicroBatch",
+    "PackFormatError",
+    "PackViews",
+    "assemble",
+    "batch_by_tokens",
+    "collate",
+    "validate_cu_seqlens",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,82 +194,52 @@ def collate(
     `n_padding_rows` appends rows made only of padding (so the last micro-batch of an epoch keeps
     the same T). Raises PackFormatError when a pack breaks the contract: bad cu_seqlens,
     labels/input_ids of different lengths, or a label that is not -100 at a segment start (a
-    target across a boundary). One concatenation per column and one vectorised check for the
-    whole micro-batch: per-pack numpy calls were most of the loader's time.
+    target across a boundary). Packs read by PackedDataset had the contract checked once per
+    row group (`checked`); others are checked here, vectorised over the whole micro-batch.
     """
     packs = [as_loaded_pack(r) for r in rows]
     if not packs and not n_padding_rows:
         raise PackFormatError("collate got no rows")
     if n_padding_rows and capacity is None:
         raise PackFormatError("n_padding_rows needs a capacity")
-    # Packs read by PackedDataset had the contract checked once per row group (`checked`); others here.
-    trusted = all(p.checked for p in packs)
+    if not all(p.checked for p in packs):
+        _check_packs(packs)
+    views = PackViews(
+        input_ids=[p.input_ids for p in packs],
+        labels=[p.labels for p in packs],
+        cu_seqlens=[np.asarray(p.cu_seqlens) for p in packs],
+        pack_hash=[p.pack_hash for p in packs],
+        attn_cost=[p.cost for p in packs],
+        step=[p.step for p in packs],
+        resume_after=[p.resume_after for p in packs],
+        segments=_pack_segments(packs) if any(p.segments is not None for p in packs) else None,
+    )
+    return assemble(views, [0, len(packs)], capacity=capacity, pad_id=pad_id, padding_rows=[n_padding_rows])[0]
+
+
+def _check_packs(packs: Sequence[LoadedPack]) -> None:
+    """The pack contract for packs that did not come through PackedDataset's row-group check."""
     lens = np.fromiter((len(p.input_ids) for p in packs), np.int64, len(packs))
-    for pack, n in zip([] if trusted else packs, lens.tolist(), strict=False):
+    for pack, n in zip(packs, lens.tolist(), strict=True):
         if len(pack.labels) != n:
             raise PackFormatError(f"pack {pack.pack_hash!r}: {len(pack.labels)} labels for {n} input_ids")
-    # Every pack's cu_seqlens at once: one concatenation instead of numpy calls per pack.
     cus = [np.asarray(p.cu_seqlens) for p in packs]
     cu_lens = np.fromiter(map(len, cus), np.int64, len(cus))
     flat = np.concatenate(cus).astype(np.int64) if packs else np.zeros(0, np.int64)
     last = np.cumsum(cu_lens) - 1
     first = last - cu_lens + 1
-    broken = (cu_lens < 2) | (flat[np.maximum(first, 0)] != 0) | (flat[last] != lens) if not trusted else lens < 0
+    broken = (cu_lens < 2) | (flat[np.maximum(first, 0)] != 0) | (flat[last] != lens)
     if broken.any():
         bad = packs[int(np.argmax(broken))]
         shown = np.asarray(bad.cu_seqlens).tolist()[:8]
         raise PackFormatError(f"pack {bad.pack_hash!r}: cu_seqlens {shown} must run from 0 to {len(bad)}")
-    pad = np.zeros_like(lens) if capacity is None else capacity - lens
-    if (pad < 0).any():
-        bad = packs[int(np.argmax(pad < 0))]
-        raise PackFormatError(f"pack {bad.pack_hash or bad.row} has {len(bad)} tokens > capacity {capacity}")
-    row_start = np.concatenate([[0], np.cumsum(lens + pad)])  # where each pack's slot starts in the row
-    shifted = flat + np.repeat(row_start[:-1], cu_lens)
-    is_first = np.zeros(len(flat), bool)
-    is_first[first] = True
-    # The padding after a pack is its own segment: nothing real attends to it and it holds no target.
-    padding_ends = (row_start[1:][pad > 0]).tolist()
-    padding_ends += [int(row_start[-1]) + (i + 1) * (capacity or 0) for i in range(n_padding_rows)]
-    cu_seqlens = np.sort(np.concatenate([[0], shifted[~is_first], padding_ends]).astype(np.int64))
-    if capacity is None:
-        input_ids = np.concatenate([p.input_ids for p in packs]).astype(np.int64, copy=False)
-        labels = np.concatenate([p.labels for p in packs]).astype(np.int64, copy=False)
-    else:
-        total = int(row_start[-1]) + n_padding_rows * capacity
-        input_ids = np.full(total, pad_id, dtype=np.int64)
-        labels = np.full(total, IGNORE_INDEX, dtype=np.int64)
-        for pack, lo, n in zip(packs, row_start[:-1].tolist(), lens.tolist(), strict=True):
-            input_ids[lo : lo + n] = pack.input_ids
-            labels[lo : lo + n] = pack.labels
-    if not trusted:
-        validate_cu_seqlens(cu_seqlens, len(input_ids))
-        is_last = np.zeros(len(flat), bool)
-        is_last[last] = True
-        real_starts = shifted[~is_last]
-        if (labels[real_starts] != IGNORE_INDEX).any():
-            where = int(real_starts[np.argmax(labels[real_starts] != IGNORE_INDEX)])
-            owner = packs[int(np.searchsorted(row_start, where, side="right")) - 1]
+    for pack, cu in zip(packs, cus, strict=True):
+        validate_cu_seqlens(cu, len(pack))
+        if (np.asarray(pack.labels)[cu[:-1]] != IGNORE_INDEX).any():
             raise PackFormatError(
-                f"pack {owner.pack_hash!r}: a segment starts with a label other than -100, "
+                f"pack {pack.pack_hash!r}: a segment starts with a label other than -100, "
                 "so one sample would learn to predict the next; rebuild the shards"
             )
-    steps = {p.step for p in packs}
-    return MicroBatch(
-        input_ids=torch.from_numpy(input_ids).unsqueeze(0),
-        labels=torch.from_numpy(labels).unsqueeze(0),
-        position_ids=torch.from_numpy(position_ids(cu_seqlens)).unsqueeze(0),
-        cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
-        max_seqlen=int(np.diff(cu_seqlens).max()),
-        n_targets=int((labels != IGNORE_INDEX).sum()),
-        n_packs=len(packs),
-        pack_hashes=tuple(p.pack_hash for p in packs),
-        step=steps.pop() if len(steps) == 1 else -1,
-        resume_after=packs[-1].resume_after if packs else -1,
-        n_segments=len(flat) - len(packs),
-        n_padding=len(input_ids) - int(lens.sum()),
-        attn_cost=sum(p.cost for p in packs),
-        **(_segment_tensors(packs, cu_seqlens, row_start) if any(p.segments is not None for p in packs) else {}),
-    )
 
 
 # Schema v2 per-segment columns: shard column (also the MicroBatch field) -> SegmentColumns field,
@@ -275,21 +255,185 @@ SEGMENT_COLUMNS: dict[str, tuple[str, float, type]] = {
 }
 
 
-def _segment_tensors(
-    packs: Sequence[LoadedPack], cu_seqlens: np.ndarray, row_start: np.ndarray
-) -> dict[str, torch.Tensor]:
-    """The packs' per-segment columns in micro-batch order; segments collate added (padding) stay plain."""
-    out: dict[str, np.ndarray] = {
-        column: np.full(len(cu_seqlens) - 1, fill, dtype=dtype) for column, (_, fill, dtype) in SEGMENT_COLUMNS.items()
-    }
-    # a pack's first segment starts where its slot starts; its segments follow in order
-    firsts = np.searchsorted(cu_seqlens, row_start[:-1])
-    for pack, at in zip(packs, firsts.tolist(), strict=True):
-        if pack.segments is not None:
-            n = len(pack.cu_seqlens) - 1
-            for column, (field, _, _) in SEGMENT_COLUMNS.items():
-                out[column][at : at + n] = getattr(pack.segments, field)
-    return {column: torch.from_numpy(values) for column, values in out.items()}
+def _pack_segments(packs: Sequence[LoadedPack]) -> dict[str, list[np.ndarray]]:
+    """Per column, each pack's per-segment values; a pack without them counts as plain samples."""
+    out: dict[str, list[np.ndarray]] = {}
+    for column, (field, fill, dtype) in SEGMENT_COLUMNS.items():
+        out[column] = [
+            np.full(len(p.cu_seqlens) - 1, fill, dtype) if p.segments is None else getattr(p.segments, field)
+            for p in packs
+        ]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PackViews:
+    """Packs as parallel lists, one entry per pack (views into decoded row groups; nothing copied yet)."""
+
+    input_ids: list[np.ndarray]
+    labels: list[np.ndarray]
+    cu_seqlens: list[np.ndarray]
+    pack_hash: list[str]
+    attn_cost: list[int]  # sum(l_i^2) of each pack's segments
+    step: list[int]
+    resume_after: list[int]
+    segments: dict[str, list[np.ndarray]] | None = None  # schema v2: SEGMENT_COLUMNS name -> per pack values
+
+
+def assemble(
+    views: PackViews,
+    cuts: Sequence[int],
+    *,
+    capacity: int | None = None,
+    pad_id: int = 0,
+    padding_rows: Sequence[int] | None = None,
+    isolate_starts: bool = False,
+) -> list[MicroBatch]:
+    """Micro-batch m of packs [cuts[m], cuts[m+1]): several micro-batches from one pass over the columns.
+
+    Per-call numpy overhead, not bytes, was the loader's cost (about 25 small calls per micro-batch),
+    so every column is concatenated once for all micro-batches and each micro-batch's tensors are
+    views of those buffers::
+
+        packs      [A B C] [D E] | [F G]          cuts [0, 2, 3]: micro-batches {p0, p1} and {p2}
+        tokens     a a a b b c c c c d d e | f g g    one buffer per column; ends of every segment:
+        ends       3 5 9 11 12 | 13 15              micro-batch 1 starts at token 12 (its cu_seqlens
+        cu_seqlens [0 3 5 9 11 12]  [0 1 3]          are the ends in its range, minus 12)
+
+    Fixed shape (`capacity`): pack i fills a slot of `capacity` tokens and, when shorter, one
+    padding segment closes its slot; micro-batch m ends with `padding_rows[m]` slots of padding.
+    `isolate_starts` sets the label of every segment start to -100 (documents as segments).
+    """
+    n, n_mb = len(views.input_ids), len(cuts) - 1
+    cut = np.asarray(cuts, dtype=np.int64)
+    lens = np.fromiter(map(len, views.input_ids), np.int64, n)
+    cu_lens = np.fromiter(map(len, views.cu_seqlens), np.int64, n)
+    mb_of_pack = np.repeat(np.arange(n_mb), np.diff(cut))
+    rows = np.zeros(n_mb, np.int64) if padding_rows is None else np.asarray(padding_rows, dtype=np.int64)
+    if capacity is None:
+        slots = lens
+    else:
+        if (lens > capacity).any():
+            bad = int(np.argmax(lens > capacity))
+            raise PackFormatError(
+                f"pack {views.pack_hash[bad] or bad} has {int(lens[bad])} tokens > capacity {capacity}"
+            )
+        slots = np.full(n, capacity, np.int64)
+    real = _starts(lens)  # where each pack's tokens sit among all real tokens
+    slot_sums = _starts(slots)
+    mb_slots = slot_sums[cut[1:]] - slot_sums[cut[:-1]]
+    mb_cut = _starts(mb_slots + rows * (capacity or 0))  # token where each micro-batch starts
+    slot_at = mb_cut[mb_of_pack] + slot_sums[:-1] - slot_sums[cut[:-1]][mb_of_pack]
+    total = int(mb_cut[-1])
+    tokens = np.diff(mb_cut)
+    if n_mb and int(tokens.min()) < 1:
+        raise PackFormatError(
+            f"micro-batch {int(np.argmin(tokens))} would hold no token; every micro-batch needs a pack"
+        )
+    if int(tokens.max(initial=0)) > INT32_MAX:
+        raise PackFormatError(
+            f"a micro-batch over {INT32_MAX} tokens does not fit int32 offsets; lower the token budget"
+        )
+
+    input_ids = _concat(views.input_ids, np.int64)
+    labels = _concat(views.labels, np.int64)
+    if capacity is not None:
+        where = np.repeat(slot_at - real[:-1], lens) + np.arange(int(real[-1]))
+        input_ids, labels = _scatter(input_ids, where, total, pad_id), _scatter(labels, where, total, IGNORE_INDEX)
+
+    # Segment offsets of every pack in buffer coordinates; a pack's leading 0 is the previous end.
+    offsets = _concat(views.cu_seqlens, np.int64) + np.repeat(slot_at, cu_lens)
+    firsts = _starts(cu_lens)
+    is_first = np.zeros(len(offsets), bool)
+    is_first[firsts[:-1]] = True
+    is_last = np.zeros(len(offsets), bool)
+    is_last[firsts[1:] - 1] = True
+    real_ends = offsets[~is_first]
+    ends, is_real = real_ends, np.ones(len(real_ends), bool)
+    if capacity is not None:
+        # The padding after a pack is its own segment: nothing real attends to it and it holds no target.
+        short = lens < capacity
+        row_ends = np.repeat(mb_cut[:-1] + mb_slots, rows) + capacity * (np.arange(int(rows.sum())) + 1)
+        row_ends -= np.repeat(capacity * _starts(rows)[:-1], rows)
+        all_ends = np.concatenate([real_ends, slot_at[short] + capacity, row_ends])
+        order = np.argsort(all_ends, kind="stable")
+        ends, is_real = all_ends[order], order < len(real_ends)
+    if isolate_starts:
+        labels[offsets[~is_last]] = IGNORE_INDEX  # no document learns to predict the next one's first token
+    bounds = np.concatenate([[0], ends])
+    seg_lens = np.diff(bounds)
+    position_ids = np.arange(total, dtype=np.int64)
+    position_ids -= np.repeat(bounds[:-1], seg_lens)
+
+    # Micro-batch m holds segments [seg_cut[m], seg_cut[m+1]); its cu_seqlens repeat the shared boundary.
+    seg_cut = np.searchsorted(bounds, mb_cut)
+    seg_counts = np.diff(seg_cut)
+    spans = _starts(seg_counts + 1)
+    pick = np.repeat(seg_cut[:-1] - spans[:-1], seg_counts + 1) + np.arange(int(spans[-1]))
+    cu_seqlens = (bounds[pick] - np.repeat(mb_cut[:-1], seg_counts + 1)).astype(np.int32)
+    max_seqlen = np.maximum.reduceat(seg_lens, seg_cut[:-1]).tolist() if n_mb else []
+
+    def per_mb(values: np.ndarray | Sequence[int]) -> list[int]:
+        summed = _starts(np.asarray(values, dtype=np.int64))
+        return (summed[cut[1:]] - summed[cut[:-1]]).tolist()
+
+    n_real_tokens, n_segments, costs = per_mb(lens), per_mb(cu_lens - 1), per_mb(views.attn_cost)
+    is_target = labels != IGNORE_INDEX
+    segment_columns = _segment_columns(views.segments, is_real, seg_counts) if views.segments is not None else None
+    token_cut, cu_cut = mb_cut.tolist(), spans.tolist()
+    out = []
+    # numpy views wrapped one by one: half the cost of torch's split + unsqueeze per micro-batch
+    for m, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        a, b = token_cut[m], token_cut[m + 1]
+        steps = set(views.step[lo:hi])
+        out.append(
+            MicroBatch(
+                input_ids=torch.from_numpy(input_ids[a:b].reshape(1, -1)),
+                labels=torch.from_numpy(labels[a:b].reshape(1, -1)),
+                position_ids=torch.from_numpy(position_ids[a:b].reshape(1, -1)),
+                cu_seqlens=torch.from_numpy(cu_seqlens[cu_cut[m] : cu_cut[m + 1]]),
+                max_seqlen=max_seqlen[m],
+                n_targets=int(np.count_nonzero(is_target[a:b])),
+                n_packs=hi - lo,
+                pack_hashes=tuple(views.pack_hash[lo:hi]),
+                step=steps.pop() if len(steps) == 1 else -1,
+                resume_after=views.resume_after[hi - 1] if hi > lo else -1,
+                n_segments=n_segments[m],
+                n_padding=b - a - n_real_tokens[m],
+                attn_cost=costs[m],
+                **({} if segment_columns is None else {k: v[m] for k, v in segment_columns.items()}),
+            )
+        )
+    return out
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """[3, 2, 4] -> [0, 3, 5, 9]: where each run starts, and the total."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _concat(arrays: Sequence[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays, dtype=dtype) if arrays else np.zeros(0, dtype)
+
+
+def _scatter(values: np.ndarray, where: np.ndarray, total: int, fill: int) -> np.ndarray:
+    out = np.full(total, fill, dtype=values.dtype)
+    out[where] = values
+    return out
+
+
+def _segment_columns(
+    segments: dict[str, list[np.ndarray]], is_real: np.ndarray, seg_counts: np.ndarray
+) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Per micro-batch, the packs' per-segment columns aligned with cu_seqlens; padding segments stay plain."""
+    out = {}
+    for column, (_, fill, dtype) in SEGMENT_COLUMNS.items():
+        values: np.ndarray = np.full(len(is_real), fill, dtype=dtype)
+        values[is_real] = _concat(segments[column], dtype)
+        out[column] = torch.from_numpy(values).split(seg_counts.tolist())
+    return out
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -144,16 +144,16 @@ def first_broken_pack(
     if bad.any():
         return int(np.argmax(bad))
     cu = cu_values.astype(np.int64)
-    bad |= (cu[cu_offsets[:-1]] != 0) | (cu[cu_offsets[1:] - 1] != lens)
-    steps = np.diff(cu)
-    inside = np.ones(len(steps), bool)
-    inside[cu_offsets[1:-1] - 1] = False  # the step from one pack's last offset to the next pack's 0
-    row_of_step = np.searchsorted(cu_offsets, np.arange(len(steps)), side="right") - 1
-    bad[row_of_step[inside & (steps <= 0)]] = True
+    firsts, lasts = cu_offsets[:-1], cu_offsets[1:] - 1
+    bad |= (cu[firsts] != 0) | (cu[lasts] != lens)
+    falls = np.diff(cu) <= 0
+    falls[lasts[:-1]] = False  # the step from one pack's last offset to the next pack's 0
+    if falls.any():  # rows looked up only for the offending steps: a clean row group pays one comparison
+        bad[np.searchsorted(cu_offsets, np.flatnonzero(falls), side="right") - 1] = True
     if labels is not None:
-        is_last = np.zeros(len(cu), bool)
-        is_last[cu_offsets[1:] - 1] = True
-        row_of_offset = np.repeat(np.arange(len(lens)), cu_lens)
-        starts = (cu + np.repeat(label_offsets[:-1], cu_lens))[~is_last]
-        bad[row_of_offset[~is_last][labels[starts] != IGNORE_INDEX]] = True
+        inner = np.ones(len(cu), bool)
+        inner[lasts] = False
+        wrong = labels[(cu + np.repeat(label_offsets[:-1], cu_lens))[inner]] != IGNORE_INDEX
+        if wrong.any():
+            bad[np.repeat(np.arange(len(lens)), cu_lens)[inner][wrong]] = True
     return int(np.argmax(bad)) if bad.any() else -1

@@ -4,7 +4,9 @@ The plan (which rank reads which pack in which round) is `schedule.py`: a pure f
 (seed, epoch, start position, world size, budget). This module does the I/O: it reads the
 manifest through `contract.py`, checks each shard's sha256 the first time a process opens it,
 decodes one Parquet row group at a time into numpy and hands out `LoadedPack`s whose arrays are
-views into that row group (no per-pack copies; `collate` makes the one copy into a batch).
+views into that row group. Micro-batches (`packed_batches`) skip the per-pack objects: the
+packs of a chunk of rounds are gathered as views and `collate.assemble` builds all their
+micro-batches with one concatenation per column (the one copy into a batch).
 
 Modes, by the options (docs/format.md "Loader contract"):
 
@@ -37,9 +39,12 @@ Packed builds have `doc_cu_seqlens == cu_seqlens`, so the option changes nothing
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +55,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.errors import DatasetError
-from packtool.format import attn_cost
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import pack_costs
-from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, batch_by_tokens
+from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble, plan_micro_batches
 from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 from packtool.shards import SegmentColumns
@@ -62,6 +66,9 @@ __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
 log = logging.getLogger("packtool.loader")
 STATE_KEYS = ("epoch", "position", "seed")
+# Parquet readers kept open per process: shuffled row groups come from a few shards at a time, and
+# opening one (footer and column paths) costs about as much as decoding a small row group.
+OPEN_SHARDS = 4
 BALANCE_MODES = (None, "attention")
 
 
@@ -77,15 +84,33 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class _Decoded:
-    """One unit's columns as numpy; list columns as (offsets, values)."""
+    """One unit's columns: list columns as (offsets, values), the offsets as Python ints (cheap to slice with)."""
 
     unit: int
-    ids: tuple[np.ndarray, np.ndarray]
-    labels: tuple[np.ndarray, np.ndarray]
-    cu: tuple[np.ndarray, np.ndarray]  # doc_cu_seqlens when documents are isolated
-    attn_cost: np.ndarray
+    shard: str  # the shard's file name
+    first_row: int  # row index of the group inside its shard
+    ids: tuple[list[int], np.ndarray]
+    labels: tuple[list[int], np.ndarray]
+    cu: tuple[list[int], np.ndarray]  # doc_cu_seqlens when documents are isolated
+    attn_cost: list[int]  # sum(l_i^2) of the attention segments (of the documents when isolated)
     pack_hash: list[str]
-    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # schema v2 columns, as (offsets, values)
+    segments: dict[str, tuple[list[int], np.ndarray]] | None = None  # schema v2 columns
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """One worker's share of this rank's rounds: its packs (unit, row) in reading order, cut into rounds.
+
+    Round j holds packs cuts[j]:cuts[j+1] and is plan round steps[j]; a resume state may point at
+    starts[j] while its packs are in training and at ends[j] once its last pack is.
+    """
+
+    units: list[int]
+    rows: list[int]
+    cuts: list[int]
+    steps: list[int]
+    starts: list[int]
+    ends: list[int]
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -99,7 +124,9 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def _lists(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    col = table.column(name).combine_chunks()
+    column = table.column(name)
+    # A row group decodes to one chunk; combine_chunks would copy it.
+    col = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     return col.offsets.to_numpy(), col.values.to_numpy()
 
 
@@ -170,6 +197,11 @@ class PackedDataset(IterableDataset):
         self.isolate_documents = isolate_documents
         self._check_options()
         self._verified: set[int] = set()  # shards whose sha256 this process has checked
+        # Per shard: its parsed footer and whether it has the schema v2 segment columns. Parsed once (as
+        # much work as decoding a small row group); with verify, first after the sha256 check.
+        self._footers: dict[int, tuple[pq.FileMetaData, bool]] = {}
+        self._files: dict[int, pq.ParquetFile] = {}  # open readers, least recently used first
+        self._files_pid = os.getpid()
         self.units = self._read_footers()
         self._small: tuple[np.ndarray, np.ndarray] | None = None  # n_tokens, cost per pack, for planning
         self._plan: tuple[tuple[int, int], EpochOrder, EpochPlan] | None = None
@@ -220,12 +252,33 @@ class PackedDataset(IterableDataset):
     # ---- files ----
 
     def _open(self, shard: int) -> pq.ParquetFile:
-        """The shard's Parquet reader, its sha256 checked first (once per process) when verify is on."""
-        entry = self.manifest.shards[shard]
-        if self.verify and shard not in self._verified:
-            check_shard(entry)
-            self._verified.add(shard)
-        return pq.ParquetFile(entry.file)
+        """The shard's Parquet reader, its sha256 checked first (once per process) when verify is on.
+
+        The last OPEN_SHARDS readers stay open; a forked DataLoader worker opens its own.
+        """
+        if self._files_pid != os.getpid():
+            self._files, self._files_pid = {}, os.getpid()
+        parquet = self._files.pop(shard, None)
+        if parquet is None:
+            entry = self.manifest.shards[shard]
+            if self.verify and shard not in self._verified:
+                check_shard(entry)
+                self._verified.add(shard)
+            known = self._footers.get(shard)
+            parquet = pq.ParquetFile(entry.file, metadata=None if known is None else known[0])
+            if known is None:
+                self._remember_footer(shard, parquet.metadata)
+            if len(self._files) >= OPEN_SHARDS:
+                del self._files[next(iter(self._files))]  # the least recently used
+        self._files[shard] = parquet
+        return parquet
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Open readers do not travel to another process (spawned DataLoader workers open their own)."""
+        return {**self.__dict__, "_files": {}, "_files_pid": -1}
+
+    def _remember_footer(self, shard: int, meta: pq.FileMetaData) -> None:
+        self._footers[shard] = (meta, "segment_groups" in meta.schema.to_arrow_schema().names)
 
     def _read_footers(self) -> list[Unit]:
         units: list[Unit] = []
@@ -233,15 +286,17 @@ class PackedDataset(IterableDataset):
             if not entry.file.is_file():
                 raise DatasetError(f"{entry.file}: listed in the manifest but missing")
             try:
-                meta = pq.ParquetFile(entry.file).metadata  # footers only; the bytes are checked on first read
+                meta = pq.read_metadata(entry.file)  # footers only; the bytes are checked on first read
             except (OSError, ValueError) as err:
                 if self.verify:
-                    self._open(i)  # an altered shard: say so by its checksum, and where
+                    check_shard(entry)  # an altered shard: say so by its checksum, and where
                 raise DatasetError(
                     f"{entry.file}: unreadable Parquet footer ({one_line(err)}); rebuild or restore it"
                 ) from None
             if meta.num_rows != entry.rows:
                 raise DatasetError(f"{entry.file}: {meta.num_rows} rows, manifest says {entry.rows}")
+            if not self.verify:
+                self._remember_footer(i, meta)
             first = 0
             for g in range(meta.num_row_groups):
                 rows = meta.row_group(g).num_rows
@@ -257,12 +312,9 @@ class PackedDataset(IterableDataset):
         """
         if self._small is None:
             columns = ["n_tokens", "doc_cu_seqlens" if self.isolate_documents else "attn_cost"]
-            files: dict[int, pq.ParquetFile] = {}
             tokens, costs = [], []
             for unit in self.units:
-                if unit.shard not in files:
-                    files = {unit.shard: self._open(unit.shard)}
-                table = files[unit.shard].read_row_group(unit.row_group, columns=columns)
+                table = self._open(unit.shard).read_row_group(unit.row_group, columns=columns)
                 tokens.append(_ints(table, "n_tokens"))
                 costs.append(_row_costs(table, self.isolate_documents))
             empty = np.zeros(0, np.int64)
@@ -363,22 +415,36 @@ class PackedDataset(IterableDataset):
 
     # ---- reading ----
 
-    def _rounds(self, worker: int, n_workers: int) -> Iterator[list[LoadedPack]]:
-        """This rank's share of every n_workers-th round (from `worker`), as lists of packs."""
+    def _share(self, worker: int, n_workers: int) -> _Share:
+        """This rank's share of every n_workers-th round (from `worker`)."""
         order, plan = self.plan()
         mine = plan.positions(self.rank)
-        if not len(mine):
-            return
-        cuts = np.flatnonzero(np.diff(plan.round[mine - plan.start])) + 1
-        cached: dict[str, Any] = {}
-        for group in np.split(mine, cuts)[worker::n_workers]:
-            k = int(plan.round[group[0] - plan.start])
-            lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
-            packs = []
-            for j, p in enumerate(group.tolist()):
-                last = j == len(group) - 1
-                packs.append(self._pack(cached, order, p, k, hi if last else lo, last))
-            yield packs
+        rounds = plan.round[mine - plan.start]
+        new_round = np.ones(len(mine), bool)
+        new_round[1:] = rounds[1:] != rounds[:-1]
+        keep = (np.cumsum(new_round) - 1) % n_workers == worker
+        mine, rounds, firsts = mine[keep], rounds[keep], np.flatnonzero(new_round[keep])
+        steps = rounds[firsts]
+        return _Share(
+            order.unit[mine].tolist(),
+            order.row[mine].tolist(),
+            [*firsts.tolist(), len(mine)],
+            steps.tolist(),
+            plan.bounds[steps].tolist(),
+            plan.bounds[steps + 1].tolist(),
+        )
+
+    def _rounds(self, worker: int, n_workers: int) -> Iterator[list[LoadedPack]]:
+        """This rank's share of every n_workers-th round (from `worker`), as lists of packs."""
+        share = self._share(worker, n_workers)
+        units, rows = share.units, share.rows
+        with _RowGroups(self._read, self._decode, units) as groups:
+            for j, (lo, hi) in enumerate(itertools.pairwise(share.cuts)):
+                step, start, end = share.steps[j], share.starts[j], share.ends[j]
+                yield [
+                    self._pack(groups.get(units[i]), rows[i], step, end if i == hi - 1 else start, i == hi - 1)
+                    for i in range(lo, hi)
+                ]
 
     def __iter__(self) -> Iterator[LoadedPack]:
         info = get_worker_info()
@@ -396,20 +462,26 @@ class PackedDataset(IterableDataset):
         for packs in self._rounds(worker, n_workers):
             yield from packs
 
-    def _decode(self, unit_index: int, cached: dict[str, Any]) -> _Decoded:
-        """One row group's columns; `cached["file"]` keeps the last shard open (opening costs as much as a decode)."""
+    def _read(self, unit_index: int) -> pa.Table:
+        """One row group's columns as Arrow (the shard's sha256 checked first): no Python per value, little GIL."""
         unit = self.units[unit_index]
-        if cached.get("file", (-1,))[0] != unit.shard:
-            cached["file"] = (unit.shard, self._open(unit.shard))
-        cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
-        v2 = "segment_groups" in cached["file"][1].schema_arrow.names
-        extra = list(SEGMENT_COLUMNS) if v2 else []
-        table = cached["file"][1].read_row_group(
-            unit.row_group, columns=["input_ids", "labels", cu_name, "attn_cost", "pack_hash", *extra]
+        parquet = self._open(unit.shard)
+        # Isolated documents: their segments are the documents, so their cost comes from doc_cu_seqlens.
+        cu_name, cost = ("doc_cu_seqlens", []) if self.isolate_documents else ("cu_seqlens", ["attn_cost"])
+        extra = list(SEGMENT_COLUMNS) if self._footers[unit.shard][1] else []
+        return parquet.read_row_group(
+            unit.row_group, columns=["input_ids", "labels", cu_name, *cost, "pack_hash", *extra]
         )
+
+    def _decode(self, unit_index: int, table: pa.Table) -> _Decoded:
+        """A row group's columns as numpy, its pack contract checked."""
+        unit = self.units[unit_index]
+        cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
+        v2 = "segment_groups" in table.column_names
+        extra = list(SEGMENT_COLUMNS) if v2 else []
         ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
         # Checked once for the whole row group, so collate need not check each micro-batch again.
-        # Isolated documents get their -100 at document starts in _pack, so that rule is not asked of them.
+        # Isolated documents get their -100 at document starts when read, so that rule is not asked of them.
         bad = first_broken_pack(ids[0], labels[0], cu[0], cu[1], None if self.isolate_documents else labels[1])
         if bad >= 0:
             raise DatasetError(
@@ -417,39 +489,185 @@ class PackedDataset(IterableDataset):
                 f"({cu_name} not from 0 to the pack length, or a label other than -100 at a segment start); "
                 "rebuild the shards"
             )
+
+        def sliceable(column: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], np.ndarray]:
+            return column[0].tolist(), column[1]
+
         return _Decoded(
             unit_index,
-            ids,
-            labels,
-            cu,
-            _ints(table, "attn_cost"),
+            self.manifest.shards[unit.shard].file.name,
+            unit.first_row,
+            sliceable(ids),
+            sliceable(labels),
+            sliceable(cu),
+            _row_costs(table, self.isolate_documents).tolist(),
             table.column("pack_hash").to_pylist(),
-            {name: _lists(table, name) for name in extra} if v2 else None,
+            {name: sliceable(_lists(table, name)) for name in extra} if v2 else None,
         )
 
-    def _pack(
-        self, cached: dict[str, Any], order: EpochOrder, position: int, step: int, resume: int, closes: bool
-    ) -> LoadedPack:
-        """The pack at a global position; `cached` keeps the last decoded row group (positions come in order)."""
-        u, i = int(order.unit[position]), int(order.row[position])
-        cols = cached.get("cols")
-        if cols is None or cols.unit != u:
-            cols = cached["cols"] = self._decode(u, cached)
-        ids, labels, cu = (values[offs[i] : offs[i + 1]] for offs, values in (cols.ids, cols.labels, cols.cu))
-        cost = int(cols.attn_cost[i])
+    def _pack(self, cols: _Decoded, i: int, step: int, resume: int, closes: bool) -> LoadedPack:
+        """Row i of a decoded unit as a LoadedPack (views into the unit's arrays)."""
+        (io, ids), (lo, labels), (co, cu) = cols.ids, cols.labels, cols.cu
+        pack_labels = labels[lo[i] : lo[i + 1]]
+        pack_cu = cu[co[i] : co[i + 1]]
         if self.isolate_documents:
-            labels = labels.copy()
-            labels[cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
-            cost = attn_cost(cu)
-        unit = self.units[u]
-        shard = self.manifest.shards[unit.shard].file.name
+            pack_labels = pack_labels.copy()
+            pack_labels[pack_cu[:-1]] = IGNORE_INDEX  # no document learns to predict the next one's first token
         segments = None
         if cols.segments is not None:
             values = {SEGMENT_COLUMNS[k][0]: v[o[i] : o[i + 1]].copy() for k, (o, v) in cols.segments.items()}
             segments = SegmentColumns(**values)
         return LoadedPack(
-            ids, labels, cu, cols.pack_hash[i], cost, shard, unit.first_row + i, step, resume, closes, True, segments
+            ids[io[i] : io[i + 1]],
+            pack_labels,
+            pack_cu,
+            cols.pack_hash[i],
+            cols.attn_cost[i],
+            cols.shard,
+            cols.first_row + i,
+            step,
+            resume,
+            closes,
+            True,
+            segments,
         )
+
+    def _round_batches(self, worker: int, n_workers: int) -> Iterator[list[MicroBatch]]:
+        """Each of this worker's rounds as its list of micro-batches, assembled a chunk of rounds at a time.
+
+        A round's share is cut greedily into micro-batches of at most token_budget tokens (a pack
+        counts `capacity` in fixed shape); `assemble` then builds every micro-batch of about
+        CHUNK_TOKENS tokens of rounds from one concatenation per column, straight from the decoded
+        row groups (no per-pack objects).
+        """
+        budget = self.token_budget or 0
+        fixed = self.capacity if self.fixed_shape else None
+        per_batch = budget // self.capacity
+        chunk = _Chunk()
+        share = self._share(worker, n_workers)
+        units, rows = share.units, share.rows
+        with _RowGroups(self._read, self._decode, units) as row_groups:
+            for j, (lo, hi) in enumerate(itertools.pairwise(share.cuts)):
+                sizes = [chunk.add(row_groups.get(units[i]), rows[i]) for i in range(lo, hi)]
+                if fixed:
+                    sizes = [fixed] * len(sizes)
+                groups = plan_micro_batches(sizes, budget)
+                last = groups[-1][-1]
+                chunk.close_round(
+                    [len(g) for g in groups],
+                    [share.ends[j] if g[-1] == last else share.starts[j] for g in groups],
+                    share.steps[j],
+                    [per_batch - len(g) for g in groups] if fixed else None,
+                )
+                if chunk.tokens >= CHUNK_TOKENS:
+                    yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
+                    chunk = _Chunk()
+        if chunk.rounds:
+            yield from chunk.flush(fixed, self.pad_id, self.isolate_documents)
+
+
+class _RowGroups:
+    """The decoded row groups of one pass, in the order its rounds visit them (each unit's packs are one run).
+
+    Once the packs of one row group are in use, the next row group is read on a thread: the sha256
+    check and pyarrow's decode run without the GIL, so reading overlaps batching on a second core
+    (the Python part of decoding stays on the caller's thread, where it does not contend for the
+    GIL). One read at a time, the next asked for only after the previous was taken; the thread
+    starts at the second pack of a row group, so a caller that stops after one pack has read one
+    row group. A failed read raises here when its row group is reached, as a direct read would.
+    """
+
+    def __init__(
+        self, read: Callable[[int], pa.Table], decode: Callable[[int, pa.Table], _Decoded], visits: list[int]
+    ) -> None:
+        self._order = [u for j, u in enumerate(visits) if j == 0 or u != visits[j - 1]]
+        self._read, self._decode = read, decode
+        self._at = -1
+        self._current: _Decoded | None = None
+        self._ahead: Future[pa.Table] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def get(self, unit: int) -> _Decoded:
+        current = self._current
+        if current is not None and current.unit == unit:
+            if self._ahead is None and self._at + 1 < len(self._order):
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-read")
+                self._ahead = self._pool.submit(self._read, self._order[self._at + 1])
+            return current
+        ahead, self._ahead = self._ahead, None
+        self._at += 1
+        unit = self._order[self._at]
+        table = ahead.result() if ahead is not None else self._read(unit)
+        self._current = current = self._decode(unit, table)
+        return current
+
+    def __enter__(self) -> _RowGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# Rounds are assembled together until they hold this many tokens: enough to spread the per-call
+# numpy and torch overhead over many micro-batches, small enough that the buffers their tensors
+# view stay a few MB.
+CHUNK_TOKENS = 1 << 16
+
+
+class _Chunk:
+    """Packs of consecutive rounds, as views, waiting to be assembled into micro-batches."""
+
+    def __init__(self) -> None:
+        self.views = PackViews([], [], [], [], [], [], [], None)
+        self.cuts = [0]
+        self.padding_rows: list[int] = []
+        self.rounds: list[int] = []  # micro-batches per round
+        self.tokens = 0
+
+    def add(self, cols: _Decoded, i: int) -> int:
+        """Append row i of a decoded unit; its token count."""
+        (io, ids), (lo, labels), (co, cu) = cols.ids, cols.labels, cols.cu
+        v = self.views
+        v.input_ids.append(ids[io[i] : io[i + 1]])
+        v.labels.append(labels[lo[i] : lo[i + 1]])
+        v.cu_seqlens.append(cu[co[i] : co[i + 1]])
+        v.pack_hash.append(cols.pack_hash[i])
+        v.attn_cost.append(cols.attn_cost[i])
+        if cols.segments is not None:
+            segments = v.segments
+            if segments is None:
+                segments = {name: [] for name in cols.segments}
+                self.views = v = replace(v, segments=segments)
+            for name, (o, values) in cols.segments.items():
+                segments[name].append(values[o[i] : o[i + 1]])
+        n = io[i + 1] - io[i]
+        self.tokens += n
+        return n
+
+    def close_round(self, sizes: list[int], resume: list[int], step: int, padding_rows: list[int] | None) -> None:
+        """The round's packs so far form micro-batches of `sizes` packs; `resume` and padding rows per micro-batch."""
+        for n, after in zip(sizes, resume, strict=True):
+            self.cuts.append(self.cuts[-1] + n)
+            self.views.step.extend([step] * n)
+            self.views.resume_after.extend([-1] * (n - 1) + [after])
+        self.padding_rows.extend(padding_rows or [0] * len(sizes))
+        self.rounds.append(len(sizes))
+
+    def flush(self, capacity: int | None, pad_id: int, isolate: bool) -> Iterator[list[MicroBatch]]:
+        mbs = assemble(
+            self.views,
+            self.cuts,
+            capacity=capacity,
+            pad_id=pad_id,
+            padding_rows=self.padding_rows,
+            isolate_starts=isolate,
+        )
+        at = 0
+        for n in self.rounds:
+            yield mbs[at : at + n]
+            at += n
 
 
 class _RoundBatches(IterableDataset):
@@ -461,12 +679,7 @@ class _RoundBatches(IterableDataset):
     def __iter__(self) -> Iterator[list[MicroBatch]]:
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        ds = self.dataset
-        for packs in ds._rounds(worker, n_workers):
-            budget = ds.token_budget or 0
-            yield list(
-                batch_by_tokens(packs, budget, fixed_shape=ds.fixed_shape, capacity=ds.capacity, pad_id=ds.pad_id)
-            )
+        yield from self.dataset._round_batches(worker, n_workers)
 
 
 def _identity(item: Any) -> Any:
@@ -499,7 +712,8 @@ def packed_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
     several). The dataset's position advances when each micro-batch is handed out, so
     `dataset.state_dict()` taken after training on it resumes right after it (with balance, at
     the start of its step until the step's last micro-batch). Rounds prefetched by workers are
-    not counted: a restart reads them again.
+    not counted: a restart reads them again. The tensors of micro-batches assembled together
+    (about CHUNK_TOKENS tokens of rounds) are views into shared buffers; `.to(device)` copies.
     """
     for mb in _micro_batches(dataset):
         dataset.advance(mb.resume_after)

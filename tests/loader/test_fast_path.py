@@ -36,6 +36,8 @@ def with_segments(packs):
             completion_index=rng.integers(-1, 4, n).astype(np.int16),
             rewards=np.where(rng.random(n) < 0.5, rng.random(n), np.nan),
             advantages=rng.random(n),
+            pieces=rng.integers(-1, 3, n).astype(np.int32),
+            piece_offsets=rng.integers(0, 5000, n).astype(np.int32),
         )
         out.append(replace(pack, segments=segments))
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,13 @@ def shared(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not available")
     return path
+
+
+def ctrl_c_reaches_child() -> None:
+    """`preexec_fn` for a subprocess a test interrupts with SIGINT, as Ctrl-C in a terminal would.
+
+    A shell runs a background job (`.ci/run &`, nohup) with SIGINT ignored and children inherit
+    that, so Python would not install its KeyboardInterrupt handler and the signal would be lost;
+    the child gets the default back here, before it starts Python.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from support import ctrl_c_reaches_child
 
 from packtool.build.executors import (
     ITEMS_PER_WORKER,
@@ -264,7 +265,7 @@ def test_workers_exit_when_the_build_process_ends(tmp_path, signum):
     script = tmp_path / "build.py"
     script.write_text(BUILD, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, preexec_fn=ctrl_c_reaches_child)
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("started-*"))) < 2:  # both workers are inside a slow item

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support import QUICKSTART, REPO, shared
+from support import QUICKSTART, REPO, ctrl_c_reaches_child, shared
 
 from packtool.build import build
 from packtool.cli import main
@@ -40,7 +40,9 @@ def _cli(*args: str, kill: str | None = None) -> subprocess.CompletedProcess:
     if kill:
         env["PACKTOOL_TEST_KILL"] = kill
     command = [sys.executable, "-m", "packtool", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=240, check=False, preexec_fn=ctrl_c_reaches_child
+    )
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ own EOS stays a target (a1 -> E, b0 -> E, c2 -> E).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 # PyTorch's cross_entropy ignore_index default; every HF model uses it for "not a target".
@@ -58,35 +56,3 @@ def position_ids(cu_seqlens: np.ndarray) -> np.ndarray:
 def target_pairs(labels: np.ndarray) -> int:
     """Number of (context -> next token) pairs that carry loss: labels that are not -100."""
     return int((np.asarray(labels) != IGNORE_INDEX).sum())
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionAccounting:
-    """What a batch of sequences costs, three ways (padded to the longest / packed block-diagonal / flat).
-
-    lengths [3, 2, 4]: token slots 12/9/9, dense score slots 48/29/81, legal causal pairs 19
-    (45 if the packed row were wrongly treated as one causal sequence).
-    """
-
-    token_slots_padded: int  # B * Lmax
-    token_slots_packed: int  # sum L
-    score_slots_padded: int  # B * Lmax^2
-    score_slots_packed: int  # sum L^2
-    score_slots_flat: int  # T^2
-    causal_pairs: int  # sum L(L+1)/2: the query-key pairs attention may legally use
-    causal_pairs_flat: int  # T(T+1)/2: what a plain causal mask over the pack would allow
-
-
-def attention_accounting(lengths: np.ndarray | list[int]) -> AttentionAccounting:
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    longest = int(lengths.max()) if len(lengths) else 0
-    return AttentionAccounting(
-        token_slots_padded=len(lengths) * longest,
-        token_slots_packed=total,
-        score_slots_padded=len(lengths) * longest**2,
-        score_slots_packed=int((lengths**2).sum()),
-        score_slots_flat=total**2,
-        causal_pairs=int((lengths * (lengths + 1) // 2).sum()),
-        causal_pairs_flat=total * (total + 1) // 2,
-    )

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from packtool.labels import (
     IGNORE_INDEX,
-    attention_accounting,
     cu_seqlens_from_lengths,
     labels_for,
     position_ids,
@@ -38,14 +37,6 @@ def test_prompt_tokens_are_context_not_targets():
     targets = np.array([False, False, True, True, True])
     labels = labels_for(ids, targets, cu_seqlens_from_lengths([5]))
     assert labels.tolist() == [-100, -100, 3, 4, 5]
-
-
-def test_attention_accounting_on_3_2_4():
-    acc = attention_accounting([3, 2, 4])
-    assert (acc.token_slots_padded, acc.token_slots_packed) == (12, 9)
-    assert (acc.score_slots_padded, acc.score_slots_packed, acc.score_slots_flat) == (48, 29, 81)
-    assert acc.causal_pairs == 19
-    assert acc.causal_pairs_flat == 45
 
 
 def test_bad_lengths_raise():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from packtool.cli import main
 from packtool.errors import PacktoolError
-from packtool.stats import length_bin_edges, length_summary
+from packtool.stats import attention_slots, length_bin_edges, length_summary
 
 
 def test_length_summary_worked_example():
@@ -92,3 +92,17 @@ def test_stats_on_a_manifest_without_lengths_says_so(quickstart_build, tmp_path)
     assert result.exit_code == 0, result.output
     assert "lengths: not recorded" in result.output
     assert json.loads(CliRunner().invoke(main, ["stats", str(out), "--json"]).output)["lengths"] is None
+
+
+def test_attention_slots_on_3_2_4():
+    one_pack = attention_slots(np.array([3, 2, 4]), np.array([9]))
+    assert (one_pack["token_slots_padded"], one_pack["token_slots_packed"]) == (12, 9)
+    assert (one_pack["score_slots_padded"], one_pack["score_slots_packed"], one_pack["score_slots_flat"]) == (
+        48,
+        29,
+        81,
+    )
+    assert (one_pack["causal_pairs"], one_pack["causal_pairs_flat"]) == (19, 45)
+    two_packs = attention_slots(np.array([3, 2, 4]), np.array([5, 4]))  # [3, 2] and [4]
+    assert (two_packs["score_slots_flat"], two_packs["causal_pairs_flat"]) == (41, 25)
+    assert two_packs["score_slots_packed"] == one_pack["score_slots_packed"]

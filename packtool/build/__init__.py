@@ -46,7 +46,8 @@ from packtool.sources import file_label, source_files
 from packtool.stats import length_summary, summarize
 
 # Tests stop a build at a chosen point to prove resume: PACKTOOL_TEST_KILL=encode:2 sends SIGKILL to
-# this process once two encode items have finished (emit:N likewise); encode:2:TERM sends SIGTERM, :INT SIGINT.
+# this process once two encode items have finished (emit:N likewise; plan:1 once the plan is written,
+# publish:1 once the new build is in OUT); encode:2:TERM sends SIGTERM, :INT SIGINT.
 KILL_HOOK = "PACKTOOL_TEST_KILL"
 
 
@@ -127,6 +128,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         with progress.phase("plan", 1, "plan") as bar:
             plan = make_plan(config, partitions, staging.plan(key), key)
             bar.update(1)
+        _kill_hook("plan", 1)
         _check_outcome(config, plan)
 
         out = staging.out(key)
@@ -143,7 +145,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     release()
 
     manifest = _write_outputs(config, stages, plan, out, infos)
-    staging.publish(key)
+    staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
     return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes)
 
 

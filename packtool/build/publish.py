@@ -6,17 +6,23 @@
         out-KEY/                       the new build, shard by shard; manifest.json last
         done-KEY/                      one small file per finished shard (emit resumes from these)
         cache/                         the token store of a --no-cache build (removed with the folder)
-        previous/                      the old OUT for the instant of the swap
+        previous/                      the old OUT for the instant of the swap (where no exchange exists)
 
-Publishing renames OUT to previous/ and out-KEY/ to OUT. A crash between the two renames leaves
-previous/ complete; the next build puts it back first.
+Publishing exchanges out-KEY/ and OUT in one atomic rename (Linux `renameat2(RENAME_EXCHANGE)`),
+so OUT is never missing, even for a build killed mid-publish. Where the system cannot exchange
+(another OS, a filesystem without it), OUT is renamed to previous/ and out-KEY/ to OUT: a crash
+between the two renames leaves previous/ complete, and the next build puts it back first.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fnmatch
 import os
 import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,21 +68,31 @@ class Staging:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def keep_only(self, key: str) -> None:
-        """Remove what earlier builds with another plan left here (their shards are not this build's)."""
+        """Remove what earlier builds with another plan left here (their shards are not this build's).
+
+        out-KEY is resumed only beside its done-KEY markers: without them it holds no finished shard,
+        or it is what a build killed while publishing left (see `publish`).
+        """
+        keep = {"cache", f"plan-{key}", f"done-{key}"} | ({f"out-{key}"} if self.done(key).is_dir() else set())
         for entry in self.root.iterdir():
-            if entry.name in ("cache", f"plan-{key}", f"out-{key}", f"done-{key}"):
+            if entry.name in keep:
                 continue
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
-    def publish(self, key: str) -> None:
+    def publish(self, key: str, swapped: Callable[[], None] = lambda: None) -> None:
+        """Put out-KEY/ in OUT's place; `swapped` runs once the new build is in OUT (tests stop there)."""
         new = self.out(key)
         if (new / MANIFEST).is_file() is False:
             raise RuntimeError(f"{new} has no {MANIFEST}: publish called before the build finished")
         check_replaceable(self.output)
         shutil.rmtree(self.previous, ignore_errors=True)
-        if self.output.exists():
-            os.replace(self.output, self.previous)
-        os.replace(new, self.output)
+        # The markers go first: after the exchange out-KEY holds the old build, never to be resumed.
+        shutil.rmtree(self.done(key), ignore_errors=True)
+        if not (self.output.exists() and exchange(new, self.output)):
+            if self.output.exists():
+                os.replace(self.output, self.previous)
+            os.replace(new, self.output)
+        swapped()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def discard(self) -> None:
@@ -93,3 +109,20 @@ def check_replaceable(output: Path) -> None:
                 f"output {output} holds {entry.name!r}, which packtool did not write; a build replaces the whole "
                 "folder, so choose an empty or new output folder"
             )
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step; False where the system offers no such rename."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if sys.platform == "linux" else None
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # kernel or filesystem without RENAME_EXCHANGE
+        return False
+    raise OSError(code, os.strerror(code), str(b))

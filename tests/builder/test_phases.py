@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from support import QUICKSTART, REPO, ctrl_c_reaches_child, shared
 
 from packtool.build import build
+from packtool.build.publish import Staging, exchange
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.verify import verify
@@ -55,7 +57,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("phase", ["encode:1", "emit:1"])
+@pytest.mark.parametrize("phase", ["encode:1", "plan:1", "emit:1"])
 def test_a_killed_build_resumes_to_identical_bytes(reference, tmp_path, phase):
     out = tmp_path / "out"
     killed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", kill=phase)
@@ -63,12 +65,52 @@ def test_a_killed_build_resumes_to_identical_bytes(reference, tmp_path, phase):
     assert not out.exists()  # nothing was published
     resumed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1")
     assert resumed.returncode == 0, resumed.stderr
-    if phase.startswith("encode"):
-        assert "encode: 1 of 3 file(s) reused from the cache" in resumed.stdout
-    else:
-        assert "encode: 3 of 3 file(s) reused" in resumed.stdout and "emit: 1 of 3 shard(s) resumed" in resumed.stdout
+    reused = {
+        "encode:1": ("encode: 1 of 3 file(s) reused", "emit: 0 of 3 shard(s) resumed"),
+        "plan:1": ("encode: 3 of 3 file(s) reused", "emit: 0 of 3 shard(s) resumed"),
+        "emit:1": ("encode: 3 of 3 file(s) reused", "emit: 1 of 3 shard(s) resumed"),
+    }[phase]
+    assert all(line in resumed.stdout for line in reused), resumed.stdout
     assert _digest(out) == _digest(reference)
     assert not (tmp_path / ".out.packtool-staging").exists()  # published: the staging folder is gone
+
+
+def test_a_build_killed_while_publishing_leaves_a_complete_output(reference, tmp_path):
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1").returncode == 0
+    smaller = ("--capacity", "512", "-j", "1")
+    killed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), *smaller, kill="publish:1")
+    assert killed.returncode == -9
+    assert verify(out).ok  # the new build is in place whole; the old one waits in the staging folder
+    assert json.loads((out / "manifest.json").read_text(encoding="utf-8"))["capacity"] == 512
+    assert (tmp_path / ".out.packtool-staging").exists()
+    rerun = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), *smaller)
+    assert rerun.returncode == 0, rerun.stderr
+    assert _cli("build", str(QUICKSTART_CONFIG), "-o", str(fresh), *smaller, "--no-cache").returncode == 0
+    assert _digest(out) == _digest(fresh)  # the old build left in staging was not taken for finished shards
+    assert not (tmp_path / ".out.packtool-staging").exists()
+
+
+def test_exchange_swaps_two_folders_in_one_step(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "from-a").touch()
+    (b / "from-b").touch()
+    if not exchange(a, b):
+        pytest.skip("this system has no atomic exchange; publish renames twice and prepare() recovers")
+    assert [p.name for p in a.iterdir()] == ["from-b"] and [p.name for p in b.iterdir()] == ["from-a"]
+
+
+def test_a_crash_between_the_two_renames_is_put_back_by_the_next_build(reference, tmp_path):
+    """Where no exchange exists, OUT is renamed to previous/ first: the next build restores it."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    staging = Staging(out)
+    staging.root.mkdir()
+    os.replace(out, staging.previous)  # the first rename happened, the second did not
+    staging.prepare()
+    assert _digest(out) == _digest(reference) and verify(out).ok
 
 
 def test_a_killed_rebuild_leaves_the_previous_build_in_place(reference, tmp_path):

@@ -88,9 +88,10 @@ class Staging:
         shutil.rmtree(self.previous, ignore_errors=True)
         # The markers go first: after the exchange out-KEY holds the old build, never to be resumed.
         shutil.rmtree(self.done(key), ignore_errors=True)
-        if not (self.output.exists() and exchange(new, self.output)):
-            if self.output.exists():
-                os.replace(self.output, self.previous)
+        if not self.output.exists():
+            os.replace(new, self.output)
+        elif not exchange(new, self.output):
+            os.replace(self.output, self.previous)
             os.replace(new, self.output)
         swapped()
         shutil.rmtree(self.root, ignore_errors=True)

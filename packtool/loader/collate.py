@@ -34,7 +34,7 @@ tokens never see it and it never adds a target::
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -132,15 +132,49 @@ class MicroBatch:
     n_segments: int = 0  # real attention segments (samples); padding segments not counted
     n_padding: int = 0  # padding token slots (fixed shape only)
     attn_cost: int = 0  # sum(l_i^2) over real segments
-    # Schema v2, [S] each, aligned with cu_seqlens (padding segments: group -1, kind single, NaN); None for v1 packs.
-    # A micro-batch is made of whole packs and a pack holds whole groups, so no pair or group is ever split.
-    segment_groups: torch.Tensor | None = None  # int64: the pair's or group's id, -1 for a plain sample
-    segment_kinds: torch.Tensor | None = None  # int8: packing_items.KIND_CODES
-    completion_index: torch.Tensor | None = None  # int16: -1 unless a group's completion
-    segment_rewards: torch.Tensor | None = None  # float64, NaN where none
-    segment_advantages: torch.Tensor | None = None  # float64, NaN where none
-    segment_pieces: torch.Tensor | None = None  # int32: which piece of a split sample (-1: the sample whole)
-    segment_piece_offsets: torch.Tensor | None = None  # int32: the piece's first token's offset in its sample
+    # Schema v2 (None for v1 packs): the per-segment columns, read through the properties below
+    # (segment_groups, ...), built for the whole chunk on first use: most training loops never ask.
+    segments: SegmentSlice | None = None
+
+    # [S] each, aligned with cu_seqlens (padding segments: group -1, kind single, NaN). A micro-batch
+    # is made of whole packs and a pack holds whole groups, so no pair or group is ever split.
+    @property
+    def segment_groups(self) -> torch.Tensor | None:
+        """int64: the pair's or group's id, -1 for a plain sample."""
+        return self._segment_column("segment_groups")
+
+    @property
+    def segment_kinds(self) -> torch.Tensor | None:
+        """int8: packing_items.KIND_CODES."""
+        return self._segment_column("segment_kinds")
+
+    @property
+    def completion_index(self) -> torch.Tensor | None:
+        """int16: -1 unless a group's completion."""
+        return self._segment_column("completion_index")
+
+    @property
+    def segment_rewards(self) -> torch.Tensor | None:
+        """float64, NaN where none."""
+        return self._segment_column("segment_rewards")
+
+    @property
+    def segment_advantages(self) -> torch.Tensor | None:
+        """float64, NaN where none."""
+        return self._segment_column("segment_advantages")
+
+    @property
+    def segment_pieces(self) -> torch.Tensor | None:
+        """int32: which piece of a split sample (-1: the sample whole)."""
+        return self._segment_column("segment_pieces")
+
+    @property
+    def segment_piece_offsets(self) -> torch.Tensor | None:
+        """int32: the piece's first token's offset in its sample."""
+        return self._segment_column("segment_piece_offsets")
+
+    def _segment_column(self, column: str) -> torch.Tensor | None:
+        return None if self.segments is None else self.segments.table.column(column)[self.segments.index]
 
     @property
     def n_tokens(self) -> int:
@@ -255,15 +289,17 @@ SEGMENT_COLUMNS: dict[str, tuple[str, float, type]] = {
 }
 
 
-def _pack_segments(packs: Sequence[LoadedPack]) -> dict[str, list[np.ndarray]]:
-    """Per column, each pack's per-segment values; a pack without them counts as plain samples."""
-    out: dict[str, list[np.ndarray]] = {}
-    for column, (field, fill, dtype) in SEGMENT_COLUMNS.items():
-        out[column] = [
+def _pack_segments(packs: Sequence[LoadedPack]) -> Callable[[str], list[np.ndarray]]:
+    """Each pack's values of one column; a pack without them counts as plain samples."""
+
+    def column_of(column: str) -> list[np.ndarray]:
+        field, fill, dtype = SEGMENT_COLUMNS[column]
+        return [
             np.full(len(p.cu_seqlens) - 1, fill, dtype) if p.segments is None else getattr(p.segments, field)
             for p in packs
         ]
-    return out
+
+    return column_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +313,7 @@ class PackViews:
     attn_cost: list[int]  # sum(l_i^2) of each pack's segments
     step: list[int]
     resume_after: list[int]
-    segments: dict[str, list[np.ndarray]] | None = None  # schema v2: SEGMENT_COLUMNS name -> per pack values
+    segments: Callable[[str], list[np.ndarray]] | None = None  # schema v2: SEGMENT_COLUMNS name -> per pack values
 
 
 def assemble(
@@ -379,7 +415,7 @@ def assemble(
 
     n_real_tokens, n_segments, costs = per_mb(lens), per_mb(cu_lens - 1), per_mb(views.attn_cost)
     is_target = labels != IGNORE_INDEX
-    segment_columns = _segment_columns(views.segments, is_real, seg_counts) if views.segments is not None else None
+    segment_table = None if views.segments is None else SegmentTable(views.segments, is_real, seg_counts)
     token_cut, cu_cut = mb_cut.tolist(), spans.tolist()
     out = []
     # numpy views wrapped one by one: half the cost of torch's split + unsqueeze per micro-batch
@@ -401,7 +437,7 @@ def assemble(
                 n_segments=n_segments[m],
                 n_padding=b - a - n_real_tokens[m],
                 attn_cost=costs[m],
-                **({} if segment_columns is None else {k: v[m] for k, v in segment_columns.items()}),
+                segments=None if segment_table is None else SegmentSlice(segment_table, m),
             )
         )
     return out
@@ -424,16 +460,45 @@ def _scatter(values: np.ndarray, where: np.ndarray, total: int, fill: int) -> np
     return out
 
 
-def _segment_columns(
-    segments: dict[str, list[np.ndarray]], is_real: np.ndarray, seg_counts: np.ndarray
-) -> dict[str, tuple[torch.Tensor, ...]]:
-    """Per micro-batch, the packs' per-segment columns aligned with cu_seqlens; padding segments stay plain."""
-    out = {}
-    for column, (_, fill, dtype) in SEGMENT_COLUMNS.items():
-        values: np.ndarray = np.full(len(is_real), fill, dtype=dtype)
-        values[is_real] = _concat(segments[column], dtype)
-        out[column] = torch.from_numpy(values).split(seg_counts.tolist())
-    return out
+class SegmentTable:
+    """The schema v2 columns of micro-batches assembled together, each built for all of them on first use.
+
+    Padding segments (fixed shape) sit among the real ones (`is_real`) and get the plain-sample
+    values; micro-batch m holds `seg_counts[m]` segments.
+    """
+
+    def __init__(
+        self, per_pack: Callable[[str], list[np.ndarray]], is_real: np.ndarray, seg_counts: np.ndarray
+    ) -> None:
+        self._per_pack, self._is_real, self._seg_counts = per_pack, is_real, seg_counts
+        self._columns: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent to another process (from DataLoader workers): the built columns, not the row groups they come from.
+        return _built_table, ({name: self.column(name) for name in SEGMENT_COLUMNS},)
+
+    def column(self, name: str) -> tuple[torch.Tensor, ...]:
+        """One tensor per micro-batch."""
+        if name not in self._columns:
+            _, fill, dtype = SEGMENT_COLUMNS[name]
+            values: np.ndarray = np.full(len(self._is_real), fill, dtype=dtype)
+            values[self._is_real] = _concat(self._per_pack(name), dtype)
+            self._columns[name] = torch.from_numpy(values).split(self._seg_counts.tolist())
+        return self._columns[name]
+
+
+def _built_table(columns: dict[str, tuple[torch.Tensor, ...]]) -> SegmentTable:
+    table = SegmentTable(lambda name: [], np.zeros(0, bool), np.zeros(0, np.int64))
+    table._columns = columns
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSlice:
+    """Micro-batch `index` of a SegmentTable."""
+
+    table: SegmentTable
+    index: int
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

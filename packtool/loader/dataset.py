@@ -94,7 +94,7 @@ class _Decoded:
     cu: tuple[list[int], np.ndarray]  # doc_cu_seqlens when documents are isolated
     attn_cost: list[int]  # sum(l_i^2) of the attention segments (of the documents when isolated)
     pack_hash: list[str]
-    segments: dict[str, tuple[list[int], np.ndarray]] | None = None  # schema v2 columns
+    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # schema v2 columns, sliced only when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,7 +502,7 @@ class PackedDataset(IterableDataset):
             sliceable(cu),
             _row_costs(table, self.isolate_documents).tolist(),
             table.column("pack_hash").to_pylist(),
-            {name: sliceable(_lists(table, name)) for name in extra} if v2 else None,
+            {name: _lists(table, name) for name in extra} if v2 else None,
         )
 
     def _pack(self, cols: _Decoded, i: int, step: int, resume: int, closes: bool) -> LoadedPack:
@@ -630,6 +630,8 @@ class _Chunk:
         self.padding_rows: list[int] = []
         self.rounds: list[int] = []  # micro-batches per round
         self.tokens = 0
+        # Schema v2: each pack's decoded columns and row, sliced only if a segment column is asked for.
+        self.segment_rows: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]] = []
 
     def add(self, cols: _Decoded, i: int) -> int:
         """Append row i of a decoded unit; its token count."""
@@ -641,15 +643,19 @@ class _Chunk:
         v.pack_hash.append(cols.pack_hash[i])
         v.attn_cost.append(cols.attn_cost[i])
         if cols.segments is not None:
-            segments = v.segments
-            if segments is None:
-                segments = {name: [] for name in cols.segments}
-                self.views = v = replace(v, segments=segments)
-            for name, (o, values) in cols.segments.items():
-                segments[name].append(values[o[i] : o[i + 1]])
+            if v.segments is None:
+                self.views = v = replace(v, segments=self._segment_values)
+            self.segment_rows.append((cols.segments, i))
         n = io[i + 1] - io[i]
         self.tokens += n
         return n
+
+    def _segment_values(self, column: str) -> list[np.ndarray]:
+        out = []
+        for segments, i in self.segment_rows:
+            offsets, values = segments[column]
+            out.append(values[offsets[i] : offsets[i + 1]])
+        return out
 
     def close_round(self, sizes: list[int], resume: list[int], step: int, padding_rows: list[int] | None) -> None:
         """The round's packs so far form micro-batches of `sizes` packs; `resume` and padding rows per micro-batch."""

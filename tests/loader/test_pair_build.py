@@ -4,6 +4,7 @@ on a loaded micro-batch equal to the unpacked computation (tiny random Llama, fl
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
@@ -21,6 +22,7 @@ from test_proofs import VOCAB, alone, packed_forward, tiny_llama  # noqa: E402
 from packtool.build import build  # noqa: E402
 from packtool.config import load_config  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
+from packtool.loader.collate import SEGMENT_COLUMNS  # noqa: E402
 from packtool.loader.dataset import PackedDataset, packed_batches  # noqa: E402
 from packtool.loader.preference import CHOSEN, REJECTED, count_pairs, dpo_loss, segment_logprobs  # noqa: E402
 
@@ -65,6 +67,21 @@ def test_micro_batches_hold_whole_pairs(dpo_out):
     assert len(batches) > 1
 
 
+def test_segment_columns_survive_dataloader_workers(dpo_out):
+    """Segment columns are built on first use from the chunk's row groups; a micro-batch sent from
+    a DataLoader worker carries them built, not the row groups behind them."""
+
+    def columns(mbs):  # as text: NaN rewards compare equal
+        return [str([getattr(mb, name).tolist() for name in SEGMENT_COLUMNS]) for mb in mbs]
+
+    local = list(packed_batches(PackedDataset(dpo_out, shuffle=False, token_budget=1024)))
+    workers = list(packed_batches(PackedDataset(dpo_out, shuffle=False, token_budget=1024, num_workers=2)))
+    assert sorted(columns(workers)) == sorted(columns(local))
+    sent = pickle.loads(pickle.dumps(local[0]))
+    assert columns([sent]) == columns(local[:1])
+    assert len(pickle.dumps(local[0].segments)) < 20_000  # the built columns, not the chunk's tokens
+
+
 def _tiny_ids(mb):
     """The build's Qwen ids folded into the tiny model's vocabulary (the layout and the targets stay as built)."""
     ids = mb.input_ids % VOCAB
@@ -98,6 +115,6 @@ def test_dpo_loss_on_a_loaded_micro_batch_equals_the_unpacked_computation(dpo_ou
 
 def test_dpo_loss_refuses_a_micro_batch_without_pairs(dpo_out):
     mb = next(iter(packed_batches(PackedDataset(dpo_out, shuffle=False, token_budget=1024))))
-    v1 = replace(mb, segment_groups=None, segment_kinds=None)
+    v1 = replace(mb, segments=None)
     with pytest.raises(PacktoolError, match="schema v1"):
         dpo_loss(torch.zeros(3), torch.zeros(3), v1)

@@ -91,6 +91,7 @@ class _Budget:
     operations: int = 0
     depth: int = 0
     inspected: bool = False  # the template looked inside a marked content string (see _Tracked)
+    peak: int = 0  # the largest string or sequence size checked against MAX_TEMPLATE_CHARS (see _Skeleton)
 
     def spend(self, n: int = 1) -> None:
         self.operations += n
@@ -219,6 +220,9 @@ def _tainted(result: Any) -> Any:
 
 
 def _check_size(size: int, what: str) -> None:
+    budget = _BUDGET.get(None)
+    if budget is not None and size > budget.peak:
+        budget.peak = size
     if size > MAX_TEMPLATE_CHARS:
         raise TemplateLimit(f"{what} of {size:,} items exceeds the {MAX_TEMPLATE_CHARS:,} a template may build")
 
@@ -329,12 +333,14 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             budget.depth -= 1
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        _spend()
+        budget = _spend()
         if operator == "+":  # the hot one (templates build turns with +): checked after, at most 2x the limit
             result = left + right  # a _Tracked operand keeps the result tracked (_Tracked.__add__/__radd__)
             if type(result) is str:  # the common case, inlined: 10 of these per conversation
-                if str.__len__(result) > MAX_TEMPLATE_CHARS:
-                    _check_size(str.__len__(result), "a concatenation")
+                size = str.__len__(result)
+                if size > budget.peak:
+                    budget.peak = size
+                    _check_size(size, "a concatenation")
                 return result
             _check_size(_sized(result), "a concatenation")
             if isinstance(left, _Tracked) or isinstance(right, _Tracked):  # Markup + content loses the type
@@ -426,6 +432,9 @@ class ChatTemplate:
     has_generation_blocks: bool = False
     # The special tokens a record may spell (the tokenizer's, from tokenizer_config.json).
     literals: re.Pattern[str] | None = None
+    # Conversation shape -> the marked render with its contents cut out (see _Skeleton). Shared by a
+    # copy that only adds generation_header: the rendered text does not depend on it.
+    skeletons: dict[tuple[Any, ...], _Skeleton] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:
@@ -446,8 +455,9 @@ class ChatTemplate:
 
     def render_tracked(
         self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
-    ) -> tuple[str, bool]:
-        """render(), and whether the template inspected a marked (_Tracked) content string."""
+    ) -> tuple[str, _Budget]:
+        """render(), and what the render spent: whether the template inspected a marked (_Tracked)
+        content string, the largest size it built."""
         budget = _Budget()
         token = _BUDGET.set(budget)
         try:
@@ -459,7 +469,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 __packtool_mark=mark,
             )
-            return str.__str__(text), budget.inspected
+            return str.__str__(text), budget
         except SecurityError as exc:
             raise PacktoolError(
                 f"template {self.name!r} tried to reach Python internals and was stopped: {exc}"
@@ -624,23 +634,33 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
             # even place it. A data defect (seen in real alpaca sets), not a turn to train.
             raise RecordError(f"message {i} (assistant) is empty: nothing to train", kind="bad_record")
     literals = template.literals if literal_fields else None
-    marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
     tools = list(example.tools) if example.tools else None
 
     def plain_render() -> str:
         return template.render([m.as_template_dict() for m in messages], tools)
 
+    shape = _shape(example) if literals is None else None
+    skeleton = template.skeletons.get(shape) if shape is not None else None
+    marked_text = skeleton.fill(messages) if skeleton is not None else None
+    inspected = False
     with _template_verdicts():
-        try:
-            marked_text, inspected = template.render_tracked(marked, _mark_literals(tools, literals), mark=True)
-        except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
-            # a verdict reached on marked content stands only if the plain render reaches it too
-            plain_render()
-            raise RecordError(
-                "the template fails on sentinel-marked content but not on the plain content (it inspects "
-                "the content), so its mask cannot be derived safely",
-                kind="mask_check",
-            ) from None
+        if marked_text is None:
+            marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
+            try:
+                marked_text, spent = template.render_tracked(marked, _mark_literals(tools, literals), mark=True)
+            except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
+                # a verdict reached on marked content stands only if the plain render reaches it too
+                plain_render()
+                raise RecordError(
+                    "the template fails on sentinel-marked content but not on the plain content (it inspects "
+                    "the content), so its mask cannot be derived safely",
+                    kind="mask_check",
+                ) from None
+            inspected = spent.inspected
+            if shape is not None and not inspected:
+                learned = _Skeleton.of(marked_text, messages, spent.peak)
+                if learned is not None:
+                    template.skeletons[shape] = learned
         clean, contents, generations, literal_at = _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see _Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
@@ -701,6 +721,90 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         literal_ranges=literal_ranges,
         literal_fields=literal_fields,
     )
+
+
+def _shape(example: Example) -> tuple[tuple[str, str, str | None], ...] | None:
+    """All a template sees of a conversation apart from the words of its contents, when that is all
+    there is besides roles: each message's role and the whitespace around its content (a content of
+    whitespace only, given whole, reaches the template unmarked). None when the record brings more
+    (tools, tool calls, names, ids, reasoning): such a conversation is always rendered."""
+    if example.tools:
+        return None
+    shape: list[tuple[str, str, str | None]] = []
+    for m in example.messages:
+        if m.tool_calls or m.tool_call_id is not None or m.name is not None or m.reasoning_content is not None:
+            return None
+        core = m.content.strip()
+        if not core:
+            shape.append((m.role, m.content, None))
+            continue
+        lead = len(m.content) - len(m.content.lstrip())
+        shape.append((m.role, m.content[:lead], m.content[lead + len(core) :]))
+    return tuple(shape)
+
+
+_MESSAGE_MARKS = re.compile("[\U00100000-\U0010ffef]")
+# How much longer than its content a copy of it can get: tojson writes a character outside the
+# Basic Multilingual Plane as two \uXXXX escapes.
+_TOJSON_GROWTH = 12
+
+
+@dataclass(frozen=True, slots=True)
+class _Skeleton:
+    """A marked render with the content cores cut out, for every conversation of the same _shape.
+
+    The render that made it never inspected a content (see _Tracked), so nothing it decided can have
+    depended on the words: the template runs the same way on any conversation of that shape, and
+    its text is these literals with the other conversation's cores in their place (sentinels
+    included), as a render would give it. Only sizes follow the words: a core n times longer makes
+    every string the render builds at most n times longer (12n through tojson's escapes), so a
+    conversation whose render could reach MAX_TEMPLATE_CHARS is rendered and meets the limit there.
+
+        marked render  <|im_start|>user\\n⟦0 Hi 0⟧<|im_end|>\\n<|im_start|>assistant\\n⟦1 Hello! 1⟧<|im_end|>\\n
+        literals       '<|im_start|>user\\n'   '<|im_end|>\\n<|im_start|>assistant\\n'   '<|im_end|>\\n'
+        copies         (0, 1)
+    """
+
+    literals: tuple[str, ...]  # literals[k] comes before the k-th content copy, the last after all
+    copies: tuple[int, ...]  # the message each content copy is of
+    core_lengths: tuple[int, ...]  # per message, in the render that made it
+    peak: int  # the largest size that render built
+
+    @classmethod
+    def of(cls, marked: str, messages: tuple[Message, ...], peak: int) -> _Skeleton | None:
+        """None when the render printed a content other than verbatim (a JSON-escaped copy)."""
+        cores = [m.content.strip() for m in messages]
+        literals: list[str] = []
+        copies: list[int] = []
+        start, opened = 0, -1
+        for match in _MESSAGE_MARKS.finditer(marked):
+            index, is_close = divmod(ord(match.group()) - _MARK_BASE, 2)
+            if index >= len(cores):
+                return None
+            if not is_close and opened < 0:
+                literals.append(marked[start : match.start()])
+                opened = index
+            elif is_close and opened == index and marked[start : match.start()] == cores[index]:
+                copies.append(index)
+                opened = -1
+            else:
+                return None
+            start = match.end()
+        if opened >= 0:
+            return None
+        literals.append(marked[start:])
+        return cls(tuple(literals), tuple(copies), tuple(map(len, cores)), peak)
+
+    def fill(self, messages: tuple[Message, ...]) -> str | None:
+        """The marked render of these messages; None when it must really be rendered (sizes)."""
+        cores = [m.content.strip() for m in messages]
+        growth = max([len(core) / n for core, n in zip(cores, self.core_lengths) if n] + [1.0])
+        if self.peak * growth * _TOJSON_GROWTH > MAX_TEMPLATE_CHARS:
+            return None
+        parts = [self.literals[0]]
+        for index, literal in zip(self.copies, self.literals[1:]):
+            parts += (open_mark(index), cores[index], close_mark(index), literal)
+        return "".join(parts)
 
 
 @contextlib.contextmanager

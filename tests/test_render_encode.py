@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
 from packtool.config import TokenizerConfig, TrainPolicy
@@ -696,6 +700,98 @@ def test_a_template_that_inspects_content_renders_twice_and_still_passes(monkeyp
     rendered = render_chat(CONVERSATION, template, TrainPolicy())
     assert calls == [2]
     assert "11, and here is some code" in rendered.text
+
+
+# --- one render per conversation shape (render._Skeleton) ------------------------------------------
+
+
+def test_a_conversation_of_a_known_shape_is_not_rendered_again(monkeypatch):
+    _, template = qwen()
+    calls = _count_renders(template, monkeypatch)
+    first = render_chat(chat(("user", "Name a prime."), ("assistant", "7")), template, TrainPolicy())
+    again = render_chat(chat(("user", "Another one?"), ("assistant", " 11\n")), template, TrainPolicy())
+    same_shape = render_chat(chat(("user", "And one more."), ("assistant", " 13\n")), template, TrainPolicy())
+    assert calls == [2]  # the whitespace around a content is part of the shape; the words are not
+    for rendered in (first, again, same_shape):
+        plain = template.render([m.as_template_dict() for m in rendered.example.messages], None)
+        assert rendered.text == plain
+    assert same_shape.text[slice(*same_shape.target_ranges[0][:2])] == " 13\n<|im_end|>"
+
+
+def test_a_template_branching_on_words_never_lends_its_render_to_another_conversation(tmp_path):
+    """A template that looks for a word takes its branch on the conversation holding it, whatever
+    conversations of the same shape came first (they inspected a content, so none was kept)."""
+    source = (
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+        "{% if message.role == 'assistant' and 'secret' in message.content %}NOTE: {% endif %}"
+        "{{ message.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    template = load_template(_template_file(tmp_path, source), {})
+    plain = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    assert "NOTE" not in plain.text
+    assert template.skeletons == {}
+    branched = render_chat(chat(("user", "Hi"), ("assistant", "a secret")), template, TrainPolicy())
+    assert branched.text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nNOTE: a secret<|im_end|>\n"
+    start, end, _ = branched.target_ranges[0]
+    assert branched.text[start:end] == "NOTE: a secret<|im_end|>"
+
+
+REPEATING = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% set ns = namespace(copies='') %}{% for _ in range(1000) %}{% set ns.copies = ns.copies ~ message.content %}"
+    "{% endfor %}{{ message.content }}<|im_end|>\n{% endfor %}"
+)
+
+
+def test_a_conversation_whose_render_could_pass_a_size_limit_is_rendered(tmp_path):
+    """The template copies each content 1000 times without looking at it: a short conversation makes
+    the shape's skeleton, and a long one of that shape still meets the limit a render would hit."""
+    template = load_template(_template_file(tmp_path, REPEATING), {})
+    short = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    assert short.text.endswith("Hello<|im_end|>\n") and len(template.skeletons) == 1
+    medium = chat(("user", "Hi"), ("assistant", "x" * 300))  # 300 K characters built: below the limit
+    unkept = replace(template, skeletons={})
+    assert render_chat(medium, template, TrainPolicy()) == render_chat(medium, unkept, TrainPolicy())
+    long = chat(("user", "Hi"), ("assistant", "x" * 9000))  # 9 M characters: over the 8 Mi limit
+    for fresh in (template, replace(template, skeletons={})):
+        with pytest.raises(RecordError) as caught:
+            render_chat(long, fresh, TrainPolicy())
+        assert caught.value.kind == "template_limit"
+
+
+PARITY_MODELS = ("qwen2.5", "qwen3", "llama-3.2", "mistral-nemo", "gemma-3", "phi-3-mini")
+WORDS = st.text(alphabet=st.sampled_from(list('ab \n\t.<|>é中😀{}"\\')), max_size=12)
+TURN = st.tuples(st.sampled_from(["user", "assistant"]), st.sampled_from(["", " ", "\n", "  \n"]), WORDS)
+
+
+@pytest.mark.parametrize("model", PARITY_MODELS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conversations=st.lists(st.lists(TURN, min_size=1, max_size=4), min_size=2, max_size=6))
+def test_a_shape_s_skeleton_renders_what_the_template_renders(model, conversations):
+    """Conversations of few shapes (roles, whitespace around contents, empty contents), rendered one
+    after another with one template, give what each gives rendered alone with no skeleton kept."""
+    folder = shared("tokenizers", model)
+    template = _model_template(str(folder))
+    for turns in conversations:
+        example = chat(*((role, f"{pad}{words}{pad[::-1]}") for role, pad, words in turns))
+        outcomes = []
+        for fresh in (template, replace(template, skeletons={})):
+            try:
+                outcomes.append(render_chat(example, fresh, TrainPolicy()))
+            except RecordError as error:
+                outcomes.append((error.kind, error.reason))
+        assert outcomes[0] == outcomes[1], example
+
+
+_TEMPLATES: dict[str, Any] = {}
+
+
+def _model_template(folder: str):
+    if folder not in _TEMPLATES:
+        tokenizer = load_tokenizer(TokenizerConfig(f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"))
+        _TEMPLATES[folder] = load_template("model", tokenizer.config)
+    return _TEMPLATES[folder]
 
 
 def test_the_manifest_lists_what_the_template_injects(tmp_path, write_config, write_jsonl):

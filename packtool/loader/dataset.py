@@ -123,16 +123,35 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+# The fixed-width types of the columns the loader reads, as numpy dtypes.
+_DTYPES = {
+    pa.int8(): np.int8,
+    pa.int16(): np.int16,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.float64(): np.float64,
+}
+
+
+def _numpy(array: pa.Array) -> np.ndarray:
+    """A fixed-width array without nulls as a zero-copy numpy view. pyarrow's Array.to_numpy imports
+    pandas (0.3-1 s, once per process and DataLoader worker) to give the same view."""
+    dtype = _DTYPES.get(array.type)
+    if dtype is None or array.null_count:
+        return array.to_numpy(zero_copy_only=False)
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=array.offset + len(array))[array.offset :]
+
+
 def _lists(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     column = table.column(name)
     # A row group decodes to one chunk; combine_chunks would copy it.
     col = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    return col.offsets.to_numpy(), col.values.to_numpy()
+    return _numpy(col.offsets), _numpy(col.values)
 
 
 def _ints(table: pa.Table, name: str) -> np.ndarray:
-    """A fixed-width column as int64 numpy (Array.to_numpy: ChunkedArray.to_numpy imports pandas)."""
-    return table.column(name).combine_chunks().to_numpy().astype(np.int64)
+    """A fixed-width column as int64 numpy."""
+    return _numpy(table.column(name).combine_chunks()).astype(np.int64)
 
 
 def _row_costs(table: pa.Table, isolate_documents: bool) -> np.ndarray:

@@ -46,3 +46,20 @@ def test_the_front_door_is_small_and_hf_is_imported_on_first_use():
     assert all(getattr(packtool.loader, name) is not None for name in packtool.loader.__all__)
     lines = subprocess.run([sys.executable, "-c", FRONT_DOOR], capture_output=True, text=True, check=True).stdout
     assert lines.splitlines()[0] == "14 False"  # importing the loader does not pull in transformers
+
+
+READ_AN_EPOCH = """
+import sys
+from packtool.loader import PackedDataset, packed_batches
+tokens = sum(mb.n_tokens for mb in packed_batches(PackedDataset(sys.argv[1], token_budget=4096)))
+print(tokens, 'pandas' in sys.modules)
+"""
+
+
+def test_reading_an_epoch_does_not_import_pandas(quickstart_build):
+    """pyarrow's to_numpy imports pandas (0.3-1 s per process and DataLoader worker); the loader reads
+    its columns as buffer views instead."""
+    out = subprocess.run(
+        [sys.executable, "-c", READ_AN_EPOCH, str(quickstart_build)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(out[0]) > 0 and out[1] == "False"

@@ -203,6 +203,34 @@ def test_a_plan_only_change_reencodes_nothing(tmp_path, write_config, write_json
     assert _digest(tmp_path / "out") == _digest(tmp_path / "fresh")
 
 
+@pytest.mark.parametrize("set_by_caller", [None, "true"])
+def test_a_serial_build_tokenizes_one_thread_per_call_and_leaves_the_caller_s_setting(
+    tmp_path, write_config, write_jsonl, monkeypatch, set_by_caller
+):
+    """-j 1 runs in the caller's process: its encode threads already overlap tokenizing with
+    rendering, so tokenizers' own pool is off while they run, and the caller's environment is
+    as it was afterwards (their own setting is never overridden)."""
+    from packtool.build.encode import PARALLELISM, Stages
+
+    if set_by_caller is None:
+        monkeypatch.delenv(PARALLELISM, raising=False)
+    else:
+        monkeypatch.setenv(PARALLELISM, set_by_caller)
+    seen = set()
+    prepare = Stages.prepare
+
+    def recording(self, chunk, source):
+        seen.add(os.environ.get(PARALLELISM))
+        return prepare(self, chunk, source)
+
+    monkeypatch.setattr(Stages, "prepare", recording)
+    write_jsonl(_chat_rows(30, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    build(load_config(write_config(_raw())), use_cache=False)
+    assert seen == {set_by_caller or "false"}
+    assert os.environ.get(PARALLELISM) == set_by_caller
+
+
 def test_a_changed_file_is_the_only_one_reencoded(tmp_path, write_config, write_jsonl):
     write_jsonl(_chat_rows(30, "a"), "part-1.jsonl")
     write_jsonl(_chat_rows(20, "b"), "part-2.jsonl")

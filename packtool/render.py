@@ -657,7 +657,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                     kind="mask_check",
                 ) from None
             inspected = spent.inspected
-            if shape is not None and not inspected:
+            if shape is not None and not inspected and len(template.skeletons) < MAX_SKELETONS:
                 learned = _Skeleton.of(marked_text, messages, spent.peak)
                 if learned is not None:
                     template.skeletons[shape] = learned
@@ -743,6 +743,9 @@ def _shape(example: Example) -> tuple[tuple[str, str, str | None], ...] | None:
     return tuple(shape)
 
 
+# Skeletons kept per template: real data has a few shapes (turn counts, whitespace habits); data
+# with many more (every conversation its own) must not grow memory without bound.
+MAX_SKELETONS = 4096
 _MESSAGE_MARKS = re.compile("[\U00100000-\U0010ffef]")
 # How much longer than its content a copy of it can get: tojson writes a character outside the
 # Basic Multilingual Plane as two \uXXXX escapes.

@@ -718,6 +718,19 @@ def test_a_conversation_of_a_known_shape_is_not_rendered_again(monkeypatch):
     assert same_shape.text[slice(*same_shape.target_ranges[0][:2])] == " 13\n<|im_end|>"
 
 
+def test_skeletons_kept_per_template_are_capped(monkeypatch):
+    import packtool.render
+
+    monkeypatch.setattr(packtool.render, "MAX_SKELETONS", 2)
+    _, template = qwen()
+    template = replace(template, skeletons={})
+    for turns in (1, 2, 3, 4):
+        example = chat(*[("user", "Hi"), ("assistant", "Hello")] * turns)
+        rendered = render_chat(example, template, TrainPolicy())
+        assert rendered.text == template.render([m.as_template_dict() for m in example.messages], None)
+    assert len(template.skeletons) == 2
+
+
 def test_a_template_branching_on_words_never_lends_its_render_to_another_conversation(tmp_path):
     """A template that looks for a word takes its branch on the conversation holding it, whatever
     conversations of the same shape came first (they inspected a content, so none was kept)."""

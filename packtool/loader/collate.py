@@ -473,9 +473,15 @@ class SegmentTable:
         self._per_pack, self._is_real, self._seg_counts = per_pack, is_real, seg_counts
         self._columns: dict[str, tuple[torch.Tensor, ...]] = {}
 
+    @classmethod
+    def built(cls, columns: dict[str, tuple[torch.Tensor, ...]]) -> SegmentTable:
+        table = cls(lambda name: [], np.zeros(0, bool), np.zeros(0, np.int64))
+        table._columns = columns
+        return table
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Sent to another process (from DataLoader workers): the built columns, not the row groups they come from.
-        return _built_table, ({name: self.column(name) for name in SEGMENT_COLUMNS},)
+        return SegmentTable.built, ({name: self.column(name) for name in SEGMENT_COLUMNS},)
 
     def column(self, name: str) -> tuple[torch.Tensor, ...]:
         """One tensor per micro-batch."""
@@ -485,12 +491,6 @@ class SegmentTable:
             values[self._is_real] = _concat(self._per_pack(name), dtype)
             self._columns[name] = torch.from_numpy(values).split(self._seg_counts.tolist())
         return self._columns[name]
-
-
-def _built_table(columns: dict[str, tuple[torch.Tensor, ...]]) -> SegmentTable:
-    table = SegmentTable(lambda name: [], np.zeros(0, bool), np.zeros(0, np.int64))
-    table._columns = columns
-    return table
 
 
 @dataclass(frozen=True, slots=True)

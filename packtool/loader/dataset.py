@@ -84,7 +84,8 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class _Decoded:
-    """One unit's columns: list columns as (offsets, values), the offsets as Python ints (cheap to slice with)."""
+    """One unit's columns: list columns as (offsets, values), the offsets of those sliced per pack as Python
+    ints (cheap to slice with)."""
 
     unit: int
     shard: str  # the shard's file name

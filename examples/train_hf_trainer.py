@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model = tiny_model(args.vocab_size or dataset.manifest.vocab_size or 32000)
     trainer = PackedTrainer(model=model, args=targs, train_dataset=dataset)
     trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if torch.distributed.is_initialized():
+        # the Trainer leaves the process group to interpreter exit, where gloo's threads can abort the process
+        torch.distributed.destroy_process_group()
     return [log for log in trainer.state.log_history if "loss" in log]
 
 

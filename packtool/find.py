@@ -162,8 +162,9 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
     out = []
     for entry in manifest["shards"]:
         shard = prefix + entry["file"]
-        v2 = "segment_kinds" in pq.read_schema(folder / shard).names
-        table = pq.read_table(folder / shard, columns=INDEX_COLUMNS + (ITEM_COLUMNS if v2 else []))
+        file = pq.ParquetFile(folder / shard)
+        v2 = "segment_kinds" in file.schema_arrow.names
+        table = file.read(columns=INDEX_COLUMNS + (ITEM_COLUMNS if v2 else []))
         for row, pack in enumerate(table.to_pylist()):
             docs = pack["doc_cu_seqlens"]
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])

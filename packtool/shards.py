@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packtool.arrow import number_lists, numbers, string_lists, strings
 from packtool.errors import PacktoolError
 from packtool.format import (
     IGNORE_INDEX,
@@ -110,29 +111,27 @@ class OutputPack:
 
 
 def _table(rows: list[OutputPack]) -> pa.Table:
-    def lists(name: str, dtype: Any) -> pa.Array:
-        arrays = [getattr(r, name) for r in rows]
-        offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-        np.cumsum([len(a) for a in arrays], out=offsets[1:])
-        flat = np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype=dtype)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+    def lists_of(name: str, dtype: type) -> pa.Array:
+        return number_lists([getattr(r, name) for r in rows], dtype)
 
     columns = {
-        "input_ids": lists("input_ids", np.int32),
-        "labels": lists("labels", np.int32),
-        "cu_seqlens": lists("cu_seqlens", np.int32),
-        "doc_cu_seqlens": lists("doc_cu_seqlens", np.int32),
-        "token_roles": lists("token_roles", np.int8),
-        "sample_ids": pa.array([r.sample_ids for r in rows], pa.list_(pa.string())),
-        "sample_hashes": pa.array([r.sample_hashes for r in rows], pa.list_(pa.string())),
-        "sample_repeats": pa.array([r.sample_repeats for r in rows], pa.list_(pa.int32())),
-        "sources": pa.array([r.sources for r in rows], pa.list_(pa.string())),
-        "n_tokens": pa.array([len(r.input_ids) for r in rows], pa.int32()),
-        "n_targets": pa.array([r.n_targets for r in rows], pa.int32()),
-        "attn_cost": pa.array([r.attn_cost for r in rows], pa.int64()),
-        "pack_hash": pa.array([r.pack_hash for r in rows], pa.string()),
+        "input_ids": lists_of("input_ids", np.int32),
+        "labels": lists_of("labels", np.int32),
+        "cu_seqlens": lists_of("cu_seqlens", np.int32),
+        "doc_cu_seqlens": lists_of("doc_cu_seqlens", np.int32),
+        "token_roles": lists_of("token_roles", np.int8),
+        "sample_ids": string_lists([r.sample_ids for r in rows]),
+        "sample_hashes": string_lists([r.sample_hashes for r in rows]),
+        "sample_repeats": lists_of("sample_repeats", np.int32),
+        "sources": string_lists([r.sources for r in rows]),
+        "n_tokens": numbers([len(r.input_ids) for r in rows], np.int32),
+        "n_targets": numbers([r.n_targets for r in rows], np.int32),
+        "attn_cost": numbers([r.attn_cost for r in rows], np.int64),
+        "pack_hash": strings([r.pack_hash for r in rows]),
     }
+    schema = SCHEMA
     if rows and rows[0].segments is not None:
+        schema = SCHEMA_V2
         for field, name, dtype in [
             ("segment_groups", "groups", np.int64),
             ("segment_kinds", "kinds", np.int8),
@@ -142,12 +141,8 @@ def _table(rows: list[OutputPack]) -> pa.Table:
             ("segment_pieces", "pieces", np.int32),
             ("segment_piece_offsets", "piece_offsets", np.int32),
         ]:
-            arrays = [getattr(r.segments, name) for r in rows]
-            offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-            np.cumsum([len(a) for a in arrays], out=offsets[1:])
-            columns[field] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(arrays).astype(dtype)))
-        return pa.table(columns, schema=SCHEMA_V2)
-    return pa.table(columns, schema=SCHEMA)
+            columns[field] = number_lists([getattr(r.segments, name) for r in rows], dtype)
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ def select_packs(
 
 
 def _column(shard: Path, name: str) -> list[Any]:
-    return pq.read_table(shard, columns=[name]).column(name).to_pylist()
+    return pq.ParquetFile(shard).read(columns=[name]).column(name).to_pylist()
 
 
 def inspect_pack(

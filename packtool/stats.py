@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packtool.arrow import list_parts
 from packtool.errors import PacktoolError
 from packtool.format import attn_cost_of_lengths
 from packtool.labels import IGNORE_INDEX
@@ -73,43 +74,58 @@ def length_summary(lengths: np.ndarray, capacity: int) -> dict[str, Any]:
 
 def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, Any]:
     capacity = _capacity(shards, manifest)
-    packs = 0
-    tokens = targets = 0
-    segments_per_pack: list[int] = []
+    packs = tokens = targets = 0
+    segments_per_pack: list[np.ndarray] = []
     segment_lengths: list[np.ndarray] = []
-    pack_lengths: list[int] = []
+    pack_lengths: list[np.ndarray] = []
     per_source: dict[str, dict[str, int]] = defaultdict(
         lambda: {"segments": 0, "tokens": 0, "targets": 0, "repeats": 0}
     )
-    document_lengths: dict[str, list[int]] = defaultdict(list)
+    document_lengths: dict[str, list[np.ndarray]] = defaultdict(list)
     kinds = KindTally()
     for shard in shards:
-        v2 = "segment_kinds" in pq.read_schema(shard).names
-        table = pq.read_table(shard, columns=STAT_COLUMNS + (KIND_COLUMNS if v2 else []))
-        for row in table.to_pylist():
-            labels = np.asarray(row["labels"], dtype=np.int32)
-            docs = np.asarray(row["doc_cu_seqlens"], dtype=np.int64)
-            attention = np.asarray(row["cu_seqlens"], dtype=np.int64)
-            packs += 1
-            tokens += len(labels)
-            pack_lengths.append(len(labels))
-            segments_per_pack.append(len(docs) - 1)
-            segment_lengths.append(np.diff(attention))
-            is_target = labels != IGNORE_INDEX
-            targets += int(is_target.sum())
-            doc_targets = np.add.reduceat(is_target, docs[:-1]) if len(labels) else np.zeros(0)
-            for source, length, n_targets, repeat in zip(
-                row["sources"], np.diff(docs), doc_targets, row["sample_repeats"]
-            ):
-                entry = per_source[source]
-                entry["segments"] += 1
-                entry["tokens"] += int(length)
-                entry["targets"] += int(n_targets)
-                entry["repeats"] += int(repeat > 0)
-                document_lengths[source].append(int(length))
-            if v2:
-                kinds.add(row["segment_kinds"], row["segment_groups"], np.diff(attention), doc_targets)
-    lengths = np.concatenate(segment_lengths) if segment_lengths else np.zeros(0, dtype=np.int64)
+        file = pq.ParquetFile(shard)
+        v2 = "segment_kinds" in file.schema_arrow.names
+        table = file.read(columns=STAT_COLUMNS + (KIND_COLUMNS if v2 else []))
+        label_offsets, labels = list_parts(table.column("labels"))
+        packs += table.num_rows
+        tokens += len(labels)
+        pack_lengths.append(np.diff(label_offsets))
+        doc_offsets, docs = list_parts(table.column("doc_cu_seqlens"))
+        segments_per_pack.append(np.diff(doc_offsets) - 1)
+        segment_lengths.append(_steps(*list_parts(table.column("cu_seqlens"))))
+        # documents as [start, end) of the shard's labels laid end to end
+        pack_start = np.repeat(label_offsets[:-1].astype(np.int64), np.diff(doc_offsets))
+        bounds = docs.astype(np.int64) + pack_start
+        inner = _inner(doc_offsets)
+        doc_start, doc_end = bounds[inner - 1], bounds[inner]
+        running = np.zeros(len(labels) + 1, dtype=np.int64)
+        np.cumsum(labels != IGNORE_INDEX, out=running[1:])
+        targets += int(running[-1])
+        doc_lengths, doc_targets = doc_end - doc_start, running[doc_end] - running[doc_start]
+        sources = table.column("sources").combine_chunks().flatten().to_pylist()
+        repeated = list_parts(table.column("sample_repeats"))[1] > 0
+        if not len(sources) == len(repeated) == len(doc_lengths):
+            raise PacktoolError(
+                f"{shard}: {len(doc_lengths)} documents but {len(sources)} sources and {len(repeated)} "
+                "sample_repeats; `packtool verify` names the pack"
+            )
+        code_of = {name: code for code, name in enumerate(dict.fromkeys(sources))}
+        codes = np.fromiter((code_of[name] for name in sources), dtype=np.int64, count=len(sources))
+        for name, code in code_of.items():
+            mine = codes == code
+            entry = per_source[name]
+            entry["segments"] += int(mine.sum())
+            entry["tokens"] += int(doc_lengths[mine].sum())
+            entry["targets"] += int(doc_targets[mine].sum())
+            entry["repeats"] += int(repeated[mine].sum())
+            document_lengths[name].append(doc_lengths[mine])
+        if v2:
+            _, segment_kinds = list_parts(table.column("segment_kinds"))
+            _, segment_groups = list_parts(table.column("segment_groups"))
+            kinds.add(segment_kinds.tolist(), segment_groups.tolist(), segment_lengths[-1], doc_targets)
+    lengths = _joined(segment_lengths)
+    per_pack, pack_fill = _joined(segments_per_pack), _joined(pack_lengths)
     total_segments = sum(e["segments"] for e in per_source.values())
     slots = packs * capacity
     stats: dict[str, Any] = {
@@ -123,12 +139,12 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         "padding_share_if_padded_to_capacity": _ratio(slots - tokens, slots),
         "segments_per_pack": {
             "mean": _ratio(total_segments, packs),
-            "max": max(segments_per_pack, default=0),
+            "max": int(per_pack.max(initial=0)),
             # histogram[k] = packs holding k documents
-            "histogram": np.bincount(np.asarray(segments_per_pack, dtype=np.int64), minlength=1).tolist(),
+            "histogram": np.bincount(per_pack, minlength=1).tolist(),
         },
         # How full packs are: pack lengths against capacity (one bin per 1/16 of the pack)
-        "pack_fill": length_summary(np.asarray(pack_lengths, dtype=np.int64), capacity) if capacity else None,
+        "pack_fill": length_summary(pack_fill, capacity) if capacity else None,
         "sources": {
             name: {
                 **entry,
@@ -137,11 +153,13 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
                 "target_share": _ratio(entry["targets"], targets),
                 "target_ratio": _ratio(entry["targets"], entry["tokens"]),
                 # documents as packed: after truncation, split pieces counted one by one
-                "segment_lengths": length_summary(np.asarray(document_lengths[name]), capacity) if capacity else None,
+                "segment_lengths": length_summary(np.concatenate(document_lengths[name]), capacity)
+                if capacity
+                else None,
             }
             for name, entry in sorted(per_source.items())
         },
-        "attention": attention_slots(lengths, np.asarray(pack_lengths, dtype=np.int64)),
+        "attention": attention_slots(lengths, pack_fill),
     }
     if kinds.seen:  # schema v2 only: a v1 output's stats keep their keys
         stats["kinds"] = kinds.as_dict()
@@ -181,6 +199,26 @@ class KindTally:
             "groups": len(self.groups["groups"]),
             "per_kind": {k: self.per_kind[k] for k in sorted(self.per_kind)},
         }
+
+
+def _inner(offsets: np.ndarray) -> np.ndarray:
+    """Indices of the boundaries that close a step inside a row: every entry but each row's first."""
+    inner = np.ones(int(offsets[-1]) if len(offsets) else 0, dtype=bool)
+    inner[offsets[:-1][np.diff(offsets) > 0]] = False
+    return np.flatnonzero(inner)
+
+
+def _steps(offsets: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+    """Lengths between consecutive boundaries of each row (cu_seqlens lists -> segment lengths).
+
+    offsets [0 3 5]  boundaries [0 2 5 | 0 4]  ->  [2 3 | 4]
+    """
+    inner = _inner(offsets)
+    return boundaries[inner].astype(np.int64) - boundaries[inner - 1]
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _capacity(shards: list[Path], manifest: dict[str, Any] | None) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from packtool.arrow import as_numpy, lists, number_lists, numbers, string_lists, strings
 from packtool.records import Tokenized
 
 BATCH_ROWS = 4096  # samples per record batch: small enough to buffer, large enough to amortize headers
@@ -141,16 +142,25 @@ class PartitionWriter:
         np.cumsum(lengths, out=offsets[1:])
         targets = np.concatenate(columns["targets"]).view(np.uint8)
         arrays = {
-            "input_ids": _lists(columns["input_ids"], offsets, pa.int32()),
-            "targets": _list_of(targets, offsets, pa.uint8()),
-            "roles": _lists(columns["roles"], offsets, pa.int8()),
-            "message_index": _lists(columns["message_index"], offsets, pa.int16()),
-            "length": pa.array(lengths.astype(np.int32)),
-            "n_targets": pa.array(_n_targets(targets, offsets)),
-            "special_literal": pa.array(np.asarray(columns["special_literal"], dtype=np.uint8)),
+            "input_ids": lists(offsets, numbers(np.concatenate(columns["input_ids"]), np.int32)),
+            "targets": lists(offsets, numbers(targets)),
+            "roles": lists(offsets, numbers(np.concatenate(columns["roles"]), np.int8)),
+            "message_index": lists(offsets, numbers(np.concatenate(columns["message_index"]), np.int16)),
+            "example_id": strings(columns["example_id"]),
+            "sample_hash": strings(columns["sample_hash"]),
+            "location": strings(columns["location"]),
+            "ordinal": numbers(columns["ordinal"], np.int64),
+            "length": numbers(lengths, np.int32),
+            "n_targets": numbers(_n_targets(targets, offsets)),
+            "special_literal": numbers(columns["special_literal"], np.uint8),
+            "message_roles": string_lists(columns["message_roles"]),
+            "structured": number_lists(columns["structured"], np.int32),
+            "kind": numbers(columns["kind"], np.int8),
+            "completion": numbers(columns["completion"], np.int16),
+            "reward": numbers(columns["reward"], np.float64),
+            "advantage": numbers(columns["advantage"], np.float64),
         }
-        batch = [arrays[f.name] if f.name in arrays else pa.array(columns[f.name], f.type) for f in self._schema]
-        self._writer.write_batch(pa.record_batch(batch, schema=self._schema))
+        self._writer.write_batch(pa.record_batch([arrays[name] for name in self._schema.names], schema=self._schema))
         self._columns = {name: [] for name in self._schema.names}
 
     def close(self) -> None:
@@ -175,14 +185,6 @@ def _n_targets(targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return counts.astype(np.int32)
 
 
-def _lists(arrays: list[np.ndarray], offsets: np.ndarray, dtype: pa.DataType) -> pa.Array:
-    return _list_of(np.concatenate(arrays), offsets, dtype)
-
-
-def _list_of(flat: np.ndarray, offsets: np.ndarray, dtype: pa.DataType) -> pa.Array:
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=dtype))
-
-
 class PartitionReader:
     """Random access to one partition's samples by row, reading from a memory map."""
 
@@ -196,7 +198,7 @@ class PartitionReader:
 
     def column(self, name: str) -> np.ndarray:
         """One scalar column of every row (length, n_targets, ordinal) as a numpy array."""
-        parts = [b.batch.column(name).to_numpy() for b in self._batches]
+        parts = [as_numpy(b.batch.column(name)) for b in self._batches]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def batch_column(self, name: str) -> list:
@@ -231,7 +233,7 @@ class PartitionReader:
             input_ids=batch.input_ids[start:end],
             targets=batch.targets[start:end].view(bool),
             roles=batch.roles[start:end],
-            message_index=columns.column("message_index").values.to_numpy()[start:end],
+            message_index=as_numpy(columns.column("message_index").values)[start:end],
             message_roles=tuple(columns.column("message_roles")[r].as_py()),
             structured_messages=frozenset(columns.column("structured")[r].as_py()),
         )
@@ -250,11 +252,11 @@ class _Batch:
     def __init__(self, batch: pa.RecordBatch):
         self.batch = batch
         self.rows = batch.num_rows
-        self.offsets = batch.column(0).offsets.to_numpy()
-        self.input_ids = batch.column(0).values.to_numpy()
-        self.targets = batch.column(1).values.to_numpy()
-        self.roles = batch.column(2).values.to_numpy()
-        self.kind = batch.column("kind").to_numpy()
+        self.offsets = as_numpy(batch.column(0).offsets)
+        self.input_ids = as_numpy(batch.column(0).values)
+        self.targets = as_numpy(batch.column(1).values)
+        self.roles = as_numpy(batch.column(2).values)
+        self.kind = as_numpy(batch.column("kind"))
 
     # Emit asks for these row by row: one conversion per batch instead of one Arrow scalar per row.
     @cached_property

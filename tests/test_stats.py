@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,66 @@ def test_attention_slots_on_3_2_4():
     two_packs = attention_slots(np.array([3, 2, 4]), np.array([5, 4]))  # [3, 2] and [4]
     assert (two_packs["score_slots_flat"], two_packs["causal_pairs_flat"]) == (41, 25)
     assert two_packs["score_slots_packed"] == one_pack["score_slots_packed"]
+
+
+def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
+    """The vectorized summary against the plainest reading of the shards: one pack, one document at a time."""
+    import pyarrow.parquet as pq
+
+    from packtool.labels import IGNORE_INDEX
+    from packtool.stats import summarize
+
+    manifest = json.loads((quickstart_build / "manifest.json").read_text())
+    shards = [quickstart_build / entry["file"] for entry in manifest["shards"]]
+    packs = tokens = targets = 0
+    per_source: dict[str, list[int]] = {}
+    segments_per_pack, segment_lengths, pack_lengths, document_lengths = [], [], [], {}
+    for shard in shards:
+        for pack in pq.ParquetFile(shard).read().to_pylist():
+            packs += 1
+            tokens += len(pack["labels"])
+            pack_lengths.append(len(pack["labels"]))
+            targets += sum(label != IGNORE_INDEX for label in pack["labels"])
+            docs, attention = pack["doc_cu_seqlens"], pack["cu_seqlens"]
+            segments_per_pack.append(len(docs) - 1)
+            segment_lengths += [b - a for a, b in pairwise(attention)]
+            for d, source in enumerate(pack["sources"]):
+                labels = pack["labels"][docs[d] : docs[d + 1]]
+                entry = per_source.setdefault(source, [0, 0, 0, 0])
+                entry[0] += 1
+                entry[1] += len(labels)
+                entry[2] += sum(label != IGNORE_INDEX for label in labels)
+                entry[3] += pack["sample_repeats"][d] > 0
+                document_lengths.setdefault(source, []).append(len(labels))
+    assert len(per_source) == 3 and len(shards) > 1
+
+    stats = summarize(shards, manifest)
+    assert (stats["packs"], stats["tokens"], stats["targets"]) == (packs, tokens, targets)
+    assert stats["segments_per_pack"]["histogram"] == np.bincount(segments_per_pack).tolist()
+    assert stats["attention"] == attention_slots(np.array(segment_lengths), np.array(pack_lengths))
+    assert stats["pack_fill"] == length_summary(np.array(pack_lengths), manifest["capacity"])
+    for source, (segments, source_tokens, source_targets, repeats) in per_source.items():
+        entry = stats["sources"][source]
+        assert (entry["segments"], entry["tokens"], entry["targets"], entry["repeats"]) == (
+            segments,
+            source_tokens,
+            source_targets,
+            repeats,
+        )
+        assert entry["segment_lengths"] == length_summary(np.array(document_lengths[source]), manifest["capacity"])
+
+
+def test_stats_refuses_a_shard_whose_document_columns_disagree(quickstart_build, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "edited"
+    shutil.copytree(quickstart_build, out)
+    shard = out / "shard-00000.parquet"
+    table = pq.read_table(shard)
+    sources = table.column("sources").to_pylist()
+    sources[0] = sources[0] + ["extra"]
+    pq.write_table(table.set_column(table.schema.get_field_index("sources"), "sources", pa.array(sources)), shard)
+    result = CliRunner().invoke(main, ["stats", str(out)])
+    assert result.exit_code == 1 and "shard-00000.parquet" in result.output and "sources" in result.output
+    assert "Traceback" not in result.output

@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from packtool.arrow import as_numpy, list_parts
 from packtool.errors import DatasetError
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import pack_costs
@@ -124,35 +125,9 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-# The fixed-width types of the columns the loader reads, as numpy dtypes.
-_DTYPES = {
-    pa.int8(): np.int8,
-    pa.int16(): np.int16,
-    pa.int32(): np.int32,
-    pa.int64(): np.int64,
-    pa.float64(): np.float64,
-}
-
-
-def _numpy(array: pa.Array) -> np.ndarray:
-    """A fixed-width array without nulls as a zero-copy numpy view. pyarrow's Array.to_numpy imports
-    pandas (0.3-1 s, once per process and DataLoader worker) to give the same view."""
-    dtype = _DTYPES.get(array.type)
-    if dtype is None or array.null_count:
-        return array.to_numpy(zero_copy_only=False)
-    return np.frombuffer(array.buffers()[1], dtype=dtype, count=array.offset + len(array))[array.offset :]
-
-
-def _lists(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    column = table.column(name)
-    # A row group decodes to one chunk; combine_chunks would copy it.
-    col = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    return _numpy(col.offsets), _numpy(col.values)
-
-
 def _ints(table: pa.Table, name: str) -> np.ndarray:
     """A fixed-width column as int64 numpy."""
-    return _numpy(table.column(name).combine_chunks()).astype(np.int64)
+    return as_numpy(table.column(name).combine_chunks()).astype(np.int64)
 
 
 def _row_costs(table: pa.Table, isolate_documents: bool) -> np.ndarray:
@@ -163,7 +138,7 @@ def _row_costs(table: pa.Table, isolate_documents: bool) -> np.ndarray:
     """
     if not isolate_documents:
         return _ints(table, "attn_cost")
-    offsets, values = _lists(table, "doc_cu_seqlens")
+    offsets, values = list_parts(table.column("doc_cu_seqlens"))
     steps: np.ndarray = np.diff(values.astype(np.int64))
     steps[offsets[1:-1] - 1] = 0  # the step from one pack's last offset to the next pack's 0
     summed = np.concatenate([[0], np.cumsum(steps * steps)])
@@ -499,7 +474,7 @@ class PackedDataset(IterableDataset):
         cu_name = "doc_cu_seqlens" if self.isolate_documents else "cu_seqlens"
         v2 = "segment_groups" in table.column_names
         extra = list(SEGMENT_COLUMNS) if v2 else []
-        ids, labels, cu = _lists(table, "input_ids"), _lists(table, "labels"), _lists(table, cu_name)
+        ids, labels, cu = (list_parts(table.column(name)) for name in ("input_ids", "labels", cu_name))
         # Checked once for the whole row group, so collate need not check each micro-batch again.
         # Isolated documents get their -100 at document starts when read, so that rule is not asked of them.
         bad = first_broken_pack(ids[0], labels[0], cu[0], cu[1], None if self.isolate_documents else labels[1])
@@ -522,7 +497,7 @@ class PackedDataset(IterableDataset):
             sliceable(cu),
             _row_costs(table, self.isolate_documents).tolist(),
             table.column("pack_hash").to_pylist(),
-            {name: _lists(table, name) for name in extra} if v2 else None,
+            {name: list_parts(table.column(name)) for name in extra} if v2 else None,
         )
 
     def _pack(self, cols: _Decoded, i: int, step: int, resume: int, closes: bool) -> LoadedPack:

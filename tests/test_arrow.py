@@ -1,0 +1,114 @@
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from packtool.arrow import as_numpy, list_parts, number_lists, numbers, offsets_of, string_lists, strings
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "arrow_type"),
+    [
+        (np.array([3, -1, 7], dtype=np.int32), np.int32, pa.int32()),
+        ([1, 2, 3], np.int64, pa.int64()),
+        ([True, False, True], np.uint8, pa.uint8()),
+        ([-1, 5], np.int16, pa.int16()),
+        (np.zeros(0, dtype=np.int8), np.int8, pa.int8()),
+    ],
+)
+def test_numbers_equal_pa_array(values, dtype, arrow_type):
+    assert numbers(values, dtype).equals(pa.array(np.asarray(values, dtype=dtype), arrow_type))
+
+
+def test_nan_stays_a_value_as_with_pa_array():
+    built = numbers([math.nan, 1.5], np.float64)
+    assert built.null_count == 0 and built.type == pa.float64()
+    assert np.isnan(built.to_pylist()[0]) and built.to_pylist()[1] == 1.5
+
+
+@pytest.mark.parametrize("values", [[], ["a", "", "héllo ✓", "<|im_end|>"], ["x" * 1000] * 3])
+def test_strings_equal_pa_array(values):
+    assert strings(values).equals(pa.array(values, pa.string()))
+
+
+@pytest.mark.parametrize("rows", [[], [[]], [["a", "b"], [], ["ç"]]])
+def test_string_lists_equal_pa_array(rows):
+    assert string_lists(rows).equals(pa.array(rows, pa.list_(pa.string())))
+
+
+@pytest.mark.parametrize("offsets", [np.int32, np.int64])
+def test_number_lists_equal_pa_array(offsets):
+    rows = [np.array([1, 2], dtype=np.int32), np.zeros(0, dtype=np.int32), [7]]
+    kind = pa.list_ if offsets == np.int32 else pa.large_list
+    expected = pa.array([[1, 2], [], [7]], kind(pa.int32()))
+    assert number_lists(rows, np.int32, offsets).equals(expected)
+
+
+def test_offsets_refuse_what_32_bits_cannot_address():
+    class Huge:
+        def __len__(self) -> int:
+            return 2**31
+
+    with pytest.raises(OverflowError, match="32-bit offsets"):
+        offsets_of([Huge()])
+    assert offsets_of([Huge()], np.int64)[-1] == 2**31
+
+
+def test_list_parts_of_a_slice_and_of_chunks():
+    array = pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int32()))
+    offsets, values = list_parts(array.slice(1))
+    assert offsets.tolist() == [0, 1, 4] and values.tolist() == [3, 4, 5, 6]
+    offsets, values = list_parts(pa.chunked_array([array.slice(0, 1), array.slice(2)]))
+    assert offsets.tolist() == [0, 2, 5] and values.tolist() == [1, 2, 4, 5, 6]
+
+
+def test_as_numpy_is_a_view_of_the_arrow_buffer():
+    array = pa.array(np.arange(10, dtype=np.int64)).slice(3, 4)
+    view = as_numpy(array)
+    assert view.tolist() == [3, 4, 5, 6] and not view.flags.owndata
+
+
+# A `pandas` that only records who imported it: pyarrow treats its ImportError as pandas being absent.
+FAKE_PANDAS = """
+import os, sys
+with open(os.environ["PANDAS_IMPORTED"], "a") as log:
+    log.write(" ".join(sys.argv) + "\\n")
+raise ImportError("pandas is not wanted here")
+"""
+
+
+def test_build_and_commands_never_import_pandas(tmp_path):
+    """pyarrow imports pandas, when installed, for pa.array, pa.table and to_numpy (0.5-0.7 s per process):
+    the build, its worker processes and the reading commands build and read arrays from buffers."""
+    fake = tmp_path / "fake" / "pandas"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_PANDAS)
+    log = tmp_path / "pandas-imports.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
+        "PANDAS_IMPORTED": str(log),
+    }
+    out = tmp_path / "out"
+
+    def packtool(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "packtool", *args], env=env, check=True, capture_output=True)
+
+    packtool("build", "quickstart", "-o", str(out), "-j", "2", "--executor", "processes", "--no-cache", "-q")
+    for command in (
+        ["stats", str(out)],
+        ["verify", str(out)],
+        ["inspect", str(out), "--row", "1", "--limit", "3"],
+        ["find", str(out), "shard-00000.parquet:2"],
+        ["report", str(out), "-o", str(tmp_path / "r.html")],
+    ):
+        packtool(*command)
+    assert (out / "manifest.json").is_file()
+    assert not log.exists(), log.read_text()
+    # the trap works: a process that asks for pandas is recorded
+    subprocess.run([sys.executable, "-c", "import pyarrow as pa; pa.array([1])"], env=env, check=True)
+    assert log.exists()

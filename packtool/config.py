@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -33,6 +33,9 @@ from packtool import hub
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing import PACKERS
 from packtool.truncate import STRATEGIES
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
 
 FORMATS = ("messages", "sharegpt", "alpaca", "text", "preference", "group")
 # Formats whose records are items of several segments that train together (packtool.preference).
@@ -804,8 +807,20 @@ def _check_tokenizer_config(path: Path, p: _Problems) -> None:
         p.add("tokenizer", f"{path}: chat_template must be a string or a list of named templates")
 
 
+def bundled_folder(kind: str) -> Traversable:
+    """Where the configs or templates shipped with packtool are: inside the installed package, or at
+    the top of a source checkout that runs without an install (PYTHONPATH=. python -m packtool)."""
+    try:
+        return resources.files(f"packtool.{kind}")
+    except ModuleNotFoundError:
+        checkout = Path(__file__).resolve().parent.parent / kind
+        if checkout.is_dir():
+            return checkout
+        raise PacktoolError(f"packtool's bundled {kind} are missing: reinstall packtool (pip install .)") from None
+
+
 def bundled_configs() -> list[str]:
-    folder = resources.files("packtool.configs")
+    folder = bundled_folder("configs")
     return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -814,7 +829,7 @@ def resolve_config_path(value: str | Path) -> Path:
     path = Path(value)
     if path.is_file() or path.suffix in (".yaml", ".yml"):
         return path
-    bundled = resources.files("packtool.configs") / f"{value}.yaml"
+    bundled = bundled_folder("configs") / f"{value}.yaml"
     if bundled.is_file():
         return Path(str(bundled))
     raise PacktoolError(f"{value}: no such config file, and not a bundled config ({', '.join(bundled_configs())})")

@@ -30,7 +30,6 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from jinja2.ext import Extension
 from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from packtool.config import BuildConfig, TrainPolicy
+from packtool.config import BuildConfig, TrainPolicy, bundled_folder
 from packtool.errors import PacktoolError, RecordError, TemplateRaised
 from packtool.records import Example, Message, Rendered, Span, literal_pattern
 
@@ -494,7 +493,7 @@ def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatT
 
 
 def bundled_templates() -> list[str]:
-    folder = resources.files("packtool.templates")
+    folder = bundled_folder("templates")
     return sorted(p.name.removesuffix(".jinja") for p in folder.iterdir() if p.name.endswith(".jinja"))
 
 
@@ -514,7 +513,7 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
     elif spec.endswith(".jinja"):
         source, name = Path(spec).read_text(encoding="utf-8"), Path(spec).name
     else:
-        path = resources.files("packtool.templates") / f"{spec}.jinja"
+        path = bundled_folder("templates") / f"{spec}.jinja"
         if not path.is_file():
             raise PacktoolError(
                 f"template: unknown bundled template {spec!r}; "

@@ -88,15 +88,15 @@ def test_build_and_commands_never_import_pandas(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_PANDAS)
     log = tmp_path / "pandas-imports.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
-        "PANDAS_IMPORTED": str(log),
-    }
+    path = [str(fake.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PANDAS_IMPORTED": str(log)}
     out = tmp_path / "out"
 
     def packtool(*args: str) -> None:
-        subprocess.run([sys.executable, "-m", "packtool", *args], env=env, check=True, capture_output=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "packtool", *args], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
 
     packtool("build", "quickstart", "-o", str(out), "-j", "2", "--executor", "processes", "--no-cache", "-q")
     for command in (

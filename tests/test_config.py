@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -86,6 +87,43 @@ def test_bundled_config_by_name_and_missing_file():
         resolve_config_path("nope")
     with pytest.raises(PacktoolError, match="config file not found"):
         load_config("nope.yaml")
+
+
+SOURCE_TREE = """
+import sys
+sys.modules["packtool.configs"] = sys.modules["packtool.templates"] = None  # as in a checkout: no package data
+from packtool.config import resolve_config_path
+from packtool.render import bundled_templates, load_template
+print(resolve_config_path("quickstart"))
+print(" ".join(bundled_templates()), load_template("chatml", {}).name)
+"""
+
+
+def test_a_source_checkout_without_an_install_finds_the_bundled_files():
+    """`PYTHONPATH=. python -m packtool build quickstart` from a clone: configs/ and templates/ sit at the
+    top of the repository, not inside the package (a traceback before)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", SOURCE_TREE], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    config, templates = done.stdout.splitlines()
+    assert Path(config) == root / "configs" / "quickstart.yaml"
+    assert "chatml" in templates.split()[:-1] and templates.split()[-1] == "chatml"
+
+
+def test_missing_bundled_files_are_one_line(monkeypatch):
+    import packtool.config as config
+
+    def no_package(name: str):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(config.resources, "files", no_package)
+    monkeypatch.setattr(config, "__file__", "/nowhere/packtool/config.py")
+    with pytest.raises(PacktoolError, match="bundled configs are missing: reinstall packtool"):
+        resolve_config_path("quickstart")
 
 
 def test_build_phase_keys_are_typed_and_validated(tmp_path, write_config):

@@ -28,11 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from packtool.errors import PacktoolError, RecordError
 from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
+from packtool.shards import read_columns
 
 INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
 ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets"]
@@ -162,9 +161,8 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
     out = []
     for entry in manifest["shards"]:
         shard = prefix + entry["file"]
-        file = pq.ParquetFile(folder / shard)
-        v2 = "segment_kinds" in file.schema_arrow.names
-        table = file.read(columns=INDEX_COLUMNS + (ITEM_COLUMNS if v2 else []))
+        table = read_columns(folder / shard, INDEX_COLUMNS, ITEM_COLUMNS)
+        v2 = "segment_kinds" in table.column_names
         for row, pack in enumerate(table.to_pylist()):
             docs = pack["doc_cu_seqlens"]
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])

@@ -224,6 +224,16 @@ def shard_metadata(path: Path) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+def read_columns(path: Path, columns: list[str], segment_columns: list[str] | None = None) -> pa.Table:
+    """Whole columns of a shard, plus `segment_columns` where the shard has them (schema 2).
+
+    Through ParquetFile: `pq.read_table` goes through pyarrow.dataset, which imports pandas when it is
+    installed (packtool.arrow)."""
+    parquet = pq.ParquetFile(path)
+    present = set(parquet.schema_arrow.names)
+    return parquet.read(columns=columns + [name for name in segment_columns or [] if name in present])
+
+
 def iter_rows(path: Path, columns: list[str] | None = None) -> Iterator[dict[str, Any]]:
     """Rows of a shard as Python objects, one row group at a time."""
     parquet = pq.ParquetFile(path)

@@ -25,7 +25,7 @@ from packtool.format import WHOLE
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
-from packtool.shards import locate, read_row
+from packtool.shards import locate, read_columns, read_row
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 
@@ -84,7 +84,7 @@ def select_packs(
 
 
 def _column(shard: Path, name: str) -> list[Any]:
-    return pq.ParquetFile(shard).read(columns=[name]).column(name).to_pylist()
+    return read_columns(shard, [name]).column(name).to_pylist()
 
 
 def inspect_pack(

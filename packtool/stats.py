@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from packtool.arrow import list_parts
 from packtool.errors import PacktoolError
 from packtool.format import attn_cost_of_lengths
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import KIND_CODES
-from packtool.shards import shard_metadata
+from packtool.shards import read_columns, shard_metadata
 
 STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
 KIND_COLUMNS = ["segment_kinds", "segment_groups"]  # schema v2 (pairs and groups)
@@ -84,9 +83,8 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
     document_lengths: dict[str, list[np.ndarray]] = defaultdict(list)
     kinds = KindTally()
     for shard in shards:
-        file = pq.ParquetFile(shard)
-        v2 = "segment_kinds" in file.schema_arrow.names
-        table = file.read(columns=STAT_COLUMNS + (KIND_COLUMNS if v2 else []))
+        table = read_columns(shard, STAT_COLUMNS, KIND_COLUMNS)
+        v2 = "segment_kinds" in table.column_names
         label_offsets, labels = list_parts(table.column("labels"))
         packs += table.num_rows
         tokens += len(labels)

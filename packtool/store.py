@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrow import as_numpy, lists, number_lists, numbers, string_lists, strings
+from packtool.arrow import as_numpy, lists, number_lists, numbers, offsets_of, string_lists, strings
 from packtool.records import Tokenized
 
 BATCH_ROWS = 4096  # samples per record batch: small enough to buffer, large enough to amortize headers
@@ -137,9 +137,7 @@ class PartitionWriter:
         columns = self._columns
         if not columns["ordinal"]:
             return
-        lengths = np.asarray(columns["length"], dtype=np.int64)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_of(columns["input_ids"], np.int64)
         targets = np.concatenate(columns["targets"]).view(np.uint8)
         arrays = {
             "input_ids": lists(offsets, numbers(np.concatenate(columns["input_ids"]), np.int32)),
@@ -150,7 +148,7 @@ class PartitionWriter:
             "sample_hash": strings(columns["sample_hash"]),
             "location": strings(columns["location"]),
             "ordinal": numbers(columns["ordinal"], np.int64),
-            "length": numbers(lengths, np.int32),
+            "length": numbers(columns["length"], np.int32),
             "n_targets": numbers(_n_targets(targets, offsets)),
             "special_literal": numbers(columns["special_literal"], np.uint8),
             "message_roles": string_lists(columns["message_roles"]),

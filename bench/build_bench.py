@@ -1,25 +1,36 @@
-"""Build throughput next to its floor and its peer, in one run on the same chat data.
+"""Build throughput next to its floor and its peer, rows alternated pair by pair on the same data.
 
-    python bench/build_bench.py                  # real datasets in ../shared/data, Qwen2.5 tokenizer
-    python bench/build_bench.py --min-tokens 3e6 --skip-peer
-    python bench/build_bench.py --scale [OPTIONS]  # bench/scale_bench.py: phases, memory, executors at scale
+    python bench/build_bench.py                       # three real sets, 3 rounds
+    python bench/build_bench.py --rounds 5 --sets alpaca --skip-peer
+    python bench/build_bench.py --scale [OPTIONS]     # bench/scale_bench.py: phases, memory, executors at scale
 
-Chat data: the alpaca en/zh and code_alpaca demo files turned into `messages` rows and replicated
-until they hold at least --min-tokens tokens (1.5 M by default). Rows printed:
+The machine this runs on is shared and noisy, so no row is timed alone: each round runs every row
+of a set once, one after the other (floor, `-j 1`, `-j 2`, the peer), and a ratio is taken inside
+a round, between neighbours that saw the same machine. The table prints the median of those
+per-round ratios, never a ratio of medians.
 
-- floor: `tokenizers` encode_batch on the already-rendered texts, one thread
-  (TOKENIZERS_PARALLELISM=false), in a fresh process;
-- packtool `build --no-cache -j 1` and `-j 2` through the public CLI in a fresh process each (import,
-  read, render, tokenize, check, plan, write: everything a user waits for), with the phase
-  times the manifest reports when the build records them, and single-thread phase costs measured
-  here (read, render, tokenize) to show where the time goes;
-- the peer pipeline a user would otherwise run: transformers `apply_chat_template(tokenize=True)`
-  through `datasets.map` with 2 processes, TRL `pack_dataset` (bfd), `to_parquet`, with a fresh
-  datasets cache folder (else the second run skips tokenization);
-- packtool-only rates on glaive tool calls and c4 text;
-- `import packtool` and `packtool --help` time.
+Sets (real files in ../shared/data, replicated to at least --min-tokens rendered tokens each):
+- alpaca: the alpaca en/zh and code_alpaca demos as `messages`, Qwen2.5 and its own template;
+- reasoning: reason_tool_use_demo_50 (content parts with reasoning and tool calls), Qwen3's
+  template, which inspects message content (no skeleton reuse: every conversation is rendered);
+- glaive: glaive tool calls (sharegpt with `tools`), Qwen2.5.
 
-Times are wall-clock seconds of one run (--repeat N: medians); tokens are the rendered chat tokens.
+Rows:
+- floor: `tokenizers` encode_batch on exactly the texts packtool renders, one thread
+  (TOKENIZERS_PARALLELISM=false), in a fresh process, timed around the encode call alone (wall and
+  CPU); its CPU time is the tokenizer's own cost;
+- packtool `build --no-cache -j 1` and `-j 2` through the public CLI in a fresh process each:
+  everything a user waits for (import, read, render, tokenize, check, plan, write);
+- peer (alpaca only, where users' own pipelines look like this): transformers
+  `apply_chat_template(tokenize=True)` through `datasets.map` with 2 processes, TRL `pack_dataset`
+  (bfd) and `to_parquet`, with a fresh datasets cache per run (a warm one skips tokenization).
+
+Columns: wall seconds and CPU-seconds (user + system of the process and every child it waited
+for) as medians over rounds; `x floor` = floor seconds / row seconds and `x peer` = peer seconds /
+row seconds, medians of per-round ratios; `overhead` = row CPU-s / floor CPU-s - 1, the CPU a
+build spends on top of the tokenizer (median of per-round ratios). A last line per set gives the
+render cost per sample (single thread, in process), the number issue 22 tracks for templates
+that inspect content.
 """
 
 from __future__ import annotations
@@ -27,22 +38,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 DATASETS = DATA / "datasets"
-TOKENIZER = DATA / "tokenizers" / "qwen2.5"
-ALPACA = ("llamafactory_alpaca_en_demo.json", "llamafactory_alpaca_zh_demo.json", "code_alpaca_2k.json")
+TOKENIZERS = DATA / "tokenizers"
 CAPACITY = 2048
+ALPACA = ("llamafactory_alpaca_en_demo.json", "llamafactory_alpaca_zh_demo.json", "code_alpaca_2k.json")
 
 
-def chat_rows() -> list[dict]:
+@dataclass(frozen=True)
+class BenchSet:
+    name: str
+    tokenizer: str
+    fmt: str
+    rows: list[dict]
+    peer: bool
+
+
+def alpaca_rows() -> list[dict]:
     """Alpaca rows as `messages` (prompt = instruction, blank line, input), as users convert them."""
     rows = []
     for name in ALPACA:
@@ -60,33 +82,62 @@ def chat_rows() -> list[dict]:
     return rows
 
 
-def run(command: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
-    return seconds, done.stdout
+def bench_sets() -> dict[str, BenchSet]:
+    reasoning = DATASETS / "llamafactory_reason_tool_use_demo_50.jsonl"
+    glaive = DATASETS / "llamafactory_glaive_toolcall_en_demo.json"
+    return {
+        "alpaca": BenchSet("alpaca", "qwen2.5", "messages", alpaca_rows(), peer=True),
+        "reasoning": BenchSet(
+            "reasoning",
+            "qwen3",
+            "messages",
+            [json.loads(line) for line in reasoning.read_text().splitlines()],
+            peer=False,
+        ),
+        "glaive": BenchSet("glaive", "qwen2.5", "sharegpt", json.loads(glaive.read_text(encoding="utf-8")), peer=False),
+    }
 
 
-def median_run(command: list[str], repeat: int, env: dict[str, str] | None = None) -> tuple[float, str]:
-    results = [run(command, env) for _ in range(repeat)]
-    return statistics.median(s for s, _ in results), results[-1][1]
+# The texts packtool renders for a config (kept samples only), and the render cost per sample.
+RENDER = """
+import json, sys, time
+from pathlib import Path
+from packtool.config import load_config
+from packtool.encode import load_tokenizer
+from packtool.render import render_example, template_for
+from packtool.sources import read_source
+config = load_config(Path(sys.argv[1]))
+tokenizer = load_tokenizer(config.tokenizer)
+template = template_for(config, tokenizer.config)
+source = config.sources[0]
+examples = [e for e in read_source(source) if not isinstance(e, Exception)]
+texts = []
+start = time.perf_counter()
+for example in examples:
+    try:
+        texts.append(render_example(example, template, tokenizer.config, source.train, add_bos=None, add_eos=None).text)
+    except Exception:
+        pass
+seconds = time.perf_counter() - start
+Path(sys.argv[2]).write_text(json.dumps(texts))
+print(json.dumps({"us_per_sample": seconds / max(len(examples), 1) * 1e6, "samples": len(examples)}))
+"""
 
-
+# The floor times the encode call alone (not the interpreter start or the tokenizer load, which a
+# build pays too): the strictest floor there is.
 FLOOR = """
 import json, sys, time
 from tokenizers import Tokenizer
 texts = json.load(open(sys.argv[2]))
 tokenizer = Tokenizer.from_file(sys.argv[1])
-start = time.perf_counter()
+wall, cpu = time.perf_counter(), time.process_time()
 encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-print(json.dumps({"seconds": time.perf_counter() - start, "tokens": sum(len(e.ids) for e in encodings)}))
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(json.dumps({"tokens": sum(len(e.ids) for e in encodings), "seconds": wall, "cpu": cpu}))
 """
 
 PEER = """
-import json, sys, time
-start = time.perf_counter()
+import json, sys
 import datasets
 from transformers import AutoTokenizer
 from trl.data_utils import pack_dataset
@@ -96,64 +147,124 @@ rows = datasets.load_dataset("json", data_files=data, split="train", cache_dir=c
 def tokenize(row):
     return {"input_ids": tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True)["input_ids"]}
 tokenized = rows.map(tokenize, remove_columns=rows.column_names, num_proc=2)
-packed = pack_dataset(tokenized, int(capacity), strategy="bfd")
-packed.to_parquet(out)
-print(json.dumps({"seconds": time.perf_counter() - start, "rows": len(packed)}))
-"""
-
-PHASES = """
-import json, sys, time
-from pathlib import Path
-from packtool.config import load_config
-from packtool.encode import encode_batch, load_tokenizer
-from packtool.render import render_example, template_for
-from packtool.sources import read_source
-config = load_config(Path(sys.argv[1]))
-tokenizer = load_tokenizer(config.tokenizer)
-template = template_for(config, tokenizer.config)
-source = config.sources[0]
-t0 = time.perf_counter()
-examples = [e for e in read_source(source) if not isinstance(e, Exception)]
-t1 = time.perf_counter()
-rendered = []
-for e in examples:
-    try:
-        rendered.append(render_example(e, template, tokenizer.config, source.train, add_bos=None, add_eos=None))
-    except Exception:
-        pass
-t2 = time.perf_counter()
-encode_batch([(r, source.special_tokens) for r in rendered], tokenizer)
-t3 = time.perf_counter()
-print(json.dumps({"read": t1 - t0, "render": t2 - t1, "tokenize + check": t3 - t2}))
+pack_dataset(tokenized, int(capacity), strategy="bfd").to_parquet(out)
 """
 
 
-def write_config(folder: Path, name: str, path: Path, fmt: str) -> Path:
-    config = folder / f"{name}.json"  # JSON is YAML: no yaml dependency here
-    config.write_text(
-        json.dumps(
-            {
-                "sources": [{"name": name, "path": str(path), "format": fmt}],
-                "tokenizer": str(TOKENIZER),
-                "capacity": CAPACITY,
-                "output": str(folder / f"out-{name}"),
-                "on_error": "skip",
-            }
-        ),
-        encoding="utf-8",
-    )
+@dataclass
+class Row:
+    """One row of a set's table: its command per round and what each round measured."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    fresh_cache: bool = False  # the peer: a new datasets cache folder for every run
+    reports_own_time: bool = False  # the floor: its stdout holds the seconds and CPU of the encode call
+    seconds: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """Wall seconds, CPU-seconds (the process and every child it waited for) and stdout of one run."""
+    cpu = children_cpu()
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+    return seconds, children_cpu() - cpu, done.stdout
+
+
+def write_config(folder: Path, bench: BenchSet, data: Path) -> Path:
+    config = folder / f"{bench.name}.json"  # JSON is YAML: no yaml dependency here
+    settings = {
+        "sources": [{"name": bench.name, "path": str(data), "format": bench.fmt}],
+        "tokenizer": str(TOKENIZERS / bench.tokenizer),
+        "capacity": CAPACITY,
+        "output": str(folder / f"out-{bench.name}"),
+        "on_error": "skip",
+    }
+    config.write_text(json.dumps(settings), encoding="utf-8")
     return config
 
 
-def packtool(config: Path, workers: int, repeat: int) -> tuple[float, dict]:
-    seconds, _ = median_run(
-        # --no-cache: every run does the whole work (a cached rerun re-tokenizes nothing)
-        [sys.executable, "-m", "packtool", "build", str(config), "-j", str(workers), "-q", "--no-cache"],
-        repeat,
-        {"PYTHONPATH": str(ROOT)},
+def prepare(bench: BenchSet, folder: Path, min_tokens: float, skip_peer: bool) -> tuple[list[Row], dict]:
+    """The replicated data, the texts the floor tokenizes, and the rows of this set."""
+    one = folder / f"{bench.name}-once.jsonl"
+    one.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in bench.rows), encoding="utf-8")
+    env = {"PYTHONPATH": str(ROOT)}
+    texts = folder / f"{bench.name}-texts.json"
+    tokenizer_file = str(TOKENIZERS / bench.tokenizer / "tokenizer.json")
+    _, _, out = measure([sys.executable, "-c", RENDER, str(write_config(folder, bench, one)), str(texts)], env)
+    _, _, counted = measure([sys.executable, "-c", FLOOR, tokenizer_file, str(texts)], {})
+    copies = max(1, int(-(-min_tokens // json.loads(counted)["tokens"])))
+
+    data = folder / f"{bench.name}.jsonl"
+    data.write_text(one.read_text(encoding="utf-8") * copies, encoding="utf-8")
+    config = write_config(folder, bench, data)
+    _, _, out = measure([sys.executable, "-c", RENDER, str(config), str(texts)], env)
+    info = {**json.loads(out), "copies": copies}
+    _, _, counted = measure([sys.executable, "-c", FLOOR, tokenizer_file, str(texts)], {})
+    info["tokens"] = json.loads(counted)["tokens"]
+
+    build = [sys.executable, "-m", "packtool", "build", str(config), "-q", "--no-cache"]
+    rows = [
+        Row(
+            "tokenizer, 1 thread (floor)",
+            [sys.executable, "-c", FLOOR, tokenizer_file, str(texts)],
+            {"TOKENIZERS_PARALLELISM": "false"},
+            reports_own_time=True,
+        ),
+        Row("packtool build -j 1", [*build, "-j", "1"], env),
+        Row("packtool build -j 2", [*build, "-j", "2"], env),
+    ]
+    if bench.peer and not skip_peer:
+        peer = [sys.executable, "-c", PEER, str(TOKENIZERS / bench.tokenizer), str(data), str(folder / "peer.parquet")]
+        rows.append(Row("transformers + datasets.map(2) + TRL bfd", peer, {"HF_HUB_OFFLINE": "1"}, fresh_cache=True))
+    return rows, info
+
+
+def run_rounds(rows: list[Row], rounds: int, folder: Path) -> None:
+    for round_ in range(rounds):
+        for row in rows:
+            command, env = row.command, row.env
+            if row.fresh_cache:
+                cache = folder / f"hf-cache-{round_}"
+                command, env = [*command, str(cache), str(CAPACITY)], {**env, "HF_DATASETS_CACHE": str(cache)}
+            seconds, cpu, out = measure(command, env)
+            if row.reports_own_time:
+                own = json.loads(out)
+                seconds, cpu = own["seconds"], own["cpu"]
+            row.seconds.append(seconds)
+            row.cpu.append(cpu)
+
+
+def per_round(numerator: list[float], denominator: list[float]) -> float:
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
+def print_table(bench: BenchSet, rows: list[Row], info: dict) -> None:
+    floor = rows[0]
+    peer = next((row for row in rows if row.fresh_cache), None)
+    print(
+        f"\n{bench.name}: {len(bench.rows):,} rows x {info['copies']} = {info['samples']:,} samples, "
+        f"{info['tokens']:,} tokens ({bench.tokenizer}, capacity {CAPACITY}), {len(floor.seconds)} rounds"
     )
-    manifest = json.loads((Path(json.loads(config.read_text())["output"]) / "manifest.json").read_text())
-    return seconds, manifest
+    print(f"{'row':<42} {'seconds':>8} {'CPU-s':>7} {'M tok/s':>8} {'x floor':>8} {'x peer':>7} {'overhead':>9}")
+    for row in rows:
+        seconds, cpu = statistics.median(row.seconds), statistics.median(row.cpu)
+        versus_peer = f"{per_round(peer.seconds, row.seconds):>7.2f}" if peer else f"{'-':>7}"
+        overhead = f"{per_round(row.cpu, floor.cpu) - 1:>9.2f}" if row is not floor else f"{'-':>9}"
+        print(
+            f"{row.name:<42} {seconds:>8.2f} {cpu:>7.2f} {info['tokens'] / seconds / 1e6:>8.2f} "
+            f"{per_round(floor.seconds, row.seconds):>8.2f} {versus_peer} {overhead}"
+        )
+    print(f"render (packtool, 1 thread, in process): {info['us_per_sample']:.0f} us per sample")
 
 
 def main() -> None:
@@ -162,126 +273,29 @@ def main() -> None:
 
         return scale_main([arg for arg in sys.argv[1:] if arg != "--scale"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--min-tokens", type=float, default=1.5e6)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of alternated rows (ratios are medians over them)"
+    )
+    parser.add_argument("--min-tokens", type=float, default=1.5e6, help="rendered tokens per set, at least")
+    parser.add_argument("--sets", default="alpaca,reasoning,glaive", help="comma-separated: alpaca, reasoning, glaive")
     parser.add_argument("--skip-peer", action="store_true", help="leave out the transformers/TRL pipeline")
     args = parser.parse_args()
     if not DATA.is_dir():
         raise SystemExit(f"{DATA} not found: this bench runs on the shared real datasets")
-    sys.path.insert(0, str(ROOT))
-    from tokenizers import Tokenizer
-
-    from packtool.encode import load_tokenizer
-    from packtool.render import load_template, render_chat
-    from packtool.sources import from_messages
-
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        rows = chat_rows()
-        tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
-        sample = [r["messages"][0]["content"] + r["messages"][1]["content"] for r in rows]
-        per_pass = sum(len(e.ids) for e in tokenizer.encode_batch(sample, add_special_tokens=False))
-        copies = max(1, int(-(-args.min_tokens // per_pass)))
-        data = folder / "chat.jsonl"
-        data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for _ in range(copies) for r in rows))
-
-        # the rendered texts the floor tokenizes: exactly what packtool renders
-        from packtool.config import load_config
-
-        chat_config = write_config(folder, "chat", data, "messages")
-        settings = load_config(chat_config)
-        text_tokenizer = load_tokenizer(settings.tokenizer)
-        template = load_template("model", text_tokenizer.config)
-        source = settings.sources[0]
-        texts = [render_chat(from_messages(r, source, "x", "x"), template, source.train).text for r in rows] * copies
-        (folder / "texts.json").write_text(json.dumps(texts))
-        floors = [
-            json.loads(
-                run(
-                    [sys.executable, "-c", FLOOR, str(TOKENIZER / "tokenizer.json"), str(folder / "texts.json")],
-                    {"TOKENIZERS_PARALLELISM": "false"},
-                )[1]
-            )
-            for _ in range(args.repeat)
-        ]
-        floor = {**floors[0], "seconds": statistics.median(f["seconds"] for f in floors)}
-        tokens = floor["tokens"]
-
-        results: list[tuple[str, float, dict | None]] = []
-        for workers in (1, 2):
-            seconds, manifest = packtool(chat_config, workers, args.repeat)
-            results.append((f"packtool build -j {workers}", seconds, manifest))
-        _, out = run([sys.executable, "-c", PHASES, str(chat_config)], {"PYTHONPATH": str(ROOT)})
-        phases = json.loads(out)
-
-        peer = None
-        if not args.skip_peer:
-            times = []
-            for attempt in range(args.repeat):
-                cache = folder / f"hf-cache-{attempt}"  # fresh: a warm cache skips the tokenization
-                _, out = run(
-                    [
-                        sys.executable,
-                        "-c",
-                        PEER,
-                        str(TOKENIZER),
-                        str(data),
-                        str(folder / "peer.parquet"),
-                        str(cache),
-                        str(CAPACITY),
-                    ],
-                    {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache)},
-                )
-                times.append(json.loads(out)["seconds"])
-            peer = statistics.median(times)
-
-        others = []
-        glaive = write_config(folder, "glaive", DATASETS / "llamafactory_glaive_toolcall_en_demo.json", "sharegpt")
-        c4 = write_config(folder, "c4", DATASETS / "llamafactory_c4_demo.jsonl", "text")
-        for name, config in (("glaive tool calls", glaive), ("c4 text", c4)):
-            seconds, manifest = packtool(config, 1, args.repeat)
-            others.append((name, seconds, manifest["stats"]["tokens"]))
-
-        import_s, _ = median_run([sys.executable, "-c", "import packtool"], 3, {"PYTHONPATH": str(ROOT)})
-        help_s, _ = median_run([sys.executable, "-m", "packtool", "--help"], 3, {"PYTHONPATH": str(ROOT)})
-        python_s, _ = median_run([sys.executable, "-c", "pass"], 3)
-
+    sets = bench_sets()
+    chosen = [name.strip() for name in args.sets.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in sets]
+    if unknown:
+        raise SystemExit(f"unknown set(s) {unknown}; choose from {sorted(sets)}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    floor_rate = tokens / floor["seconds"]
-    print(
-        f"chat data: {len(rows):,} alpaca rows x {copies} = {len(texts):,} samples, {tokens:,} tokens "
-        f"(Qwen2.5, its own template, capacity {CAPACITY}); {cores} cores"
-    )
-    print(f"{'pipeline':<44} {'seconds':>8} {'k tokens/s':>11} {'x floor':>8} {'x peer':>7}")
-
-    def line(name: str, seconds: float) -> None:
-        rate = tokens / seconds
-        versus = f"{peer / seconds:>7.2f}" if peer else f"{'-':>7}"
-        print(f"{name:<44} {seconds:>8.2f} {rate / 1e3:>11.0f} {rate / floor_rate:>8.2f} {versus}")
-
-    line("tokenizers encode_batch, 1 thread (floor)", floor["seconds"])
-    for name, seconds, _ in results:
-        line(name + " (CLI, whole build)", seconds)
-    if peer:
-        line("transformers + datasets.map(2) + TRL bfd", peer)
-    print("single-thread phase costs of the same chat build: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
-    for name, _, manifest in results:
-        timings = (manifest or {}).get("timings")
-        if timings:
-            print(f"{name} phases (manifest): " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
-    for name, seconds, count in others:
-        print(
-            f"packtool build -j 1, {name}: {count:,} tokens in {seconds:.2f} s = {count / seconds / 1e3:.0f} k tokens/s"
-        )
-    print(
-        f"import packtool {max(import_s - python_s, 0):.3f} s, packtool --help {max(help_s - python_s, 0):.3f} s "
-        f"(over a bare interpreter start of {python_s:.3f} s)"
-    )
-    print(
-        "expected scaling: build rate(-j N) ~ min(N, cores) x floor x (-j 1 rate / floor), until reading and "
-        "writing (one process) dominate; here -j 2 / -j 1 = "
-        f"{results[0][1] / results[1][1]:.2f}"
-    )
+    print(f"{cores} cores; ratios are medians of per-round ratios between rows run back to back")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in chosen:
+            folder = Path(tmp) / name
+            folder.mkdir()
+            rows, info = prepare(sets[name], folder, args.min_tokens, args.skip_peer)
+            run_rounds(rows, args.rounds, folder)
+            print_table(sets[name], rows, info)
 
 
 if __name__ == "__main__":

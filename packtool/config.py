@@ -312,6 +312,17 @@ PACKING_KEYS = {"strategy", "max_segments", "shuffle", "group_by"}
 OVERFLOW_KEYS = {"mode", "capacity"}
 MIXING_KEYS = {"by"}
 VALIDATION_KEYS = {"share", "samples"}
+# Every mapping of the config and the keys it takes, by its path as docs/config.md writes it.
+KEYS = {
+    "": TOP_KEYS,
+    "truncation": TRUNCATION_KEYS,
+    "packing": PACKING_KEYS,
+    "overflow": OVERFLOW_KEYS,
+    "mixing": MIXING_KEYS,
+    "validation": VALIDATION_KEYS,
+    "sources[]": SOURCE_KEYS,
+    "sources[].train": TRAIN_KEYS,
+}
 EXECUTORS = ("processes", "serial", "ray")
 
 # Settings users bring from TRL, axolotl and LLaMA-Factory, and where packtool keeps each.
@@ -337,7 +348,7 @@ PEER_KEYS = {
     **dict.fromkeys(("tokenizer_name", "tokenizer_name_or_path", "model_name_or_path", "base_model"), "'tokenizer'"),
     "chat_template": "'template'",
     "split": "sources[].split",
-    **dict.fromkeys(("default_system", "system_prompt"), "sources[].system"),
+    **dict.fromkeys(("default_system", "default_system_message", "system_prompt"), "sources[].system"),
     **dict.fromkeys(("dataset_exact_deduplication", "deduplicate", "dedupe"), "dedup: exact"),
 }
 SOURCE_PEER_KEYS = {
@@ -347,7 +358,7 @@ SOURCE_PEER_KEYS = {
     "tags": "'role_map'",
     "roles_to_train": "train.roles",
     **dict.fromkeys(("max_length", "sequence_len", "cutoff_len"), "the top-level 'capacity'"),
-    **dict.fromkeys(("default_system", "system_prompt"), "'system'"),
+    **dict.fromkeys(("default_system", "default_system_message", "system_prompt"), "'system'"),
     **dict.fromkeys(("deduplicate", "dedupe"), "dedup: exact"),
 }
 # Values other tools use for a packtool choice (format names above all).

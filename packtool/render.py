@@ -487,7 +487,16 @@ class ChatTemplate:
 
 def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:
     """The configured template, or None when every source is plain text (no template is needed)."""
-    if all(source.format == "text" for source in config.sources):
+    formats = {source.format for source in config.sources}
+    if formats <= {"text"}:
+        return None
+    if (
+        formats <= {"text", "prompt_completion"}
+        and config.template == "model"
+        and not tokenizer_config.get("chat_template")
+    ):
+        # TRL's string prompt-completion is plain text, often for a base model whose tokenizer has no chat
+        # template; a message-list record of such a source is then rejected on its own (template_error)
         return None
     return load_template(config.template, tokenizer_config, config.template_vars)
 

@@ -154,3 +154,21 @@ def test_a_build_failing_on_rejects_names_the_first_three_and_keeps_them_all(tmp
     write_jsonl([_chat(0)])
     assert CliRunner().invoke(main, ["build", str(write_config(raw)), "-q"]).exit_code == 0
     assert not path.exists()
+
+
+def test_string_prompt_completion_needs_no_chat_template(tmp_path, write_config, write_jsonl):
+    """A base model's tokenizer has no chat_template; TRL trains its string prompt-completion data all the same."""
+    tokenizer = tmp_path / "base"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_bytes((QUICKSTART / "tokenizer" / "tokenizer.json").read_bytes())
+    settings = json.loads((QUICKSTART / "tokenizer" / "tokenizer_config.json").read_text())
+    settings.pop("chat_template")
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(settings))
+    chat = {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}
+    write_jsonl([{"prompt": "Once", "completion": " upon a time"}, chat])
+    raw = _raw({"name": "pc", "path": "data.jsonl", "format": "prompt_completion"}, on_error="skip")
+    built = build(load_config(write_config({**raw, "tokenizer": str(tokenizer)})))
+    assert built.manifest["accounting"]["pc"]["kept"] == 1
+    assert built.manifest["accounting"]["pc"]["rejected"] == {"template_error": 1}
+    ((text, trained),) = _segments(tmp_path / "out").values()
+    assert trained == " upon a time" + settings["eos_token"] and text == "Once" + trained

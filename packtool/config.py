@@ -3,13 +3,14 @@
     sources:                       # one or more named sources
       - name: chat
         path: data/chat-*.jsonl    # a file, a glob, or a list of them; relative to this file
-        format: messages           # messages | sharegpt | alpaca | text
+        format: messages           # messages | sharegpt | alpaca | text | prompt_completion | preference | group
     tokenizer: tokenizer/          # tokenizer.json, or a folder with tokenizer.json + tokenizer_config.json
     template: model                # a bundled name, `model`, or a .jinja file
     capacity: 2048
     output: out/
 
-Problems are collected with their YAML path (`sources[1].format: ...`) and raised together as
+Every key, its default and whether it is required: docs/config.md (tests/test_config_doc.py checks it against
+`KEYS` and the parser). Problems are collected with their YAML path (`sources[1].format: ...`) and raised together as
 one `ConfigError`, so a user fixes a config in one pass instead of one error per run.
 """
 

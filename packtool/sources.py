@@ -245,10 +245,10 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
         return
     part = batch.slice(lo, hi - lo)
     check = any(_may_hold_nul(column) for column in part.columns)
-    nested = [f for f in part.schema if _holds_json_or_struct(f)]
+    readers = {f.name: read for f in part.schema if (read := _cell_reader(f)) is not None}
     for row, record in enumerate(part.to_pylist(), start=first + lo):
-        if nested:
-            record = _from_arrow_columns(record, nested)
+        if readers:
+            record = _as_json_record(record, readers)
         yield row, _checked(record) if check and not isinstance(record, RecordError) else record
 
 
@@ -256,6 +256,7 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
 # tool `parameters`) as the canonical `arrow.json` extension: JSON text, one value per cell.
 _JSON_EXTENSION = "arrow.json"
 _EXTENSION_KEY = b"ARROW:extension:name"  # how a pyarrow that does not know the extension still names it
+CellReader = Callable[[Any], Any]
 
 
 def _is_json(field: pa.Field) -> bool:
@@ -265,48 +266,67 @@ def _is_json(field: pa.Field) -> bool:
     return (field.metadata or {}).get(_EXTENSION_KEY) == _JSON_EXTENSION.encode()
 
 
-def _children(field: pa.Field) -> list[pa.Field]:
+def _cell_reader(field: pa.Field) -> CellReader | None:
+    """How a cell of `field` becomes the JSON value it was written from; None when to_pylist gives it already.
+
+    `arrow.json` text is parsed, and a struct's null fields are absent: an Arrow struct has a slot for every
+    key any row had, and a row without the key holds null there, which a chat template would print (a tool's
+    parameters with `"default": null`). Built once per column, so a cell costs only what it needs.
+    """
     kind = field.type
+    if _is_json(field):
+        return _json_cell
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return [kind.value_field]
+        item = _cell_reader(kind.value_field)
+        return None if item is None else partial(_list_cell, item)
     if pa.types.is_struct(kind):
-        return [kind.field(i) for i in range(kind.num_fields)]
-    return []
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        readers = {f.name: read for f in fields if (read := _cell_reader(f)) is not None}
+        return partial(_struct_cell, readers)
+    return None
 
 
-def _holds_json_or_struct(field: pa.Field) -> bool:
-    """Whether a column's values need `_from_arrow`: JSON text to parse, or struct fields that may be null."""
-    return _is_json(field) or pa.types.is_struct(field.type) or any(map(_holds_json_or_struct, _children(field)))
+def _json_cell(value: str | None) -> Any:
+    return None if value is None else _embedded_json(value, "JSON value", "")
 
 
-def _from_arrow_columns(record: dict, fields: list[pa.Field]) -> dict | RecordError:
-    try:
-        for field in fields:
-            record[field.name] = _from_arrow(record[field.name], field, field.name)
-    except RecordError as error:
-        return error
-    return record
-
-
-def _from_arrow(value: Any, field: pa.Field, path: str) -> Any:
-    """A cell as the JSON record it was written from: `arrow.json` text parsed, and a struct's null fields
-    absent (an Arrow struct has a slot for every key any row had; a row without the key holds null there,
-    which a chat template would print, e.g. as `"default": null` in a tool's parameters)."""
+def _list_cell(item: CellReader, value: list | None) -> list | None:
     if value is None:
         return None
-    if _is_json(field):
-        return _embedded_json(value, "JSON value", path)
-    kind = field.type
-    if pa.types.is_struct(kind):
-        return {
-            child.name: _from_arrow(value[child.name], child, f"{path}.{child.name}")
-            for child in _children(field)
-            if value[child.name] is not None
-        }
-    children = _children(field)
-    if children and _holds_json_or_struct(children[0]):
-        return [_from_arrow(item, children[0], f"{path}[{i}]") for i, item in enumerate(value)]
-    return value
+    out = []
+    for i, cell in enumerate(value):
+        try:
+            out.append(item(cell))
+        except RecordError as error:
+            error.field = f"[{i}]{error.field}"  # the path is built only for a record that fails
+            raise
+    return out
+
+
+def _struct_cell(readers: dict[str, CellReader], value: dict | None) -> dict | None:
+    if value is None or (not readers and None not in value.values()):
+        return value  # the common case: a message struct with every field set
+    out = {}
+    for name, cell in value.items():
+        if cell is None:
+            continue
+        read = readers.get(name)
+        try:
+            out[name] = cell if read is None else read(cell)
+        except RecordError as error:
+            error.field = f".{name}{error.field}"
+            raise
+    return out
+
+
+def _as_json_record(record: dict, readers: dict[str, CellReader]) -> dict | RecordError:
+    for name, read in readers.items():
+        try:
+            record[name] = read(record[name])
+        except RecordError as error:
+            error.field = f"{name}{error.field}"
+            return error
+    return record
 
 
 def _may_hold_nul(array: pa.Array) -> bool:

@@ -337,8 +337,10 @@ def _fit(
     for first, end, kept in _duplicates(config, readers, bases, source, starts, trains):
         trains[first:end] = False  # a pair or group goes whole
         p = int(np.searchsorted(bases, kept, side="right") - 1)
-        kept_id, kept_at = readers[p].get(kept - int(bases[p])).example_id, readers[p].location(kept - int(bases[p]))
-        drop(first, "duplicate", f"same tokens and targets as {kept_id!r} ({kept_at}), kept", duplicate_of=kept_id)
+        kept_row = kept - int(bases[p])
+        kept_id = readers[p].get(kept_row).example_id
+        detail = f"same tokens and targets as {kept_id!r} ({readers[p].location(kept_row)}), which is kept"
+        drop(first, "duplicate", detail, duplicate_of=kept_id)
     whole = trains & ~cut
 
     piece_rows: list[tuple[int, int, int, int, int]] = []  # (global row, piece number, piece ref, length, offset)
@@ -428,6 +430,7 @@ def _duplicates(
         return []
     opens = np.flatnonzero(starts)
     closes = np.append(opens[1:], len(starts))
+    partition_of = np.repeat(np.arange(len(readers)), np.diff(bases)).tolist()
     kept: dict[Any, int] = {}
     found = []
     for first, end in zip(opens.tolist(), closes.tolist()):
@@ -435,7 +438,7 @@ def _duplicates(
             continue
         digest = hashlib.blake2b(digest_size=16)
         for g in range(first, end):
-            p = int(np.searchsorted(bases, g, side="right") - 1)
+            p = partition_of[g]
             sample = readers[p].get(g - int(bases[p]))
             digest.update(repr((len(sample.input_ids), sample.role)).encode())
             digest.update(sample.input_ids.tobytes())

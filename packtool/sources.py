@@ -787,15 +787,17 @@ def from_prompt_completion(record: dict, source: SourceConfig, example_id: str, 
 def with_system(parsed: Parsed, system: str) -> Parsed:
     """The source's default system prompt put first when a conversation has no system message.
 
-    Text documents (format: text, string prompt-completion and string pairs) have no conversation to add it to.
+    It is context, never a target (the config wrote it, not the data), whatever `train.roles` says. Text
+    documents (format: text, string prompt-completion and string pairs) have no conversation to add it to.
     """
+    default = Message("system", system, train=False)
     if isinstance(parsed, Example):
         if parsed.is_text or any(m.role == "system" for m in parsed.messages):
             return parsed
-        return replace(parsed, messages=(Message("system", system), *parsed.messages))
+        return replace(parsed, messages=(default, *parsed.messages))
     if parsed.is_text or any(m.role == "system" for m in parsed.prompt):
         return parsed
-    return replace(parsed, prompt=(Message("system", system, train=False), *parsed.prompt))
+    return replace(parsed, prompt=(default, *parsed.prompt))
 
 
 def _canonical_columns(record: dict, source: SourceConfig) -> dict:

@@ -311,7 +311,7 @@ def test_the_default_system_prompt_goes_first_only_where_there_is_none(write_jso
     ]
     src = replace(source("messages", write_jsonl(rows)), system="Be brief.")
     plain, own = read_source(src)
-    assert [(m.role, m.content) for m in plain.messages][:2] == [("system", "Be brief."), ("user", "q")]
+    assert plain.messages[:2] == (Message("system", "Be brief.", train=False), Message("user", "q"))
     assert own.messages[0].content == "own" and len(own.messages) == 3
     assert plain.sample_hash == record_hash(rows[0])  # provenance is the record as read
 

@@ -71,15 +71,23 @@ def test_prompt_completion_trains_only_the_completion(tmp_path, write_config, wr
                 "prompt": [{"role": "system", "content": "Terse."}, {"role": "user", "content": "2+2?"}],
                 "completion": [{"role": "assistant", "content": "4"}],
             },
+            {
+                "id": "n",
+                "prompt": [{"role": "user", "content": "3+3?"}],
+                "completion": [{"role": "assistant", "content": "6"}],
+            },
         ]
     )
-    # the prompt stays context even when the policy trains user turns
+    # the prompt and the default system prompt stay context even when the policy trains every role
     source = {"name": "pc", "path": "data.jsonl", "format": "prompt_completion", "fields": {"id": "id"}}
-    build(load_config(write_config({**_raw({**source, "train": {"roles": ["user", "assistant"]}})})))
+    train = {"roles": ["system", "user", "assistant"]}
+    build(load_config(write_config({**_raw({**source, "train": train, "system": "Default."})})))
     segments = _segments(tmp_path / "out")
     assert segments["s"] == ("The sky is blue.<|im_end|>", " blue.<|im_end|>")  # as format: text ends: with EOS
     text, trained = segments["m"]
     assert text.startswith("<|im_start|>system\nTerse.<|im_end|>") and trained == "4<|im_end|>"
+    text, trained = segments["n"]
+    assert text.startswith("<|im_start|>system\nDefault.<|im_end|>") and trained == "6<|im_end|>"
 
 
 def test_a_default_system_prompt_is_applied_counted_in_the_config_and_keys_the_cache(

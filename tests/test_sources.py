@@ -330,3 +330,14 @@ def test_the_default_system_prompt_reaches_pair_prompts_but_not_text(write_jsonl
         replace(source("prompt_completion", write_jsonl([{"prompt": "a", "completion": "b"}])), system="S")
     )
     assert text.text == "ab"
+
+
+def test_a_json_column_is_known_by_its_field_metadata_too(tmp_path):
+    """How a file names the extension on disk: what a pyarrow that does not know `arrow.json` (before 19) reads."""
+    named = pa.field(
+        "messages", pa.list_(pa.field("item", pa.string(), metadata={"ARROW:extension:name": "arrow.json"}))
+    )
+    cells = [['{"role": "user", "content": "q"}', '{"role": "assistant", "content": "a"}']]
+    table = pa.Table.from_arrays([pa.array(cells, named.type)], schema=pa.schema([named]))
+    (example,) = read_source(source("messages", _write_stream(tmp_path / "old.arrow", table)))
+    assert [m.content for m in example.messages] == ["q", "a"]

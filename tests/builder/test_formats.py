@@ -131,6 +131,7 @@ def test_exact_dedup_keeps_the_first_in_source_order_and_counts_the_rest(tmp_pat
     assert all(r["reason"] == "duplicate" and r["detail"].startswith("same tokens") for r in rejects)
     assert sorted(_segments(tmp_path / "out")) == sorted({"a0", "a1", "b1"} | ({"b0"} if scope == "source" else set()))
     assert verify(tmp_path / "out").ok  # read == kept + rejected + dropped, rejects.jsonl agrees
+    assert "dropped.duplicate=1" in CliRunner().invoke(main, ["stats", str(tmp_path / "out")]).output
 
 
 def test_dedup_is_a_plan_setting_that_reencodes_nothing(tmp_path, write_config, write_jsonl):

@@ -181,3 +181,19 @@ def test_string_prompt_completion_needs_no_chat_template(tmp_path, write_config,
     assert built.manifest["accounting"]["pc"]["rejected"] == {"template_error": 1}
     ((text, trained),) = _segments(tmp_path / "out").values()
     assert trained == " upon a time" + settings["eos_token"] and text == "Once" + trained
+
+
+def test_a_repeated_pair_is_dropped_whole(tmp_path, write_config, write_jsonl):
+    def pair(i: int) -> dict:
+        return {
+            "prompt": [{"role": "user", "content": f"question {i}?"}],
+            "chosen": [{"role": "assistant", "content": "good"}],
+            "rejected": [{"role": "assistant", "content": "bad"}],
+        }
+
+    write_jsonl([pair(0), pair(1), pair(0)])
+    source = {"name": "pairs", "path": "data.jsonl", "format": "preference", "dedup": "exact"}
+    accounting = build(load_config(write_config(_raw(source)))).manifest["accounting"]["pairs"]
+    assert accounting["kept"] == 2 and accounting["dropped"] == {"duplicate": 1}
+    assert accounting["segments"] == 4  # both sides of each kept pair, none of the repeat
+    assert verify(tmp_path / "out").ok

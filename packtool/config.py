@@ -3,13 +3,14 @@
     sources:                       # one or more named sources
       - name: chat
         path: data/chat-*.jsonl    # a file, a glob, or a list of them; relative to this file
-        format: messages           # messages | sharegpt | alpaca | text
+        format: messages           # messages | sharegpt | alpaca | text | prompt_completion | preference | group
     tokenizer: tokenizer/          # tokenizer.json, or a folder with tokenizer.json + tokenizer_config.json
     template: model                # a bundled name, `model`, or a .jinja file
     capacity: 2048
     output: out/
 
-Problems are collected with their YAML path (`sources[1].format: ...`) and raised together as
+Every key, its default and whether it is required: docs/config.md (tests/test_config_doc.py checks it against
+`KEYS` and the parser). Problems are collected with their YAML path (`sources[1].format: ...`) and raised together as
 one `ConfigError`, so a user fixes a config in one pass instead of one error per run.
 """
 
@@ -37,7 +38,7 @@ from packtool.truncate import STRATEGIES
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
-FORMATS = ("messages", "sharegpt", "alpaca", "text", "preference", "group")
+FORMATS = ("messages", "sharegpt", "alpaca", "text", "prompt_completion", "preference", "group")
 # Formats whose records are items of several segments that train together (packtool.preference).
 ITEM_FORMATS = ("preference", "group")
 # How a pair's or group's shared prompt is shortened to fit one pack (packtool.preference.truncate_item).
@@ -47,6 +48,8 @@ TRUNCATION_STRATEGIES = tuple(STRATEGIES)
 PACKING_STRATEGIES = (*PACKERS, "stream")
 SPECIAL_TOKEN_POLICIES = ("escape", "keep", "reject")
 ERROR_POLICIES = ("fail", "skip")
+# `exact`: a record whose encoded tokens and targets equal an earlier one's is dropped as `duplicate`.
+DEDUP_MODES = ("exact",)
 
 # ShareGPT speaker names seen in the wild, mapped to OpenAI roles. `function_call` becomes an
 # assistant tool call and `observation` a tool result (LLaMA-Factory's convention).
@@ -74,6 +77,7 @@ DEFAULT_FIELDS = {
         "id": None,
     },
     "text": {"text": "text", "id": None},
+    "prompt_completion": {"prompt": "prompt", "completion": "completion", "tools": "tools", "id": None},
     # every shape of packtool.preference.pair_shape; a column absent from a record is simply not that shape
     "preference": {
         "conversations": "conversations",
@@ -118,6 +122,8 @@ class SourceConfig:
     truncation: str | None = None  # per-source override of the global strategy
     group: str | None = None  # packing group for group_by: source (defaults to the source name)
     max_samples: int | None = None  # read only the first N records (all files in order)
+    system: str | None = None  # the system prompt of a conversation that has none
+    dedup: str | None = None  # exact: drop repeats within this source (see BuildConfig.dedup for across sources)
     # resolved path -> the path as written/globbed in the config (relative to its folder when it was
     # relative): the FILE of every location and default id, so ids do not depend on where the data sits
     labels: dict[str, str] = field(default_factory=dict)
@@ -157,6 +163,7 @@ class BuildConfig:
     ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
     cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
     max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
+    dedup: str | None = None  # exact: drop repeats across all sources (the first in source order is kept)
     validation_share: float | None = None  # validation: {share: x}
     validation_samples: int | None = None  # validation: {samples: n}
     add_bos: bool | None = None  # None: the template decides; text documents get none
@@ -280,6 +287,7 @@ TOP_KEYS = {
     "cache",
     "max_reject_share",
     "validation",
+    "dedup",
 }
 SOURCE_KEYS = {
     "name",
@@ -295,8 +303,27 @@ SOURCE_KEYS = {
     "max_samples",
     "split",
     "revision",
+    "system",
+    "dedup",
 }
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
+# The keys of the settings that may be written as a mapping (docs/config.md lists them all; a test checks it).
+TRUNCATION_KEYS = {"strategy", "fallback", "items"}
+PACKING_KEYS = {"strategy", "max_segments", "shuffle", "group_by"}
+OVERFLOW_KEYS = {"mode", "capacity"}
+MIXING_KEYS = {"by"}
+VALIDATION_KEYS = {"share", "samples"}
+# Every mapping of the config and the keys it takes, by its path as docs/config.md writes it.
+KEYS = {
+    "": TOP_KEYS,
+    "truncation": TRUNCATION_KEYS,
+    "packing": PACKING_KEYS,
+    "overflow": OVERFLOW_KEYS,
+    "mixing": MIXING_KEYS,
+    "validation": VALIDATION_KEYS,
+    "sources[]": SOURCE_KEYS,
+    "sources[].train": TRAIN_KEYS,
+}
 EXECUTORS = ("processes", "serial", "ray")
 
 # Settings users bring from TRL, axolotl and LLaMA-Factory, and where packtool keeps each.
@@ -322,6 +349,8 @@ PEER_KEYS = {
     **dict.fromkeys(("tokenizer_name", "tokenizer_name_or_path", "model_name_or_path", "base_model"), "'tokenizer'"),
     "chat_template": "'template'",
     "split": "sources[].split",
+    **dict.fromkeys(("default_system", "default_system_message", "system_prompt"), "sources[].system"),
+    **dict.fromkeys(("dataset_exact_deduplication", "deduplicate", "dedupe"), "dedup: exact"),
 }
 SOURCE_PEER_KEYS = {
     **dict.fromkeys(("type", "formatting", "ds_type"), "'format'"),
@@ -330,6 +359,8 @@ SOURCE_PEER_KEYS = {
     "tags": "'role_map'",
     "roles_to_train": "train.roles",
     **dict.fromkeys(("max_length", "sequence_len", "cutoff_len"), "the top-level 'capacity'"),
+    **dict.fromkeys(("default_system", "default_system_message", "system_prompt"), "'system'"),
+    **dict.fromkeys(("deduplicate", "dedupe"), "dedup: exact"),
 }
 # Values other tools use for a packtool choice (format names above all).
 VALUE_ALIASES = {
@@ -337,7 +368,8 @@ VALUE_ALIASES = {
     "openai": "'messages'",
     "chat_template": "'messages'",
     "conversation": "'messages'",
-    "completion": "'text'",
+    "completion": "'text' (axolotl's completion: every token trained) or 'prompt_completion' (TRL's prompt + "
+    "completion columns: only the completion trained)",
     "pretrain": "'text'",
     "instruction": "'alpaca'",
 }
@@ -481,7 +513,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     if isinstance(truncation_raw, str):
         truncation = p.take(raw, "truncation", str, "", "right", choices=TRUNCATION_STRATEGIES)
     elif isinstance(truncation_raw, dict):
-        p.unknown_keys(truncation_raw, {"strategy", "fallback", "items"}, "truncation")
+        p.unknown_keys(truncation_raw, TRUNCATION_KEYS, "truncation")
         items = p.take(truncation_raw, "items", str, "truncation", "left", choices=ITEM_TRUNCATION)
         truncation = p.take(truncation_raw, "strategy", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
         fallback = p.take(truncation_raw, "fallback", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
@@ -497,7 +529,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     if isinstance(packing_raw, str):
         packing = p.take(raw, "packing", str, "", "bfd", choices=PACKING_STRATEGIES)
     elif isinstance(packing_raw, dict):
-        p.unknown_keys(packing_raw, {"strategy", "max_segments", "shuffle", "group_by"}, "packing")
+        p.unknown_keys(packing_raw, PACKING_KEYS, "packing")
         packing = p.take(packing_raw, "strategy", str, "packing", "bfd", choices=PACKING_STRATEGIES)
         max_segments = p.take(packing_raw, "max_segments", int, "packing", None)
         p.number("packing.max_segments", max_segments, 1, MAX_CAPACITY, "documents per pack; null for no limit")
@@ -517,7 +549,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     if isinstance(overflow_raw, str):
         overflow = p.take(raw, "overflow", str, "", "truncate", choices=("truncate", "bucket"))
     elif isinstance(overflow_raw, dict):
-        p.unknown_keys(overflow_raw, {"mode", "capacity"}, "overflow")
+        p.unknown_keys(overflow_raw, OVERFLOW_KEYS, "overflow")
         overflow = p.take(overflow_raw, "mode", str, "overflow", "truncate", choices=("truncate", "bucket"))
         overflow_capacity = p.take(overflow_raw, "capacity", int, "overflow", None)
         p.number("overflow.capacity", overflow_capacity, 2, 4 * MAX_CAPACITY, "tokens per overflow pack")
@@ -530,7 +562,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
             p.add("overflow.capacity", f"must exceed capacity {capacity}, got {overflow_capacity}")
 
     mixing_raw = p.take(raw, "mixing", dict, "", {})
-    p.unknown_keys(mixing_raw, {"by"}, "mixing")
+    p.unknown_keys(mixing_raw, MIXING_KEYS, "mixing")
     mix_by = p.take(mixing_raw, "by", str, "mixing", "multiplier", choices=("multiplier", "samples", "tokens"))
 
     seed = p.take(raw, "seed", int, "", 0)
@@ -575,6 +607,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         ray_address=ray_address,
         cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
         max_reject_share=max_reject_share,
+        dedup=p.take(raw, "dedup", str, "", None, choices=DEDUP_MODES),
         validation_share=validation_share,
         validation_samples=validation_samples,
         add_bos=p.take(raw, "add_bos", bool, "", None),
@@ -613,7 +646,7 @@ def _validation(value: Any, p: _Problems) -> tuple[float | None, int | None]:
     """`validation: {share: 0.01}` or `{samples: 500}`: exactly one of the two."""
     if value is None:
         return None, None
-    if not isinstance(value, dict) or len(value) != 1 or not set(value) <= {"share", "samples"}:
+    if not isinstance(value, dict) or len(value) != 1 or not set(value) <= VALIDATION_KEYS:
         p.add("validation", f"expected {{share: 0.01}} or {{samples: 500}}, got {value!r}")
         return None, None
     share = p.take(value, "share", float, "validation", None)
@@ -748,6 +781,9 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
     weight = p.take(item, "weight", float, where, 1.0)
     if weight is not None and not (math.isfinite(weight) and weight > 0):
         p.add(f"{where}.weight", f"must be a positive finite number, got {weight}")
+    system = p.take(item, "system", str, where, None)
+    if system is not None and fmt == "text":
+        p.add(f"{where}.system", "format: text has no conversation to put a system prompt in; remove it")
     return SourceConfig(
         name=name,
         paths=tuple(files),
@@ -761,6 +797,8 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
         truncation=p.take(item, "truncation", str, where, None, choices=TRUNCATION_STRATEGIES),
         group=p.take(item, "group", str, where, None),
         max_samples=max_samples,
+        system=system,
+        dedup=p.take(item, "dedup", str, where, None, choices=DEDUP_MODES),
         labels=files,
     )
 

@@ -70,7 +70,7 @@ class Example:
     """One input record in canonical form.
 
     A chat example has `messages`; a plain-text example has `text` and no messages (every token
-    is a target). `sample_hash` is the sha256 of the raw record, so provenance survives any
+    after its `context_chars` is a target). `sample_hash` is the sha256 of the raw record, so provenance survives any
     re-rendering.
     """
 
@@ -81,10 +81,14 @@ class Example:
     tools: tuple[dict[str, Any], ...] | None = None
     text: str | None = None
     location: str = ""  # "file:row", for error messages
+    # text only: its first N characters are a prompt, context that is not trained (prompt-completion strings)
+    context_chars: int = 0
 
     def __post_init__(self) -> None:
         if (self.text is None) == (not self.messages):
             raise ValueError(f"example {self.id!r} must have either text or messages, not both or neither")
+        if self.context_chars and not 0 < self.context_chars < len(self.text or ""):
+            raise ValueError(f"example {self.id!r}: context_chars {self.context_chars} must lie inside its text")
 
     @property
     def is_text(self) -> bool:

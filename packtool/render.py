@@ -487,7 +487,16 @@ class ChatTemplate:
 
 def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:
     """The configured template, or None when every source is plain text (no template is needed)."""
-    if all(source.format == "text" for source in config.sources):
+    formats = {source.format for source in config.sources}
+    if formats <= {"text"}:
+        return None
+    if (
+        formats <= {"text", "prompt_completion"}
+        and config.template == "model"
+        and not tokenizer_config.get("chat_template")
+    ):
+        # TRL's string prompt-completion is plain text, often for a base model whose tokenizer has no chat
+        # template; a message-list record of such a source is then rejected on its own (template_error)
         return None
     return load_template(config.template, tokenizer_config, config.template_vars)
 
@@ -605,19 +614,19 @@ def trained_messages(messages: tuple[Message, ...], policy: TrainPolicy) -> list
 
 
 def render_text(example: Example, special_tokens: dict[str, str], *, add_bos: bool, add_eos: bool) -> Rendered:
-    """A plain document: every character is a target; BOS/EOS strings are structure, not content."""
+    """A plain document: every character is a target, but a prompt's (`context_chars`); BOS/EOS strings
+    are structure, not content, and EOS is trained as the document's end."""
     document = example.text or ""
     bos = special_tokens.get("bos_token", "") if add_bos else ""
     eos = special_tokens.get("eos_token", "") if add_eos else ""
     text = f"{bos}{document}{eos}"
     content = (len(bos), len(bos) + len(document))
-    return Rendered(
-        example=example,
-        text=text,
-        spans=(Span(content[0], content[1], -1, "text", True),),
-        content_ranges=(content,),
-        target_ranges=((0, len(text), -1),),
-    )
+    if not example.context_chars:
+        spans: tuple[Span, ...] = (Span(content[0], content[1], -1, "text", True),)
+        return Rendered(example, text, spans, content_ranges=(content,), target_ranges=((0, len(text), -1),))
+    answer = content[0] + example.context_chars
+    spans = (Span(content[0], answer, -1, "text", False), Span(answer, content[1], -1, "text", True))
+    return Rendered(example, text, spans, content_ranges=(content,), target_ranges=((answer, len(text), -1),))
 
 
 def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -> Rendered:

@@ -16,6 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from itertools import chain, islice
 from typing import TYPE_CHECKING, Any, Union
@@ -138,7 +139,8 @@ def _example(
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
         example_id = _example_id(record, source, default_id)
-        return adapter(record, source, example_id, f"{label}:{n}")
+        parsed = adapter(record, source, example_id, f"{label}:{n}")
+        return parsed if source.system is None else with_system(parsed, source.system)
     except RecordError as error:
         error.file, error.row = label, n
         error.sample_id = default_id
@@ -243,8 +245,88 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
         return
     part = batch.slice(lo, hi - lo)
     check = any(_may_hold_nul(column) for column in part.columns)
+    readers = {f.name: read for f in part.schema if (read := _cell_reader(f)) is not None}
     for row, record in enumerate(part.to_pylist(), start=first + lo):
-        yield row, _checked(record) if check else record
+        if readers:
+            record = _as_json_record(record, readers)
+        yield row, _checked(record) if check and not isinstance(record, RecordError) else record
+
+
+# datasets >= 4 stores its `Json` feature (values no Arrow type fits: messages whose keys differ,
+# tool `parameters`) as the canonical `arrow.json` extension: JSON text, one value per cell.
+_JSON_EXTENSION = "arrow.json"
+_EXTENSION_KEY = b"ARROW:extension:name"  # how a pyarrow that does not know the extension still names it
+CellReader = Callable[[Any], Any]
+
+
+def _is_json(field: pa.Field) -> bool:
+    kind = field.type
+    if isinstance(kind, pa.BaseExtensionType):
+        return kind.extension_name == _JSON_EXTENSION
+    return (field.metadata or {}).get(_EXTENSION_KEY) == _JSON_EXTENSION.encode()
+
+
+def _cell_reader(field: pa.Field) -> CellReader | None:
+    """How a cell of `field` becomes the JSON value it was written from; None when to_pylist gives it already.
+
+    `arrow.json` text is parsed, and a struct's null fields are absent: an Arrow struct has a slot for every
+    key any row had, and a row without the key holds null there, which a chat template would print (a tool's
+    parameters with `"default": null`). Built once per column, so a cell costs only what it needs.
+    """
+    kind = field.type
+    if _is_json(field):
+        return _json_cell
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        item = _cell_reader(kind.value_field)
+        return None if item is None else partial(_list_cell, item)
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        readers = {f.name: read for f in fields if (read := _cell_reader(f)) is not None}
+        return partial(_struct_cell, readers)
+    return None
+
+
+def _json_cell(value: str | None) -> Any:
+    return None if value is None else _embedded_json(value, "JSON value", "")
+
+
+def _list_cell(item: CellReader, value: list | None) -> list | None:
+    if value is None:
+        return None
+    out = []
+    for i, cell in enumerate(value):
+        try:
+            out.append(item(cell))
+        except RecordError as error:
+            error.field = f"[{i}]{error.field}"  # the path is built only for a record that fails
+            raise
+    return out
+
+
+def _struct_cell(readers: dict[str, CellReader], value: dict | None) -> dict | None:
+    if value is None or (not readers and None not in value.values()):
+        return value  # the common case: a message struct with every field set
+    out = {}
+    for name, cell in value.items():
+        if cell is None:
+            continue
+        read = readers.get(name)
+        try:
+            out[name] = cell if read is None else read(cell)
+        except RecordError as error:
+            error.field = f".{name}{error.field}"
+            raise
+    return out
+
+
+def _as_json_record(record: dict, readers: dict[str, CellReader]) -> dict | RecordError:
+    for name, read in readers.items():
+        try:
+            record[name] = read(record[name])
+        except RecordError as error:
+            error.field = f"{name}{error.field}"
+            return error
+    return record
 
 
 def _may_hold_nul(array: pa.Array) -> bool:
@@ -581,6 +663,12 @@ def _message(raw: Any) -> Message:
 
 
 def _messages(raw_messages: list, column: str) -> tuple[Message, ...]:
+    messages = _message_list(raw_messages, column)
+    _check_conversation(messages, column)
+    return tuple(messages)
+
+
+def _message_list(raw_messages: list, column: str) -> list[Message]:
     messages = []
     for i, raw in enumerate(raw_messages):
         try:
@@ -588,8 +676,7 @@ def _messages(raw_messages: list, column: str) -> tuple[Message, ...]:
         except RecordError as error:
             error.field = f"{column}[{i}]{error.field}"  # the path is built only for a record that fails
             raise
-    _check_conversation(messages, column)
-    return tuple(messages)
+    return messages
 
 
 def _check_conversation(messages: list[Message], column: str) -> None:
@@ -659,6 +746,60 @@ def from_text(record: dict, source: SourceConfig, example_id: str, location: str
     return Example(example_id, source.name, record_hash(record), text=text, location=location)
 
 
+def from_prompt_completion(record: dict, source: SourceConfig, example_id: str, location: str) -> Example:
+    """TRL's prompt-completion record: `prompt` and `completion`, both strings or both lists of messages.
+
+    Only the completion is trained. Strings are a text document, as TRL tokenizes them: prompt text then
+    completion text, no chat template, ending with EOS (as `format: text` does) which is trained with the
+    completion. Messages go through the chat template; the completion's assistant messages are the targets
+    (its tool results stay context), the prompt is context whatever `train.roles` says.
+    """
+    prompt = _get(record, source, "prompt", (str, list), required=True)
+    completion = _get(record, source, "completion", (str, list), required=True)
+    prompt_column, completion_column = source.fields["prompt"] or "prompt", source.fields["completion"] or "completion"
+    if isinstance(prompt, str) != isinstance(completion, str):
+        raise RecordError(
+            f"prompt is {_kind(type(prompt))} but completion is {_kind(type(completion))}: both must be strings "
+            "(plain text) or both lists of messages (a conversation)",
+            field=completion_column,
+        )
+    if isinstance(prompt, str):
+        if not completion:
+            raise RecordError("empty completion: nothing to train", field=completion_column)
+        return Example(
+            example_id,
+            source.name,
+            record_hash(record),
+            text=prompt + completion,
+            context_chars=len(prompt),
+            location=location,
+        )
+    context = _message_list(prompt, prompt_column)  # a prompt may be a system message alone
+    answer = _message_list(completion, completion_column)
+    if not any(m.role == "assistant" for m in answer):
+        raise RecordError("the completion has no assistant message: nothing to train", field=completion_column)
+    messages = tuple(replace(m, train=False) for m in context) + tuple(
+        replace(m, train=m.role == "assistant") for m in answer
+    )
+    return Example(example_id, source.name, record_hash(record), messages, _tools(record, source), location=location)
+
+
+def with_system(parsed: Parsed, system: str) -> Parsed:
+    """The source's default system prompt put first when a conversation has no system message.
+
+    It is context, never a target (the config wrote it, not the data), whatever `train.roles` says. Text
+    documents (format: text, string prompt-completion and string pairs) have no conversation to add it to.
+    """
+    default = Message("system", system, train=False)
+    if isinstance(parsed, Example):
+        if parsed.is_text or any(m.role == "system" for m in parsed.messages):
+            return parsed
+        return replace(parsed, messages=(default, *parsed.messages))
+    if parsed.is_text or any(m.role == "system" for m in parsed.prompt):
+        return parsed
+    return replace(parsed, prompt=(default, *parsed.prompt))
+
+
 def _canonical_columns(record: dict, source: SourceConfig) -> dict:
     """The record with its configured columns under the names packtool.preference reads (`fields` remaps them)."""
     renamed = {key: record[column] for key, column in source.fields.items() if column and column in record}
@@ -691,6 +832,7 @@ ADAPTERS: dict[str, Adapter] = {
     "sharegpt": from_sharegpt,
     "alpaca": from_alpaca,
     "text": from_text,
+    "prompt_completion": from_prompt_completion,
     "preference": from_preference,
     "group": from_group,
 }

@@ -251,3 +251,29 @@ def test_preference_records_are_read_as_pairs_with_remapped_columns(tmp_path, wr
     assert isinstance(pair, PreferencePair) and pair.id == "dpo:pairs.jsonl:1"
     assert pair.chosen[0].content == "4" and pair.rejected[0].content == "5"
     assert isinstance(bad, RecordError) and bad.row == 2 and bad.sample_id == "dpo:pairs.jsonl:2"
+
+
+def test_system_dedup_and_prompt_completion_are_validated(tmp_path, write_config):
+    raw = _base(tmp_path)
+    raw["sources"][0].update(system="Be brief.", dedup="fuzzy")
+    raw["sources"].append({"name": "pc", "path": "data.jsonl", "format": "completion", "system": 3})
+    raw["dedup"] = True
+    raw["dataset_exact_deduplication"] = True
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(raw))
+    message = str(info.value)
+    for expected in [
+        "sources[0].system: format: text has no conversation to put a system prompt in",
+        "sources[0].dedup: 'fuzzy' is not one of exact",
+        "sources[1].format: 'completion' is not one of",
+        "packtool calls this 'text' (axolotl's completion: every token trained) or 'prompt_completion'",
+        "sources[1].system: expected a string",
+        "dedup: expected a string, got True",
+        "dataset_exact_deduplication: unknown key; packtool calls this dedup: exact",
+    ]:
+        assert expected in message
+    raw = _base(tmp_path)
+    raw["sources"][0].update(format="prompt_completion", system="Be brief.", dedup="exact")
+    config = load_config(write_config({**raw, "dedup": "exact"}))
+    assert config.sources[0].system == "Be brief." and config.sources[0].dedup == "exact" and config.dedup == "exact"
+    assert config.sources[0].fields == {"prompt": "prompt", "completion": "completion", "tools": "tools", "id": None}

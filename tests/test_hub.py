@@ -24,14 +24,14 @@ CHAT = [
 ]
 
 
-def _build(tmp_path: Path, source: dict, tokenizer: str | None = None) -> dict:
+def _build(tmp_path: Path, source: dict, tokenizer: str | None = None, capacity: int = 256) -> dict:
     config = tmp_path / "config.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "sources": [{"name": "chat", "format": "messages", **source}],
                 "tokenizer": tokenizer or str(QUICKSTART / "tokenizer"),
-                "capacity": 256,
+                "capacity": capacity,
                 "output": "out",
                 "workers": 1,
             }
@@ -180,3 +180,42 @@ def test_a_name_not_in_the_cache_is_one_line_saying_where_it_looked(tmp_path, ca
         assert result.exit_code == 1 and "Traceback" not in result.output
         (line,) = result.output.strip().splitlines()
         assert expected in line
+
+
+def _token_rows(out: Path) -> list[tuple[str, list[int], list[int]]]:
+    """(sample id, tokens, labels) of every segment, in id order: what a build trains, wherever it read it."""
+    found = []
+    manifest = json.loads((out / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        for row in pq.read_table(out / shard["file"]).to_pylist():
+            bounds = row["cu_seqlens"]
+            for k, sample_id in enumerate(row["sample_ids"]):
+                span = slice(bounds[k], bounds[k + 1])
+                found.append((sample_id, row["input_ids"][span], row["labels"][span]))
+    return sorted(found)
+
+
+def test_chat_with_tool_calls_saved_by_the_installed_datasets_builds_as_its_json_lines(tmp_path, cache):
+    """datasets >= 4 stores messages whose keys differ (tool calls in some, not in others) as its Json feature,
+    the `arrow.json` extension; every place it writes them builds to the tokens the JSON Lines give."""
+    datasets = pytest.importorskip("datasets")
+    lines = (QUICKSTART / "chat.jsonl").read_text().splitlines()[:200]
+    records = [json.loads(line) for line in lines]
+    assert any("tool_calls" in m for r in records for m in r["messages"])
+    assert any(all("tool_calls" not in m for m in r["messages"]) for r in records)
+    (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n")
+    loaded = datasets.load_dataset("json", data_files=str(tmp_path / "chat.jsonl"), cache_dir=str(tmp_path / "hf"))
+    loaded["train"].save_to_disk(str(tmp_path / "saved"))
+    loaded["train"].to_parquet(str(tmp_path / "train.parquet"))
+    _cache_repo(cache, "datasets", "org/chat", {"data/train.parquet": (tmp_path / "train.parquet").read_bytes()})
+    (datasets_cache,) = (tmp_path / "hf").rglob("*-train.arrow")  # load_dataset's own cache file
+    assert "Json" in str(loaded["train"].features["messages"])  # what made packtool reject every row
+
+    def tokens(path: str) -> list:
+        manifest = _build(tmp_path, {"path": path, "fields": {"id": "id"}}, capacity=2048)
+        assert manifest["accounting"]["chat"]["read"] == 200 and manifest["rejects"]["count"] == 0
+        return _token_rows(tmp_path / "out")
+
+    expected = tokens("chat.jsonl")
+    for path in ("saved", str(datasets_cache), "org/chat"):
+        assert tokens(path) == expected, path

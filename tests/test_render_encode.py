@@ -820,3 +820,13 @@ def test_the_manifest_lists_what_the_template_injects(tmp_path, write_config, wr
     )
     injects = build(config).manifest["template"]["injects"]
     assert injects == ["You are Qwen, created by Alibaba Cloud. You are a helpful assistant."]
+
+
+def test_a_text_prompt_is_context_and_the_completion_with_eos_is_trained():
+    tokenizer, _ = quickstart()
+    example = Example("pc:0", "pc", "h", text="The sky is blue.", context_chars=len("The sky is"))
+    rendered = render_text(example, {"eos_token": "<|im_end|>"}, add_bos=False, add_eos=True)
+    (sample,) = encode_batch([(rendered, "escape")], tokenizer)
+    assert target_text(tokenizer, sample) == " blue.<|im_end|>"
+    assert tokenizer.tokenizer.decode(sample.input_ids[~sample.targets].tolist()) == "The sky is"
+    assert (sample.roles == ROLE_CODES["text"]).all()

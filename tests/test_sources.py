@@ -13,6 +13,7 @@ from support import shared
 
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
+from packtool.records import Message
 from packtool.sources import _suspect, _text_problem, read_file, read_source, record_hash, source_files
 
 
@@ -193,3 +194,150 @@ def test_yaml_dates_in_the_config_stay_json(tmp_path, write_jsonl):
     )
     loaded = load_config(config)
     assert loaded.template_vars["date"] == "2026-03-01" and '"2026-03-01"' in canonical_json(loaded.raw)
+
+
+def _write_stream(path: Path, table: pa.Table) -> Path:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return path
+
+
+def _json_cells(values: list) -> pa.Array:
+    """An `arrow.json` extension array, as datasets' `Json` feature stores values: JSON text per cell."""
+    return pa.ExtensionArray.from_storage(pa.json_(), pa.array([None if v is None else json.dumps(v) for v in values]))
+
+
+def test_arrow_json_extension_cells_are_parsed_also_inside_lists_and_structs(tmp_path):
+    first = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+    ]
+    second = [{"role": "user", "content": "yo"}, {"role": "assistant", "content": "ok"}]
+    messages = pa.ListArray.from_arrays(pa.array([0, 2, 4], pa.int32()), _json_cells(first + second))
+    parameters = _json_cells([{"type": "object", "properties": {"x": {"type": "integer"}}}, None])
+    function = pa.StructArray.from_arrays([pa.array(["f", "g"]), parameters], names=["name", "parameters"])
+    tools = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2], pa.int32()), pa.StructArray.from_arrays([function], ["function"])
+    )
+    path = _write_stream(tmp_path / "data.arrow", pa.table({"messages": messages, "tools": tools}))
+
+    one, two = read_source(source("messages", path))
+    assert one.messages[1].tool_calls[0]["function"]["arguments"] == {"x": 1}
+    assert one.tools == (
+        {"function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+    )
+    # g's parameters are null in the struct, so absent: a template would otherwise print "parameters": null
+    assert two.messages[1].content == "ok" and two.tools == ({"function": {"name": "g"}},)
+    assert one.sample_hash == record_hash(
+        {
+            "messages": first,
+            "tools": [
+                {"function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+            ],
+        }
+    )
+
+
+def test_struct_nulls_read_as_absent_keys(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "q", "name": "ann"}, {"role": "assistant", "content": "a"}]},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chat.parquet")  # row 0 holds name: null
+    first, second = read_source(source("messages", tmp_path / "chat.parquet"))
+    assert first.sample_hash == record_hash(rows[0]) and second.sample_hash == record_hash(rows[1])
+    assert second.messages[0].name == "ann"
+
+
+def test_bad_json_text_in_an_arrow_cell_is_a_reject_naming_its_path(tmp_path):
+    storage = pa.array(['{"role": "user", "content": "q"}', '{"role": "assistant", "content": NaN}'])
+    messages = pa.ListArray.from_arrays(
+        pa.array([0, 2], pa.int32()), pa.ExtensionArray.from_storage(pa.json_(), storage)
+    )
+    path = _write_stream(tmp_path / "bad.arrow", pa.table({"messages": messages}))
+    (error,) = read_source(source("messages", path))
+    assert isinstance(error, RecordError) and error.field == "messages[1]" and "NaN is not valid JSON" in error.reason
+    assert error.describe().startswith("bad.arrow:0, field 'messages[1]'")
+
+
+def test_prompt_completion_strings_are_one_text_with_the_prompt_as_context(write_jsonl):
+    path = write_jsonl([{"prompt": "The sky is", "completion": " blue."}])
+    (example,) = read_source(source("prompt_completion", path))
+    assert example.text == "The sky is blue." and example.context_chars == len("The sky is")
+
+
+def test_prompt_completion_messages_train_only_the_completion(write_jsonl):
+    row = {
+        "prompt": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "and 3+3?"},
+        ],
+        "completion": [{"role": "assistant", "content": "6"}],
+    }
+    (example,) = read_source(source("prompt_completion", write_jsonl([row])))
+    assert [(m.role, m.train) for m in example.messages] == [
+        ("user", False),
+        ("assistant", False),
+        ("user", False),
+        ("assistant", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "reason"),
+    [
+        ({"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]}, "completion", "both must be strings"),
+        ({"prompt": [{"role": "user", "content": "a"}], "completion": []}, "completion", "no assistant message"),
+        ({"prompt": "a", "completion": ""}, "completion", "empty completion"),
+        ({"completion": "b"}, "prompt", "missing"),
+    ],
+)
+def test_prompt_completion_problems_name_the_field(write_jsonl, row, field, reason):
+    (error,) = read_source(source("prompt_completion", write_jsonl([row])))
+    assert isinstance(error, RecordError) and error.field == field and reason in error.reason
+
+
+def test_the_default_system_prompt_goes_first_only_where_there_is_none(write_jsonl):
+    rows = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {
+            "messages": [
+                {"role": "system", "content": "own"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+            ]
+        },
+    ]
+    src = replace(source("messages", write_jsonl(rows)), system="Be brief.")
+    plain, own = read_source(src)
+    assert plain.messages[:2] == (Message("system", "Be brief.", train=False), Message("user", "q"))
+    assert own.messages[0].content == "own" and len(own.messages) == 3
+    assert plain.sample_hash == record_hash(rows[0])  # provenance is the record as read
+
+
+def test_the_default_system_prompt_reaches_pair_prompts_but_not_text(write_jsonl):
+    from packtool.preference import PreferencePair
+
+    pair = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "chosen": [{"role": "assistant", "content": "a"}],
+        "rejected": [{"role": "assistant", "content": "b"}],
+    }
+    (parsed,) = read_source(replace(source("preference", write_jsonl([pair], "pairs.jsonl")), system="S"))
+    assert isinstance(parsed, PreferencePair) and parsed.prompt[0] == Message("system", "S", train=False)
+    (text,) = read_source(
+        replace(source("prompt_completion", write_jsonl([{"prompt": "a", "completion": "b"}])), system="S")
+    )
+    assert text.text == "ab"
+
+
+def test_a_json_column_is_known_by_its_field_metadata_too(tmp_path):
+    """How a file names the extension on disk: what a pyarrow that does not know `arrow.json` (before 19) reads."""
+    named = pa.field(
+        "messages", pa.list_(pa.field("item", pa.string(), metadata={"ARROW:extension:name": "arrow.json"}))
+    )
+    cells = [['{"role": "user", "content": "q"}', '{"role": "assistant", "content": "a"}']]
+    table = pa.Table.from_arrays([pa.array(cells, named.type)], schema=pa.schema([named]))
+    (example,) = read_source(source("messages", _write_stream(tmp_path / "old.arrow", table)))
+    assert [m.content for m in example.messages] == ["q", "a"]

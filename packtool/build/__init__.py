@@ -245,8 +245,25 @@ def format_preview(preview: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def failed_rejects_path(output: str | Path) -> Path:
+    """Where a build that fails on its rejects leaves them: beside OUT, in a name only packtool uses
+    (like the staging folder), since OUT itself keeps the previous build."""
+    out = Path(output).resolve()
+    return out.parent / f".{out.name}.packtool-{REJECTS}"
+
+
+def _rejects_problem(config: BuildConfig, plan: Plan, summary: str) -> BuildError:
+    """The failure with the first rejects named and all of them written where the message says."""
+    path = failed_rejects_path(config.output)
+    _write_rejects(path, plan.rejects)
+    first = "".join(f"\n  {r['location']}: [{r['reason']}] {r['detail']}" for r in plan.rejects[:3])
+    more = f"\n  ... {len(plan.rejects) - 3} more" if len(plan.rejects) > 3 else ""
+    return BuildError(f"{summary}\nfirst rejects:{first}{more}\nall {len(plan.rejects)} rejects: {path}")
+
+
 def _check_outcome(config: BuildConfig, plan: Plan) -> None:
     """Exit status tells the truth: an empty output, or a source that lost too much, is not published."""
+    failed_rejects_path(config.output).unlink(missing_ok=True)  # a failed earlier build's, now stale
     problems = []
     for name, a in plan.accounting.items():
         lost = sum(a["rejected"].values()) + sum(a["dropped"].values())
@@ -258,14 +275,14 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
                 f"{config.max_reject_share:g}): {reasons}"
             )
     if problems:
-        raise BuildError(
-            "\n".join(problems) + "\nnothing was published; fix the input or template, or raise max_reject_share"
-        )
+        summary = "\n".join(problems) + "\nnothing was published; fix the input or template, or raise max_reject_share"
+        raise _rejects_problem(config, plan, summary)
     if sum(f.n_packs for f in plan.folders) == 0:
         read = sum(a["read"] for a in plan.accounting.values())
         by_reason = Counter(r["reason"] for r in plan.rejects)
         listed = ", ".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "no input records"
-        raise BuildError(f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published")
+        summary = f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published"
+        raise _rejects_problem(config, plan, summary) if plan.rejects else BuildError(summary)
 
 
 def _write_outputs(

@@ -176,6 +176,7 @@ def plan_settings(config: BuildConfig) -> dict[str, Any]:
         "seed": config.seed,
         "shards": [config.rows_per_shard, config.row_group_rows],
         "validation": [config.validation_share, config.validation_samples],
+        "dedup": [config.dedup, [s.dedup for s in config.sources]],
     }
 
 
@@ -313,10 +314,9 @@ def _fit(
     # stream mode cuts windows itself; nothing is removed
     cut = (lengths > limit) & (config.packing != "stream")
     trains = (n_targets > 0) & within
-    whole = trains & ~cut
     drops: list[tuple[int, int, dict[str, Any]]] = []
 
-    def drop(g: int, reason: str, detail: str) -> None:
+    def drop(g: int, reason: str, detail: str, **extra: str) -> None:
         p = int(np.searchsorted(bases, g, side="right") - 1)
         reader = readers[p]
         row = int(g - bases[p])
@@ -328,11 +328,20 @@ def _fit(
             "location": reader.location(row),
             "reason": reason,
             "detail": detail,
+            **extra,
         }
         drops.append((p, int(ordinals[g]), entry))
 
     for untrained in np.flatnonzero(within & ~trains):
         drop(int(untrained), "no_targets", "no token of this sample is a target (check the train policy and template)")
+    for first, end, kept in _duplicates(config, readers, bases, source, starts, trains):
+        trains[first:end] = False  # a pair or group goes whole
+        p = int(np.searchsorted(bases, kept, side="right") - 1)
+        kept_row = kept - int(bases[p])
+        kept_id = readers[p].get(kept_row).example_id
+        detail = f"same tokens and targets as {kept_id!r} ({readers[p].location(kept_row)}), which is kept"
+        drop(first, "duplicate", detail, duplicate_of=kept_id)
+    whole = trains & ~cut
 
     piece_rows: list[tuple[int, int, int, int, int]] = []  # (global row, piece number, piece ref, length, offset)
     writer = PartitionWriter(pieces_path, "")
@@ -397,6 +406,49 @@ def _fit(
         piece_numbers=pieces[:, 1].astype(np.int32),  # piece_rows are in append order: row k is piece k
         piece_offsets=pieces[:, 4].astype(np.int32),
     )
+
+
+def _duplicates(
+    config: BuildConfig,
+    readers: list[PartitionReader],
+    bases: np.ndarray,
+    source: np.ndarray,
+    starts: np.ndarray,
+    trains: np.ndarray,
+) -> list[tuple[int, int, int]]:
+    """(first row, end row, first row of the kept copy) of every item that repeats an earlier one under `dedup: exact`.
+
+    Two items are the same when their segments hold the same tokens, targets and roles (a group's rewards
+    included): what the model would be trained on, whatever the id, the columns or the format of the records.
+    Rows are in source order (sources as configured, then files, then records), so the first copy is kept:
+
+        source a: x, y, x    source b: y      per-source (a):  a:2 duplicate of a:0
+                                              dedup: exact:    a:2 of a:0, b:0 of a:1
+    """
+    scoped = [config.dedup is not None or s.dedup is not None for s in config.sources]
+    if not any(scoped):
+        return []
+    opens = np.flatnonzero(starts)
+    closes = np.append(opens[1:], len(starts))
+    partition_of = np.repeat(np.arange(len(readers)), np.diff(bases)).tolist()
+    kept: dict[Any, int] = {}
+    found = []
+    for first, end in zip(opens.tolist(), closes.tolist()):
+        if not trains[first] or not scoped[source[first]]:
+            continue
+        digest = hashlib.blake2b(digest_size=16)
+        for g in range(first, end):
+            p = partition_of[g]
+            sample = readers[p].get(g - int(bases[p]))
+            digest.update(repr((len(sample.input_ids), sample.role)).encode())
+            digest.update(sample.input_ids.tobytes())
+            digest.update(sample.targets.tobytes())
+        key = digest.digest() if config.dedup is not None else (int(source[first]), digest.digest())
+        if key in kept:
+            found.append((first, end, kept[key]))
+        else:
+            kept[key] = first
+    return found
 
 
 def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:

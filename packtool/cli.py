@@ -446,10 +446,8 @@ def trace_command(
     try:
         if len(keys) != 1:
             raise PacktoolError("packtool trace: give exactly one of --step N, --id ID, --pack HASH")
-        try:
-            from packtool import lineage
-        except ImportError as err:
-            raise PacktoolError(f"packtool trace needs the loader: {err}") from None
+        from packtool import lineage
+
         chosen = {k.removeprefix("no_"): False if k == "no_shuffle" else v for k, v in options.items() if v}
         chosen = {{"at_step": "first_step"}.get(k, k): v for k, v in chosen.items()}
         if state is not None and checkpoint is not None:

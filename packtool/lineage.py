@@ -234,7 +234,10 @@ class _Run:
 
     def __init__(self, output: Path, settings: TraceSettings) -> None:
         settings.check()
-        from packtool.loader.dataset import DatasetError, PackedDataset
+        try:
+            from packtool.loader.dataset import DatasetError, PackedDataset
+        except ImportError as err:  # the trace runs the loader's planning code
+            raise TraceError(f"packtool trace needs the loader: {err}") from None
 
         try:
             self.dataset = PackedDataset(

@@ -2,7 +2,9 @@
 
 import itertools
 import json
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -253,3 +255,29 @@ def test_locate_names_file_and_line(quickstart_build):
     samples = [s for mb in trace.micro_batches for p in mb.packs for s in p.samples]
     assert samples and all(s.location and s.location.startswith("quickstart/") for s in samples)
     assert all(s.location.rsplit(":", 1)[1].isdigit() for s in samples if s.location)
+
+
+def test_a_real_trainer_checkpoint_is_traced(quickstart_build, tmp_path):
+    """PackedTrainer (batch 1, accumulation 2): trace steps 0-3 from the start and 2-3 from checkpoint-2 equal the
+    micro-batches it trained."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _hf_worker
+
+    def run(name, *args):
+        out = str(tmp_path / f"{name}.json")
+        return _hf_worker.main([str(quickstart_build), out, "--output", str(tmp_path / name), "--accum", "2", *args])
+
+    trained = run("full", "--steps", "4", "--save-steps", "2")["hashes"][0]  # rank 0's micro-batches, in order
+    steps = [trained[2 * s : 2 * s + 2] for s in range(4)]
+    from_start = TraceSettings(accumulation=2)
+    for s in range(4):
+        assert [
+            [q.pack_hash for q in mb.packs] for mb in trace_step(quickstart_build, s, from_start).micro_batches
+        ] == steps[s]
+    anchored = settings_from_checkpoint(tmp_path / "full" / "checkpoint-2", accumulation=2)
+    assert (anchored.first_step, anchored.position, anchored.batch_size) == (2, 4, 1)
+    for s in (2, 3):
+        assert [
+            [q.pack_hash for q in mb.packs] for mb in trace_step(quickstart_build, s, anchored).micro_batches
+        ] == steps[s]

@@ -34,12 +34,15 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError
+
+if TYPE_CHECKING:  # the loader (torch) is imported when a trace runs, not with the CLI
+    from packtool.loader.schedule import EpochPlan
 
 # The hf module's name of the loader state in a checkpoint folder; read here without importing
 # transformers (hf.py imports it at module level).
@@ -156,6 +159,7 @@ class SampleSeen:
     sample_id: str
     source: str
     sample_hash: str
+    tokens: int  # tokens of this document (a piece of a split sample counts its own)
     targets: int  # target tokens of this document as trained (labels != -100)
     repeat: int  # 0: the first copy; 1, 2, ...: copies made by source mixing
     location: str | None = None  # file:line, when the source files were read (`locate`)
@@ -185,8 +189,17 @@ class StepTrace:
     micro_batches: tuple[MicroBatchSeen, ...]
     settings: TraceSettings
 
+    def mix(self) -> dict[str, dict[str, int]]:
+        """Tokens and targets of each source in this step (the ranks listed), by source name."""
+        out: dict[str, dict[str, int]] = {}
+        for sample in (s for mb in self.micro_batches for p in mb.packs for s in p.samples):
+            entry = out.setdefault(sample.source, {"tokens": 0, "targets": 0})
+            entry["tokens"] += sample.tokens
+            entry["targets"] += sample.targets
+        return dict(sorted(out.items()))
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "mix": self.mix()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +306,7 @@ class _Run:
             )
             first_step += steps
 
-    def _steps(self, plan: Any, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _steps(self, plan: EpochPlan, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Step within the epoch and micro-batch of each position of the plan (-1: left out)."""
         from packtool.loader.schedule import share_micro_batches
 
@@ -353,12 +366,12 @@ def trace_step(
         )
     total = settings.first_step
     for epoch in run.epochs():
-        hits = np.flatnonzero(epoch.step == step)
-        if rank is not None:
-            hits = hits[epoch.rank[hits] == rank]
-        if epoch.first_step <= step < epoch.first_step + epoch.steps:
-            return StepTrace(step, epoch.epoch, _micro_batches(run, epoch, hits, locate, config), settings)
         total = epoch.first_step + epoch.steps
+        if step < total:
+            hits = np.flatnonzero(epoch.step == step)
+            if rank is not None:
+                hits = hits[epoch.rank[hits] == rank]
+            return StepTrace(step, epoch.epoch, _micro_batches(run, epoch, hits, locate, config), settings)
     raise TraceError(
         f"step {step} is past the end of the run: {settings.epochs} epoch(s) hold steps {settings.first_step} to "
         f"{total - 1} under these settings; raise --epochs or check the settings"
@@ -405,7 +418,7 @@ def _read_packs(run: _Run, flats: list[int]) -> dict[int, PackSeen]:
                 piece = labels[docs[d] : docs[d + 1]]
                 # Isolated documents lose their first label when read (the loader sets it to -100).
                 targets = int((piece != -100).sum()) - int(isolate and len(piece) > 0 and piece[0] != -100)
-                samples.append(SampleSeen(sample_id, source, row["sample_hashes"][d], targets, int(repeat)))
+                samples.append(SampleSeen(sample_id, source, row["sample_hashes"][d], len(piece), targets, int(repeat)))
             out[flat] = PackSeen(-1, shard, unit.first_row + i, row["pack_hash"], int(row["n_tokens"]), tuple(samples))
     return out
 
@@ -504,6 +517,13 @@ def format_step(trace: StepTrace) -> str:
                 lines.append(f"      {smp.sample_id} (source {smp.source}{where}{copy}): {smp.targets} targets")
     if not trace.micro_batches:
         lines.append("  nothing on the rank asked for")
+    mix = trace.mix()
+    tokens, targets = (max(1, sum(m[unit] for m in mix.values())) for unit in ("tokens", "targets"))
+    shares = ", ".join(
+        f"{name} {m['tokens'] / tokens:.1%} of tokens, {m['targets'] / targets:.1%} of targets"
+        for name, m in mix.items()
+    )
+    lines.append(f"  mix: {shares or 'nothing'}")
     return "\n".join(lines)
 
 

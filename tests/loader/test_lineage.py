@@ -6,6 +6,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -186,6 +187,13 @@ def test_step_lists_samples_with_targets(make_build):
         assert [s.sample_id for s in seen.samples] == list(pack.sample_ids)
         targets = [int((pack.labels[a:b] != -100).sum()) for a, b in itertools.pairwise(pack.doc_cu_seqlens.tolist())]
         assert [s.targets for s in seen.samples] == targets
+        assert [s.tokens for s in seen.samples] == np.diff(pack.doc_cu_seqlens).tolist()
+    assert trace.mix() == {
+        "synthetic": {
+            "tokens": sum(p.n_tokens for mb in trace.micro_batches for p in mb.packs),
+            "targets": sum(s.targets for mb in trace.micro_batches for p in mb.packs for s in p.samples),
+        }
+    }
     only = trace_step(path, 0, TraceSettings(world_size=2, shuffle=False), rank=1)
     assert [mb.rank for mb in only.micro_batches] == [1]
 

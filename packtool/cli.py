@@ -377,6 +377,99 @@ def find_command(output: Path, key: str, show: bool, config: Path | None, as_jso
         raise _fail(error) from None
 
 
+@main.command(name="trace")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--step", type=click.IntRange(min=0), help="List what this step trained: packs and samples per rank.")
+@click.option("--id", "sample_id", help="List every (epoch, step, rank, micro-batch) that trains this sample id.")
+@click.option("--pack", "pack_hash", help="List every (epoch, step, rank, micro-batch) that trains this pack_hash.")
+@click.option("--rank", type=click.IntRange(min=0), help="With --step: only this rank.")
+@click.option("--world-size", type=click.IntRange(min=1), help="Ranks (default 1, or the state's).")
+@click.option("--token-budget", type=click.IntRange(min=1), help="PackedDataset(token_budget=...).")
+@click.option("--fixed-shape", is_flag=True, help="PackedDataset(fixed_shape=True).")
+@click.option("--balance", type=click.Choice(["attention"]), help="PackedDataset(balance=...).")
+@click.option("--packs-per-step", type=click.IntRange(min=1), help="PackedDataset(packs_per_step=...), with --balance.")
+@click.option("--alpha", type=float, help="PackedDataset(alpha=...), with --balance.")
+@click.option("--isolate-documents", is_flag=True, help="PackedDataset(isolate_documents=True).")
+@click.option("--seed", type=int, help="PackedDataset(seed=...) (default 0, or the state's).")
+@click.option("--no-shuffle", is_flag=True, help="PackedDataset(shuffle=False).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Packs mode: packs per micro-batch of a rank.")
+@click.option("--accumulation", type=click.IntRange(min=1), help="Micro-batches per step (gradient accumulation).")
+@click.option("--epochs", type=click.IntRange(min=1), help="Epochs of the run (default 1; with --id, all are listed).")
+@click.option("--epoch", type=click.IntRange(min=0), help="Anchor: the epoch where --at-step starts (default 0).")
+@click.option("--position", type=click.IntRange(min=0), help="Anchor: the position where --at-step starts (default 0).")
+@click.option("--at-step", type=click.IntRange(min=0), help="Anchor: the step that starts there (default 0).")
+@click.option(
+    "--state",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Anchor and order from a saved PackedDataset.state_dict() (JSON).",
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Anchor and order from a checkpoint folder of packtool.loader.hf (packtool_data.json, trainer_state.json).",
+)
+@click.option("--locate", is_flag=True, help="With --step: find each sample's file:line (reads the source files).")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --locate: the build's config (default: inferred from the manifest).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the trace as JSON.")
+def trace_command(
+    output: Path,
+    step: int | None,
+    sample_id: str | None,
+    pack_hash: str | None,
+    rank: int | None,
+    state: Path | None,
+    checkpoint: Path | None,
+    locate: bool,
+    config: Path | None,
+    as_json: bool,
+    **options: object,
+) -> None:
+    """What a step trained on, or when a sample or pack trains: the loader's own plan, read from the shards.
+
+    The settings are the loader's (PackedDataset's options of the same names), so the trace is
+    what that loader yields. Steps count from an anchor: step 0 at the start of epoch 0, or the
+    step, epoch and position of a saved loader state (--state) or an HF checkpoint folder
+    (--checkpoint). A resume under another world size is traced in two parts, each with its
+    settings. Needs the loader extra (torch).
+
+    \b
+    Example:
+        packtool trace out/quickstart --step 12 --world-size 4 --token-budget 8192 --epochs 3
+        packtool trace out/quickstart --id qs-chat-00007 --world-size 4 --token-budget 8192 --epochs 3
+        packtool trace out/quickstart --step 340 --checkpoint run/checkpoint-340 --world-size 2 --locate
+    """
+    keys = [k for k in (step, sample_id, pack_hash) if k is not None]
+    try:
+        if len(keys) != 1:
+            raise PacktoolError("packtool trace: give exactly one of --step N, --id ID, --pack HASH")
+        from packtool import lineage
+
+        chosen = {k.removeprefix("no_"): False if k == "no_shuffle" else v for k, v in options.items() if v}
+        chosen = {{"at_step": "first_step"}.get(k, k): v for k, v in chosen.items()}
+        if state is not None and checkpoint is not None:
+            raise PacktoolError("packtool trace: give --state or --checkpoint, not both")
+        if checkpoint is not None:
+            settings = lineage.settings_from_checkpoint(checkpoint, **chosen)
+        elif state is not None:
+            settings = lineage.settings_from_state(lineage.read_state_file(state), str(state), **chosen)
+        else:
+            settings = lineage.TraceSettings(**chosen)  # type: ignore[arg-type]
+        if step is not None:
+            by_step = lineage.trace_step(output, step, settings, rank=rank, locate=locate, config=config)
+            report, text = by_step.as_dict(), lineage.format_step(by_step)
+        else:
+            kind = "sample_id" if sample_id is not None else "pack_hash"
+            by_key = lineage.trace_key(output, sample_id or pack_hash or "", settings, kind=kind)
+            report, text = by_key.as_dict(), lineage.format_key(by_key)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(json.dumps(report, ensure_ascii=False, indent=2) if as_json else text)
+
+
 @main.command(name="report")
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "-o", "destination", type=click.Path(dir_okay=False, path_type=Path), help="HTML file to write.")

@@ -108,6 +108,17 @@ class TrainPolicy:
     tool_calls: bool = True
 
 
+QUOTA_UNITS = ("target_tokens", "tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Copies of a source's samples until it holds `amount` target tokens or tokens (met within one sample)."""
+
+    unit: str  # target_tokens | tokens
+    amount: int
+
+
 @dataclass(frozen=True, slots=True)
 class SourceConfig:
     name: str
@@ -124,6 +135,7 @@ class SourceConfig:
     max_samples: int | None = None  # read only the first N records (all files in order)
     system: str | None = None  # the system prompt of a conversation that has none
     dedup: str | None = None  # exact: drop repeats within this source (see BuildConfig.dedup for across sources)
+    quota: Quota | None = None  # instead of weight: copies until the source holds this many (target) tokens
     # resolved path -> the path as written/globbed in the config (relative to its folder when it was
     # relative): the FILE of every location and default id, so ids do not depend on where the data sits
     labels: dict[str, str] = field(default_factory=dict)
@@ -301,6 +313,7 @@ SOURCE_KEYS = {
     "truncation",
     "group",
     "max_samples",
+    "quota",
     "split",
     "revision",
     "system",
@@ -323,6 +336,7 @@ KEYS = {
     "validation": VALIDATION_KEYS,
     "sources[]": SOURCE_KEYS,
     "sources[].train": TRAIN_KEYS,
+    "sources[].quota": set(QUOTA_UNITS),
 }
 EXECUTORS = ("processes", "serial", "ray")
 
@@ -784,6 +798,7 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
     system = p.take(item, "system", str, where, None)
     if system is not None and fmt == "text":
         p.add(f"{where}.system", "format: text has no conversation to put a system prompt in; remove it")
+    quota = _parse_quota(item, where, p)
     return SourceConfig(
         name=name,
         paths=tuple(files),
@@ -799,8 +814,26 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
         max_samples=max_samples,
         system=system,
         dedup=p.take(item, "dedup", str, where, None, choices=DEDUP_MODES),
+        quota=quota,
         labels=files,
     )
+
+
+def _parse_quota(item: dict, where: str, p: _Problems) -> Quota | None:
+    """`quota: {target_tokens: 2_000_000}` (or `tokens:`): one unit, a positive integer, no weight beside it."""
+    raw = p.take(item, "quota", dict, where, None)
+    if raw is None:
+        return None
+    p.unknown_keys(raw, set(QUOTA_UNITS), f"{where}.quota")
+    units = [unit for unit in QUOTA_UNITS if unit in raw]
+    if len(units) != 1:
+        p.add(f"{where}.quota", f"give exactly one of {', '.join(QUOTA_UNITS)}, e.g. quota: {{target_tokens: 2000000}}")
+        return None
+    amount = p.take(raw, units[0], int, f"{where}.quota", None, required=True)
+    p.number(f"{where}.quota.{units[0]}", amount, 1, 10**15, "tokens this source contributes")
+    if "weight" in item:
+        p.add(f"{where}.weight", "a source with a quota takes as many copies as the quota needs; remove weight")
+    return Quota(units[0], amount) if isinstance(amount, int) and amount >= 1 else None
 
 
 def _parse_tokenizer(value: str | None, base_dir: Path, p: _Problems) -> TokenizerConfig:

@@ -322,32 +322,76 @@ class _SourceFiles:
 
     def origin(self, sample_id: str, source_name: str, sample_hash: str) -> Origin:
         """Find the record of a trained sample in its source now: by id first, then by content hash."""
+        sample = (sample_id, source_name, sample_hash)
+        return self.origins({sample})[sample]
+
+    def origins(self, samples: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], Origin]:
+        """`origin` of many (sample_id, source, sample_hash) at once: each source read once."""
         from packtool.sources import read_source
 
-        source = self._source(source_name)
-        if source is None:
-            reason = self._problem or f"source {source_name!r} is not in the config"
-            return Origin(sample_id, source_name, None, "unknown", reason)
-        moved = None
-        for example in read_source(source):
-            if isinstance(example, RecordError):
+        wanted: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
+        for sample in samples:
+            wanted[sample[1]].add(sample)
+        out: dict[tuple[str, str, str], Origin] = {}
+        for source_name, group in wanted.items():
+            source = self._source(source_name)
+            if source is None:
+                reason = self._problem or f"source {source_name!r} is not in the config"
+                out.update({s: Origin(s[0], source_name, None, "unknown", reason) for s in group})
                 continue
-            if example.id == sample_id:
-                if example.sample_hash == sample_hash:
-                    return Origin(sample_id, source_name, example.location, "matches", "record hash matches the shard")
-                return Origin(
-                    sample_id,
-                    source_name,
-                    example.location,
-                    "changed",
-                    f"the record now hashes to {example.sample_hash[:12]}, the shard holds {sample_hash[:12]}: "
-                    "the file changed since the build",
+            ids = {s[0] for s in group}
+            hashes = {s[2] for s in group}
+            by_id: dict[str, tuple[str | None, str]] = {}  # the first record with the id: location, content hash
+            by_hash: dict[str, str | None] = {}  # the first record with the content
+            for example in read_source(source):
+                if isinstance(example, RecordError):
+                    continue
+                if example.id in ids and example.id not in by_id:
+                    by_id[example.id] = (example.location, example.sample_hash)
+                if example.sample_hash in hashes and example.sample_hash not in by_hash:
+                    by_hash[example.sample_hash] = example.location
+            for sample_id, _, sample_hash in group:
+                out[(sample_id, source_name, sample_hash)] = _origin(
+                    sample_id, source_name, sample_hash, by_id, by_hash
                 )
-            if moved is None and example.sample_hash == sample_hash:
-                moved = example.location
-        if moved is not None:
-            return Origin(sample_id, source_name, moved, "moved", "no record has this id now; one has its content")
-        return Origin(sample_id, source_name, None, "not_found", "no record in the source files has this id or content")
+        return out
+
+
+def _origin(
+    sample_id: str,
+    source_name: str,
+    sample_hash: str,
+    by_id: dict[str, tuple[str | None, str]],
+    by_hash: dict[str, str | None],
+) -> Origin:
+    if sample_id in by_id:
+        location, now = by_id[sample_id]
+        if now == sample_hash:
+            return Origin(sample_id, source_name, location, "matches", "record hash matches the shard")
+        return Origin(
+            sample_id,
+            source_name,
+            location,
+            "changed",
+            f"the record now hashes to {now[:12]}, the shard holds {sample_hash[:12]}: "
+            "the file changed since the build",
+        )
+    if sample_hash in by_hash:
+        return Origin(
+            sample_id, source_name, by_hash[sample_hash], "moved", "no record has this id now; one has its content"
+        )
+    return Origin(sample_id, source_name, None, "not_found", "no record in the source files has this id or content")
+
+
+def sample_origins(
+    output: str | Path,
+    manifest: dict[str, Any],
+    samples: set[tuple[str, str, str]],
+    *,
+    config: str | Path | None = None,
+) -> dict[tuple[str, str, str], Origin]:
+    """Where each (sample_id, source, sample_hash) of an output is in its source files now (see `origin`)."""
+    return _SourceFiles(Path(output), manifest, config).origins(samples)
 
 
 def config_folder(manifest: dict[str, Any]) -> Path | None:

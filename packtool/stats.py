@@ -293,6 +293,10 @@ def format_stats(stats: dict[str, Any]) -> str:
     mixing = stats.get("mixing") or {}
     if mixing:
         lines += ["", f"mixing: weights by {mixing.get('by')}; loss normalization: {mixing.get('loss_normalization')}"]
+        for name, quota in (mixing.get("quotas") or {}).items():
+            unit = "targets" if quota.get("unit") == "target_tokens" else "tokens"
+            realized = (stats.get("sources") or {}).get(name, {}).get(unit, 0)
+            lines.append(f"  quota {name}: {quota.get('amount'):,} {quota.get('unit')}, realized {realized:,}")
     if "lengths" in stats:
         lines += ["", *format_lengths(stats["lengths"])]
     att = stats["attention"]

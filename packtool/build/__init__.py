@@ -336,6 +336,7 @@ def _manifest(
     tokenizer, template = stages.tokenizer, stages.template
     by_reason = Counter(r["reason"] for r in rejects)
     items = any(s.format in ITEM_FORMATS for s in config.sources)
+    quotas = {s.name: asdict(s.quota) for s in config.sources if s.quota is not None}
     manifest: dict[str, Any] = {
         "packtool_version": packtool.__version__,
         "schema_version": plan.schema_version,
@@ -371,6 +372,7 @@ def _manifest(
         "mixing": {
             "by": config.mix_by,
             "weights": {s.name: s.weight for s in config.sources},
+            **({"quotas": quotas} if quotas else {}),  # only when asked for: other manifests stay byte for byte
             "loss_normalization": "token-level: sum of target losses / targets in the update window",
         },
         "conventions": conventions(stream),

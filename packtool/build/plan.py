@@ -32,7 +32,7 @@ import numpy as np
 
 import packtool
 from packtool.build.cache import code_fingerprint
-from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
+from packtool.config import ITEM_FORMATS, BuildConfig, Quota, canonical_json
 from packtool.errors import BuildError
 from packtool.format import SEGMENTS_SCHEMA_VERSION, write_json_atomic
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
@@ -172,7 +172,8 @@ def plan_settings(config: BuildConfig) -> dict[str, Any]:
         "packing": [config.packing, config.max_segments, config.shuffle_packs, config.group_by],
         "groups": [s.group for s in config.sources],
         "overflow": [config.overflow, config.overflow_capacity],
-        "mixing": [config.mix_by, [s.weight for s in config.sources]],
+        "mixing": [config.mix_by, [s.weight for s in config.sources]]
+        + ([[s.quota and [s.quota.unit, s.quota.amount] for s in config.sources]] if _quotas(config) else []),
         "seed": config.seed,
         "shards": [config.rows_per_shard, config.row_group_rows],
         "validation": [config.validation_share, config.validation_samples],
@@ -280,6 +281,7 @@ class _Fitted:
 
     ref: np.ndarray
     length: np.ndarray
+    targets: np.ndarray  # target tokens of each segment (labels != -100 once packed)
     source: np.ndarray
     bucket: np.ndarray  # bool: routed to the overflow bucket
     start: np.ndarray  # bool: the segment opens an item (every plain sample and piece does)
@@ -343,7 +345,8 @@ def _fit(
         drop(first, "duplicate", detail, duplicate_of=kept_id)
     whole = trains & ~cut
 
-    piece_rows: list[tuple[int, int, int, int, int]] = []  # (global row, piece number, piece ref, length, offset)
+    piece_rows: list[tuple[int, int, int, int, int, int]] = []  # (global row, piece number, ref, length, offset,
+    # targets)
     writer = PartitionWriter(pieces_path, "")
     try:
         for row in np.flatnonzero(cut & trains):
@@ -371,17 +374,18 @@ def _fit(
                 continue
             for number, offset, piece in zip(result.numbers, result.offsets, result.samples):
                 k = writer.append(piece, "", g)  # a piece's ordinal is its sample's global row
-                piece_rows.append((g, number, -(k + 1), len(piece), offset))
+                piece_rows.append((g, number, -(k + 1), len(piece), offset, piece.n_targets))
     finally:
         writer.close()
 
     kept_rows = np.flatnonzero(whole)
-    pieces = np.array(piece_rows, dtype=np.int64).reshape(-1, 5)
+    pieces = np.array(piece_rows, dtype=np.int64).reshape(-1, 6)
     order_row = np.concatenate([kept_rows, pieces[:, 0]])
     order_piece = np.concatenate([np.zeros(len(kept_rows), dtype=np.int64), pieces[:, 1]])
     order = np.lexsort((order_piece, order_row))
     ref = np.concatenate([kept_rows, pieces[:, 2]])[order]
     seg_length = np.concatenate([lengths[kept_rows], pieces[:, 3]])[order]
+    seg_targets = np.concatenate([n_targets[kept_rows], pieces[:, 5]])[order]
     row_of = order_row[order]
     is_piece = np.concatenate([np.zeros(len(kept_rows), dtype=bool), np.ones(len(pieces), dtype=bool)])[order]
     start = starts[row_of] | is_piece
@@ -396,6 +400,7 @@ def _fit(
     return _Fitted(
         ref=ref,
         length=seg_length,
+        targets=seg_targets,
         source=source[row_of],
         bucket=bucket[row_of],
         start=start,
@@ -458,19 +463,26 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
     ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
     offsets = np.append(np.flatnonzero(fitted.start[main]), main.sum())  # item i: segments offsets[i]..offsets[i+1]
     item_source = source[offsets[:-1]]
-    present = [i for i in range(len(names)) if (source == i).any()]
+    quotas = _quotas(config)
+    present = [i for i in range(len(names)) if (source == i).any() and names[i] not in quotas]
     multipliers = source_multipliers(
         {names[i]: int((source == i).sum()) for i in present},
         {names[i]: int(length[source == i].sum()) for i in present},
         {s.name: s.weight for s in config.sources},
         config.mix_by,
     )
+    unit_amounts = {"tokens": length, "target_tokens": fitted.targets[main]}
     refs, repeats, lens, srcs = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)], []
     srcs.append(np.zeros(0, np.int16))
     sizes, kinds = [np.zeros(0, np.int64)], [np.zeros(0, np.int8)]
     for i, name in enumerate(names):
         mine = np.flatnonzero(item_source == i)
-        positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=_seed(config.seed, name))
+        if name in quotas:
+            per_segment = unit_amounts[quotas[name].unit]
+            item_amounts = np.add.reduceat(per_segment, offsets[:-1])[mine] if len(mine) else np.zeros(0, np.int64)
+            positions, repeat = quota_plan(item_amounts, quotas[name].amount, seed=_seed(config.seed, name))
+        else:
+            positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=_seed(config.seed, name))
         chosen_items = mine[positions]  # whole items: a copy of a pair copies both sides
         size = offsets[chosen_items + 1] - offsets[chosen_items]
         segments = _segments_of(offsets[chosen_items], size)
@@ -633,6 +645,34 @@ def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np
     positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
     repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
     return positions, repeats
+
+
+def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, repeat numbers) of the copies that bring a source to `quota`: whole passes while
+    they stay below it, then samples in a seeded order until the total reaches it, so
+    quota <= total < quota + the last sample's amount (met within one sample). A quota below the
+    source's own total down-samples it (no whole pass).
+
+    amounts [5, 3, 4], quota 20: one pass (12), then in seeded order (say 4, 5) until >= 20
+    -> positions [0 1 2 | 0 2], repeats [0 0 0 | 1 1], total 21
+    """
+    n = len(amounts)
+    total = int(amounts.sum())
+    if n == 0 or total == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    whole = (quota - 1) // total  # passes that stay below the quota (the next sample then reaches it)
+    left = quota - whole * total
+    order = np.random.default_rng(seed).permutation(n)
+    reached = np.cumsum(amounts[order])
+    extra = int(np.searchsorted(reached, left)) + 1  # the first prefix whose total reaches what is left
+    chosen = np.sort(order[:extra])
+    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
+    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
+    return positions, repeats
+
+
+def _quotas(config: BuildConfig) -> dict[str, Quota]:
+    return {s.name: s.quota for s in config.sources if s.quota is not None}
 
 
 def _seed(seed: int, name: str) -> int:

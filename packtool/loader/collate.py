@@ -501,30 +501,6 @@ class SegmentSlice:
     index: int
 
 
-def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group consecutive packs into micro-batches of at most `token_budget` tokens (a hard cap).
-
-    Order is kept (the stream is already shuffled). lengths [5, 4, 3, 6], budget 8 -> [[0], [1, 2], [3]].
-    A pack longer than the budget raises: it cannot be split.
-    """
-    if token_budget <= 0:
-        raise PackFormatError(f"token_budget must be positive, got {token_budget}")
-    plan: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i, n in enumerate(lengths):
-        if n > token_budget:
-            raise PackFormatError(f"pack {i} has {n} tokens > token_budget {token_budget}; raise the budget")
-        if current and used + n > token_budget:
-            plan.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += n
-    if current:
-        plan.append(current)
-    return plan
-
-
 def batch_by_tokens(
     rows: Iterable[LoadedPack],
     token_budget: int,

@@ -57,10 +57,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from packtool.arrow import as_numpy, list_parts
 from packtool.errors import DatasetError
 from packtool.labels import IGNORE_INDEX
-from packtool.loader.balance import pack_costs
-from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble, plan_micro_batches
+from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble
 from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
-from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
+from packtool.loader.schedule import EpochOrder, EpochPlan, PlanOptions, epoch_order, plan_epoch, share_micro_batches
 from packtool.shards import SegmentColumns
 
 __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
@@ -326,21 +325,7 @@ class PackedDataset(IterableDataset):
                 order = self._plan[1]  # same epoch, later position: the order stands, only the rest is re-planned
             else:
                 order = epoch_order([u.rows for u in self.units], self.seed, self.epoch, self.shuffle)
-            n = len(order.unit)
-            if self.balance is not None and self.packs_per_step is not None:
-                tokens, costs = self._per_pack()
-                flat = self._flat_index(order)
-                per_pack = pack_costs(costs[flat], tokens[flat], self.alpha)
-                plan = plan_balanced(self.position, per_pack, self.world_size, self.packs_per_step)
-            elif self.token_budget is not None and self.fixed_shape:
-                per_batch = self.token_budget // self.capacity
-                lengths = np.ones(n - self.position, dtype=np.int64)
-                plan = plan_token_budget(self.position, lengths, self.world_size, per_batch)  # slots of per_batch packs
-            elif self.token_budget is not None:
-                lengths = self._per_pack()[0][self._flat_index(order)]
-                plan = plan_token_budget(self.position, lengths, self.world_size, self.token_budget)
-            else:
-                plan = plan_packs(self.position, n, self.world_size)
+            plan = plan_epoch([u.rows for u in self.units], order, self.position, self.plan_options, self._per_pack)
             self._plan = (key, order, plan)
             if plan.dropped and self._logged_epoch != self.epoch and get_worker_info() is None:
                 self._logged_epoch = self.epoch
@@ -354,10 +339,18 @@ class PackedDataset(IterableDataset):
                 )
         return self._plan[1], self._plan[2]
 
-    def _flat_index(self, order: EpochOrder) -> np.ndarray:
-        """Flat index (see _per_pack) of the positions from `position` on."""
-        unit_start = np.concatenate([[0], np.cumsum([u.rows for u in self.units])])[:-1]
-        return unit_start[order.unit[self.position :]] + order.row[self.position :]
+    @property
+    def plan_options(self) -> PlanOptions:
+        """The options that decide the rounds (what `packtool trace` plans with too)."""
+        return PlanOptions(
+            self.world_size,
+            self.capacity,
+            self.token_budget,
+            self.fixed_shape,
+            self.balance,
+            self.packs_per_step,
+            self.alpha,
+        )
 
     def __len__(self) -> int:
         """Packs this rank yields in the rest of the current epoch."""
@@ -535,18 +528,16 @@ class PackedDataset(IterableDataset):
         CHUNK_TOKENS tokens of rounds from one concatenation per column, straight from the decoded
         row groups (no per-pack objects).
         """
-        budget = self.token_budget or 0
+        options = self.plan_options
         fixed = self.capacity if self.fixed_shape else None
-        per_batch = budget // self.capacity
+        per_batch = (self.token_budget or 0) // self.capacity
         chunk = _Chunk()
         share = self._share(worker, n_workers)
         units, rows = share.units, share.rows
         with _RowGroups(self._read, self._decode, units) as row_groups:
             for j, (lo, hi) in enumerate(itertools.pairwise(share.cuts)):
                 sizes = [chunk.add(row_groups.get(units[i]), rows[i]) for i in range(lo, hi)]
-                if fixed:
-                    sizes = [fixed] * len(sizes)
-                groups = plan_micro_batches(sizes, budget)
+                groups = share_micro_batches(sizes, options)
                 last = groups[-1][-1]
                 chunk.close_round(
                     [len(g) for g in groups],

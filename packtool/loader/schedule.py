@@ -27,6 +27,10 @@ W packs (each a part of a slot, so still under the budget), else its fewer than 
 out. Balanced: a last partial step with at least W packs is dealt like the others (LPT gives every
 rank one pack before any gets two), else left out. So at most W-1 packs per epoch, ever.
 
+The loader (`PackedDataset.plan`) and `packtool trace` both plan through `plan_epoch` and cut a
+rank's share of a round into micro-batches through `share_micro_batches`, so what the trace
+says a step trained is what the loader reads.
+
 Resume. Rounds cover consecutive positions and each planner is memoryless at a round boundary,
 so the plan from position q is the tail of the plan from 0 whenever q is a round boundary. The
 resume state is global: the epoch and the position where the next round starts. Any world size,
@@ -35,13 +39,13 @@ budget or step size can plan the rest of the epoch from there: no pack repeated,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from packtool.errors import PackFormatError
-from packtool.loader.balance import assign_lpt
+from packtool.loader.balance import assign_lpt, pack_costs
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,3 +183,87 @@ def plan_balanced(start: int, costs: np.ndarray, world: int, packs_per_step: int
             slot_of[lo + np.asarray(picked, dtype=np.int64)] = steps * world + r
         steps += 1
     return _plan(start, start + n, world, slot_of, steps * world)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """The loader options that decide the rounds (PackedDataset's arguments of the same names)."""
+
+    world_size: int
+    capacity: int
+    token_budget: int | None = None
+    fixed_shape: bool = False
+    balance: str | None = None
+    packs_per_step: int | None = None
+    alpha: float = 0.0
+
+
+def positions_to_flat(unit_rows: Sequence[int], order: EpochOrder, start: int) -> np.ndarray:
+    """Index, in unit-order flat numbering (unit 0's rows, then unit 1's, ...), of positions start..N-1."""
+    unit_start = np.concatenate([[0], np.cumsum(unit_rows, dtype=np.int64)])[:-1].astype(np.int64)
+    return unit_start[order.unit[start:]] + order.row[start:]
+
+
+def plan_epoch(
+    unit_rows: Sequence[int],
+    order: EpochOrder,
+    start: int,
+    options: PlanOptions,
+    per_pack: Callable[[], tuple[np.ndarray, np.ndarray]],
+) -> EpochPlan:
+    """The rounds of an epoch from position `start`, by the planner the options pick.
+
+    `per_pack()` gives (n_tokens, attention cost) of every pack in unit-order flat numbering; it
+    is called only by the planners that weigh packs (token budget, balance), so the plain modes
+    read no column.
+    """
+    n = len(order.unit)
+    world = options.world_size
+    if options.balance is not None and options.packs_per_step is not None:
+        tokens, costs = per_pack()
+        flat = positions_to_flat(unit_rows, order, start)
+        return plan_balanced(start, pack_costs(costs[flat], tokens[flat], options.alpha), world, options.packs_per_step)
+    if options.token_budget is not None and options.fixed_shape:
+        per_batch = options.token_budget // options.capacity
+        return plan_token_budget(
+            start, np.ones(n - start, dtype=np.int64), world, per_batch
+        )  # slots of per_batch packs
+    if options.token_budget is not None:
+        lengths = per_pack()[0][positions_to_flat(unit_rows, order, start)]
+        return plan_token_budget(start, lengths, world, options.token_budget)
+    return plan_packs(start, n, world)
+
+
+def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group consecutive packs into micro-batches of at most `token_budget` tokens (a hard cap).
+
+    Order is kept (the stream is already shuffled). lengths [5, 4, 3, 6], budget 8 -> [[0], [1, 2], [3]].
+    A pack longer than the budget raises: it cannot be split.
+    """
+    if token_budget <= 0:
+        raise PackFormatError(f"token_budget must be positive, got {token_budget}")
+    plan: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if n > token_budget:
+            raise PackFormatError(f"pack {i} has {n} tokens > token_budget {token_budget}; raise the budget")
+        if current and used + n > token_budget:
+            plan.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        plan.append(current)
+    return plan
+
+
+def share_micro_batches(lengths: Sequence[int], options: PlanOptions) -> list[list[int]]:
+    """A rank's share of one round (its packs' token counts, in reading order) cut into micro-batches.
+
+    Needs a token budget; a pack counts `capacity` tokens in fixed shape (it is padded to it).
+    """
+    if options.token_budget is None:
+        raise PackFormatError("micro-batches need a token_budget")
+    sizes = [options.capacity] * len(lengths) if options.fixed_shape else list(lengths)
+    return plan_micro_batches(sizes, options.token_budget)

@@ -6,8 +6,9 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from packtool.errors import PackFormatError  # noqa: E402
-from packtool.loader.collate import LoadedPack, batch_by_tokens, collate, plan_micro_batches  # noqa: E402
+from packtool.loader.collate import LoadedPack, batch_by_tokens, collate  # noqa: E402
 from packtool.loader.contract import validate_cu_seqlens  # noqa: E402
+from packtool.loader.schedule import plan_micro_batches  # noqa: E402
 
 # The worked example of docs/format.md: A=[a0,a1,E], B=[b0,E], C=[c0,c1,c2,E]
 a0, a1, b0, c0, c1, c2, E = 10, 11, 20, 30, 31, 32, 2

@@ -17,6 +17,22 @@ def test_packtool_imports_without_torch_and_loader_names_the_install():
     assert "pip install 'packtool[loader]'" in out and "pip install torch==2.13.0" in out
 
 
+TRACE = """
+import sys
+sys.modules['torch'] = None  # as if torch were not installed
+from click.testing import CliRunner
+from packtool.cli import main
+result = CliRunner().invoke(main, ["trace", sys.argv[1], "--step", "0"])
+print(result.exit_code, result.output)
+"""
+
+
+def test_trace_without_torch_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-c", TRACE, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("1 Error: packtool trace needs the loader")
+    assert "pip install 'packtool[loader]'" in out.stdout and "Traceback" not in out.stdout
+
+
 FRONT_DOOR = """
 import sys
 import packtool.loader

@@ -39,11 +39,13 @@ from packtool.errors import IsolationError, PacktoolError, ProbeError
 
 try:
     import torch
+    import transformers  # noqa: F401  # every probe builds a transformers model
 except ImportError as err:  # pragma: no cover - exercised without torch
     raise ImportError("packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'") from err
 
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.boundaries import FEEDS, RECURRENT_KINDS, layer_kinds, model_inputs
+from packtool.loader.boundaries import uses_mrope as config_uses_mrope
 from packtool.loader.collate import MicroBatch, collate
 from packtool.loader.loss import token_loss_sum
 
@@ -75,6 +77,7 @@ class Family:
     model_type: str
     settings: Mapping[str, Any] = field(default_factory=dict)  # on top of the tiny sizes
     cpu_verdict: str = "pass"  # with model_inputs on eager/sdpa, no kernels: pass | leak | error
+    positions_verdict: str = "pass"  # with restarting position_ids only (what the HF path fed before)
     gpu_route: str = ""  # what keeps documents apart on a GPU (docs table)
 
 
@@ -108,6 +111,7 @@ FAMILIES: dict[str, Family] = {
             "Qwen2-VL, text only (mRoPE)",
             "qwen2_vl",
             _MROPE,
+            positions_verdict="leak",
             gpu_route="[4, 1, T] position_ids (model_inputs); flash reads cu_seq_lens",
         ),
         Family(
@@ -116,6 +120,7 @@ FAMILIES: dict[str, Family] = {
             "qwen3_5_text",
             _HYBRID,
             cpu_verdict="error",
+            positions_verdict="leak",
             gpu_route="flash-linear-attention + causal-conv1d read cu_seq_lens",
         ),
         Family(
@@ -124,6 +129,7 @@ FAMILIES: dict[str, Family] = {
             "qwen3_next",
             {**_HYBRID, **_MOE},
             cpu_verdict="error",
+            positions_verdict="leak",
             gpu_route="flash-linear-attention + causal-conv1d read cu_seq_lens",
         ),
         Family(
@@ -132,6 +138,7 @@ FAMILIES: dict[str, Family] = {
             "mamba2",
             {"num_heads": 8, "state_size": 16, "n_groups": 1, "expand": 2, "chunk_size": 8},
             cpu_verdict="leak",
+            positions_verdict="leak",
             gpu_route="mamba-ssm + causal-conv1d read seq_idx",
         ),
     )
@@ -207,6 +214,33 @@ def family_config(family: Family) -> Any:
     if "text_config" in base:
         return AutoConfig.for_model(family.model_type, text_config=tiny, vision_config=dict(TINY_VISION))
     return AutoConfig.for_model(family.model_type, **{k: v for k, v in tiny.items() if k != "model_type"})
+
+
+def family_table() -> str:
+    """docs/isolation.md's family x backend table, from FAMILIES (tests/test_probe.py runs every row on CPU)."""
+    from types import SimpleNamespace
+
+    lines = [
+        "| family | `--probe` | layer types | `model_inputs` passes (sdpa) | eager, sdpa (CPU) "
+        "| position_ids only (CPU) | one document per row | GPU: what keeps documents apart |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in FAMILIES.values():
+        config = family_config(f)
+        config._attn_implementation = "sdpa"
+        mb = packed_row(synthetic_docs((2, 2), TINY_VOCAB))
+        passed = {k: v for k, v in model_inputs(mb, SimpleNamespace(config=config)).items() if k != "input_ids"}
+        shape = " [4, 1, T]" if config_uses_mrope(config) else ""
+        shown = ", ".join(
+            f"`{k}={v}`" if v is None or isinstance(v, bool) else f"`{k}`{shape if k == 'position_ids' else ''}"
+            for k, v in passed.items()
+        )
+        kinds = ", ".join(dict.fromkeys(layer_kinds(config)))
+        lines.append(
+            f"| {f.label} | `{f.key}` | {kinds} | {shown} | {f.cpu_verdict} | {f.positions_verdict} | pass "
+            f"| {f.gpu_route} |"
+        )
+    return "\n".join(lines)
 
 
 def resolve_config(model: str, *, tiny: bool = True) -> Any:

@@ -20,12 +20,14 @@ decoder layer whose output moved names the culprit (layer 0, linear_attention).
 `check_isolation(model)` is the cheap guard the HF trainers run once before training: the
 perturbation check only (two forwards on a short packed row, the real model and its real inputs).
 
-tol: 1e-4 in float32/float64 (measured noise 1e-7, leaks 1e-2 and up); 5e-3 in half precision.
+tol: 1e-4 in float32/float64 (measured noise 1e-7, leaks 1e-2 and up); in half precision (flash
+backends) 5e-3 for the perturbation and gradients, 3e-2 where kernels of other shapes recompute.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -49,6 +51,7 @@ from packtool.loader.boundaries import uses_mrope as config_uses_mrope
 from packtool.loader.collate import MicroBatch, collate
 from packtool.loader.loss import token_loss_sum
 
+log = logging.getLogger("packtool.probe")
 SKIP_ENV = "PACKTOOL_SKIP_ISOLATION_CHECK"
 CHECKS = ("packed_vs_alone", "perturbation", "gradients", "loss")
 CPU_BACKENDS = ("eager", "sdpa")
@@ -61,8 +64,12 @@ TINY_VOCAB = 128
 FIRST_ID = 3  # ids 0-2 are pad/bos/eos in the tiny configs
 
 
-def tolerance(dtype: torch.dtype) -> float:
-    return 5e-3 if dtype in (torch.float16, torch.bfloat16) else 1e-4
+def tolerance(dtype: torch.dtype, *, recomputed: bool = False) -> float:
+    """How far a value may move. `recomputed`: packed vs alone and the loss run other kernel shapes,
+    which in half precision round differently (a perturbation leaves isolated values bit-identical)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 3e-2 if recomputed else 5e-3
+    return 1e-4
 
 
 # ---- model families: the tiny configs CI runs (docs/isolation.md's table) ----
@@ -293,10 +300,14 @@ def _model_class(config: Any) -> Any:
 
 
 def build_tiny(config: Any, backend: str, seed: int = 0) -> Any:
-    """A random-weight model of `config` on `backend`, float32 (MoE experts refuse float64), eval mode."""
+    """A random-weight model of `config` on `backend`, eval mode, on CUDA when there is one.
+
+    float32 (MoE experts refuse float64), bfloat16 for the flash-attention backends (half precision only).
+    """
     torch.manual_seed(seed)
-    model = _model_class(config).from_config(config, attn_implementation=backend)
-    return model.float().eval()
+    dtype = torch.bfloat16 if backend.startswith("flash") else torch.float32
+    model = _model_class(config).from_config(config, attn_implementation=backend, dtype=dtype)
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 def available_backends() -> tuple[str, ...]:
@@ -472,6 +483,21 @@ class Perturbation:
     outside: float  # largest logit change outside document 0
     inside: float  # largest logit change inside document 0 (the perturbation did something)
     culprit: str  # "layer 0 (linear_attention)" for the first decoder layer whose output leaked, else ""
+    leaks: bool
+
+
+# bf16 keeps 8 significant bits (a relative step of 2^-8 = 3.9e-3): a kernel that groups other rows
+# differently (MoE experts, split-K GEMMs) may move an isolated value by a step or two of its size.
+HALF_RELATIVE = 2e-2
+
+
+def _moved(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype) -> tuple[float, bool]:
+    """The largest change and whether it is beyond rounding for `dtype`."""
+    change = float((before - after).abs().max()) if before.numel() else 0.0
+    limit = tolerance(dtype)
+    if dtype in (torch.float16, torch.bfloat16) and before.numel():
+        limit = max(limit, HALF_RELATIVE * float(before.abs().max()))
+    return change, change > limit
 
 
 def perturbation(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], dict[str, Any]]) -> Perturbation:
@@ -479,7 +505,7 @@ def perturbation(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], d
     vocab = int(model.config.get_text_config().vocab_size)
     end = int(mb.cu_seqlens[1])
     kinds = layer_kinds(model.config)
-    tol = tolerance(next(model.parameters()).dtype)
+    dtype = next(model.parameters()).dtype
     hooks = _LayerOutputs(model)
     try:
         with torch.no_grad():
@@ -489,14 +515,12 @@ def perturbation(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], d
         hooks.close()
     culprit = ""
     for i, (a, b) in enumerate(zip(layers_before, layers_after, strict=True)):
-        if float((a[end:] - b[end:]).abs().max()) > tol:
+        if _moved(a[end:], b[end:], dtype)[1]:
             culprit = f"layer {i} ({kinds[i] if i < len(kinds) else 'unknown'})"
             break
-    return Perturbation(
-        outside=float((before[end:] - after[end:]).abs().max()),
-        inside=float((before[:end] - after[:end]).abs().max()),
-        culprit=culprit,
-    )
+    outside, leaks = _moved(before[end:], after[end:], dtype)
+    inside = float((before[:end] - after[:end]).abs().max())
+    return Perturbation(outside=outside, inside=inside, culprit=culprit, leaks=leaks)
 
 
 def _alone_logits(model: Any, mb: MicroBatch) -> list[torch.Tensor]:
@@ -539,7 +563,8 @@ def run_checks(model: Any, mb: MicroBatch, feed_name: str) -> ProbeRow:
     backend = str(model.config._attn_implementation)
     feed = FEEDS[feed_name]
     kinds = layer_kinds(model.config)
-    tol = tolerance(next(model.parameters()).dtype)
+    dtype = next(model.parameters()).dtype
+    tol, loose = tolerance(dtype), tolerance(dtype, recomputed=True)
     try:
         with torch.no_grad():
             alone = _alone_logits(model, mb)
@@ -557,10 +582,10 @@ def run_checks(model: Any, mb: MicroBatch, feed_name: str) -> ProbeRow:
         return ProbeRow(backend, feed_name, "error", detail=error_message(kinds, feed_name, err))
     same = max(float((packed[lo:hi] - a).abs().max()) for a, lo, hi in _spans(alone, mb))
     checks = (
-        CheckResult("packed_vs_alone", same, same <= tol),
-        CheckResult("perturbation", moved.outside, moved.outside <= tol and moved.inside > tol),
+        CheckResult("packed_vs_alone", same, same <= loose),
+        CheckResult("perturbation", moved.outside, not moved.leaks and moved.inside > tol),
         CheckResult("gradients", gradient, gradient <= tol),
-        CheckResult("loss", loss, loss <= tol),
+        CheckResult("loss", loss, loss <= loose),
     )
     if all(c.ok for c in checks):
         return ProbeRow(backend, feed_name, "pass", checks)
@@ -679,9 +704,15 @@ def check_isolation(
 
     Two forwards of the real model with the inputs `feed` gives it (the trainer passes its own
     collator), in eval mode and without gradients. Returns the largest change seen outside
-    document 0, or None when skipped with PACKTOOL_SKIP_ISOLATION_CHECK=1.
+    document 0, or None when skipped: PACKTOOL_SKIP_ISOLATION_CHECK=1, or parameters sharded
+    (ZeRO-3, FSDP) before the trainer wraps the model (logged; probe such a model with
+    `packtool audit --probe`).
     """
     if os.environ.get(SKIP_ENV) == "1":
+        return None
+    if any(p.numel() == 0 for p in model.parameters()):
+        # ZeRO-3 / FSDP hold empty shards until the wrapped model gathers them; a forward here would fail.
+        log.warning("check_isolation skipped: %s has sharded parameters; run `packtool audit --probe`", type(model))
         return None
     if mb is None:
         mb = packed_row(synthetic_docs(GUARD_LENGTHS, int(model.config.get_text_config().vocab_size)))
@@ -698,7 +729,7 @@ def check_isolation(
         raise IsolationError(f"{name}: {message}; {SKIP_ENV}=1 skips this check") from err
     finally:
         model.train(training)
-    if moved.outside > tolerance(next(model.parameters()).dtype):
+    if moved.leaks:
         raise IsolationError(
             f"{name}: packed documents leak (logits of later documents moved {moved.outside:.1e}): "
             f"{leak_message(kinds, 'model_inputs', moved.culprit)}; {SKIP_ENV}=1 skips this check"

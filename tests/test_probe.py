@@ -149,3 +149,22 @@ def test_an_unknown_model_is_one_line():
         probe("llama", feeds=("nope",))
     usage = CliRunner().invoke(main, ["audit"])
     assert usage.exit_code == 2 and "give a CONFIG to audit, or --probe MODEL" in usage.output
+
+
+def test_half_precision_allows_rounding_steps_but_not_leaks():
+    from packtool.probe import _moved
+
+    logits = torch.tensor([10.0, -3.0, 0.5], dtype=torch.bfloat16)
+    one_step = logits.clone()
+    one_step[0] = 10.0625  # the next bfloat16 after 10
+    assert _moved(logits.float(), one_step.float(), torch.bfloat16) == (pytest.approx(0.0625), False)
+    leaked = logits.float() + torch.tensor([0.0, 0.0, 0.5])
+    assert _moved(logits.float(), leaked, torch.bfloat16)[1]
+    assert _moved(logits.float(), logits.float() + 1e-3, torch.float32)[1]  # float32: 1e-4 absolute
+
+
+def test_check_isolation_leaves_sharded_models_to_the_probe(caplog):
+    model = build_tiny(family_config(FAMILIES["llama"]), "sdpa")
+    model.lm_head.weight = torch.nn.Parameter(torch.empty(0))  # what a ZeRO-3 shard looks like before gathering
+    assert check_isolation(model) is None
+    assert "sharded parameters" in caplog.text

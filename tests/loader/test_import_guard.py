@@ -17,6 +17,21 @@ def test_packtool_imports_without_torch_and_loader_names_the_install():
     assert "pip install 'packtool[loader]'" in out and "pip install torch==2.13.0" in out
 
 
+PROBE_WITHOUT_TORCH = """
+import sys
+sys.modules['torch'] = None
+from click.testing import CliRunner
+from packtool.cli import main
+result = CliRunner().invoke(main, ["audit", "--probe", "llama"])
+print(result.exit_code, result.output.strip())
+"""
+
+
+def test_audit_probe_without_torch_is_one_line_naming_the_install():
+    out = subprocess.run([sys.executable, "-c", PROBE_WITHOUT_TORCH], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1 Error: packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'"
+
+
 FRONT_DOOR = """
 import sys
 import packtool.loader

@@ -46,7 +46,7 @@ except ImportError as err:  # pragma: no cover - exercised without torch
     raise ImportError("packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'") from err
 
 from packtool.labels import IGNORE_INDEX
-from packtool.loader.boundaries import FEEDS, RECURRENT_KINDS, layer_kinds, model_inputs
+from packtool.loader.boundaries import FEEDS, MROPE_MODEL_TYPES, RECURRENT_KINDS, layer_kinds, model_inputs
 from packtool.loader.boundaries import uses_mrope as config_uses_mrope
 from packtool.loader.collate import MicroBatch, collate
 from packtool.loader.loss import token_loss_sum
@@ -140,6 +140,23 @@ FAMILIES: dict[str, Family] = {
             gpu_route="flash-linear-attention + causal-conv1d read cu_seq_lens",
         ),
         Family(
+            "bamba",
+            "Bamba (Mamba-2 + full)",
+            "bamba",
+            {"attn_layer_indices": [1]},
+            cpu_verdict="error",
+            positions_verdict="leak",
+            gpu_route="mamba-ssm + causal-conv1d read seq_idx",
+        ),
+        Family(
+            "gpt_oss",
+            "GPT-OSS (attention sinks, sliding + full, MoE)",
+            "gpt_oss",
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route="not yet measured (bench/gpu_check.py)",
+        ),
+        Family(
             "mamba2",
             "Mamba-2",
             "mamba2",
@@ -208,6 +225,15 @@ def shrink(settings: dict[str, Any]) -> dict[str, Any]:
     if "expand" in out and "num_heads" in out:  # Mamba-2: heads * head_dim must equal expand * hidden
         out["num_heads"] = out["expand"] * out["hidden_size"] // out.get("head_dim", 16)
         out["chunk_size"] = 8  # chunks that straddle the documents
+    if "mamba_n_heads" in out:  # the Mamba-2 mixers of hybrids (Bamba, Granite-4, Falcon-H1), same rule
+        out["mamba_d_head"] = 16
+        out["mamba_n_heads"] = int(out.get("mamba_expand") or 2) * out["hidden_size"] // 16
+        out["mamba_n_groups"], out["mamba_chunk_size"] = 1, 8
+        if out.get("mamba_d_ssm") is not None:
+            out["mamba_d_ssm"] = out["mamba_n_heads"] * 16
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and ("mrope_section" in rope or out.get("model_type") in MROPE_MODEL_TYPES):
+        out["rope_parameters"] = {**rope, "mrope_section": [2, 3, 3]}  # t/h/w: head_dim / 2 = 8 in all
     out["use_cache"] = False
     return out
 

@@ -80,14 +80,23 @@ def layer_kinds(config: Any) -> tuple[str, ...]:
     if getattr(text, "model_type", "") in MAMBA_MODEL_TYPES:
         return ("mamba",) * n
     names = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None)
+    # Bamba and Granite-4 call their Mamba-2 mixers "linear_attention"; their configs give them away.
+    mamba_mixers = hasattr(text, "mamba_d_state")
     if names:
-        return tuple("mamba" if str(k) in MAMBA_KIND_NAMES else _attention_name(str(k)) for k in names)
+        return tuple(
+            "mamba"
+            if str(k) in MAMBA_KIND_NAMES or (mamba_mixers and k == "linear_attention")
+            else _attention_name(str(k))
+            for k in names
+        )
     sliding = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)
     return ("sliding_attention" if sliding else "full_attention",) * n
 
 
 def _attention_name(kind: str) -> str:
-    return "full_attention" if kind in ("attention", "hybrid") else kind
+    # Falcon-H1 names every layer "hybrid": attention and a Mamba-2 mixer side by side; the mixer
+    # is the part that carries a state across a boundary, so it is what the layer is reported as.
+    return {"attention": "full_attention", "hybrid": "mamba"}.get(kind, kind)
 
 
 def uses_mrope(config: Any) -> bool:

@@ -34,6 +34,7 @@ def test_layer_kinds_of_the_families():
     assert layer_kinds(stub("gemma3").config) == ("sliding_attention", "full_attention")
     assert layer_kinds(stub("qwen3_5").config) == ("linear_attention", "full_attention")
     assert layer_kinds(stub("mamba2").config) == ("mamba", "mamba")
+    assert layer_kinds(stub("bamba").config) == ("mamba", "full_attention")  # transformers says linear_attention
 
 
 def test_model_inputs_give_each_family_what_its_layers_read():

@@ -154,7 +154,7 @@ FAMILIES: dict[str, Family] = {
             "gpt_oss",
             cpu_verdict="leak",
             positions_verdict="leak",
-            gpu_route="not yet measured (bench/gpu_check.py)",
+            gpu_route="flash reads cu_seq_lens (its masks ignore position_ids)",
         ),
         Family(
             "mamba2",

@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -251,8 +251,6 @@ def family_config(family: Family) -> Any:
 
 def family_table() -> str:
     """docs/isolation.md's family x backend table, from FAMILIES (tests/test_probe.py runs every row on CPU)."""
-    from types import SimpleNamespace
-
     lines = [
         "| family | `--probe` | layer types | `model_inputs` passes (sdpa) | eager, sdpa (CPU) "
         "| position_ids only (CPU) | one document per row | GPU: what keeps documents apart |",
@@ -407,11 +405,17 @@ def packed_row(docs: Sequence[tuple[np.ndarray, np.ndarray]]) -> MicroBatch:
     )
 
 
-def docs_from_build(out: str | Path, vocab: int, max_tokens: int = 256) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The documents of the build's first pack with two or more (their lengths and labels, ids folded into vocab)."""
+def docs_from_build(
+    out: str | Path, vocab: int, max_tokens: int = 256, max_packs: int = 64
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The documents of the build's first pack with two or more (their lengths and labels, ids folded into vocab).
+
+    Documents, not attention segments: a stream build's windows are read with their document starts.
+    """
     from packtool.loader.dataset import PackedDataset
 
-    for pack in PackedDataset(out, shuffle=False):
+    packs = PackedDataset(out, shuffle=False, isolate_documents=True)
+    for pack in itertools.islice(packs, max_packs):
         cu = np.asarray(pack.cu_seqlens).tolist()
         if len(cu) < 3:
             continue
@@ -426,7 +430,9 @@ def docs_from_build(out: str | Path, vocab: int, max_tokens: int = 256) -> list[
             used += hi - lo
         if len(docs) >= 2:
             return docs
-    raise ProbeError(f"{out}: no pack holds two documents; probe with synthetic rows (leave out --data)")
+    raise ProbeError(
+        f"{out}: none of the first {max_packs} packs holds two documents; probe with synthetic rows (leave out --data)"
+    )
 
 
 def _fold(ids: np.ndarray, vocab: int) -> np.ndarray:

@@ -73,3 +73,31 @@ def test_one_document_per_row_keeps_targets_and_pads_right():
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]]
     assert int((batch["labels"] != -100).sum()) == int((np.asarray(ROW["labels"]) != -100).sum())
+
+
+def test_probe_data_needs_a_pack_with_two_documents(make_build):
+    from click.testing import CliRunner
+
+    from packtool.cli import main
+    from packtool.errors import ProbeError
+    from packtool.probe import docs_from_build
+
+    def single_documents(packs):
+        packs[:] = [p for p in packs if len(p.cu_seqlens) == 2]
+
+    path, packs = make_build(n_packs=60, alter=single_documents)
+    assert packs and all(len(p.cu_seqlens) == 2 for p in packs)
+    with pytest.raises(ProbeError, match="none of the first 64 packs holds two documents"):
+        docs_from_build(path, 128)
+    result = CliRunner().invoke(main, ["audit", "--probe", "llama", "--data", str(path)])
+    assert result.exit_code == 1 and "leave out --data" in result.output
+
+
+def test_probe_data_reads_the_documents_of_a_stream_build(make_build):
+    from packtool.probe import docs_from_build
+
+    path, packs = make_build(mode="stream")
+    first = next(p for p in packs if len(p.doc_cu_seqlens) >= 3)
+    docs = docs_from_build(path, 128)
+    assert [len(ids) for ids, _ in docs] == np.diff(first.doc_cu_seqlens).tolist()[: len(docs)]
+    assert all(labels[0] == -100 for _, labels in docs)

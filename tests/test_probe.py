@@ -168,3 +168,13 @@ def test_check_isolation_leaves_sharded_models_to_the_probe(caplog):
     model.lm_head.weight = torch.nn.Parameter(torch.empty(0))  # what a ZeRO-3 shard looks like before gathering
     assert check_isolation(model) is None
     assert "sharded parameters" in caplog.text
+
+
+def test_check_isolation_catches_a_feed_that_leaves_the_kv_cache_on():
+    """A model whose config says use_cache=True (most checkpoints) builds a cache, and with it no block mask."""
+    config = family_config(FAMILIES["llama"])
+    config.use_cache = True
+    model = build_tiny(config, "sdpa").train()
+    with pytest.raises(IsolationError, match=r"layer 0 \(full_attention\)"):
+        check_isolation(model, feed=lambda mb, m: {"input_ids": mb.input_ids, "position_ids": mb.position_ids})
+    assert check_isolation(model) <= 1e-6  # model_inputs says use_cache=False

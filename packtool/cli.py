@@ -324,9 +324,9 @@ def audit_command(
     must not move another's logits or gradients, and the loss must keep its normaliser.
 
     \b
-    Examples:
+    Example:
         packtool audit configs/quickstart.yaml --rows 100 --json
-        packtool audit --probe Qwen/Qwen3.5-9B --feed position_ids --feed model_inputs
+        packtool audit --probe qwen3_5 --feed position_ids --feed one_document_per_row
     """
     from dataclasses import asdict
 

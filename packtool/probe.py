@@ -330,8 +330,8 @@ def build_tiny(config: Any, backend: str, seed: int = 0) -> Any:
     """
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if backend.startswith("flash") else torch.float32
-    model = _model_class(config).from_config(config, attn_implementation=backend, dtype=dtype)
-    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    model = _model_class(config).from_config(config, attn_implementation=backend)
+    return model.to("cuda" if torch.cuda.is_available() else "cpu", dtype).eval()
 
 
 def available_backends() -> tuple[str, ...]:

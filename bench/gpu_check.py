@@ -1,6 +1,17 @@
-"""Check every varlen attention backend against the per-segment reference, and time packed vs padded.
+"""Check every varlen attention backend against the per-segment reference, and time packed vs padded;
+then probe packing isolation in every model family of docs/isolation.md on the backends here.
 
-    .venv/bin/python bench/gpu_check.py            # CUDA when available, else the CPU subset
+    .venv/bin/python bench/gpu_check.py                      # CUDA when available, else the CPU subset
+    .venv/bin/python bench/gpu_check.py --isolation-only     # only the family x backend probe
+    .venv/bin/python bench/gpu_check.py --time-limit 300 --json isolation.json
+
+Isolation (`packtool.probe`): each family's tiny random model runs a packed row of three documents
+with packtool's inputs (`model_inputs`) on eager, sdpa and, where importable, flash_attention_2 /
+flash_attention_3 (bf16); flex only for Llama on CUDA (HF compiles it per model, ~40 s). The Gated DeltaNet
+and Mamba-2 layers use the flash-linear-attention / causal-conv1d / mamba-ssm kernels when those
+are installed, and their torch fallbacks otherwise (which the table in docs/isolation.md says
+leak or refuse). The whole script stops itself after --time-limit seconds (default 480) and
+prints what it finished; each family takes a few seconds on a GPU.
 
 On CUDA: flash_attn (if importable), torch varlen_attn, flex (eager) and SDPA with the block
 mask are compared with per-segment causal SDPA on packed batches (bf16, tolerance 2e-2), forward
@@ -12,8 +23,12 @@ chunked-loss check run, and the CUDA parts are reported as skipped. Finishes in 
 
 from __future__ import annotations
 
+import argparse
+import json
+import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -138,9 +153,60 @@ def chunked_loss_check(vocab: int = 151_936, tokens: int = 4096, hidden: int = 1
     return [] if ok else ["chunked_loss"]
 
 
-def main() -> int:
+ISOLATION_BACKENDS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+
+
+def isolation_check(json_path: Path | None) -> list[str]:
+    """The probe on every family; a combination that leaks or refuses its inputs is a failure, named."""
+    import transformers
+
+    from packtool.probe import FAMILIES, format_probe, probe
+
+    transformers.logging.set_verbosity_error()
+    failures, reports = [], []
+    for key in FAMILIES:
+        flex = key == "llama" and torch.cuda.is_available()  # on CPU HF's flex path fails to compile (DESIGN.md)
+        backends = (*ISOLATION_BACKENDS, "flex_attention") if flex else ISOLATION_BACKENDS
+        started = time.perf_counter()
+        report = probe(key, backends=backends, feeds=("model_inputs", "one_document_per_row"))
+        print(format_probe(report))
+        print(f"  ({time.perf_counter() - started:.1f} s)")
+        reports.append(report.as_dict())
+        failures += [f"isolation:{key}:{row.backend}:{row.feed}" for row in report.rows if row.failed]
+        if json_path is not None:  # written after every family: a run cut short keeps what it finished
+            json_path.write_text(json.dumps(reports, indent=2) + "\n")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--isolation-only", action="store_true", help="only the family x backend isolation probe")
+    parser.add_argument("--time-limit", type=int, default=480, help="stop after this many seconds (default 480)")
+    parser.add_argument("--json", type=Path, help="write the isolation reports here as JSON")
+    args = parser.parse_args(argv)
+
+    def out_of_time(signum, frame):
+        raise TimeoutError(f"--time-limit {args.time_limit} s reached")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(args.time_limit)
+    try:
+        return run(args)
+    except TimeoutError as err:
+        print(f"STOPPED: {err}; the output above is what finished")
+        return 2
+    finally:
+        signal.alarm(0)
+
+
+def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     failures: list[str] = []
+    if args.isolation_only:
+        print("isolation probe (packtool.probe), every family of docs/isolation.md:")
+        failures = isolation_check(args.json)
+        print(f"done in {time.perf_counter() - started:.1f} s; failures: {failures or 'none'}")
+        return 1 if failures else 0
     print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
     print("CPU reference checks (float64 SDPA mask, float32 flex eager):")
     lengths = packed_lengths(512, seed=0)
@@ -179,6 +245,8 @@ def main() -> int:
                 continue  # eager flex and the dense mask are references, not fast paths
             packed_vs_padded(backend, rows, 8, 64, torch.bfloat16, "cuda")
 
+    print("isolation probe (packtool.probe), every family of docs/isolation.md:")
+    failures += isolation_check(args.json)
     print(f"done in {time.perf_counter() - started:.1f} s; failures: {sorted(set(failures)) or 'none'}")
     return 1 if failures else 0
 

@@ -32,6 +32,8 @@ from packtool.loader import (
     window_metrics,
     window_norm,
 )
+from packtool.loader.boundaries import model_inputs
+from packtool.probe import check_isolation
 
 
 def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
@@ -49,14 +51,14 @@ def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
 
 
 def loss_sum(model, mb, chunked: bool):
-    # position_ids restarting per segment with attention_mask=None is how HF models take packed
-    # rows (tests/loader/test_proofs.py checks it isolates samples); flash-attention backends
-    # also read the explicit offsets in mb.flash_kwargs().
-    extra = mb.flash_kwargs() if "flash" in model.config._attn_implementation else {}
+    # model_inputs: the boundaries this model's layer types read (here restarting position_ids with
+    # attention_mask=None and no KV cache; cu_seq_lens, seq_idx or mRoPE positions for other
+    # families and backends, docs/isolation.md). check_isolation in main() proves they suffice.
+    inputs = model_inputs(mb, model)
     if chunked:  # the decoder's last hidden states and the lm_head weight: no [T, V] logits
-        hidden = model.model(input_ids=mb.input_ids, position_ids=mb.position_ids, **extra).last_hidden_state
+        hidden = model.model(**inputs).last_hidden_state
         return chunked_token_loss_sum(hidden, model.lm_head.weight, mb.labels)[0]
-    return token_loss_sum(model(input_ids=mb.input_ids, position_ids=mb.position_ids, **extra).logits, mb.labels)[0]
+    return token_loss_sum(model(**inputs).logits, mb.labels)[0]
 
 
 def main(argv: list[str] | None = None) -> list[float]:
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     )
     vocab = args.vocab_size or dataset.manifest.vocab_size or 32000
     model = tiny_model(vocab).train()
+    check_isolation(model)  # two forwards: changing one packed document must not move another
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def windows():

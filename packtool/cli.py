@@ -273,24 +273,68 @@ def stats(path: Path, as_json: bool) -> None:
 
 
 @main.command(name="audit")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--rows", default=50, show_default=True, help="Rows of each source to check besides the built-in probes.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the report (ok, checks with evidence, first failure) as JSON."
 )
-def audit_command(config: Path, rows: int, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Check the template + tokenizer before a long build; exit 1 if a check fails.
+@click.option(
+    "--probe",
+    "model",
+    metavar="MODEL",
+    help="Instead of a config: check that packed documents stay apart in MODEL (a family name, config.json, "
+    "model folder or cached hub id); see docs/isolation.md.",
+)
+@click.option(
+    "--data",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="--probe on the documents of this build's first packs (default: synthetic rows).",
+)
+@click.option("--backend", "backends", multiple=True, help="--probe these attention backends (default: all here).")
+@click.option(
+    "--feed",
+    "feeds",
+    multiple=True,
+    type=click.Choice(["model_inputs", "position_ids", "one_document_per_row"]),
+    help="--probe these ways of feeding the packed row (default: model_inputs, what packtool feeds).",
+)
+@click.option(
+    "--weights", is_flag=True, help="--probe the real weights (local folder or cache) instead of a tiny copy."
+)
+def audit_command(
+    config: Path | None,
+    rows: int,
+    overrides: tuple[str, ...],
+    as_json: bool,
+    model: str | None,
+    data: Path | None,
+    backends: tuple[str, ...],
+    feeds: tuple[str, ...],
+    weights: bool,
+) -> None:
+    """Check the template + tokenizer before a long build, or a model's packing isolation; exit 1 on a failure.
 
     Runs built-in probe conversations (system prompts, repeated roles, multi-turn tool calls,
     control-token text in content) and the first ROWS rows of each source, and reports each
     check with its evidence; the first failing sample is shown token by token.
 
+    With --probe MODEL: a tiny random model of MODEL's architecture runs packed rows on every
+    attention backend here; packed logits must equal each document alone, changing one document
+    must not move another's logits or gradients, and the loss must keep its normaliser.
+
     \b
     Example:
         packtool audit configs/quickstart.yaml --rows 100 --json
+        packtool audit --probe qwen3_5 --feed position_ids --feed one_document_per_row
     """
     from dataclasses import asdict
+
+    if model is not None:
+        _probe(model, data, backends, feeds, weights, as_json)
+        return
+    if config is None:
+        raise click.UsageError("give a CONFIG to audit, or --probe MODEL")
 
     from packtool.audit import audit, format_audit
     from packtool.config import load_config, resolve_config_path
@@ -300,6 +344,22 @@ def audit_command(config: Path, rows: int, overrides: tuple[str, ...], as_json: 
     except PacktoolError as error:
         raise _fail(error) from None
     click.echo(json.dumps({"ok": report.ok, **asdict(report)}, indent=2) if as_json else format_audit(report))
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def _probe(
+    model: str, data: Path | None, backends: tuple[str, ...], feeds: tuple[str, ...], weights: bool, as_json: bool
+) -> None:
+    try:
+        from packtool.probe import format_probe, probe
+    except ImportError as error:
+        raise click.ClickException(str(error)) from None
+    try:
+        report = probe(model, backends=backends or None, feeds=feeds or ("model_inputs",), data=data, weights=weights)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else format_probe(report))
     if not report.ok:
         raise SystemExit(1)
 

@@ -84,5 +84,13 @@ class DatasetError(PacktoolError):
     """The build folder cannot be read as promised by its manifest."""
 
 
+class IsolationError(PacktoolError):
+    """A model (with its attention backend and inputs) lets one packed document change another."""
+
+
+class ProbeError(PacktoolError):
+    """`packtool audit --probe` cannot find or build the model it was given."""
+
+
 class BuildError(PacktoolError):
     """The build ran but its outcome must not be published (empty output, too many records lost)."""

@@ -4,9 +4,13 @@ What a Trainer user needs, and where it is:
 
     data per rank        `trainer_dataset(path, args)`: a PackedDataset wired to args.process_index / world_size,
                          one pack per rank per round, so every rank runs the same number of steps
-    batches              `PackedCollator`: the Trainer's per_device_train_batch_size packs -> one flattened
-                         row (input_ids, labels, position_ids restarting per segment; + cu_seq_lens_q/k and
-                         max_length_q/k for flash-attention models, `flash=True`)
+    batches              `PackedCollator(model)`: the Trainer's per_device_train_batch_size packs -> one
+                         flattened row with the boundaries the model's layer types read (`model_inputs`:
+                         restarting position_ids, cu_seq_lens_q/k, seq_idx, mRoPE positions; docs/isolation.md);
+                         `one_document_per_row=True` pads each document into its own row instead
+    isolation            `train()` first runs `check_isolation` (two forwards on a short packed row through
+                         the trainer's own collator) and stops with one line when the model lets one
+                         document change another; PACKTOOL_SKIP_ISOLATION_CHECK=1 skips it
     the loss             the Trainer's own: a causal LM given `num_items_in_batch` returns sum / N, where the
                          Trainer counts N over the whole accumulation window and, with
                          `average_tokens_across_devices` (default), over all ranks; it then multiplies by the
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 try:
@@ -48,10 +53,20 @@ except ImportError as err:  # pragma: no cover - exercised without transformers
     raise ImportError("packtool.loader.hf needs transformers: pip install 'packtool[hf]'") from err
 
 from packtool.errors import DatasetError
-from packtool.loader.collate import LoadedPack, collate
+from packtool.loader.boundaries import model_inputs, one_document_per_row
+from packtool.loader.collate import LoadedPack, MicroBatch, collate
 from packtool.loader.dataset import PackedDataset
+from packtool.probe import check_isolation
 
-__all__ = ["PackedCollator", "PackedTrainer", "sft_dataset", "trainer_dataset"]  # + PackedSFTTrainer (needs trl)
+__all__ = [  # + PackedSFTTrainer (needs trl)
+    "PackedCollator",
+    "PackedTrainer",
+    "check_isolation",
+    "model_inputs",
+    "one_document_per_row",
+    "sft_dataset",
+    "trainer_dataset",
+]
 
 STATE_FILE = "packtool_data.json"
 POSITION_KEY = "packtool_resume_after"  # ride in each batch from the collator to training_step, popped there
@@ -72,13 +87,22 @@ def trainer_dataset(path: str | Path, args: transformers.TrainingArguments, **op
 
 
 class PackedCollator:
-    """Packs -> one flattened Trainer batch [1, T] (+ the flash-attention offsets when `flash`)."""
+    """Packs -> one Trainer batch: a flattened row [1, T] with the boundaries `model` reads (`model_inputs`).
 
-    def __init__(self, flash: bool = False) -> None:
-        self.flash = flash
+    Without a model: input_ids, labels and restarting position_ids (+ the flash-attention offsets
+    when `flash`). `one_document_per_row`: each document its own right-padded row [S, Lmax], for
+    models whose layers cannot keep packed documents apart (same targets, same loss normaliser).
+    """
+
+    def __init__(self, model: Any = None, *, flash: bool = False, one_document_per_row: bool = False) -> None:
+        self.model, self.flash, self.one_document_per_row = model, flash, one_document_per_row
 
     def __call__(self, packs: list[LoadedPack]) -> dict[str, Any]:
         mb = collate(packs)
+        if self.one_document_per_row:
+            return one_document_per_row(mb)
+        if self.model is not None:
+            return {**model_inputs(mb, self.model), "labels": mb.labels}
         batch: dict[str, Any] = {"input_ids": mb.input_ids, "labels": mb.labels, "position_ids": mb.position_ids}
         if self.flash:
             batch.update(mb.flash_kwargs())
@@ -177,7 +201,10 @@ class _PackedMixin:
         position = inputs.pop(POSITION_KEY)
         self.last_pack_hashes = inputs.pop(HASHES_KEY)  # provenance of the micro-batch just trained
         positions = inputs["position_ids"]
-        n_tokens = int(inputs["input_ids"].numel())
+        positions = positions[0] if positions.ndim == 3 else positions  # mRoPE: text positions come first
+        mask = inputs.get("attention_mask")
+        n_tokens = int(inputs["input_ids"].numel() if not isinstance(mask, torch.Tensor) else mask.sum())
+        self._window["padding_slots"] += int(inputs["input_ids"].numel()) - n_tokens
         self._window["input_tokens"] += n_tokens
         self._window["target_tokens"] += int((inputs["labels"][..., 1:] != -100).sum())
         self._window["segments"] += int((positions == 0).sum())
@@ -198,6 +225,7 @@ class _PackedMixin:
     def train(
         self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval: Any = None
     ):
+        self._check_isolation()
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[attr-defined]
@@ -209,6 +237,21 @@ class _PackedMixin:
         return super().train(  # type: ignore[misc]
             resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
         )
+
+    def _check_isolation(self) -> None:
+        """Two forwards of the real model on a short packed row, fed through this trainer's collator."""
+        check_isolation(self.model, feed=self._guard_inputs)  # type: ignore[attr-defined]
+
+    def _guard_inputs(self, mb: MicroBatch, model: Any) -> dict[str, Any]:
+        pack = LoadedPack(
+            input_ids=mb.input_ids[0].cpu().numpy(),
+            labels=mb.labels[0].cpu().numpy(),
+            cu_seqlens=mb.cu_seqlens.cpu().numpy(),
+        )
+        collator = self.data_collator  # type: ignore[attr-defined]
+        batch = dict(collator([sft_example(pack)] if self._packs_as_examples else [pack]))
+        device = next(model.parameters()).device
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k != "labels"}
 
 
 class _SaveDataOrder(transformers.TrainerCallback):
@@ -229,7 +272,8 @@ class PackedTrainer(_PackedMixin, transformers.Trainer):
     """`transformers.Trainer` reading a packtool build: see the module docstring."""
 
     def __init__(self, *, train_dataset: PackedDataset, data_collator: Any = None, **kwargs: Any) -> None:
-        super().__init__(train_dataset=train_dataset, data_collator=data_collator or PackedCollator(), **kwargs)
+        collator = data_collator or PackedCollator(kwargs.get("model"))
+        super().__init__(train_dataset=train_dataset, data_collator=collator, **kwargs)
         self._setup_packed(train_dataset)
 
 

@@ -79,3 +79,57 @@ def test_trl_sft_trainer_padding_free_takes_the_packs(quickstart_build, referenc
     assert sft["hashes"] == reference["hashes"]
     # TRL's own padding-free collator rebuilt the same rows (labels, positions), so the same loss
     assert sft["losses"] == pytest.approx(reference["losses"], abs=1e-3)
+
+
+def hybrid_trainer(build, tmp_path, *, trl: bool = False, **collator):
+    """A PackedTrainer (or PackedSFTTrainer) for a tiny random Qwen3.5 text model (Gated DeltaNet + full)."""
+    import transformers
+
+    from packtool.loader.hf import PackedCollator, PackedTrainer, trainer_dataset
+    from packtool.probe import FAMILIES, build_tiny, family_config
+
+    common = {"output_dir": str(tmp_path / "out"), "max_steps": 2, "per_device_train_batch_size": 1}
+    common |= {"report_to": [], "use_cpu": True, "save_strategy": "no", "disable_tqdm": True, "logging_steps": 1}
+    config = family_config(FAMILIES["qwen3_5"])
+    args = transformers.TrainingArguments(**common)
+    config.vocab_size = trainer_dataset(build, args).manifest.vocab_size
+    model = build_tiny(config, "sdpa")
+    if trl:
+        import trl as trl_module
+
+        from packtool.loader.hf import PackedSFTTrainer
+
+        targs = trl_module.SFTConfig(
+            **common, padding_free=True, max_length=None, dataset_kwargs={"skip_prepare_dataset": True}
+        )
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_file=str(trainer_dataset(build, targs).manifest.raw["tokenizer"]["file"]), pad_token="<pad>"
+        )
+        packed = trainer_dataset(build, targs)
+        return PackedSFTTrainer(model=model, args=targs, packed=packed, processing_class=tokenizer)
+    collate = PackedCollator(model, **collator) if collator else None
+    return PackedTrainer(model=model, args=args, train_dataset=trainer_dataset(build, args), data_collator=collate)
+
+
+def test_trainers_refuse_a_hybrid_model_that_would_train_contaminated(quickstart_build, tmp_path):
+    from packtool.errors import IsolationError
+
+    with pytest.raises(IsolationError, match=r"^Qwen3_5ForCausalLM \(sdpa\): linear_attention layers refuse"):
+        hybrid_trainer(quickstart_build, tmp_path).train()
+    pytest.importorskip("trl")
+    # TRL's padding-free collator adds its own boundaries, which the conv fallback refuses too
+    with pytest.raises(IsolationError, match=r"^Qwen3_5ForCausalLM \(sdpa\): linear_attention layers"):
+        hybrid_trainer(quickstart_build, tmp_path, trl=True).train()
+
+
+def test_one_document_per_row_trains_the_hybrid_model(quickstart_build, tmp_path, monkeypatch):
+    trainer = hybrid_trainer(quickstart_build, tmp_path, one_document_per_row=True)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2 and all(0 < loss < 20 for loss in losses)
+    logged = next(log for log in trainer.state.log_history if "loss" in log)
+    assert logged["padding_slots"] > 0 and logged["segments"] >= 1
+    # the documented opt-out: the same refused trainer runs (contaminated) when the user says so
+    monkeypatch.setenv("PACKTOOL_SKIP_ISOLATION_CHECK", "1")
+    with pytest.raises(ValueError, match="flash-linear-attention"):
+        hybrid_trainer(quickstart_build, tmp_path).train()  # the model's own refusal, no longer caught first

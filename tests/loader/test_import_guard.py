@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 CODE = """
 import sys
 sys.modules['torch'] = None  # as if torch were not installed
@@ -17,20 +19,31 @@ def test_packtool_imports_without_torch_and_loader_names_the_install():
     assert "pip install 'packtool[loader]'" in out and "pip install torch==2.13.0" in out
 
 
-TRACE = """
+NO_TORCH_CLI = """
 import sys
 sys.modules['torch'] = None  # as if torch were not installed
 from click.testing import CliRunner
 from packtool.cli import main
-result = CliRunner().invoke(main, ["trace", sys.argv[1], "--step", "0"])
-print(result.exit_code, result.output)
+result = CliRunner().invoke(main, sys.argv[1:])
+print(result.exit_code, result.output.strip())
 """
 
 
-def test_trace_without_torch_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-c", TRACE, str(tmp_path)], capture_output=True, text=True, check=True)
-    assert out.stdout.startswith("1 Error: packtool trace needs the loader")
-    assert "pip install 'packtool[loader]'" in out.stdout and "Traceback" not in out.stdout
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["trace", "{tmp}", "--step", "0"], "1 Error: packtool trace needs the loader"),
+        (
+            ["audit", "--probe", "llama"],
+            "1 Error: packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'",
+        ),
+    ],
+)
+def test_torch_commands_without_torch_are_one_line_naming_the_install(tmp_path, args, expected):
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
+    out = subprocess.run([sys.executable, "-c", NO_TORCH_CLI, *args], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith(expected) and "pip install 'packtool[" in out.stdout
+    assert "Traceback" not in out.stdout
 
 
 FRONT_DOOR = """

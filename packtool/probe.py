@@ -1,0 +1,769 @@
+"""Is packing isolated in *this* model stack? Run the model and compare (`packtool audit --probe MODEL`).
+
+Packing is only layout if no document can see another. Attention masks are one way a model hears
+about boundaries; recurrent layers (Gated DeltaNet, Mamba-2) need them inside their kernels, and
+mRoPE models need their positions in another shape. Which combination works is measured here, on
+a tiny random-weight model of the same architecture (its layer types, rope and head layout,
+smallest sizes), for every attention backend available:
+
+    check            what is compared                                              leak when
+    packed_vs_alone  logits of each document in the packed row vs the document run alone   > tol
+    perturbation     change one token of document 0: logits of documents 1.. must not move  > tol
+    gradients        d(logits of the last document)/d(embeddings) outside that document      > tol (relative)
+    loss             the model's own loss with num_items_in_batch vs sum of per-document    > tol
+                     token losses / targets (packing must not change the normaliser)
+
+For a row [A | B | C] (cu_seqlens [0, 11, 18, 29]) and a model that leaks, the perturbation
+check reads like this: a0..a10 -> a0..a9 a10'; logits of B and C move by 3.9e-02, and the first
+decoder layer whose output moved names the culprit (layer 0, linear_attention).
+
+`check_isolation(model)` is the cheap guard the HF trainers run once before training: the
+perturbation check only (two forwards on a short packed row, the real model and its real inputs).
+
+tol: 1e-4 in float32/float64 (measured noise 1e-7, leaks 1e-2 and up); in half precision (flash
+backends) 5e-3 for the perturbation and gradients, 3e-2 where kernels of other shapes recompute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from packtool.errors import IsolationError, PacktoolError, ProbeError
+
+try:
+    import torch
+    import transformers  # noqa: F401  # every probe builds a transformers model
+except ImportError as err:  # pragma: no cover - exercised without torch
+    raise ImportError("packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'") from err
+
+from packtool.labels import IGNORE_INDEX
+from packtool.loader.boundaries import FEEDS, MROPE_MODEL_TYPES, RECURRENT_KINDS, layer_kinds, model_inputs
+from packtool.loader.boundaries import uses_mrope as config_uses_mrope
+from packtool.loader.collate import MicroBatch, collate
+from packtool.loader.loss import token_loss_sum
+
+log = logging.getLogger("packtool.probe")
+SKIP_ENV = "PACKTOOL_SKIP_ISOLATION_CHECK"
+CHECKS = ("packed_vs_alone", "perturbation", "gradients", "loss")
+CPU_BACKENDS = ("eager", "sdpa")
+# HF compiles flex attention on first use: ~40 s per model on this CPU, and a document BlockMask
+# failed in the C++ compile (DESIGN.md); it runs by default where CUDA is, or when asked for.
+GPU_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+DOC_LENGTHS = (11, 7, 13)  # three documents, each longer than the tiny sliding window (4)
+GUARD_LENGTHS = (9, 6, 8)
+TINY_VOCAB = 128
+FIRST_ID = 3  # ids 0-2 are pad/bos/eos in the tiny configs
+
+
+def tolerance(dtype: torch.dtype, *, recomputed: bool = False) -> float:
+    """How far a value may move. `recomputed`: packed vs alone and the loss run other kernel shapes,
+    which in half precision round differently (a perturbation leaves isolated values bit-identical)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 3e-2 if recomputed else 5e-3
+    return 1e-4
+
+
+# ---- model families: the tiny configs CI runs (docs/isolation.md's table) ----
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One architecture family: how to build it tiny and what the probe finds on CPU with packtool's inputs."""
+
+    key: str  # `packtool audit --probe KEY`
+    label: str
+    model_type: str
+    settings: Mapping[str, Any] = field(default_factory=dict)  # on top of the tiny sizes
+    cpu_verdict: str = "pass"  # with model_inputs on eager/sdpa, no kernels: pass | leak | error
+    positions_verdict: str = "pass"  # with restarting position_ids only (what the HF path fed before)
+    gpu_route: str = ""  # what keeps documents apart on a GPU (docs table)
+
+
+_HYBRID = {"layer_types": ["linear_attention", "full_attention"]}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}
+_MROPE = {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}}
+
+FAMILIES: dict[str, Family] = {
+    f.key: f
+    for f in (
+        Family("llama", "Llama", "llama", gpu_route="any backend; flash reads cu_seq_lens"),
+        Family("qwen2", "Qwen2", "qwen2", gpu_route="any backend; flash reads cu_seq_lens"),
+        Family("qwen3", "Qwen3", "qwen3", gpu_route="any backend; flash reads cu_seq_lens"),
+        Family(
+            "mistral",
+            "Mistral (sliding window)",
+            "mistral",
+            {"sliding_window": 4},
+            gpu_route="any backend; flash reads cu_seq_lens",
+        ),
+        Family("phi3", "Phi-3", "phi3", gpu_route="any backend; flash reads cu_seq_lens"),
+        Family(
+            "gemma3",
+            "Gemma-3 (sliding + full)",
+            "gemma3_text",
+            {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+            gpu_route="any backend; flash reads cu_seq_lens",
+        ),
+        Family(
+            "qwen2_vl",
+            "Qwen2-VL, text only (mRoPE)",
+            "qwen2_vl",
+            _MROPE,
+            positions_verdict="leak",
+            gpu_route="[4, 1, T] position_ids (model_inputs); flash reads cu_seq_lens",
+        ),
+        Family(
+            "qwen3_5",
+            "Qwen3.5 text (Gated DeltaNet + full)",
+            "qwen3_5_text",
+            _HYBRID,
+            cpu_verdict="error",
+            positions_verdict="leak",
+            gpu_route="flash-linear-attention + causal-conv1d read cu_seq_lens",
+        ),
+        Family(
+            "qwen3_next",
+            "Qwen3-Next (Gated DeltaNet + full, MoE)",
+            "qwen3_next",
+            {**_HYBRID, **_MOE},
+            cpu_verdict="error",
+            positions_verdict="leak",
+            gpu_route="flash-linear-attention + causal-conv1d read cu_seq_lens",
+        ),
+        Family(
+            "bamba",
+            "Bamba (Mamba-2 + full)",
+            "bamba",
+            {"attn_layer_indices": [1]},
+            cpu_verdict="error",
+            positions_verdict="leak",
+            gpu_route="mamba-ssm + causal-conv1d read seq_idx",
+        ),
+        Family(
+            "gpt_oss",
+            "GPT-OSS (attention sinks, sliding + full, MoE)",
+            "gpt_oss",
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route="flash reads cu_seq_lens (its masks ignore position_ids)",
+        ),
+        Family(
+            "mamba2",
+            "Mamba-2",
+            "mamba2",
+            {"num_heads": 8, "state_size": 16, "n_groups": 1, "expand": 2, "chunk_size": 8},
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route="mamba-ssm + causal-conv1d read seq_idx",
+        ),
+    )
+}
+
+# Sizes a tiny model takes, for whichever of these keys its config has.
+TINY_SIZES: dict[str, int] = {
+    "vocab_size": TINY_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "num_attention_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "state_size": 16,
+    "mamba_d_state": 16,
+    "sliding_window": 4,
+    "attention_chunk_size": 4,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+TINY_VISION = MappingProxyType({"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2})
+
+
+def _fewer_heads(kv_heads: Any, query_heads: Any) -> int:
+    """4 query heads and the layout's shape: as many key/value heads (MHA), one (MQA) or two (GQA)."""
+    if not isinstance(kv_heads, int) or kv_heads <= 0 or kv_heads == query_heads:
+        return 4
+    return 1 if kv_heads == 1 else 2
+
+
+def shrink(settings: dict[str, Any]) -> dict[str, Any]:
+    """A config dict (text part) at the smallest sizes, with every layer type it uses kept once."""
+    out = dict(settings)
+    for key, value in TINY_SIZES.items():
+        if key in out and out[key] is not None:
+            out[key] = value
+    if "num_key_value_heads" in out:
+        out["num_key_value_heads"] = _fewer_heads(settings["num_key_value_heads"], settings.get("num_attention_heads"))
+    if "linear_num_key_heads" in out:
+        out["linear_num_key_heads"] = _fewer_heads(settings["linear_num_key_heads"], settings["linear_num_value_heads"])
+        out["linear_num_value_heads"] = 4
+    kinds = out.get("layer_types") or out.get("layers_block_type")
+    if kinds:
+        order = list(dict.fromkeys(kinds))  # each layer type once, in order of first use
+        out["layer_types" if out.get("layer_types") else "layers_block_type"] = order * (2 if len(order) == 1 else 1)
+        out["num_hidden_layers"] = max(2, len(order))
+    else:
+        out["num_hidden_layers"] = 2
+    if "mlp_only_layers" in out:
+        out["mlp_only_layers"] = []
+    if "expand" in out and "num_heads" in out:  # Mamba-2: heads * head_dim must equal expand * hidden
+        out["num_heads"] = out["expand"] * out["hidden_size"] // out.get("head_dim", 16)
+        out["chunk_size"] = 8  # chunks that straddle the documents
+    if "mamba_n_heads" in out:  # the Mamba-2 mixers of hybrids (Bamba, Granite-4, Falcon-H1), same rule
+        out["mamba_d_head"] = 16
+        out["mamba_n_heads"] = int(out.get("mamba_expand") or 2) * out["hidden_size"] // 16
+        out["mamba_n_groups"], out["mamba_chunk_size"] = 1, 8
+        if out.get("mamba_d_ssm") is not None:
+            out["mamba_d_ssm"] = out["mamba_n_heads"] * 16
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and ("mrope_section" in rope or out.get("model_type") in MROPE_MODEL_TYPES):
+        out["rope_parameters"] = {**rope, "mrope_section": [2, 3, 3]}  # t/h/w: head_dim / 2 = 8 in all
+    out["use_cache"] = False
+    return out
+
+
+def family_config(family: Family) -> Any:
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(family.model_type).to_dict()
+    text = base.get("text_config", base)
+    tiny = shrink({**text, **family.settings})
+    if "text_config" in base:
+        return AutoConfig.for_model(family.model_type, text_config=tiny, vision_config=dict(TINY_VISION))
+    return AutoConfig.for_model(family.model_type, **{k: v for k, v in tiny.items() if k != "model_type"})
+
+
+def family_table() -> str:
+    """docs/isolation.md's family x backend table, from FAMILIES (tests/test_probe.py runs every row on CPU)."""
+    lines = [
+        "| family | `--probe` | layer types | `model_inputs` passes (sdpa) | eager, sdpa (CPU) "
+        "| position_ids only (CPU) | one document per row | GPU: what keeps documents apart |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in FAMILIES.values():
+        config = family_config(f)
+        config._attn_implementation = "sdpa"
+        mb = packed_row(synthetic_docs((2, 2), TINY_VOCAB))
+        passed = {k: v for k, v in model_inputs(mb, SimpleNamespace(config=config)).items() if k != "input_ids"}
+        shape = " [4, 1, T]" if config_uses_mrope(config) else ""
+        shown = ", ".join(
+            f"`{k}={v}`" if v is None or isinstance(v, bool) else f"`{k}`{shape if k == 'position_ids' else ''}"
+            for k, v in passed.items()
+        )
+        kinds = ", ".join(dict.fromkeys(layer_kinds(config)))
+        lines.append(
+            f"| {f.label} | `{f.key}` | {kinds} | {shown} | {f.cpu_verdict} | {f.positions_verdict} | pass "
+            f"| {f.gpu_route} |"
+        )
+    return "\n".join(lines)
+
+
+def resolve_config(model: str, *, tiny: bool = True) -> Any:
+    """MODEL as a family key, a config.json, a model folder or a hub id in the local cache -> a config.
+
+    tiny: shrunk to the smallest sizes (the probe's random-weight model); else as written.
+    """
+    from transformers import AutoConfig
+
+    if model in FAMILIES:
+        return family_config(FAMILIES[model])
+    path = Path(model)
+    try:
+        if path.exists():
+            config = AutoConfig.from_pretrained(str(path))
+        else:
+            config = AutoConfig.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ProbeError(
+            f"--probe {model}: not a family ({', '.join(FAMILIES)}), a config.json, a model folder or a hub id "
+            f"in the local cache ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
+            "download it first (huggingface-cli download ID config.json)"
+        ) from None
+    return _shrunk(config) if tiny else config
+
+
+def _shrunk(config: Any) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = config.get_text_config()
+    if type(text) in AutoModelForCausalLM._model_mapping and text is not config:
+        # A multimodal checkpoint whose text model stands alone (Qwen3.5): probe the text model.
+        settings = shrink(text.to_dict())
+        return AutoConfig.for_model(settings.pop("model_type"), **settings)
+    settings = config.to_dict()
+    if "text_config" in settings:
+        settings["text_config"] = shrink(settings["text_config"])
+        settings["vision_config"] = {**settings.get("vision_config", {}), **TINY_VISION}
+    else:
+        settings = shrink(settings)
+    return AutoConfig.for_model(settings.pop("model_type"), **settings)
+
+
+def _model_class(config: Any) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) in AutoModelForCausalLM._model_mapping:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText  # Qwen2-VL and kin: no causal-LM class, text-only input works
+
+
+def build_tiny(config: Any, backend: str, seed: int = 0) -> Any:
+    """A random-weight model of `config` on `backend`, eval mode, on CUDA when there is one.
+
+    float32 (MoE experts refuse float64), bfloat16 for the flash-attention backends (half precision only).
+    """
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16 if backend.startswith("flash") else torch.float32
+    model = _model_class(config).from_config(config, attn_implementation=backend)
+    return model.to("cuda" if torch.cuda.is_available() else "cpu", dtype).eval()
+
+
+def available_backends() -> tuple[str, ...]:
+    return GPU_BACKENDS if torch.cuda.is_available() else CPU_BACKENDS
+
+
+# ---- the checks ----
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    check: str
+    worst: float  # the largest difference seen (NaN when the check could not run)
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRow:
+    """One backend x feed combination."""
+
+    backend: str
+    feed: str
+    status: str  # pass | leak | error | skip
+    checks: tuple[CheckResult, ...] = ()
+    detail: str = ""  # the culprit and the fix (leak, error), or why it was skipped
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("leak", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    model: str
+    architecture: str
+    layer_kinds: tuple[str, ...]
+    weights: str  # "tiny random" or "real"
+    dtype: str
+    rows: tuple[ProbeRow, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.failed for r in self.rows) and any(r.status == "pass" for r in self.rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def synthetic_docs(lengths: Sequence[int], vocab: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(input_ids, labels) per document: random ids, every token a target but the first."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for n in lengths:
+        ids = rng.integers(FIRST_ID, vocab, size=n)
+        labels = ids.copy()
+        labels[0] = IGNORE_INDEX
+        docs.append((ids, labels))
+    return docs
+
+
+def packed_row(docs: Sequence[tuple[np.ndarray, np.ndarray]]) -> MicroBatch:
+    lengths = [len(ids) for ids, _ in docs]
+    return collate(
+        [
+            {
+                "input_ids": np.concatenate([d[0] for d in docs]),
+                "labels": np.concatenate([d[1] for d in docs]),
+                "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]),
+            }
+        ]
+    )
+
+
+def docs_from_build(
+    out: str | Path, vocab: int, max_tokens: int = 256, max_packs: int = 64
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The documents of the build's first pack with two or more (their lengths and labels, ids folded into vocab).
+
+    Documents, not attention segments: a stream build's windows are read with their document starts.
+    """
+    from packtool.loader.dataset import PackedDataset
+
+    packs = PackedDataset(out, shuffle=False, isolate_documents=True)
+    for pack in itertools.islice(packs, max_packs):
+        cu = np.asarray(pack.cu_seqlens).tolist()
+        if len(cu) < 3:
+            continue
+        docs: list[tuple[np.ndarray, np.ndarray]] = []
+        used = 0
+        for lo, hi in itertools.pairwise(cu):
+            if docs and used + hi - lo > max_tokens:
+                break
+            ids = np.asarray(pack.input_ids[lo:hi], dtype=np.int64)
+            labels = np.asarray(pack.labels[lo:hi], dtype=np.int64)
+            docs.append((_fold(ids, vocab), np.where(labels == IGNORE_INDEX, IGNORE_INDEX, _fold(labels, vocab))))
+            used += hi - lo
+        if len(docs) >= 2:
+            return docs
+    raise ProbeError(
+        f"{out}: none of the first {max_packs} packs holds two documents; probe with synthetic rows (leave out --data)"
+    )
+
+
+def _fold(ids: np.ndarray, vocab: int) -> np.ndarray:
+    """Real token ids into a tiny model's vocabulary (boundaries and lengths are what the probe needs)."""
+    return FIRST_ID + ids % (vocab - FIRST_ID)
+
+
+def decoder_layers(model: Any) -> Sequence[Any]:
+    """The text decoder's layers (the ModuleList as long as num_hidden_layers, outside any vision tower)."""
+    n = layer_count(model)
+    found: list[Any] = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n and "vis" not in name:
+            found.append(module)
+    return found[-1] if found else ()
+
+
+def layer_count(model: Any) -> int:
+    return int(model.config.get_text_config().num_hidden_layers)
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _as_packed(values: torch.Tensor, inputs: Mapping[str, Any]) -> torch.Tensor:
+    """[1, T, ...] or one-document-per-row [S, W, ...] -> [T, ...] in the packed row's order."""
+    if values.shape[0] == 1:
+        return values[0]
+    mask = inputs["attention_mask"].bool()
+    return values[mask]
+
+
+class _LayerOutputs:
+    """Forward hooks that keep every decoder layer's output (in the packed row's order)."""
+
+    def __init__(self, model: Any) -> None:
+        self.outputs: list[torch.Tensor] = []
+        self.inputs: Mapping[str, Any] = {}
+        self.handles = [layer.register_forward_hook(self._keep) for layer in decoder_layers(model)]
+
+    def _keep(self, module: Any, args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        self.outputs.append(_as_packed(hidden.detach().float(), self.inputs))
+
+    def run(self, model: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        self.outputs, self.inputs = [], inputs
+        logits = model(**inputs).logits
+        return _as_packed(logits.float(), inputs), self.outputs
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _forward_inputs(feed: Callable[[MicroBatch, Any], dict[str, Any]], mb: MicroBatch, model: Any) -> dict[str, Any]:
+    inputs = dict(feed(mb.to(_device(model)), model))
+    inputs.pop("labels", None)
+    return inputs
+
+
+def _perturbed(mb: MicroBatch, vocab: int) -> MicroBatch:
+    """The row with document 0's last token changed (the token next to the boundary)."""
+    last = int(mb.cu_seqlens[1]) - 1
+    ids = mb.input_ids.clone()
+    ids[0, last] = FIRST_ID + (int(ids[0, last]) - FIRST_ID + 1) % (vocab - FIRST_ID)
+    return MicroBatch(
+        input_ids=ids,
+        labels=mb.labels,
+        position_ids=mb.position_ids,
+        cu_seqlens=mb.cu_seqlens,
+        max_seqlen=mb.max_seqlen,
+        n_targets=mb.n_targets,
+        n_packs=mb.n_packs,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Perturbation:
+    outside: float  # largest logit change outside document 0
+    inside: float  # largest logit change inside document 0 (the perturbation did something)
+    culprit: str  # "layer 0 (linear_attention)" for the first decoder layer whose output leaked, else ""
+    leaks: bool
+
+
+# bf16 keeps 8 significant bits (a relative step of 2^-8 = 3.9e-3): a kernel that groups other rows
+# differently (MoE experts, split-K GEMMs) may move an isolated value by a step or two of its size.
+HALF_RELATIVE = 2e-2
+
+
+def _moved(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype) -> tuple[float, bool]:
+    """The largest change and whether it is beyond rounding for `dtype`."""
+    change = float((before - after).abs().max()) if before.numel() else 0.0
+    limit = tolerance(dtype)
+    if dtype in (torch.float16, torch.bfloat16) and before.numel():
+        limit = max(limit, HALF_RELATIVE * float(before.abs().max()))
+    return change, change > limit
+
+
+def perturbation(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], dict[str, Any]]) -> Perturbation:
+    """Two forwards: the row, and the row with one token of document 0 changed."""
+    vocab = int(model.config.get_text_config().vocab_size)
+    end = int(mb.cu_seqlens[1])
+    kinds = layer_kinds(model.config)
+    dtype = next(model.parameters()).dtype
+    hooks = _LayerOutputs(model)
+    try:
+        with torch.no_grad():
+            before, layers_before = hooks.run(model, _forward_inputs(feed, mb, model))
+            after, layers_after = hooks.run(model, _forward_inputs(feed, _perturbed(mb, vocab), model))
+    finally:
+        hooks.close()
+    culprit = ""
+    for i, (a, b) in enumerate(zip(layers_before, layers_after, strict=True)):
+        if _moved(a[end:], b[end:], dtype)[1]:
+            culprit = f"layer {i} ({kinds[i] if i < len(kinds) else 'unknown'})"
+            break
+    outside, leaks = _moved(before[end:], after[end:], dtype)
+    inside = float((before[:end] - after[:end]).abs().max())
+    return Perturbation(outside=outside, inside=inside, culprit=culprit, leaks=leaks)
+
+
+def _alone_logits(model: Any, mb: MicroBatch) -> list[torch.Tensor]:
+    bounds = mb.cu_seqlens.tolist()
+    device = _device(model)
+    return [
+        model(input_ids=mb.input_ids[:, lo:hi].to(device), use_cache=False).logits[0].float()
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+
+
+def _gradient_leak(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], dict[str, Any]]) -> float:
+    """Largest |d(last document's logits)/d(embedding)| outside that document, relative to inside."""
+    inputs = _forward_inputs(feed, mb, model)
+    embeds = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_()
+    logits = _as_packed(model(inputs_embeds=embeds, **inputs).logits.float(), inputs)
+    start = int(mb.cu_seqlens[-2])
+    logits[start:].square().mean().backward()
+    grads = _as_packed(embeds.grad, inputs).abs().amax(dim=-1)  # type: ignore[union-attr]
+    inside = float(grads[start:].max())
+    return float(grads[:start].max()) / inside if inside > 0 else float("inf")
+
+
+def _loss_difference(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], dict[str, Any]], alone) -> float:
+    device = _device(model)
+    inputs = dict(feed(mb.to(device), model))
+    labels = inputs.pop("labels", mb.labels.to(device))
+    n = torch.tensor(mb.n_targets, device=device)
+    loss = float(model(**inputs, labels=labels, num_items_in_batch=n).loss)
+    bounds = mb.cu_seqlens.tolist()
+    per_doc = [
+        float(token_loss_sum(logits[None], mb.labels[:, lo:hi].to(device))[0])
+        for logits, lo, hi in zip(alone, bounds[:-1], bounds[1:], strict=True)
+    ]
+    return abs(loss - sum(per_doc) / mb.n_targets)
+
+
+def run_checks(model: Any, mb: MicroBatch, feed_name: str) -> ProbeRow:
+    """All four checks on one model (its backend already set) with one feed."""
+    backend = str(model.config._attn_implementation)
+    feed = FEEDS[feed_name]
+    kinds = layer_kinds(model.config)
+    dtype = next(model.parameters()).dtype
+    tol, loose = tolerance(dtype), tolerance(dtype, recomputed=True)
+    try:
+        with torch.no_grad():
+            alone = _alone_logits(model, mb)
+    except Exception as err:  # the backend cannot run this model at all: not a packing question
+        return ProbeRow(backend, feed_name, "skip", detail=f"unpacked forward failed: {_short(err)}")
+    try:
+        with torch.no_grad():
+            inputs = _forward_inputs(feed, mb, model)
+            packed = _as_packed(model(**inputs).logits.float(), inputs)
+        moved = perturbation(model, mb, feed)
+        gradient = _gradient_leak(model, mb, feed)
+        with torch.no_grad():
+            loss = _loss_difference(model, mb, feed, alone)
+    except Exception as err:  # the model refuses the packed inputs: training on them would fail or leak
+        return ProbeRow(backend, feed_name, "error", detail=error_message(kinds, feed_name, err))
+    same = max(float((packed[lo:hi] - a).abs().max()) for a, lo, hi in _spans(alone, mb))
+    checks = (
+        CheckResult("packed_vs_alone", same, same <= loose),
+        CheckResult("perturbation", moved.outside, not moved.leaks and moved.inside > tol),
+        CheckResult("gradients", gradient, gradient <= tol),
+        CheckResult("loss", loss, loss <= loose),
+    )
+    if all(c.ok for c in checks):
+        return ProbeRow(backend, feed_name, "pass", checks)
+    return ProbeRow(backend, feed_name, "leak", checks, leak_message(kinds, feed_name, moved.culprit))
+
+
+def _spans(alone: list[torch.Tensor], mb: MicroBatch):
+    bounds = mb.cu_seqlens.tolist()
+    return zip(alone, bounds[:-1], bounds[1:], strict=True)
+
+
+def _short(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+FIX_RECURRENT = {
+    "linear_attention": "install flash-linear-attention and causal-conv1d (CUDA; they read cu_seq_lens_q)",
+    "mamba": "install mamba-ssm and causal-conv1d (CUDA; they read seq_idx)",
+}
+FIX_FALLBACK = "or train one document per row (PackedCollator(one_document_per_row=True))"
+
+
+def fix_for(kind: str, feed: str) -> str:
+    if kind in FIX_RECURRENT:
+        return f"{FIX_RECURRENT[kind]}, {FIX_FALLBACK}"
+    if feed != "model_inputs":
+        return f"feed packtool.loader.hf.model_inputs(mb, model) (the boundaries this model reads), {FIX_FALLBACK}"
+    return f"use another attention backend (sdpa, flash_attention_2), {FIX_FALLBACK}"
+
+
+def leak_message(kinds: Sequence[str], feed: str, culprit: str) -> str:
+    kind = culprit.split("(")[-1].rstrip(")") if culprit else _first_recurrent(kinds)
+    where = culprit or f"{kind} layers"
+    return f"{where} carries one document into the next; fix: {fix_for(kind, feed)}"
+
+
+def error_message(kinds: Sequence[str], feed: str, err: BaseException) -> str:
+    kind = _first_recurrent(kinds)
+    return f"{kind} layers refuse the packed inputs ({_short(err)}); fix: {fix_for(kind, feed)}"
+
+
+def _first_recurrent(kinds: Sequence[str]) -> str:
+    return next((k for k in kinds if k in RECURRENT_KINDS), kinds[0] if kinds else "attention")
+
+
+def probe(
+    model: str,
+    *,
+    backends: Sequence[str] | None = None,
+    feeds: Sequence[str] = ("model_inputs",),
+    data: str | Path | None = None,
+    weights: bool = False,
+) -> ProbeReport:
+    """Every backend x feed on a tiny random model of MODEL (or its real weights with `weights`)."""
+    for name in feeds:
+        if name not in FEEDS:
+            raise ProbeError(f"--feed {name}: unknown; choose {', '.join(FEEDS)}")
+    config = resolve_config(model, tiny=not weights)
+    vocab = int(config.get_text_config().vocab_size)
+    docs = docs_from_build(data, vocab) if data is not None else synthetic_docs(DOC_LENGTHS, vocab)
+    mb = packed_row(docs)
+    rows: list[ProbeRow] = []
+    architecture, dtype = "", ""
+    for backend in backends or available_backends():
+        try:
+            built = _load_real(model, backend) if weights else build_tiny(config, backend)
+        except (ValueError, ImportError, OSError) as err:
+            rows.extend(ProbeRow(backend, f, "skip", detail=f"cannot build: {_short(err)}") for f in feeds)
+            continue
+        architecture = type(built).__name__
+        dtype = str(next(built.parameters()).dtype).removeprefix("torch.")
+        rows.extend(run_checks(built, mb, feed) for feed in feeds)
+        del built
+    weights_kind = "real" if weights else "tiny random"
+    return ProbeReport(model, architecture, layer_kinds(config), weights_kind, dtype, tuple(rows))
+
+
+def _load_real(model: str, backend: str) -> Any:
+    from transformers import AutoConfig
+
+    if model in FAMILIES:
+        raise ProbeError(f"--weights needs a model folder or a cached hub id, not the family name {model!r}")
+    config = AutoConfig.from_pretrained(model, local_files_only=True)
+    loaded = _model_class(config).from_pretrained(
+        model, attn_implementation=backend, local_files_only=True, dtype="auto"
+    )
+    return loaded.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+
+
+def format_probe(report: ProbeReport) -> str:
+    head = (
+        f"probe {report.model}: {report.architecture or '?'} ({report.weights} weights, {report.dtype or '?'}), "
+        f"layers: {', '.join(dict.fromkeys(report.layer_kinds))}"
+    )
+    lines = [head, f"{'backend':<18} {'feed':<21} " + " ".join(f"{c:>15}" for c in CHECKS) + "  verdict"]
+    for row in report.rows:
+        cells = {c.check: f"{c.worst:.1e}{'' if c.ok else '!'}" for c in row.checks}
+        shown = " ".join(f"{cells.get(c, '-'):>15}" for c in CHECKS)
+        verdict = row.status.upper() + (f": {row.detail}" if row.detail else "")
+        lines.append(f"{row.backend:<18} {row.feed:<21} {shown}  {verdict}")
+    lines.append("ok: packed documents stay apart" if report.ok else "FAILED: a combination lets documents leak")
+    return "\n".join(lines)
+
+
+# ---- the guard the trainers run ----
+
+
+def check_isolation(
+    model: Any,
+    mb: MicroBatch | None = None,
+    *,
+    feed: Callable[[MicroBatch, Any], dict[str, Any]] = model_inputs,
+) -> float | None:
+    """Raise IsolationError if changing document 0 of a short packed row moves another document's logits.
+
+    Two forwards of the real model with the inputs `feed` gives it (the trainer passes its own
+    collator), in eval mode and without gradients. Returns the largest change seen outside
+    document 0, or None when skipped: PACKTOOL_SKIP_ISOLATION_CHECK=1, or parameters sharded
+    (ZeRO-3, FSDP) before the trainer wraps the model (logged; probe such a model with
+    `packtool audit --probe`).
+    """
+    if os.environ.get(SKIP_ENV) == "1":
+        return None
+    if any(p.numel() == 0 for p in model.parameters()):
+        # ZeRO-3 / FSDP hold empty shards until the wrapped model gathers them; a forward here would fail.
+        log.warning("check_isolation skipped: %s has sharded parameters; run `packtool audit --probe`", type(model))
+        return None
+    if mb is None:
+        mb = packed_row(synthetic_docs(GUARD_LENGTHS, int(model.config.get_text_config().vocab_size)))
+    kinds = layer_kinds(model.config)
+    name = f"{type(model).__name__} ({getattr(model.config, '_attn_implementation', None) or 'eager'})"
+    training = model.training
+    model.eval()
+    try:
+        moved = perturbation(model, mb, feed)
+    except PacktoolError:
+        raise
+    except Exception as err:
+        message = error_message(kinds, "model_inputs", err)
+        raise IsolationError(f"{name}: {message}; {SKIP_ENV}=1 skips this check") from err
+    finally:
+        model.train(training)
+    if moved.leaks:
+        raise IsolationError(
+            f"{name}: packed documents leak (logits of later documents moved {moved.outside:.1e}): "
+            f"{leak_message(kinds, 'model_inputs', moved.culprit)}; {SKIP_ENV}=1 skips this check"
+        )
+    return moved.outside

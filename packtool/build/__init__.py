@@ -33,7 +33,7 @@ from packtool.build.emit import emit_item, emit_items, release
 from packtool.build.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
 from packtool.build.executors import make_executor
 from packtool.build.owned import check_apart, claim, locked, unlinked
-from packtool.build.plan import Partition, Plan, make_plan, plan_key
+from packtool.build.plan import Partition, Plan, make_plan, plan_key, stored_plan_problem
 from packtool.build.progress import Progress
 from packtool.build.publish import Staging
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
@@ -137,10 +137,12 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             _check_outcome(config, plan)
-            return Built(
-                preview(config, plan), staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired)
-            )
+            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired))
         staging.keep_only(key)
+        damaged = stored_plan_problem(staging.plan(key), key, partitions)
+        if damaged is not None:  # nothing staged from it can be trusted either
+            staging.forget(key)
+            repaired.append(damaged)
         with progress.phase("plan", 1, "plan") as bar:
             plan = make_plan(config, partitions, staging.plan(key), key)
             bar.update(1)
@@ -163,9 +165,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
     manifest = _write_outputs(config, stages, plan, out, infos)
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
-    return Built(
-        manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired)
-    )
+    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired))
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:

@@ -122,7 +122,7 @@ class TokenCache:
         return report if isinstance(report, dict) and self.partition(key).is_file() else None
 
     def check(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
-        """(report, None) for an entry that is as it was written; (None, why) for one that is not; (None, None): none."""
+        """(report, None): the entry is as it was written; (None, why): it is not; (None, None): there is none."""
         report_path, partition = self.report(key), self.partition(key)
         if not report_path.exists() and not partition.exists():
             return None, None

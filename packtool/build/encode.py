@@ -7,8 +7,9 @@
          --PartitionWriter--> consecutive rows with the record's ordinal, each with its SegmentRole
          --report-----------> CACHE/tokens/KEY.json       (read, rejected/dropped by reason, each reject)
 
-A work item whose entry exists under its key, and is as it was written (TokenCache.check), is not redone. Under `on_error: fail` an item
-stops at its first bad record and writes nothing; the driver turns that into the one-line error.
+A work item whose entry exists under its key, and is as it was written (TokenCache.check), is not
+redone. Under `on_error: fail` an item stops at its first bad record and writes nothing; the driver
+turns that into the one-line error.
 """
 
 from __future__ import annotations

@@ -94,7 +94,12 @@ def locked(folder: Path, what: str, *, shared: bool = False) -> Iterator[None]:
     """
     path = folder / LOCK
     for _ in range(100):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:  # a link at the lock's path (ELOOP), a folder packtool cannot write
+            raise OwnershipError(
+                f"{path}: {exc.strerror}; cannot lock {what}; remove it or fix its permissions"
+            ) from None
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
@@ -145,7 +150,9 @@ def check_apart(config: BuildConfig, output: Path, cache: Path | None) -> None:
     if not output.name:
         raise OwnershipError(f"output {output} is a filesystem root; choose a folder for the build")
     read = [Path(f) for s in config.sources for f in s.paths]
-    read += [Path(config.tokenizer.path)] + ([Path(config.tokenizer.config_path)] if config.tokenizer.config_path else [])
+    read += [Path(config.tokenizer.path)] + (
+        [Path(config.tokenizer.config_path)] if config.tokenizer.config_path else []
+    )
     read += [Path(config.template)] if config.template.endswith(".jinja") else []
     read += [Path(config.config_file)] if Path(config.config_file).is_file() else []
     for path in read:

@@ -120,6 +120,12 @@ class Staging:
                 continue
             _remove(entry)
 
+    def forget(self, key: str) -> None:
+        """Drop one plan's staged work (its plan failed its check: nothing made from it is trusted)."""
+        for path in (self.plan(key), self.out(key), self.done(key)):
+            if os.path.lexists(path):
+                _remove(path)
+
     def publish(self, key: str, swapped: Callable[[], None] = lambda: None) -> None:
         """Put out-KEY/ in OUT's place, with the user's entries of OUT moved into it first.
 
@@ -163,9 +169,17 @@ class Staging:
         journal = self.root / CARRY
         if not journal.is_file():
             return
-        carry = json.loads(journal.read_text(encoding="utf-8"))
-        for name in carry["entries"]:
-            moved, home = self.root / carry["out"] / name, self.output / name
+        try:
+            carry = json.loads(journal.read_text(encoding="utf-8"))
+            entries = [str(name) for name in carry["entries"]]
+            moved_into = self.root / str(carry["out"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise OwnershipError(
+                f"{journal} is unreadable: a publish was interrupted while moving your files from {self.output} "
+                f"into {self.root}/out-*; move them back into {self.output}, delete {journal}, then rerun"
+            ) from None
+        for name in entries:
+            moved, home = moved_into / name, self.output / name
             if os.path.lexists(moved) and not os.path.lexists(home):
                 home.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(moved, home)
@@ -176,9 +190,8 @@ class Staging:
 
     def tidy(self) -> None:
         """Remove the staging folder when it holds nothing but its marker and lock (a dry run, a refused build)."""
-        if self.root.is_dir() and not self.root.is_symlink():
-            if {entry.name for entry in self.root.iterdir()} <= {MARKER, LOCK}:
-                shutil.rmtree(self.root, ignore_errors=True)
+        if self.root.is_dir() and not self.root.is_symlink() and set(os.listdir(self.root)) <= {MARKER, LOCK}:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def built_entries(folder: Path) -> set[str]:
@@ -209,7 +222,9 @@ def user_entries(folder: Path) -> list[str]:
     found = []
     for entry in sorted(folder.iterdir()):
         if entry.name in SUBFOLDERS and entry.is_dir() and not entry.is_symlink():
-            found += [f"{entry.name}/{inner.name}" for inner in sorted(entry.iterdir()) if _rel(inner, folder) not in ours]
+            found += [
+                f"{entry.name}/{inner.name}" for inner in sorted(entry.iterdir()) if _rel(inner, folder) not in ours
+            ]
         elif entry.name not in ours:
             found.append(entry.name)
     return found

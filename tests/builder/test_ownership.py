@@ -92,18 +92,22 @@ def test_an_output_overlapping_inputs_or_cache_is_refused_with_nothing_touched(i
     elif case == "config_inside":
         out.mkdir()
         config = out / "config.yaml"
-        config.write_text(json.dumps({**raw, "sources": [{**s, "path": str(inputs / s["path"])} for s in raw["sources"]]}))
+        config.write_text(
+            json.dumps({**raw, "sources": [{**s, "path": str(inputs / s["path"])} for s in raw["sources"]]})
+        )
     else:
         shutil.copytree(QUICKSTART / "tokenizer", out / "tok")
         raw["tokenizer"] = str(out / "tok")
     if case != "config_inside":
         config = write_config(raw)
     before = _tree(inputs)
-    _refused(_build(config, "-o", str(out)), str(out))
+    _refused(_build(config, "-o", str(out)), str(out), "overlap" if "cache" in case else "which the build reads")
     assert _tree(inputs) == before
 
 
-def test_a_glob_that_would_read_the_output_is_refused_and_one_that_would_not_is_fine(tmp_path, write_config, write_jsonl):
+def test_a_glob_that_would_read_the_output_is_refused_and_one_that_would_not_is_fine(
+    tmp_path, write_config, write_jsonl
+):
     (tmp_path / "data").mkdir()
     write_jsonl(_chat_rows(10, "a"), "data/a.jsonl")
     source = {"name": "a", "format": "messages", "fields": {"id": "id"}}
@@ -127,7 +131,11 @@ def test_the_user_s_files_in_out_survive_every_rebuild_and_a_report_never_blocks
     (out / "validation").mkdir()
     (out / "validation" / "my_eval.jsonl").write_text("{}\n")
     (out / "link").symlink_to(inputs / "a.jsonl")
-    user = {k: v for k, v in _tree(out).items() if not k.startswith("shard-") and k not in ("manifest.json", "rejects.jsonl")}
+    user = {
+        k: v
+        for k, v in _tree(out).items()
+        if not k.startswith("shard-") and k not in ("manifest.json", "rejects.jsonl")
+    }
     with_validation = write_config({**_raw(), "validation": {"samples": 5}, "capacity": 96})
     for rebuild in (config, with_validation, config):
         result = _build(rebuild)
@@ -281,7 +289,9 @@ def test_a_damaged_cache_entry_is_encoded_again_reported_and_never_used(inputs, 
     else:
         report = first.with_suffix(".json")
         entry = json.loads(report.read_text())
-        entry["rejects"].append({"id": "x", "location": "a.jsonl:1", "reason": "bad_record", "detail": "", "ordinal": 0})
+        entry["rejects"].append(
+            {"id": "x", "location": "a.jsonl:1", "reason": "bad_record", "detail": "", "ordinal": 0}
+        )
         report.write_text(json.dumps(entry))
     result = _build(config, "--capacity", "96")
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
@@ -318,3 +328,23 @@ def test_library_refusals_are_packtool_errors(inputs, write_config):
     config = load_config(write_config(_raw()))
     with pytest.raises(PacktoolError, match="filesystem root"):
         build(replace(config, output="/"))
+
+
+@pytest.mark.parametrize("damage", ["arrays", "plan_json"])
+def test_a_staged_plan_changed_since_it_was_written_is_computed_again(inputs, write_config, damage):
+    config = write_config(_raw())
+    out = inputs / "out"
+    killed = _cli("build", str(config), "-q", kill="emit:1")
+    assert killed.returncode == -9
+    (plan,) = Staging(out).root.glob("plan-*")
+    if damage == "arrays":
+        _flip_a_byte(plan / "plan.npz")
+    else:
+        meta = json.loads((plan / "plan.json").read_text())
+        meta["partitions"][0][1] = str(inputs / "elsewhere.arrow")  # emit would read another partition
+        (plan / "plan.json").write_text(json.dumps(meta))
+    resumed = _cli("build", str(config))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "warning: staged plan" in resumed.stderr and "emit: 0 of" in resumed.stdout
+    build(load_config(config, output=str(inputs / "fresh")), use_cache=False)
+    assert _digest(out) == _digest(inputs / "fresh") and verify(out).ok

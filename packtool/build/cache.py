@@ -136,11 +136,6 @@ class TokenCache:
             return None, f"cache entry {partition}: its bytes changed since it was written ({size:,} bytes)"
         return report, None
 
-    def remove(self, key: str) -> None:
-        """Drop one entry (report first: a reader never finds a report without its partition)."""
-        self.report(key).unlink(missing_ok=True)
-        self.partition(key).unlink(missing_ok=True)
-
     def temporary(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
         return fresh_temporary(final)
@@ -174,11 +169,11 @@ class TokenCache:
             )
         with locked(self.root, f"cache {self.root}"):
             tokens = self.root / "tokens"
-            freed = sum(p.stat().st_size for p in tokens.rglob("*") if p.is_file() and not p.is_symlink())
-            if tokens.is_symlink():
+            if tokens.is_symlink():  # not a folder packtool made: the link goes, what it points at stays
                 tokens.unlink()
-            else:
-                shutil.rmtree(tokens, ignore_errors=True)
+                return 0
+            freed = sum(p.lstat().st_size for p in tokens.rglob("*") if p.is_file() and not p.is_symlink())
+            shutil.rmtree(tokens, ignore_errors=True)
         return freed
 
 

@@ -266,13 +266,11 @@ def stages_for(config: BuildConfig) -> Stages:
 def encode_item(item: EncodeItem) -> EncodeResult:
     """Run one encode work item (in any process); reuse its cache entry when complete and as it was written."""
     cache = TokenCache(Path(item.cache_root))
-    cached, damaged = cache.check(item.key)
+    cached, damaged = cache.check(item.key)  # a damaged entry is replaced below, as a new one is written
     if cached is not None:
         # the entry was written under on_error: skip; under fail its first bad record stops the build
         bad = [r for r in cached["rejects"] if "message" in r]
         return EncodeResult(item.key, reused=True, failure=bad[0]["message"] if bad and item.stop_at_bad else None)
-    if damaged is not None:
-        cache.remove(item.key)
     source = next(s for s in item.config.sources if s.name == item.source)
     stages = stages_for(item.config)
     final = cache.partition(item.key)

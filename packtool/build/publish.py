@@ -16,10 +16,11 @@ so OUT is never missing, even for a build killed mid-publish. Where the system c
 (another OS, a filesystem without it), OUT is renamed to previous/ and out-KEY/ to OUT: a crash
 between the two renames leaves previous/ complete, and the next build puts it back first.
 
-packtool owns in OUT only what its sealed manifest lists (and the manifest, rejects.jsonl, and the
-same in overflow/ and validation/). Everything else in OUT is the user's (a report, notes, an eval
-set, a folder): it is moved into the new build before the swap, so it survives the rebuild. A
-user's file named like packtool's output (a .parquet, a manifest, a temporary) would be taken for
+OUT is missing, empty, or an earlier build (a valid sealed manifest.json); any other folder is
+refused. packtool owns in OUT only what its sealed manifest lists (and the manifest, rejects.jsonl,
+and the same in overflow/ and validation/). Everything else in OUT is the user's (a report, notes,
+an eval set, a folder): it is moved into the new build before the swap, so it survives the rebuild.
+A user's file named like packtool's output (a .parquet, a manifest, a temporary) would be taken for
 part of the build by its readers, so OUT is refused, naming it, before any work.
 """
 
@@ -90,6 +91,12 @@ class Staging:
         self._carry_back()
         if self.output.is_symlink() or (self.output.exists() and not self.output.is_dir()):
             raise OwnershipError(f"output {self.output} is not a folder; choose a folder")
+        if self.output.is_dir() and _sealed_manifest(self.output / MANIFEST) is None and any(self.output.iterdir()):
+            listed = ", ".join(repr(name) for name in sorted(os.listdir(self.output))[:5])
+            raise OwnershipError(
+                f"output {self.output} holds {listed}, and no packtool build (no valid {MANIFEST}); packtool builds "
+                "into an empty or new folder, or over its own earlier build: choose another output folder"
+            )
         look_alikes = [name for name in user_entries(self.output) if _looks_built(name)]
         if look_alikes:
             listed = ", ".join(repr(name) for name in look_alikes[:5])

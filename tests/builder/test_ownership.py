@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support import QUICKSTART
+from support import QUICKSTART, REPO
 from test_phases import _chat_rows, _cli, _digest, _raw
 
 from packtool.build import build
@@ -348,3 +352,74 @@ def test_a_staged_plan_changed_since_it_was_written_is_computed_again(inputs, wr
     assert "warning: staged plan" in resumed.stderr and "emit: 0 of" in resumed.stdout
     build(load_config(config, output=str(inputs / "fresh")), use_cache=False)
     assert _digest(out) == _digest(inputs / "fresh") and verify(out).ok
+
+
+def test_two_builds_of_one_out_at_once_the_second_is_refused_and_the_first_finishes(inputs, write_config):
+    """Main: both failed. The first build stops itself (SIGSTOP) while it holds OUT, mid-emit."""
+    config = write_config(_raw())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PACKTOOL_TEST_KILL": "emit:1:STOP"}
+    first = subprocess.Popen([sys.executable, "-m", "packtool", "build", str(config), "-q"], env=env)
+    try:
+        for _ in range(600):  # until it has stopped itself
+            status = Path(f"/proc/{first.pid}/stat").read_text().split()[2]
+            if status == "T":
+                break
+            assert first.poll() is None
+            time.sleep(0.1)
+        second = _build(config, "--capacity", "96")
+        _refused(second, f"in use by packtool process {first.pid}")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=240) == 0
+    assert verify(inputs / "out").ok
+
+
+def test_cache_clear_of_a_cache_whose_tokens_folder_is_a_link_removes_only_the_link(inputs, write_config, victim):
+    assert _build(write_config(_raw())).exit_code == 0
+    cache = inputs / ".packtool-cache"
+    shutil.rmtree(cache / "tokens")
+    (cache / "tokens").symlink_to(victim / "tokens", target_is_directory=True)
+    before = _tree(victim)
+    assert CliRunner().invoke(main, ["cache", "clear", str(cache)]).exit_code == 0
+    assert _tree(victim) == before and not os.path.lexists(cache / "tokens")
+
+
+def test_a_lock_path_that_is_a_link_is_one_line(inputs, write_config, victim):
+    assert _build(write_config(_raw())).exit_code == 0
+    cache = inputs / ".packtool-cache"
+    (cache / LOCK).unlink()
+    (cache / LOCK).symlink_to(victim / "tokens" / "precious.txt")
+    _refused(CliRunner().invoke(main, ["cache", "clear", str(cache)]), "cannot lock")
+    assert (victim / "tokens" / "precious.txt").read_text() == "keep"
+
+
+def test_an_unreadable_carry_journal_is_refused_and_the_files_stay_where_they_are(inputs, write_config):
+    out = inputs / "out"
+    assert _build(write_config(_raw())).exit_code == 0
+    staging = Staging(out)
+    staging.root.mkdir()
+    (staging.root / MARKER).write_text(json.dumps({"packtool": "staging", "version": 1}))
+    (staging.root / "out-k").mkdir()
+    (staging.root / "out-k" / "notes.txt").write_text("mine")
+    (staging.root / CARRY).write_bytes(b"\0" * 8)
+    _refused(_build(write_config(_raw())), "move them back")
+    assert (staging.root / "out-k" / "notes.txt").read_text() == "mine"
+
+
+def test_an_out_whose_entries_cannot_be_moved_is_one_line_and_keeps_every_file(inputs, write_config, monkeypatch):
+    """A read-only OUT (root ignores permission bits, so the refusal is simulated): the second of two files fails."""
+    out = inputs / "out"
+    assert _build(write_config(_raw())).exit_code == 0
+    (out / "a-notes.txt").write_text("mine")
+    (out / "b-notes.txt").write_text("mine too")
+    before = _tree(out)
+    rename = os.rename
+
+    def read_only(src, dst):
+        if Path(src).name == "b-notes.txt" and Path(src).parent == out:
+            raise PermissionError(13, "Permission denied", str(src))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", read_only)
+    _refused(_build(write_config(_raw()), "--capacity", "96"), "Permission denied", "still holds the previous build")
+    assert _tree(out) == before and verify(out).ok

@@ -306,15 +306,14 @@ def test_an_unwritable_output_is_one_line(tmp_path, write_config, write_jsonl):
     assert "a-file" in result.output and result.output.count("\n") == 1
 
 
-def test_an_output_with_foreign_files_keeps_them(tmp_path, write_config, write_jsonl):
-    """Files packtool did not write are the user's: they move into the new build (tests/builder/test_ownership.py)."""
+def test_an_output_with_foreign_files_is_not_replaced(tmp_path, write_config, write_jsonl):
     write_jsonl(_chat_rows(3, "a"), "a.jsonl")
     write_jsonl(_chat_rows(3, "b"), "b.jsonl")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
     result = CliRunner().invoke(main, ["build", str(write_config(_raw())), "-q"])
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "out" / "notes.txt").read_text() == "mine" and verify(tmp_path / "out").ok
+    assert result.exit_code == 1 and "notes.txt" in result.output
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("split", [{"share": 0.25}, {"samples": 7}])

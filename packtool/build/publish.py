@@ -101,8 +101,8 @@ class Staging:
         if look_alikes:
             listed = ", ".join(repr(name) for name in look_alikes[:5])
             raise OwnershipError(
-                f"output {self.output} holds {listed}, which its manifest does not list (packtool did not write it) "
-                "but which readers would take for part of the build; move or delete it, then rerun"
+                f"output {self.output} holds {listed}, which packtool did not write (its manifest does not list it, "
+                "or not at this size) but which readers would take for part of the build; move or delete it, then rerun"
             )
 
     def clear_work(self) -> None:
@@ -205,7 +205,7 @@ def built_entries(folder: Path) -> set[str]:
     """What packtool provably wrote in an output folder: the files its sealed manifests list, and those manifests.
 
     Paths are relative to `folder` ("validation/shard-00000.parquet"). A manifest that is missing,
-    unreadable or does not match its seal proves nothing.
+    unreadable or does not match its seal proves nothing; nor does it for a listed shard of another size.
     """
     found: set[str] = set()
     for sub in ("", *SUBFOLDERS):
@@ -213,7 +213,13 @@ def built_entries(folder: Path) -> set[str]:
         if manifest is None:
             continue
         listed = [MANIFEST, manifest.get("rejects", {}).get("file", REJECTS)]
-        listed += [shard.get("file", "") for shard in manifest.get("shards", []) if isinstance(shard, dict)]
+        # a listed shard is packtool's only while it has the size the manifest recorded (a file put in its
+        # place is the user's); sizes, not hashes, so that looking at a large OUT costs nothing
+        listed += [
+            shard["file"]
+            for shard in manifest.get("shards", [])
+            if isinstance(shard, dict) and _size(folder / sub / str(shard.get("file", ""))) == shard.get("bytes")
+        ]
         found |= {os.path.join(sub, name) if sub else name for name in listed if isinstance(name, str) and name}
     return found
 
@@ -235,6 +241,10 @@ def user_entries(folder: Path) -> list[str]:
         elif entry.name not in ours:
             found.append(entry.name)
     return found
+
+
+def _size(path: Path) -> int | None:
+    return path.lstat().st_size if path.is_file() and not path.is_symlink() else None
 
 
 def _rel(path: Path, folder: Path) -> str:

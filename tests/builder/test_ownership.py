@@ -155,7 +155,7 @@ def test_a_file_named_like_packtool_s_output_is_refused_by_name_with_nothing_tou
     assert _build(config).exit_code == 0
     shutil.copy(out / "shard-00000.parquet", out / "shard-00099.parquet")  # not in the manifest
     before = _tree(out)
-    _refused(_build(config, "--capacity", "96"), "shard-00099.parquet", "does not list")
+    _refused(_build(config, "--capacity", "96"), "shard-00099.parquet", "packtool did not write")
     assert _tree(out) == before
 
 
@@ -423,3 +423,13 @@ def test_an_out_whose_entries_cannot_be_moved_is_one_line_and_keeps_every_file(i
     monkeypatch.setattr(os, "rename", read_only)
     _refused(_build(write_config(_raw()), "--capacity", "96"), "Permission denied", "still holds the previous build")
     assert _tree(out) == before and verify(out).ok
+
+
+def test_a_user_file_put_in_a_listed_shard_s_place_is_not_taken_for_packtool_s(inputs, write_config):
+    config = write_config(_raw())
+    out = inputs / "out"
+    assert _build(config).exit_code == 0
+    (out / "shard-00001.parquet").write_bytes(b"my own table, not the one the manifest lists")
+    before = _tree(out)
+    _refused(_build(config, "--capacity", "96"), "shard-00001.parquet", "packtool did not write")
+    assert _tree(out) == before

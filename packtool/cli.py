@@ -109,6 +109,8 @@ def build(
         raise _fail(error) from None
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; the previous output is unchanged, rerun to resume") from None
+    for repaired in built.repaired:
+        click.echo(f"warning: {repaired}; not reused, written again", err=True)
     if dry_run:
         from packtool.build import format_preview
 
@@ -120,6 +122,7 @@ def build(
         click.echo(
             f"\nencode: {built.encode_reused} of {built.encode_items} file(s) reused from the cache; "
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
+            + (f"; {len(built.repaired)} changed on disk since written, redone" if built.repaired else "")
         )
         click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
         rejected = manifest["rejects"]["count"]
@@ -150,7 +153,8 @@ def _interrupt_on_sigterm() -> Iterator[None]:
 def cache_command(action: str, folder: Path) -> None:
     """List the token store's entries with their sizes, or clear them.
 
-    FOLDER is the cache folder (default `.packtool-cache` in the working folder; a build's default
+    `clear` deletes only the entries of a folder a build marked as its cache, and refuses while a
+    build uses it. FOLDER is the cache folder (default `.packtool-cache` in the working folder; a build's default
     is `.packtool-cache` beside its output).
 
     \b
@@ -162,7 +166,10 @@ def cache_command(action: str, folder: Path) -> None:
 
     store = TokenCache(folder)
     if action == "clear":
-        freed = store.clear()
+        try:
+            freed = store.clear()
+        except PacktoolError as error:
+            raise _fail(error) from None
         click.echo(f"cleared {folder}: {freed:,} bytes freed")
         return
     entries = store.entries()

@@ -22,16 +22,18 @@ import signal
 import sys
 import types
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.build.cache import TokenCache, cache_root, encode_key, file_sha256, source_settings
+from packtool.build.cache import CACHE_KIND, TokenCache, cache_root, encode_key, file_sha256, source_settings
 from packtool.build.emit import emit_item, emit_items, release
 from packtool.build.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
 from packtool.build.executors import make_executor
-from packtool.build.plan import Partition, Plan, make_plan, plan_key
+from packtool.build.owned import check_apart, claim, locked, unlinked
+from packtool.build.plan import Partition, Plan, make_plan, plan_key, stored_plan_problem
 from packtool.build.progress import Progress
 from packtool.build.publish import Staging
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
@@ -55,6 +57,7 @@ KILL_HOOK = "PACKTOOL_TEST_KILL"
 class Built:
     """What a build wrote, how much of it an earlier, interrupted or cached run had done, and where it ran.
 
+    `repaired` says which cache entries and staged shards failed their hash check and were redone.
     `nodes` holds, per phase (encode, emit), the work items each node ran: Ray node ids on Ray,
     "local" otherwise. It is not in the manifest, whose bytes do not depend on the executor."""
 
@@ -65,6 +68,8 @@ class Built:
     shards: int
     shards_reused: int
     nodes: dict[str, dict[str, int]] = field(default_factory=dict)
+    # cache entries and staged shards found changed since they were written (each redone, never used), one line each
+    repaired: tuple[str, ...] = ()
 
 
 def build(
@@ -76,24 +81,33 @@ def build(
     dry_run=True encodes and plans, then returns a preview (`Built.manifest`, see `preview`) and writes no shard.
     """
     progress = progress or Progress()
-    staging = Staging(Path(config.output).resolve())
+    output = Path(config.output).resolve()
+    staging = Staging(output)
+    # the cache's own name is not resolved: a cache path that is a link is refused, never followed
+    shared_cache = unlinked(cache_root(config)) if use_cache else None
+    check_apart(config, output, shared_cache)
     try:
-        staging.prepare()
-        if not use_cache:
-            staging.discard()
-            staging.root.mkdir(parents=True)
-        cache = TokenCache(cache_root(config) if use_cache else staging.cache)
-        built = _build(config, progress, staging, cache, dry_run)
+        with ExitStack() as held:
+            held.enter_context(staging.held())
+            if shared_cache is not None:
+                claim(shared_cache, CACHE_KIND)
+                held.enter_context(locked(shared_cache, f"cache {shared_cache}", shared=True))
+            staging.prepare()
+            if not use_cache:
+                staging.clear_work()
+                claim(staging.cache, CACHE_KIND)
+            cache = TokenCache(shared_cache or staging.cache)
+            try:
+                return _build(config, progress, staging, cache, dry_run)
+            finally:
+                release()
+                if not use_cache:
+                    staging.clear_work()
     except OSError as exc:
         where = exc.filename or config.output
         raise PacktoolError(
             f"{where}: {exc.strerror or exc}; the build stopped and {staging.output} still holds the previous build"
         ) from None
-    finally:
-        release()
-        if not use_cache:
-            staging.discard()
-    return built
 
 
 def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: TokenCache, dry_run: bool) -> Built:
@@ -102,11 +116,13 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     items = _encode_items(config, stages, cache)
     with make_executor(config.executor, config.workers, config.ray_address) as executor:
         encode_reused = 0
+        repaired = []  # what was found changed since it was written, and redone
         with progress.phase("encode", sum(item.bytes for item in items), "B") as bar:
             for done, (item, result) in enumerate(zip(items, executor.map(encode_item, items)), start=1):
                 if result.failure is not None:
                     raise PacktoolError(result.failure)
                 encode_reused += result.reused
+                repaired += [result.repaired] if result.repaired else []
                 bar.update(item.bytes)
                 _kill_hook("encode", done)
         nodes = {"encode": dict(executor.nodes)}
@@ -120,11 +136,13 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 plan = make_plan(config, partitions, folder, key)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-                if not any(staging.root.iterdir()):
-                    staging.root.rmdir()
             _check_outcome(config, plan)
-            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0, nodes)
+            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired))
         staging.keep_only(key)
+        damaged = stored_plan_problem(staging.plan(key), key, partitions)
+        if damaged is not None:  # nothing staged from it can be trusted either
+            staging.forget(key)
+            repaired.append(damaged)
         with progress.phase("plan", 1, "plan") as bar:
             plan = make_plan(config, partitions, staging.plan(key), key)
             bar.update(1)
@@ -139,6 +157,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             for done, (emitted, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
                 infos[emitted.folder].append(outcome.info)
                 shards_reused += outcome.reused
+                repaired += [outcome.repaired] if outcome.repaired else []
                 bar.update(1)
                 _kill_hook("emit", done)
         nodes["emit"] = dict(executor.nodes - Counter(nodes["encode"]))
@@ -146,7 +165,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
     manifest = _write_outputs(config, stages, plan, out, infos)
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
-    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes)
+    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired))
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:

@@ -1,12 +1,20 @@
 """The token store as a cache: encoded partitions addressed by everything they depend on.
 
+    CACHE/packtool-owned.json         marks the folder as a packtool cache (build.owned); nothing else is touched
+    CACHE/packtool.lock               shared by the builds using the cache, exclusive for `cache clear`
     CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see build.encode)
-    CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last
+    CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
+                                      {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
 
 An entry's key hashes the input file's bytes, the tokenizer and template by content, the source's
 render/tokenize settings and the code that encodes, so a stale entry is never looked up. Entries
 are write-once: written under a temporary name and renamed, report last, so two builds sharing a
 cache write identical bytes to the same name and a reader sees an entry whole or not at all.
+
+Nothing read back is trusted: before reuse, the report must name its own key and hash to its seal,
+and the partition must have the bytes and sha256 the report recorded when it was written. An entry
+that fails (a changed byte, a zeroed or truncated file, an entry swapped with another) is encoded
+again and reported, never used.
 """
 
 from __future__ import annotations
@@ -16,16 +24,19 @@ import importlib.util
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import packtool
+from packtool.build.owned import OwnershipError, fresh_temporary, is_marked, locked
 from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_json
 
 CACHE_DIR = ".packtool-cache"
+# The layout and report of an entry: part of every key, so entries of another layout are never looked up.
+CACHE_VERSION = 2
+CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (build.owned)
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
     "packtool.sources",
@@ -88,6 +99,7 @@ def encode_key(*, file_hash: str, file: str, tokenizer_hash: str, template_hash:
         "template": template_hash,
         "settings": settings,
         "code": code_fingerprint(),
+        "cache_version": CACHE_VERSION,
     }
     return hashlib.sha256(canonical_json(facts).encode()).hexdigest()
 
@@ -103,16 +115,31 @@ class TokenCache:
         return self.root / "tokens" / key[:2] / f"{key}.json"
 
     def load_report(self, key: str) -> dict[str, Any] | None:
-        """The report of a complete entry, or None (missing, or unreadable: then it is redone)."""
+        """The report of a complete entry, or None (missing or unreadable); not checked (see `check`)."""
         try:
             report = json.loads(self.report(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return report if self.partition(key).is_file() else None
+        return report if isinstance(report, dict) and self.partition(key).is_file() else None
+
+    def check(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(report, None): the entry is as it was written; (None, why): it is not; (None, None): there is none."""
+        report_path, partition = self.report(key), self.partition(key)
+        if not report_path.exists() and not partition.exists():
+            return None, None
+        report = self.load_report(key)
+        if report is None:
+            return None, f"cache entry {report_path}: unreadable or without its partition"
+        if report.get("key") != key or report.get("entry_sha256") != entry_digest(report):
+            return None, f"cache entry {report_path}: its report is not the one written for this key"
+        size = partition.stat().st_size
+        if size != report.get("partition_bytes") or file_sha256(partition) != report.get("partition_sha256"):
+            return None, f"cache entry {partition}: its bytes changed since it was written ({size:,} bytes)"
+        return report, None
 
     def temporary(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
-        return final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+        return fresh_temporary(final)
 
     def entries(self) -> list[dict[str, Any]]:
         """Every complete entry: key, source, file, samples and bytes on disk."""
@@ -126,19 +153,45 @@ class TokenCache:
             found.append(
                 {
                     "key": key,
-                    "source": report["source"],
-                    "file": report["file"],
-                    "samples": report["samples"],
+                    "source": report.get("source"),
+                    "file": report.get("file"),
+                    "samples": report.get("samples"),
                     "bytes": size,
                 }
             )
         return found
 
     def clear(self) -> int:
-        """Remove every entry; the bytes freed."""
-        freed = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
-        shutil.rmtree(self.root / "tokens", ignore_errors=True)
+        """Remove every entry of a folder marked as a packtool cache, while no build uses it; the bytes freed."""
+        if self.root.is_symlink() or not is_marked(self.root, CACHE_KIND):
+            raise OwnershipError(
+                f"{self.root} is not a packtool cache (no packtool-owned.json marking it as one); nothing was "
+                "deleted. Give the folder a build used as --cache (default: .packtool-cache beside its output)"
+            )
+        with locked(self.root, f"cache {self.root}"):
+            tokens = self.root / "tokens"
+            if tokens.is_symlink():  # not a folder packtool made: the link goes, what it points at stays
+                tokens.unlink()
+                return 0
+            freed = sum(p.lstat().st_size for p in tokens.rglob("*") if p.is_file() and not p.is_symlink())
+            shutil.rmtree(tokens, ignore_errors=True)
         return freed
+
+
+def entry_digest(report: dict[str, Any]) -> str:
+    """The seal of a report: the sha256 of everything in it but the seal itself."""
+    return hashlib.sha256(canonical_json({k: v for k, v in report.items() if k != "entry_sha256"}).encode()).hexdigest()
+
+
+def seal_report(report: dict[str, Any], key: str, partition: Path) -> dict[str, Any]:
+    """The report to store beside a partition just written: its key, the partition's size and hash, sealed."""
+    sealed = {
+        **report,
+        "key": key,
+        "partition_bytes": partition.stat().st_size,
+        "partition_sha256": file_sha256(partition),
+    }
+    return {**sealed, "entry_sha256": entry_digest(sealed)}
 
 
 def publish_file(temporary: Path, final: Path) -> None:

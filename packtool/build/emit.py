@@ -5,7 +5,9 @@
         --> STAGING/done/[overflow-]shard-NNNNN.json   (its ShardInfo; written last: the shard is finished)
 
 A shard whose done file exists is not rewritten: the staging folder belongs to one plan key, so an
-existing shard was written from the same plan.
+existing shard was written from the same plan. It is reused only while its bytes still hash to the
+sha256 its done file recorded; a shard changed on disk since (or an unreadable done file) is written
+again and reported, never published.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 import packtool
 from packtool.build.plan import PIECES_FILE, FolderPlan, Plan, load_plan
-from packtool.format import WHOLE, write_json_atomic
+from packtool.format import WHOLE, sha256_file, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.packing import StreamPlan
 from packtool.records import ROLE_CODES
@@ -50,6 +52,7 @@ class EmitItem:
 class EmitResult:
     info: ShardInfo
     reused: bool
+    repaired: str | None = None  # why a staged shard was not reused (it was written again)
 
 
 def emit_items(plan: Plan, out: Path, done: Path, rows_per_shard: int, row_group_rows: int) -> list[EmitItem]:
@@ -82,8 +85,10 @@ def release() -> None:
 
 def emit_item(item: EmitItem) -> EmitResult:
     done = item.done_file
-    if done.is_file():
-        return EmitResult(ShardInfo(**json.loads(done.read_text(encoding="utf-8"))), reused=True)
+    target = Path(item.out) / item.folder / item.file
+    staged, damaged = _staged(done, target)
+    if staged is not None:
+        return EmitResult(staged, reused=True)
     if item.plan_folder not in _PLANS:
         _PLANS[item.plan_folder] = load_plan(Path(item.plan_folder))
     plan = _PLANS[item.plan_folder]
@@ -104,12 +109,26 @@ def emit_item(item: EmitItem) -> EmitResult:
         "packtool.capacity": str(folder.capacity),
         "packtool.mode": "stream" if folder.stream else "packed",
     }
-    target = Path(item.out) / item.folder / item.file
     target.parent.mkdir(parents=True, exist_ok=True)
     info = write_shard(packs, target, row_group_rows=item.row_group_rows, metadata=metadata)
     done.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(done, asdict(info))
-    return EmitResult(info, reused=False)
+    return EmitResult(info, reused=False, repaired=damaged)
+
+
+def _staged(done: Path, target: Path) -> tuple[ShardInfo | None, str | None]:
+    """(info, None) for a finished shard as it was written; (None, why) for one that is not; (None, None): none."""
+    if not done.exists():
+        return None, None
+    try:
+        info = ShardInfo(**json.loads(done.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        done.unlink(missing_ok=True)
+        return None, f"staged shard {target}: its done file {done} is unreadable"
+    if not target.is_file() or target.stat().st_size != info.bytes or sha256_file(target) != info.sha256:
+        done.unlink(missing_ok=True)
+        return None, f"staged shard {target}: its bytes changed since it was written"
+    return info, None
 
 
 class _Gather:

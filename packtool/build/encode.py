@@ -7,8 +7,9 @@
          --PartitionWriter--> consecutive rows with the record's ordinal, each with its SegmentRole
          --report-----------> CACHE/tokens/KEY.json       (read, rejected/dropped by reason, each reject)
 
-A work item whose report already exists under its key is not redone. Under `on_error: fail` an item
-stops at its first bad record and writes nothing; the driver turns that into the one-line error.
+A work item whose entry exists under its key, and is as it was written (TokenCache.check), is not
+redone. Under `on_error: fail` an item stops at its first bad record and writes nothing; the driver
+turns that into the one-line error.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from packtool.build.cache import TokenCache, publish_file
+from packtool.build.cache import TokenCache, publish_file, seal_report
 from packtool.config import BuildConfig, SourceConfig, canonical_json
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -121,6 +122,7 @@ class EncodeResult:
     key: str
     reused: bool
     failure: str | None = None  # the one-line message for on_error: fail
+    repaired: str | None = None  # why the cache entry found was not reused (it was encoded again)
 
 
 @dataclass(frozen=True)
@@ -262,9 +264,9 @@ def stages_for(config: BuildConfig) -> Stages:
 
 
 def encode_item(item: EncodeItem) -> EncodeResult:
-    """Run one encode work item (in any process); reuse its cache entry when complete."""
+    """Run one encode work item (in any process); reuse its cache entry when complete and as it was written."""
     cache = TokenCache(Path(item.cache_root))
-    cached = cache.load_report(item.key)
+    cached, damaged = cache.check(item.key)  # a damaged entry is replaced below, as a new one is written
     if cached is not None:
         # the entry was written under on_error: skip; under fail its first bad record stops the build
         bad = [r for r in cached["rejects"] if "message" in r]
@@ -273,24 +275,29 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     stages = stages_for(item.config)
     final = cache.partition(item.key)
     temporary = cache.temporary(final)
-    writer = PartitionWriter(temporary, source.name)
     report = Report(source.name, item.file)
     try:
-        for ordinal, outcome in enumerate(_outcomes(item, stages, source)):
-            failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
-            if failure is not None:
-                return EncodeResult(item.key, reused=False, failure=failure)
-        writer.close()
+        writer = PartitionWriter(temporary, source.name)
+        try:
+            for ordinal, outcome in enumerate(_outcomes(item, stages, source)):
+                failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
+                if failure is not None:
+                    return EncodeResult(item.key, reused=False, failure=failure)
+        finally:
+            writer.close()
+        report.samples, report.tokens = writer.rows, writer.tokens
+        sealed = seal_report(report.as_dict(), item.key, temporary)
         publish_file(temporary, final)
     finally:
-        writer.close()
-        temporary.unlink(missing_ok=True)
-    report.samples, report.tokens = writer.rows, writer.tokens
+        temporary.unlink(missing_ok=True)  # a full disk or a failure leaves no temporary behind
     report_path = cache.report(item.key)
     report_temporary = cache.temporary(report_path)
-    report_temporary.write_text(json.dumps(report.as_dict(), ensure_ascii=False, sort_keys=True), encoding="utf-8")
-    publish_file(report_temporary, report_path)  # last: the entry is complete
-    return EncodeResult(item.key, reused=False)
+    try:
+        report_temporary.write_text(json.dumps(sealed, ensure_ascii=False, sort_keys=True), encoding="utf-8")
+        publish_file(report_temporary, report_path)  # last: the entry is complete
+    finally:
+        report_temporary.unlink(missing_ok=True)
+    return EncodeResult(item.key, reused=False, repaired=damaged)
 
 
 def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig) -> Iterator[Outcome]:

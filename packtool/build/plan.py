@@ -34,7 +34,7 @@ import packtool
 from packtool.build.cache import code_fingerprint
 from packtool.config import ITEM_FORMATS, BuildConfig, Quota, canonical_json
 from packtool.errors import BuildError
-from packtool.format import SEGMENTS_SCHEMA_VERSION, write_json_atomic
+from packtool.format import SEGMENTS_SCHEMA_VERSION, sha256_file, write_json_atomic
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.store import PartitionReader, PartitionWriter
@@ -43,6 +43,7 @@ from packtool.truncate import truncate
 PLAN_FILE = "plan.json"
 ARRAYS_FILE = "plan.npz"
 PIECES_FILE = "pieces.arrow"
+PLAN_SEAL = "plan_sha256"
 
 
 @dataclass
@@ -749,8 +750,32 @@ def _write(plan: Plan) -> None:
         "rejects": plan.rejects,
         "sources": list(plan.lengths),
         "schema_version": plan.schema_version,
+        # what a resumed build checks before reusing the plan (stored_plan_problem)
+        "files": {name: sha256_file(plan.folder / name) for name in (ARRAYS_FILE, PIECES_FILE)},
     }
+    meta[PLAN_SEAL] = _plan_digest(meta)
     write_json_atomic(plan.folder / PLAN_FILE, meta)  # last: the plan is complete
+
+
+def _plan_digest(meta: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json({k: v for k, v in meta.items() if k != PLAN_SEAL}).encode()).hexdigest()
+
+
+def stored_plan_problem(folder: Path, key: str, partitions: list[Partition]) -> str | None:
+    """Why a plan found in `folder` must not be reused (changed since written, or another plan's); None if it may be.
+
+    A missing plan is no problem (it is computed)."""
+    path = folder / PLAN_FILE
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        intact = isinstance(meta, dict) and meta.get(PLAN_SEAL) == _plan_digest(meta) and meta.get("key") == key
+        intact = intact and meta["partitions"] == [[p.key, p.path, p.source, p.report] for p in partitions]
+        intact = intact and all(sha256_file(folder / name) == sha for name, sha in meta["files"].items())
+    except (OSError, ValueError, KeyError, TypeError):
+        intact = False
+    return None if intact else f"staged plan {folder}: changed since it was written"
 
 
 def load_plan(folder: Path) -> Plan:

@@ -57,3 +57,20 @@ def test_a_full_disk_leaves_the_previous_build_verifiable(tmp_path, small_disk, 
     rerun = CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(out)])
     assert rerun.exit_code == 0, rerun.output
     assert verify(out).ok and _digest(out) != before
+
+
+def test_a_full_cache_disk_leaves_no_temporary_in_the_cache(tmp_path, small_disk, write_config, write_jsonl):
+    write_jsonl(_chat_rows(600, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(600, "b"), "b.jsonl")
+    cache = small_disk / "cache"
+    filler = small_disk / "filler"
+    usage = subprocess.run(["df", "-B1", "--output=avail", str(small_disk)], capture_output=True, text=True)
+    filler.write_bytes(b"\0" * (int(usage.stdout.split()[-1]) - 64 * 1024))
+    config = write_config({**_raw(), "cache": str(cache)})
+    result = CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "No space left on device" in result.output and "Traceback" not in result.output
+    assert [p.name for p in cache.rglob("*") if ".tmp" in p.name] == []
+    filler.unlink()
+    rerun = CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(tmp_path / "out")])
+    assert rerun.exit_code == 0, rerun.output
+    assert verify(tmp_path / "out").ok

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import PacktoolError, RecordError
+from packtool.errors import PackFormatError, PacktoolError, RecordError
 from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
-from packtool.shards import read_columns
+from packtool.shards import listed_shard, read_columns
 
 INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
 ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets"]
@@ -161,10 +161,12 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
     out = []
     for entry in manifest["shards"]:
         shard = prefix + entry["file"]
-        table = read_columns(folder / shard, INDEX_COLUMNS, ITEM_COLUMNS)
+        table = read_columns(listed_shard(folder / prefix, entry), INDEX_COLUMNS, ITEM_COLUMNS)
         v2 = "segment_kinds" in table.column_names
         for row, pack in enumerate(table.to_pylist()):
             docs = pack["doc_cu_seqlens"]
+            if problem := _index_problem(pack, v2):
+                raise PackFormatError(f"{folder / shard} row {row}: {problem}: a damaged shard (`packtool verify`)")
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])
             for d, (sample_id, sample_hash, repeat, source) in enumerate(columns):
                 where = (shard, row, d, docs[d], docs[d + 1], pack["pack_hash"])
@@ -174,6 +176,20 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
                 else:
                     out.append(Placement(*where, sample_id, sample_hash, source, repeat))
     return out
+
+
+def _index_problem(pack: dict[str, Any], v2: bool) -> str | None:
+    """Why one row's per-document columns cannot be read together (None when they can)."""
+    documents = len(pack["sample_ids"])
+    counts = [len(pack[name]) for name in ("sample_hashes", "sample_repeats", "sources")]
+    if len(pack["doc_cu_seqlens"]) != documents + 1 or any(count != documents for count in counts):
+        return f"doc_cu_seqlens has {len(pack['doc_cu_seqlens'])} offsets for {documents} sample_ids ({counts})"
+    if v2 and (
+        any(len(pack[name]) != documents for name in ITEM_COLUMNS)
+        or not set(pack["segment_kinds"]) <= set(KIND_CODES.values())
+    ):
+        return f"segment columns not one known entry per document ({documents})"
+    return None
 
 
 def _item(pack: dict[str, Any], d: int) -> str:
@@ -208,7 +224,22 @@ def _rejects(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     path = folder / (manifest.get("rejects") or {}).get("file", REJECTS)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rejects = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise PackFormatError(f"{path}: cannot be read ({error}); rebuild the output") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            record = error
+        if not isinstance(record, dict):
+            raise PackFormatError(f"{path}:{number}: not a reject record (a JSON object); rebuild the output")
+        rejects.append(record)
+    return rejects
 
 
 def _by_location(

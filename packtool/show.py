@@ -18,14 +18,13 @@ from typing import Any
 
 import click
 import numpy as np
-import pyarrow.parquet as pq
 
-from packtool.errors import PacktoolError
+from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import WHOLE
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
-from packtool.shards import locate, read_columns, read_row
+from packtool.shards import locate, open_shard, read_columns, read_row
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 
@@ -43,7 +42,10 @@ def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: s
         raise PacktoolError(
             f"{shard}: cannot find the tokenizer to decode with ({path or 'no manifest'}); pass --tokenizer PATH"
         )
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception on a malformed file
+        raise PacktoolError(f"{path}: not a tokenizer.json ({one_line(error)}); pass --tokenizer PATH") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,7 @@ def select_packs(
         raise PacktoolError(f"{target}: row {row} must be >= 0")
     local = row
     for shard in files:
-        rows = pq.ParquetFile(shard).metadata.num_rows
+        rows = open_shard(shard).metadata.num_rows
         if local < rows:
             return manifest, [PackRef(shard, local, None if doc is None else (doc,))]
         local -= rows
@@ -112,12 +114,25 @@ def inspect_pack(
     return "\n\n".join(blocks)
 
 
+def checked_row(ref: PackRef) -> dict[str, Any]:
+    """The pack's row, refused in one line unless sound (verify.row_problems): its offsets index everything shown."""
+    from packtool.verify import row_problems
+
+    pack = read_row(ref.shard, ref.row)
+    problems = row_problems(pack, None)
+    if problems:
+        raise PackFormatError(
+            f"{ref.shard} row {ref.row}: {problems[0]}: a damaged shard; `packtool verify` lists every problem"
+        )
+    return pack
+
+
 def pack_lines(
     ref: PackRef, decoder: Any, *, limit: int | None, around: int | None, color: bool, text: bool
 ) -> list[str]:
     """One pack as text. With `around`, the column header is printed once and each document gets one
     line, so a pack of many short documents stays readable."""
-    pack = read_row(ref.shard, ref.row)
+    pack = checked_row(ref)
     ids = np.asarray(pack["input_ids"], dtype=np.int64)
     labels = np.asarray(pack["labels"], dtype=np.int64)
     cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)
@@ -208,7 +223,7 @@ def inspect_json(
 
 
 def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | None, text: bool) -> dict[str, Any]:
-    pack = read_row(ref.shard, ref.row)
+    pack = checked_row(ref)
     ids = np.asarray(pack["input_ids"], dtype=np.int64)
     labels = np.asarray(pack["labels"], dtype=np.int64)
     cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from packtool.arrow import list_parts
-from packtool.errors import PacktoolError
-from packtool.format import attn_cost_of_lengths
+from packtool.errors import PackFormatError, PacktoolError
+from packtool.format import attn_cost_of_lengths, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import KIND_CODES
 from packtool.shards import read_columns, shard_metadata
@@ -86,12 +86,21 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         table = read_columns(shard, STAT_COLUMNS, KIND_COLUMNS)
         v2 = "segment_kinds" in table.column_names
         label_offsets, labels = list_parts(table.column("labels"))
+        doc_offsets, docs = list_parts(table.column("doc_cu_seqlens"))
+        cu_offsets, cu = list_parts(table.column("cu_seqlens"))
+        for name, offsets, values in (("doc_cu_seqlens", doc_offsets, docs), ("cu_seqlens", cu_offsets, cu)):
+            # Every index below is taken from these offsets: a damaged shard is a line, not an IndexError.
+            broken = first_broken_pack(label_offsets, label_offsets, offsets, values, None)
+            if broken >= 0:
+                raise PackFormatError(
+                    f"{shard} row {broken}: {name} is not 0, increasing, ..., the pack's length: a damaged shard "
+                    "(`packtool verify` names every broken row)"
+                )
         packs += table.num_rows
         tokens += len(labels)
         pack_lengths.append(np.diff(label_offsets))
-        doc_offsets, docs = list_parts(table.column("doc_cu_seqlens"))
         segments_per_pack.append(np.diff(doc_offsets) - 1)
-        segment_lengths.append(_steps(*list_parts(table.column("cu_seqlens"))))
+        segment_lengths.append(_steps(cu_offsets, cu))
         # documents as [start, end) of the shard's labels laid end to end
         pack_start = np.repeat(label_offsets[:-1].astype(np.int64), np.diff(doc_offsets))
         bounds = docs.astype(np.int64) + pack_start
@@ -121,6 +130,12 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         if v2:
             _, segment_kinds = list_parts(table.column("segment_kinds"))
             _, segment_groups = list_parts(table.column("segment_groups"))
+            unknown = sorted(set(np.unique(segment_kinds).tolist()) - set(KIND_CODES.values()))
+            if unknown or len(segment_kinds) != len(segment_lengths[-1]):
+                raise PackFormatError(
+                    f"{shard}: segment_kinds holds {len(segment_kinds)} entries for {len(segment_lengths[-1])} "
+                    f"attention segments, unknown kind codes {unknown}: a damaged shard (`packtool verify` names it)"
+                )
             kinds.add(segment_kinds.tolist(), segment_groups.tolist(), segment_lengths[-1], doc_targets)
     lengths = _joined(segment_lengths)
     per_pack, pack_fill = _joined(segments_per_pack), _joined(pack_lengths)
@@ -223,7 +238,10 @@ def _capacity(shards: list[Path], manifest: dict[str, Any] | None) -> int:
     if manifest is not None:
         return int(manifest["capacity"])
     if shards:
-        return int(shard_metadata(shards[0]).get("packtool.capacity", 0))
+        recorded = shard_metadata(shards[0]).get("packtool.capacity", "0")
+        if not recorded.isdigit():
+            raise PackFormatError(f"{shards[0]}: packtool.capacity {recorded!r:.40} in its metadata is not a number")
+        return int(recorded)
     return 0
 
 

@@ -55,11 +55,12 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.arrow import as_numpy, list_parts
-from packtool.errors import DatasetError
+from packtool.errors import DatasetError, one_line
+from packtool.format import first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.balance import pack_costs
 from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble, plan_micro_batches
-from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
+from packtool.loader.contract import Manifest, check_shard, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 from packtool.shards import SegmentColumns
 

@@ -207,11 +207,18 @@ def test_an_altered_token_is_named_by_shard_and_row(make_build):
 def test_manifest_paths_stay_inside_the_build(make_build, tmp_path):
     path, _ = make_build(n_packs=8)
     manifest = json.loads((path / "manifest.json").read_text())
-    for bad in ("../outside.parquet", "/etc/passwd"):
+    for bad in ("../outside.parquet", "/etc/passwd", "sub/shard.parquet"):
         manifest["shards"][0]["file"] = bad
         (path / "manifest.json").write_text(json.dumps(manifest))
-        with pytest.raises(DatasetError, match="points outside the build folder"):
+        with pytest.raises(DatasetError, match="is not a file name inside the output folder"):
             PackedDataset(path)
+    manifest["shards"][0]["file"] = "shard-00000.parquet"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    outside = tmp_path / "outside.parquet"
+    (path / "shard-00000.parquet").rename(outside)
+    (path / "shard-00000.parquet").symlink_to(outside)  # a plain name, but a link out of the build
+    with pytest.raises(DatasetError, match="a link to .*outside.parquet, outside the build folder"):
+        PackedDataset(path)
 
 
 def test_missing_manifest_is_an_unfinished_build(tmp_path):
@@ -368,7 +375,7 @@ def test_a_pack_breaking_the_contract_is_refused_with_its_row(make_build):
 
 
 def test_first_broken_pack_rules():
-    from packtool.loader.contract import first_broken_pack
+    from packtool.format import first_broken_pack
 
     def run(packs, check_labels=True):
         def lists(name):

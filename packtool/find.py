@@ -21,6 +21,7 @@ manifest says the tokenizer was (the config names it relative to the same folder
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import defaultdict
@@ -33,7 +34,7 @@ from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
 from packtool.shards import listed_shard, read_columns
 
-INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
+INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "n_tokens", "pack_hash"]
 ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets"]
 MIN_HASH_PREFIX = 4  # shorter hex strings match too many packs to be a useful key
 _HEX = re.compile(r"[0-9a-f]+")
@@ -182,8 +183,11 @@ def _index_problem(pack: dict[str, Any], v2: bool) -> str | None:
     """Why one row's per-document columns cannot be read together (None when they can)."""
     documents = len(pack["sample_ids"])
     counts = [len(pack[name]) for name in ("sample_hashes", "sample_repeats", "sources")]
-    if len(pack["doc_cu_seqlens"]) != documents + 1 or any(count != documents for count in counts):
-        return f"doc_cu_seqlens has {len(pack['doc_cu_seqlens'])} offsets for {documents} sample_ids ({counts})"
+    docs = pack["doc_cu_seqlens"]
+    if len(docs) != documents + 1 or any(count != documents for count in counts):
+        return f"doc_cu_seqlens has {len(docs)} offsets for {documents} sample_ids ({counts})"
+    if docs[0] != 0 or any(a >= b for a, b in itertools.pairwise(docs)) or docs[-1] != pack["n_tokens"]:
+        return f"doc_cu_seqlens {docs[:8]} is not 0, increasing, ..., n_tokens {pack['n_tokens']}"
     if v2 and (
         any(len(pack[name]) != documents for name in ITEM_COLUMNS)
         or not set(pack["segment_kinds"]) <= set(KIND_CODES.values())

@@ -199,14 +199,10 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise PackFormatError(f"{path}: not valid JSON ({exc}); rebuild the output") from None
     if not isinstance(manifest, dict):
         raise PackFormatError(f"{path}: expected a JSON object, got {type(manifest).__name__}; rebuild the output")
-    version = manifest.get("schema_version")
-    if version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise PackFormatError(
-            f"{path}: schema_version {version!r:.40}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
-            "(rebuild with this version, or install the packtool that wrote it)"
-        )
     problems = manifest_problems(manifest)
     if problems:
+        if problems[0].startswith("schema_version"):
+            raise PackFormatError(f"{path}: {problems[0]}")
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise PackFormatError(
             f"{path}: {problems[0]}{more}; the manifest is damaged or was edited: rebuild the output "
@@ -267,6 +263,13 @@ def manifest_problems(manifest: Any) -> list[str]:
     """
     if not isinstance(manifest, dict):
         return [f"must be a JSON object, got {type(manifest).__name__}"]
+    version = manifest.get("schema_version")
+    if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS:  # not True, which equals 1
+        # another version may have other fields: this is the one problem worth naming
+        return [
+            f"schema_version {version!r:.40}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
+            "(rebuild with this version, or install the packtool that wrote it)"
+        ]
     problems = []
     capacity = manifest.get("capacity")
     if not _is_count(capacity) or capacity == 0:

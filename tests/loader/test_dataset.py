@@ -217,7 +217,7 @@ def test_manifest_paths_stay_inside_the_build(make_build, tmp_path):
     outside = tmp_path / "outside.parquet"
     (path / "shard-00000.parquet").rename(outside)
     (path / "shard-00000.parquet").symlink_to(outside)  # a plain name, but a link out of the build
-    with pytest.raises(DatasetError, match="a link to .*outside.parquet, outside the build folder"):
+    with pytest.raises(DatasetError, match=r"a link to .*outside\.parquet, outside the build folder"):
         PackedDataset(path)
 
 

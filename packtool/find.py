@@ -33,6 +33,7 @@ from packtool.errors import PackFormatError, PacktoolError, RecordError
 from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
 from packtool.shards import listed_shard, read_columns
+from packtool.terminal import shown
 
 INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "n_tokens", "pack_hash"]
 ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets"]
@@ -411,16 +412,24 @@ def _resolved(path: str, base: Path) -> Path:
 
 
 def format_trace(trace: Trace) -> str:
-    lines = [f"{trace.key} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
+    """The trace as text; every value read from the output or the sources passes through `shown`."""
+    lines = [f"{shown(trace.key)} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
     for p in trace.placements:
         extra = "".join(f", {part}" for part in (p.piece, p.item) if part)
         lines.append(
-            f"  {p.shard} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), pack_hash {p.pack_hash}, "
-            f"sample {p.sample_id} (source {p.source}, hash {p.sample_hash[:12]}, repeat {p.repeat}{extra})"
+            f"  {shown(p.shard)} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), "
+            f"pack_hash {shown(p.pack_hash)}, sample {shown(p.sample_id)} (source {shown(p.source)}, "
+            f"hash {shown(p.sample_hash[:12])}, repeat {p.repeat}{extra})"
         )
     for r in trace.rejects:
-        lines.append(f"  not trained: {r.get('id')} at {r.get('location')}: {r.get('reason')} ({r.get('detail')})")
+        lines.append(
+            f"  not trained: {shown(r.get('id'))} at {shown(r.get('location'))}: {shown(r.get('reason'))} "
+            f"({shown(r.get('detail'))})"
+        )
     for o in trace.origins:
         where = o.location or "?"
-        lines.append(f"  from {where} (source {o.source}, sample {o.sample_id}): {o.status}: {o.detail}")
+        lines.append(
+            f"  from {shown(where)} (source {shown(o.source)}, sample {shown(o.sample_id)}): {o.status}: "
+            f"{shown(o.detail)}"
+        )
     return "\n".join(lines)

@@ -25,13 +25,15 @@ from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, p
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
 from packtool.shards import locate, open_shard, read_columns, read_row
+from packtool.terminal import escape_char, shown
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 
 
 def visible(piece: str) -> str:
+    """A token's text with whitespace drawn and every other unprintable character (a no-break space too) escaped."""
     out = piece.translate(_VISIBLE)
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in out)
+    return "".join(ch if ch.isprintable() else escape_char(ch) for ch in out)
 
 
 def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: str | None) -> Any:
@@ -139,8 +141,9 @@ def pack_lines(
     docs = np.asarray(pack["doc_cu_seqlens"], dtype=np.int64)
     documents = _documents(ref, len(docs) - 1)
     out = [
-        f"{ref.shard.name} row {ref.row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
-        f"{len(docs) - 1} document(s), {int((labels != IGNORE_INDEX).sum())} targets, pack_hash {pack['pack_hash']}"
+        f"{shown(ref.shard.name)} row {ref.row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
+        f"{len(docs) - 1} document(s), {int((labels != IGNORE_INDEX).sum())} targets, "
+        f"pack_hash {shown(pack['pack_hash'])}"
     ]
     compact = around is not None
     if compact:
@@ -148,19 +151,19 @@ def pack_lines(
     for d in documents:
         start, end = int(docs[d]), int(docs[d + 1])
         head = (
-            f"document {d}: {pack['sample_ids'][d]} (source {pack['sources'][d]}, "
-            f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}{_item_label(pack, d)}), "
+            f"document {d}: {shown(pack['sample_ids'][d])} (source {shown(pack['sources'][d])}, "
+            f"hash {shown(pack['sample_hashes'][d][:12])}, repeat {pack['sample_repeats'][d]}{_item_label(pack, d)}), "
             f"tokens [{start}, {end})"
         )
         out += [f"── {head}"] if compact else ["", f"── {head} ──"]
-        shown = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
-        table = token_rows(ids, labels, pack["token_roles"], cu, decoder, shown, limit=limit, color=color)
+        span = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
+        table = token_rows(ids, labels, pack["token_roles"], cu, decoder, span, limit=limit, color=color)
         out.extend(table[1:] if compact else table)
-        if limit is not None and len(shown) > limit:
-            out.append(f"   ... {len(shown) - limit} more tokens")
+        if limit is not None and len(span) > limit:
+            out.append(f"   ... {len(span) - limit} more tokens")
         if text:
             out.append("text:")
-            out.append(decoder.decode(ids[start:end].tolist(), skip_special_tokens=False))
+            out.append(shown(decoder.decode(ids[start:end].tolist(), skip_special_tokens=False), keep="\n\t"))
     return out
 
 
@@ -232,9 +235,9 @@ def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | No
     documents = []
     for d in _documents(ref, len(docs) - 1):
         start, end = int(docs[d]), int(docs[d + 1])
-        shown = list(range(start, end) if around is None else boundary_tokens(labels, start, end, around))
+        span = list(range(start, end) if around is None else boundary_tokens(labels, start, end, around))
         tokens = []
-        for t in shown[:limit] if limit is not None else shown:
+        for t in span[:limit] if limit is not None else span:
             seg = int(np.searchsorted(cu, t, side="right") - 1)
             tokens.append(
                 {

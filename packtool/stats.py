@@ -18,6 +18,7 @@ from packtool.format import attn_cost_of_lengths, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import KIND_CODES
 from packtool.shards import read_columns, shard_metadata
+from packtool.terminal import shown
 
 STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
 KIND_COLUMNS = ["segment_kinds", "segment_groups"]  # schema v2 (pairs and groups)
@@ -283,7 +284,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     ]
     for name, s in stats["sources"].items():
         lines.append(
-            f"{name:<20} {s['segments']:>9,} {s['segment_share']:>7.3f} {s['tokens']:>11,} {s['token_share']:>7.3f} "
+            f"{shown(name):<20} {s['segments']:>9,} {s['segment_share']:>7.3f} {s['tokens']:>11,} "
+            f"{s['token_share']:>7.3f} "
             f"{s['targets']:>10,} {s['target_share']:>7.3f} {s['repeats']:>8,}"
         )
     if "kinds" in stats:
@@ -299,18 +301,24 @@ def format_stats(stats: dict[str, Any]) -> str:
     if accounting:
         lines += ["", f"{'source':<20} {'read':>7} {'kept':>7} {'overflow':>8}  rejected / dropped / truncated"]
         for name, a in accounting.items():
-            details = [f"rejected.{k}={v}" for k, v in a["rejected"].items()]
-            details += [f"dropped.{k}={v}" for k, v in a["dropped"].items()]
+            details = [f"rejected.{shown(k)}={v}" for k, v in a["rejected"].items()]
+            details += [f"dropped.{shown(k)}={v}" for k, v in a["dropped"].items()]
             details += [
-                f"truncated.{k}={v['samples']} (-{v['tokens']} tok, -{v['targets']} tgt)"
-                for k, v in a["truncated"].items()
+                f"truncated.{shown(k)}={v['samples']} (-{v['tokens']} tok, -{v['targets']} tgt)"
+                for k, v in a.get("truncated", {}).items()
             ]
             if a.get("special_token_literals"):
                 details.append(f"special_token_literals={a['special_token_literals']}")
-            lines.append(f"{name:<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}")
+            lines.append(
+                f"{shown(name):<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}"
+            )
     mixing = stats.get("mixing") or {}
     if mixing:
-        lines += ["", f"mixing: weights by {mixing.get('by')}; loss normalization: {mixing.get('loss_normalization')}"]
+        lines += [
+            "",
+            f"mixing: weights by {shown(mixing.get('by'))}; "
+            f"loss normalization: {shown(mixing.get('loss_normalization'))}",
+        ]
     if "lengths" in stats:
         lines += ["", *format_lengths(stats["lengths"])]
     att = stats["attention"]
@@ -349,7 +357,8 @@ def format_lengths(lengths: dict[str, Any] | None) -> list[str]:
         before, after = entry["before"], entry["after"]
         for label, summary in (("before", before), ("after", after)):
             lines.append(
-                f"{name if label == 'before' else '':<20} {label:<6} n {summary['count']:,}  mean {summary['mean']:.1f}"
+                f"{shown(name) if label == 'before' else '':<20} {label:<6} n {summary['count']:,}  "
+                f"mean {summary['mean']:.1f}"
                 f"  p50 {summary['p50']:,}  p90 {summary['p90']:,}  p99 {summary['p99']:,}  max {summary['max']:,}"
                 f"  over capacity {summary['over_capacity']:,}"
             )

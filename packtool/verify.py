@@ -44,6 +44,7 @@ from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import validate_pack_groups
 from packtool.seal import SEAL, manifest_digest, seal_manifest
 from packtool.shards import READ_ERRORS, schema_problem
+from packtool.terminal import shown
 
 __all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
 
@@ -379,8 +380,9 @@ def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification)
 
 
 def format_verification(result: Verification) -> str:
-    head = f"{result.folder}: {result.shards} shard(s), {result.packs} pack(s) checked"
-    warnings = [f"  warning: {w}" for w in result.warnings]
+    """The report as text, one line per problem: file names and values in it pass through `shown`."""
+    head = f"{shown(result.folder)}: {result.shards} shard(s), {result.packs} pack(s) checked"
+    warnings = [f"  warning: {shown(w)}" for w in result.warnings]
     if result.ok:
         return "\n".join(
             [
@@ -389,4 +391,6 @@ def format_verification(result: Verification) -> str:
                 *warnings,
             ]
         )
-    return "\n".join([f"{head}: {len(result.problems)} problem(s)", *(f"  - {p}" for p in result.problems), *warnings])
+    return "\n".join(
+        [f"{head}: {len(result.problems)} problem(s)", *(f"  - {shown(p)}" for p in result.problems), *warnings]
+    )

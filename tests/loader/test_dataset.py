@@ -165,7 +165,7 @@ def test_resume_under_another_world_size(make_build, old, new, budget):
 
 def test_resume_with_another_seed_is_refused_mid_epoch(make_build):
     path, _ = make_build()
-    state = {"epoch": 0, "position": 5, "seed": 0, "shuffle": True}
+    state = {"epoch": 0, "position": 5, "seed": 0, "shuffle": True, "build": PackedDataset(path).build}
     with pytest.raises(DatasetError, match="different seed 0 \\(now 1\\)"):
         PackedDataset(path, seed=1).load_state_dict(state)
     PackedDataset(path, seed=1).load_state_dict(state | {"position": 0})  # an epoch boundary is fine
@@ -393,3 +393,69 @@ def test_first_broken_pack_rules():
     assert run([good, good, good | {"labels": [-100, 2]}]) == 2
     assert run([good, good | {"labels": [-100, 2, 3]}]) == 1
     assert run([good, good | {"labels": [-100, 2, 3]}], check_labels=False) == -1
+
+
+# ---- a resume state belongs to its build; a build replaced under the reader is named ----
+
+
+def test_a_resume_state_is_refused_by_another_build(make_build, tmp_path):
+    import shutil
+
+    path, _ = make_build(n_packs=30, seed=1, name="a")
+    other, _ = make_build(n_packs=30, seed=2, name="b")
+    ds = PackedDataset(path, token_budget=64)
+    next(packed_batches(ds))
+    state = json.loads(json.dumps(ds.state_dict()))
+    assert state["build"] == ds.build and state["position"] > 0
+    with pytest.raises(DatasetError, match=r"saved on build .*, .*/b is build .*another build's packs"):
+        PackedDataset(other, token_budget=64).load_state_dict(state)
+    with pytest.raises(DatasetError, match="another build's packs"):  # at an epoch boundary too
+        PackedDataset(other).load_state_dict(state | {"position": 0})
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)  # the same build elsewhere: the same manifest, the same packs
+    PackedDataset(copy, token_budget=64).load_state_dict(state)
+
+
+def test_a_state_without_its_build_resumes_only_at_an_epoch_boundary(make_build):
+    path, _ = make_build(n_packs=30)
+    old = {"epoch": 2, "position": 5, "seed": 0, "shuffle": True}  # as states were saved before they named a build
+    ds = PackedDataset(path)
+    with pytest.raises(DatasetError, match=r"names no build .* set state\['build'\] = '[0-9a-f]{64}'"):
+        ds.load_state_dict(old)
+    ds.load_state_dict(old | {"position": 0})
+    assert (ds.epoch, ds.position) == (2, 0)
+    ds.load_state_dict(old | {"build": ds.build})  # the fix the message names
+    assert ds.position == 5
+
+
+def _replace(out, new):
+    """Publish `new` at `out` as a rebuild does: the old folder moves away, the new one takes its name."""
+    out.rename(out.with_name(out.name + "-old"))
+    new.rename(out)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_build_replaced_before_reading_is_named(make_build, verify):
+    path, _ = make_build(n_packs=30, seed=1, name="out")
+    ds = PackedDataset(path, verify=verify)
+    new, _ = make_build(n_packs=30, seed=2, name="new")
+    _replace(path, new)
+    with pytest.raises(DatasetError, match=r"shard-0000\d\.parquet: changed since this dataset opened the build \("):
+        list(ds)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_build_replaced_while_reading_is_named(make_build, verify):
+    path, _ = make_build(n_packs=40, seed=1, name="out", packs_per_shard=10, row_group_size=5)
+    new, _ = make_build(n_packs=40, seed=2, name="new", packs_per_shard=10, row_group_size=5)
+    ds = PackedDataset(path, verify=verify, shuffle=False)
+    batches = iter(ds)
+    next(batches)  # shard 0 is open
+    _replace(path, new)
+    with pytest.raises(DatasetError, match=r"shard-0000[1-3]\.parquet: changed since .*manifest\.json changed too"):
+        list(batches)
+    rewritten, _ = make_build(n_packs=40, seed=3, name="rewritten", packs_per_shard=10, row_group_size=5)
+    ds = PackedDataset(rewritten, verify=verify, shuffle=False)
+    (rewritten / "shard-00002.parquet").write_bytes((path / "shard-00002.parquet").read_bytes())  # one file only
+    with pytest.raises(DatasetError, match=r"shard-00002\.parquet: changed since this dataset opened the build;"):
+        list(ds)

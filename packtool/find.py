@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import PackFormatError, PacktoolError, RecordError
-from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
+from packtool.format import JSON_ERRORS, MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
 from packtool.shards import listed_shard, read_columns
 from packtool.terminal import shown
@@ -239,7 +239,7 @@ def _rejects(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as error:
+        except JSON_ERRORS as error:
             record = error
         if not isinstance(record, dict):
             raise PackFormatError(f"{path}:{number}: not a reject record (a JSON object); rebuild the output")

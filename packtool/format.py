@@ -34,6 +34,8 @@ REJECTS = "rejects.jsonl"
 SEGMENTS_SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION)
 INT32_MAX = int(np.iinfo(np.int32).max)  # varlen kernels take int32 offsets: a row's tokens must fit
+# What json.loads raises on a damaged or hostile file: RecursionError for nesting deeper than Python's stack.
+JSON_ERRORS = (UnicodeDecodeError, json.JSONDecodeError, RecursionError)
 
 SCHEMA = pa.schema(
     [
@@ -195,7 +197,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise PackFormatError(f"{folder}: no {MANIFEST}; not a packtool output folder, or the build did not finish")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, *JSON_ERRORS) as exc:
         raise PackFormatError(f"{path}: not valid JSON ({exc}); rebuild the output") from None
     if not isinstance(manifest, dict):
         raise PackFormatError(f"{path}: expected a JSON object, got {type(manifest).__name__}; rebuild the output")

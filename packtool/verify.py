@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.format import (
+    JSON_ERRORS,
     MANIFEST,
     SEGMENT_FIELDS,
     WHOLE,
@@ -130,7 +131,7 @@ def _checked_manifest(folder: Path, result: Verification) -> dict[str, Any] | No
         return None
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, *JSON_ERRORS) as error:
         result.add(f"{path}: not valid JSON ({error}); the manifest is damaged, rebuild the output")
         return None
     problems = manifest_problems(manifest)
@@ -183,6 +184,10 @@ def _check_output(
 
 def _check_shard(path: Path, entry: dict[str, Any], capacity: int, result: Verification, tally: _Tally) -> None:
     result.shards += 1
+    if not path.resolve().is_relative_to(path.parent.resolve()):
+        result.add(f"{path.name}: a link to {path.resolve()}, outside {path.parent}; shards are files in the output")
+        tally.readable = False
+        return
     if path.stat().st_size != entry["bytes"]:
         result.add(
             f"{path.name}: {path.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or changed)"
@@ -363,7 +368,7 @@ def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification)
             record = json.loads(line)
             by_reason[record["reason"]] += 1
             by_source[record["source"]] += 1
-        except (json.JSONDecodeError, TypeError, KeyError) as error:
+        except (*JSON_ERRORS, TypeError, KeyError) as error:
             result.add(f"{path}:{number}: not a reject record ({type(error).__name__}: {error})")
             return
     if len(lines) != summary["count"]:

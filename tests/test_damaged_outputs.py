@@ -229,3 +229,56 @@ def test_wrong_types_in_each_manifest_field(out, field):
         (out / "manifest.json").write_text(json.dumps(original))
         _reseal(out, _set(field, value))  # resealed: the types themselves must be refused
         _all_refuse(out, "manifest.json")
+
+
+# ---- hostile outputs: made to mislead a reader rather than damaged by accident ----
+
+
+def test_a_shard_swapped_for_another_valid_shard(out):
+    shutil.copy(out / "shard-00000.parquet", out / SHARD)  # a sound packtool shard, not the one listed
+    _all_refuse(out, SHARD)
+
+
+def test_a_manifest_listing_a_shard_twice(out):
+    _reseal(out, lambda m: m["shards"].append(dict(m["shards"][0])))
+    _all_refuse(out, "manifest.json")
+
+
+def test_a_shard_linked_to_a_file_outside_the_output(out, tmp_path):
+    outside = tmp_path / "elsewhere.parquet"
+    (out / SHARD).rename(outside)
+    (out / SHARD).symlink_to(outside)  # the same bytes: only where it lives is wrong
+    _all_refuse(out, SHARD)
+
+
+def test_a_shard_that_is_a_fifo_is_not_opened(out):
+    import os
+
+    (out / SHARD).unlink()
+    os.mkfifo(out / SHARD)  # opening it would block every command forever
+    _all_refuse(out, SHARD)
+
+
+def test_a_huge_row_count_claimed_in_the_manifest(out):
+    _reseal(out, lambda m: m["shards"][1].update(rows=10**12))
+    _answered(_run(["verify", str(out)]), "the manifest says rows 1000000000000", "verify")
+    for command, args in _commands(out).items():  # the others read the shards, not the claim
+        if command != "verify":
+            assert _run(args).exit_code == 0, command
+
+
+def test_json_nested_deeper_than_the_stack(out):
+    (out / "rejects.jsonl").write_text("[" * 200_000 + "\n")
+    for command in ("find", "verify"):
+        _answered(_run(_commands(out)[command]), "rejects.jsonl", command)
+    (out / "rejects.jsonl").write_text("[1, 2]\n")  # JSON, but no reject record
+    for command in ("find", "verify"):
+        _answered(_run(_commands(out)[command]), "rejects.jsonl:1: not a reject record", command)
+    (out / "manifest.json").write_text("[" * 200_000)
+    _all_refuse(out, "manifest.json")
+
+
+def test_a_manifest_naming_a_foreign_tokenizer(out):
+    _reseal(out, lambda m: m["tokenizer"].update(file=str(out / "manifest.json")))
+    result = _run(["inspect", str(out), "--limit", "1"])
+    _answered(result, "not a tokenizer.json", "inspect")

@@ -128,3 +128,18 @@ def test_a_pipe_gets_the_same_escapes(hostile, tmp_path):
         cwd=tmp_path,
     )
     assert _raw(piped.stdout, keep="\n\t") == [] and "bidi\\u202etxt.exe" in piped.stdout
+
+
+def test_a_megabyte_sample_id_is_printed_whole_and_safe(tmp_path):
+    import yaml
+
+    huge = "\x1b[2J" + "x" * 1_000_000 + "\u202e"
+    rows = [{"id": huge, "text": "a short text"}, {"id": "small", "text": "another"}]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    source = {"name": "s", "path": "data.jsonl", "format": "text", "fields": {"id": "id"}}
+    config = {"sources": [source], "tokenizer": str(QUICKSTART / "tokenizer"), "capacity": 64, "output": "out"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert CliRunner().invoke(main, ["build", str(tmp_path / "c.yaml"), "-q"]).exit_code == 0
+    output = _run("inspect", str(tmp_path / "out"), "--no-text")
+    assert _raw(output) == [] and shown(huge) in output and "document 1: small" in output
+    assert _run("verify", str(tmp_path / "out")).count("\n") == 1

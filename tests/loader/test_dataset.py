@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from packtool.loader.balance import assign_round_robin, imbalance  # noqa: E402
@@ -196,7 +197,6 @@ def test_an_altered_token_is_named_by_shard_and_row(make_build):
     table = pq.read_table(shard)
     ids = table.column("input_ids").to_pylist()
     ids[6][1] += 1  # a valid Parquet file whose row 6 no longer matches its pack_hash
-    import pyarrow as pa
 
     altered = table.set_column(0, "input_ids", pa.array(ids, type=pa.list_(pa.int32())))
     pq.write_table(altered, shard, row_group_size=4, compression="zstd")
@@ -459,3 +459,63 @@ def test_a_build_replaced_while_reading_is_named(make_build, verify):
     (rewritten / "shard-00002.parquet").write_bytes((path / "shard-00002.parquet").read_bytes())  # one file only
     with pytest.raises(DatasetError, match=r"shard-00002\.parquet: changed since this dataset opened the build;"):
         list(ds)
+
+
+# ---- damaged builds: one DatasetError naming the file, never a Parquet or Python error ----
+
+
+def _cut_points(shard):
+    meta = pq.ParquetFile(shard).metadata
+    starts = [meta.row_group(g).column(0).data_page_offset for g in range(meta.num_row_groups)]
+    size = shard.stat().st_size
+    return sorted({*starts, size - 8, size - 1, 0, 1, size // 2})
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_truncated_shard_at_every_row_group_boundary(make_build, verify):
+    path, _ = make_build(n_packs=30, packs_per_shard=30, row_group_size=8)
+    shard = path / "shard-00000.parquet"
+    original = shard.read_bytes()
+    for cut in _cut_points(shard):
+        shard.write_bytes(original[:cut])
+        with pytest.raises(DatasetError, match=r"shard-00000\.parquet: "):
+            list(packed_batches(PackedDataset(path, verify=verify, token_budget=64)))
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: pa.table({"a": list(range(t.num_rows))}),
+        lambda t: t.drop_columns(["labels"]),
+        lambda t: t.set_column(1, "labels", t.column("labels").cast(pa.list_(pa.int64()))),
+    ],
+    ids=["foreign", "no-labels", "int64-labels"],
+)
+def test_a_foreign_shard_is_named(make_build, verify, change):
+    path, _ = make_build(n_packs=12, packs_per_shard=12, row_group_size=4)
+    shard = path / "shard-00000.parquet"
+    pq.write_table(change(pq.read_table(shard)), shard, row_group_size=4)
+    with pytest.raises(DatasetError, match=r"shard-00000\.parquet: "):
+        list(packed_batches(PackedDataset(path, verify=verify, token_budget=64)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m.update(capacity="32"),
+        lambda m: m.update(shards="x"),
+        lambda m: m["shards"][0].update(rows=None),
+        lambda m: m["shards"][0].update(sha256=5),
+        lambda m: m.update(tokenizer=[]),
+        lambda m: m["tokenizer"].update(pad_token_id="0"),
+        lambda m: m.update(schema_version=True),
+    ],
+)
+def test_a_mistyped_manifest_is_named(make_build, change):
+    path, _ = make_build(n_packs=8)
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=r"manifest\.json: "):
+        PackedDataset(path)

@@ -1,7 +1,9 @@
 """Summary statistics of an output, computed from the shards themselves (plus the manifest's accounting).
 
 Reading the shards rather than trusting build-time counters means `packtool stats` reports the
-same numbers for any output, including one built elsewhere or edited after the fact.
+same numbers for any output, including one built elsewhere. The shards must still be those the
+manifest lists (their size, shards.listed_shards) and sound where the numbers index them (offsets
+checked per shard): a damaged or swapped shard is one line, and `packtool verify` says what changed.
 """
 
 from __future__ import annotations

@@ -265,6 +265,17 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
+def footer_problem(meta: pq.FileMetaData) -> str | None:
+    """Why a Parquet footer contradicts itself (its row count against its row groups'), or None.
+
+    A footer claiming a billion rows over row groups of 200 would send a reader looking for rows
+    that are not there."""
+    held = sum(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+    if held != meta.num_rows:
+        return f"its footer claims {meta.num_rows} rows, its row groups hold {held}: a damaged file"
+    return None
+
+
 def open_shard(path: Path) -> pq.ParquetFile:
     """A shard's Parquet reader, its columns checked against the shard schema; a damaged or foreign file is one line."""
     try:
@@ -275,7 +286,7 @@ def open_shard(path: Path) -> pq.ParquetFile:
             f"{path}: cannot be read as Parquet ({type(error).__name__}: {one_line(error)}): a damaged or foreign "
             "file; rebuild the output (`packtool verify` checks it)"
         ) from None
-    problem = schema_problem(schema)
+    problem = schema_problem(schema) or footer_problem(parquet.metadata)
     if problem is not None:
         raise PackFormatError(f"{path}: {problem}")
     return parquet
@@ -331,4 +342,4 @@ def read_row(path: Path, index: int) -> dict[str, Any]:
         if index < start + rows:
             return read_group(path, parquet, group).slice(index - start, 1).to_pylist()[0]
         start += rows
-    raise PackFormatError(f"{path}: its row groups hold fewer than the {total} rows its footer claims: a damaged file")
+    raise AssertionError("unreachable: open_shard checked the footer's rows against its row groups")

@@ -44,7 +44,7 @@ from packtool.format import (
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import validate_pack_groups
 from packtool.seal import SEAL, manifest_digest, seal_manifest
-from packtool.shards import READ_ERRORS, schema_problem
+from packtool.shards import READ_ERRORS, footer_problem, schema_problem
 from packtool.terminal import shown
 
 __all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
@@ -235,7 +235,7 @@ def _rows(path: Path) -> Iterator[dict[str, Any]]:
         schema = parquet.schema_arrow
     except READ_ERRORS as error:
         raise _Unreadable(f"cannot be read as Parquet ({type(error).__name__}: {error})") from None
-    problem = schema_problem(schema)
+    problem = schema_problem(schema) or footer_problem(parquet.metadata)
     if problem is not None:
         raise _Unreadable(problem)
     for group in range(parquet.num_row_groups):

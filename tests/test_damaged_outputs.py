@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from support import claim_rows
 
 from packtool.cli import main
 from packtool.format import sha256_file
@@ -282,3 +283,11 @@ def test_a_manifest_naming_a_foreign_tokenizer(out):
     _reseal(out, lambda m: m["tokenizer"].update(file=str(out / "manifest.json")))
     result = _run(["inspect", str(out), "--limit", "1"])
     _answered(result, "not a tokenizer.json", "inspect")
+
+
+def test_a_footer_claiming_a_billion_rows(out):
+    shard = out / SHARD
+    claim_rows(shard, 10**9)
+    assert pq.ParquetFile(shard).metadata.num_rows == 10**9
+    _matching_manifest(out, shard)  # only the footer lies
+    _all_refuse(out, "its footer claims 1000000000 rows, its row groups hold 200")

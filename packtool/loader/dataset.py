@@ -64,7 +64,7 @@ from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, Pac
 from packtool.loader.contract import Manifest, check_shard, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, epoch_order, plan_balanced, plan_packs, plan_token_budget
 from packtool.seal import manifest_digest
-from packtool.shards import READ_ERRORS, SegmentColumns, schema_problem
+from packtool.shards import READ_ERRORS, SegmentColumns, footer_problem, schema_problem
 
 __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
@@ -333,7 +333,7 @@ class PackedDataset(IterableDataset):
                 ) from None
             if meta.num_rows != entry.rows:
                 raise DatasetError(f"{entry.file}: {meta.num_rows} rows, manifest says {entry.rows}")
-            problem = schema_problem(meta.schema.to_arrow_schema())
+            problem = schema_problem(meta.schema.to_arrow_schema()) or footer_problem(meta)
             if problem is not None:  # checked here too: with verify=False no checksum stands for the columns
                 raise DatasetError(f"{entry.file}: {problem}")
             if not self.verify:

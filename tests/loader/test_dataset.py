@@ -519,3 +519,15 @@ def test_a_mistyped_manifest_is_named(make_build, change):
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetError, match=r"manifest\.json: "):
         PackedDataset(path)
+
+
+def test_a_footer_claiming_more_rows_than_its_row_groups(make_build):
+    from support import claim_rows
+
+    path, _ = make_build(n_packs=12, packs_per_shard=12, row_group_size=4)
+    claim_rows(path / "shard-00000.parquet", 10**9)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["shards"][0]["rows"] = 10**9  # the manifest agrees with the footer: only the row groups tell
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=r"shard-00000\.parquet: its footer claims 1000000000 rows"):
+        PackedDataset(path, verify=False)

@@ -143,3 +143,8 @@ def test_a_megabyte_sample_id_is_printed_whole_and_safe(tmp_path):
     output = _run("inspect", str(tmp_path / "out"), "--no-text")
     assert _raw(output) == [] and shown(huge) in output and "document 1: small" in output
     assert _run("verify", str(tmp_path / "out")).count("\n") == 1
+
+
+def test_audit_escapes_source_names(hostile):
+    output = _run("audit", str(hostile.parent / "c.yaml"), "--rows", "3")
+    assert _raw(output) == [] and "rows:src\\x1b]0;title\\x07" in output

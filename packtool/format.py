@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -279,8 +280,8 @@ def manifest_problems(manifest: Any) -> list[str]:
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
-    names = [entry.get("file") for entry in shards if isinstance(entry, dict)]
-    for name in sorted({n for n in names if isinstance(n, str) and names.count(n) > 1}):
+    listed = Counter(entry.get("file") for entry in shards if isinstance(entry, dict))  # one pass: lists may be long
+    for name in sorted(n for n, times in listed.items() if isinstance(n, str) and times > 1):
         problems.append(f"shards lists {name!r} more than once")
     for i, entry in enumerate(shards):
         if not isinstance(entry, dict):

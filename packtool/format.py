@@ -280,8 +280,9 @@ def manifest_problems(manifest: Any) -> list[str]:
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
-    listed = Counter(entry.get("file") for entry in shards if isinstance(entry, dict))  # one pass: lists may be long
-    for name in sorted(n for n, times in listed.items() if isinstance(n, str) and times > 1):
+    # one pass (a long, possibly hostile, list); only names can repeat: other values are refused below
+    listed = Counter(e["file"] for e in shards if isinstance(e, dict) and isinstance(e.get("file"), str))
+    for name in sorted(n for n, times in listed.items() if times > 1):
         problems.append(f"shards lists {name!r} more than once")
     for i, entry in enumerate(shards):
         if not isinstance(entry, dict):

@@ -16,6 +16,7 @@ import click
 
 import packtool
 from packtool.errors import PacktoolError
+from packtool.terminal import json_shown, shown
 
 SET_HELP = (
     "Override a config key, validated like the file; repeatable. VALUE is read as YAML. "
@@ -24,7 +25,14 @@ SET_HELP = (
 
 
 def _fail(error: PacktoolError) -> click.ClickException:
-    return click.ClickException(str(error))
+    # Messages quote ids, file names and values from the data: nothing in them may act on the terminal.
+    return click.ClickException(shown(str(error), keep="\n"))
+
+
+def _echo_data(text: str, color: bool = False) -> None:
+    """Print a command's text output; its formatter escaped the data in it (packtool.terminal), this catches any
+    control character it missed. Coloured output carries our own escape sequences, so it relies on the formatter."""
+    click.echo(text if color else shown(text, keep="\n\t"), color=color)
 
 
 @click.group()
@@ -238,7 +246,7 @@ def inspect_command(
                 tokenizer=tokenizer,
                 text=text is not False,
             )
-            click.echo(json.dumps(report, ensure_ascii=False, indent=1))
+            click.echo(json_shown(report, indent=1))
         else:
             table = inspect_pack(
                 shard,
@@ -251,7 +259,7 @@ def inspect_command(
                 color=use_color,
                 text=text,
             )
-            click.echo(table, color=use_color)
+            _echo_data(table, color=use_color)
     except PacktoolError as error:
         raise _fail(error) from None
 
@@ -276,7 +284,7 @@ def stats(path: Path, as_json: bool) -> None:
         summary = summarize(files, manifest)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else format_stats(summary))
+    _echo_data(json.dumps(summary, indent=2, sort_keys=True) if as_json else format_stats(summary))
 
 
 @main.command(name="audit")
@@ -350,7 +358,7 @@ def audit_command(
         report = audit(load_config(resolve_config_path(config), output=".", overrides=overrides), rows=rows)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(json.dumps({"ok": report.ok, **asdict(report)}, indent=2) if as_json else format_audit(report))
+    _echo_data(json.dumps({"ok": report.ok, **asdict(report)}, indent=2) if as_json else format_audit(report))
     if not report.ok:
         raise SystemExit(1)
 
@@ -392,7 +400,7 @@ def verify_command(path: Path, as_json: bool) -> None:
         result = verify(path)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else format_verification(result))
+    _echo_data(json.dumps(result.as_dict(), indent=2) if as_json else format_verification(result))
     if not result.ok:
         raise SystemExit(1)
 
@@ -434,12 +442,12 @@ def find_command(output: Path, key: str, show: bool, config: Path | None, as_jso
             report = trace.as_dict()
             if show:
                 report["documents"] = [pack_json(r, decoder, limit=None, around=None, text=True) for r in refs]
-            click.echo(json.dumps(report, ensure_ascii=False, indent=2))
+            click.echo(json_shown(report, indent=2))
             return
-        click.echo(format_trace(trace))
+        _echo_data(format_trace(trace))
         for ref in refs:
             lines = pack_lines(ref, decoder, limit=None, around=None, color=use_color, text=True)
-            click.echo("\n" + "\n".join(lines), color=use_color)
+            _echo_data("\n" + "\n".join(lines), color=use_color)
     except PacktoolError as error:
         raise _fail(error) from None
 
@@ -557,4 +565,4 @@ def report_command(output: Path, destination: Path | None) -> None:
         path = write_report(output, destination)
     except PacktoolError as error:
         raise _fail(error) from None
-    click.echo(f"wrote {path}")
+    _echo_data(f"wrote {path}")

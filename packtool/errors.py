@@ -20,6 +20,11 @@ def _rebuild(cls: type[PacktoolError], args: tuple, fields: dict) -> PacktoolErr
     return error
 
 
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's text (pyarrow's end in a newline; errors here are one line)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 class RecordError(PacktoolError):
     """One input record cannot be used. Carries where it came from so the message names file, row and field."""
 

@@ -21,6 +21,7 @@ manifest says the tokenizer was (the config names it relative to the same folder
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import defaultdict
@@ -28,12 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import PacktoolError, RecordError
-from packtool.format import MANIFEST, REJECTS, WHOLE, read_manifest
+from packtool.errors import PackFormatError, PacktoolError, RecordError
+from packtool.format import JSON_ERRORS, MANIFEST, REJECTS, WHOLE, read_manifest
 from packtool.packing_items import KIND_CODES
-from packtool.shards import read_columns
+from packtool.shards import listed_shard, read_columns
+from packtool.terminal import shown
 
-INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "pack_hash"]
+INDEX_COLUMNS = ["sample_ids", "sample_hashes", "sample_repeats", "sources", "doc_cu_seqlens", "n_tokens", "pack_hash"]
 ITEM_COLUMNS = ["segment_groups", "segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets"]
 MIN_HASH_PREFIX = 4  # shorter hex strings match too many packs to be a useful key
 _HEX = re.compile(r"[0-9a-f]+")
@@ -161,10 +163,12 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
     out = []
     for entry in manifest["shards"]:
         shard = prefix + entry["file"]
-        table = read_columns(folder / shard, INDEX_COLUMNS, ITEM_COLUMNS)
+        table = read_columns(listed_shard(folder / prefix, entry), INDEX_COLUMNS, ITEM_COLUMNS)
         v2 = "segment_kinds" in table.column_names
         for row, pack in enumerate(table.to_pylist()):
             docs = pack["doc_cu_seqlens"]
+            if problem := _index_problem(pack, v2):
+                raise PackFormatError(f"{folder / shard} row {row}: {problem}: a damaged shard (`packtool verify`)")
             columns = zip(pack["sample_ids"], pack["sample_hashes"], pack["sample_repeats"], pack["sources"])
             for d, (sample_id, sample_hash, repeat, source) in enumerate(columns):
                 where = (shard, row, d, docs[d], docs[d + 1], pack["pack_hash"])
@@ -174,6 +178,23 @@ def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list
                 else:
                     out.append(Placement(*where, sample_id, sample_hash, source, repeat))
     return out
+
+
+def _index_problem(pack: dict[str, Any], v2: bool) -> str | None:
+    """Why one row's per-document columns cannot be read together (None when they can)."""
+    documents = len(pack["sample_ids"])
+    counts = [len(pack[name]) for name in ("sample_hashes", "sample_repeats", "sources")]
+    docs = pack["doc_cu_seqlens"]
+    if len(docs) != documents + 1 or any(count != documents for count in counts):
+        return f"doc_cu_seqlens has {len(docs)} offsets for {documents} sample_ids ({counts})"
+    if docs[0] != 0 or any(a >= b for a, b in itertools.pairwise(docs)) or docs[-1] != pack["n_tokens"]:
+        return f"doc_cu_seqlens {docs[:8]} is not 0, increasing, ..., n_tokens {pack['n_tokens']}"
+    if v2 and (
+        any(len(pack[name]) != documents for name in ITEM_COLUMNS)
+        or not set(pack["segment_kinds"]) <= set(KIND_CODES.values())
+    ):
+        return f"segment columns not one known entry per document ({documents})"
+    return None
 
 
 def _item(pack: dict[str, Any], d: int) -> str:
@@ -208,7 +229,22 @@ def _rejects(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     path = folder / (manifest.get("rejects") or {}).get("file", REJECTS)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rejects = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise PackFormatError(f"{path}: cannot be read ({error}); rebuild the output") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except JSON_ERRORS as error:
+            record = error
+        if not isinstance(record, dict):
+            raise PackFormatError(f"{path}:{number}: not a reject record (a JSON object); rebuild the output")
+        rejects.append(record)
+    return rejects
 
 
 def _by_location(
@@ -420,16 +456,24 @@ def _resolved(path: str, base: Path) -> Path:
 
 
 def format_trace(trace: Trace) -> str:
-    lines = [f"{trace.key} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
+    """The trace as text; every value read from the output or the sources passes through `shown`."""
+    lines = [f"{shown(trace.key)} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
     for p in trace.placements:
         extra = "".join(f", {part}" for part in (p.piece, p.item) if part)
         lines.append(
-            f"  {p.shard} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), pack_hash {p.pack_hash}, "
-            f"sample {p.sample_id} (source {p.source}, hash {p.sample_hash[:12]}, repeat {p.repeat}{extra})"
+            f"  {shown(p.shard)} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), "
+            f"pack_hash {shown(p.pack_hash)}, sample {shown(p.sample_id)} (source {shown(p.source)}, "
+            f"hash {shown(p.sample_hash[:12])}, repeat {p.repeat}{extra})"
         )
     for r in trace.rejects:
-        lines.append(f"  not trained: {r.get('id')} at {r.get('location')}: {r.get('reason')} ({r.get('detail')})")
+        lines.append(
+            f"  not trained: {shown(r.get('id'))} at {shown(r.get('location'))}: {shown(r.get('reason'))} "
+            f"({shown(r.get('detail'))})"
+        )
     for o in trace.origins:
         where = o.location or "?"
-        lines.append(f"  from {where} (source {o.source}, sample {o.sample_id}): {o.status}: {o.detail}")
+        lines.append(
+            f"  from {shown(where)} (source {shown(o.source)}, sample {shown(o.sample_id)}): {o.status}: "
+            f"{shown(o.detail)}"
+        )
     return "\n".join(lines)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,7 @@ import pyarrow as pa
 from packtool import SCHEMA_VERSION
 from packtool.errors import PackFormatError
 from packtool.labels import IGNORE_INDEX
-from packtool.seal import seal_manifest
+from packtool.seal import SEAL, seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
@@ -34,6 +35,8 @@ REJECTS = "rejects.jsonl"
 SEGMENTS_SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION)
 INT32_MAX = int(np.iinfo(np.int32).max)  # varlen kernels take int32 offsets: a row's tokens must fit
+# What json.loads raises on a damaged or hostile file: RecursionError for nesting deeper than Python's stack.
+JSON_ERRORS = (UnicodeDecodeError, json.JSONDecodeError, RecursionError)
 
 SCHEMA = pa.schema(
     [
@@ -131,6 +134,40 @@ def check_cu_seqlens(cu_seqlens: np.ndarray, n_tokens: int, name: str = "cu_seql
         raise PackFormatError(f"{name} {problem}")
 
 
+def first_broken_pack(
+    ids_offsets: np.ndarray,
+    label_offsets: np.ndarray,
+    cu_offsets: np.ndarray,
+    cu_values: np.ndarray,
+    labels: np.ndarray | None,
+) -> int:
+    """The first row of a row group whose pack breaks the contract, or -1; one vectorised pass for all rows.
+
+    Arrow list columns as (offsets, values). Rules per pack: as many labels as input_ids;
+    cu_seqlens starts at 0, increases strictly and ends at the pack's length; and, when `labels`
+    (the flat label values) is given, -100 at every segment start.
+    """
+    lens = np.diff(ids_offsets)
+    cu_lens = np.diff(cu_offsets)
+    bad = (np.diff(label_offsets) != lens) | (cu_lens < 2)
+    if bad.any():
+        return int(np.argmax(bad))
+    cu = cu_values.astype(np.int64)
+    firsts, lasts = cu_offsets[:-1], cu_offsets[1:] - 1
+    bad |= (cu[firsts] != 0) | (cu[lasts] != lens)
+    falls = np.diff(cu) <= 0
+    falls[lasts[:-1]] = False  # the step from one pack's last offset to the next pack's 0
+    if falls.any():  # rows looked up only for the offending steps: a clean row group pays one comparison
+        bad[np.searchsorted(cu_offsets, np.flatnonzero(falls), side="right") - 1] = True
+    if labels is not None:
+        inner = np.ones(len(cu), bool)
+        inner[lasts] = False
+        wrong = labels[(cu + np.repeat(label_offsets[:-1], cu_lens))[inner]] != IGNORE_INDEX
+        if wrong.any():
+            bad[np.repeat(np.arange(len(lens)), cu_lens)[inner][wrong]] = True
+    return int(np.argmax(bad)) if bad.any() else -1
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -154,20 +191,181 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of an output folder, with its schema version checked."""
+    """The manifest of an output folder: valid JSON, a schema version this packtool reads, and every field a
+    reader relies on of the right type (`manifest_problems`), else one PackFormatError naming the file."""
     path = folder / MANIFEST
     if not path.is_file():
         raise PackFormatError(f"{folder}: no {MANIFEST}; not a packtool output folder, or the build did not finish")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, *JSON_ERRORS) as exc:
         raise PackFormatError(f"{path}: not valid JSON ({exc}); rebuild the output") from None
     if not isinstance(manifest, dict):
-        raise PackFormatError(f"{path}: expected a JSON object")
-    version = manifest.get("schema_version")
-    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise PackFormatError(f"{path}: expected a JSON object, got {type(manifest).__name__}; rebuild the output")
+    problems = manifest_problems(manifest)
+    if problems:
+        if problems[0].startswith("schema_version"):
+            raise PackFormatError(f"{path}: {problems[0]}")
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise PackFormatError(
-            f"{path}: schema_version {version!r}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
-            "(rebuild with this version, or install the packtool that wrote it)"
+            f"{path}: {problems[0]}{more}; the manifest is damaged or was edited: rebuild the output "
+            "(`packtool verify` lists every problem)"
         )
     return manifest
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _counts_problems(where: str, value: Any) -> list[str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and _is_count(v) for k, v in value.items()):
+        return [f"{where} must map reasons to counts, got {value!r:.80}"]
+    return []
+
+
+def _object_problems(where: str, value: Any, keys: tuple[str, ...]) -> list[str]:
+    """`value` must be an object with a count under each of `keys`."""
+    if not isinstance(value, dict):
+        return [f"{where} must be an object, got {value!r:.80}"]
+    return [f"{where}.{k} must be a count, got {value.get(k)!r:.80}" for k in keys if not _is_count(value.get(k))]
+
+
+SUMMARY_COUNTS = ("count", "p50", "p90", "p99", "max", "capacity", "over_capacity")
+
+
+def _summary_problems(where: str, summary: Any) -> list[str]:
+    """A `length_summary`: counts, a mean, and a histogram with one count per edge (the last: above capacity)."""
+    problems = _object_problems(where, summary, SUMMARY_COUNTS)
+    if problems:
+        return problems
+    histogram = summary.get("histogram")
+    edges = histogram.get("edges") if isinstance(histogram, dict) else None
+    counts = histogram.get("counts") if isinstance(histogram, dict) else None
+    if not isinstance(summary.get("mean"), int | float) or isinstance(summary.get("mean"), bool):
+        problems.append(f"{where}.mean must be a number, got {summary.get('mean')!r:.80}")
+    if (
+        not isinstance(edges, list)
+        or not isinstance(counts, list)
+        or len(edges) < 2
+        or len(edges) != len(counts)
+        or not all(_is_count(v) for v in edges + counts)
+    ):
+        problems.append(
+            f"{where}.histogram must be {{edges, counts}}: as many counts as edges (>= 2), got {histogram!r:.80}"
+        )
+    return problems
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """Type problems of the manifest fields the readers rely on (empty when every reader can use it).
+
+    verify, stats, inspect, find, report and the loader all read the manifest through this check
+    (read_manifest), so a damaged or hand-edited manifest is one line naming the field, never a
+    traceback in whichever reader touches the field first.
+    """
+    if not isinstance(manifest, dict):
+        return [f"must be a JSON object, got {type(manifest).__name__}"]
+    version = manifest.get("schema_version")
+    if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS:  # not True, which equals 1
+        # another version may have other fields: this is the one problem worth naming
+        return [
+            f"schema_version {version!r:.40}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
+            "(rebuild with this version, or install the packtool that wrote it)"
+        ]
+    problems = []
+    capacity = manifest.get("capacity")
+    if not _is_count(capacity) or capacity == 0:
+        problems.append(f"'capacity' must be a positive integer, got {capacity!r:.80}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
+    # one pass (a long, possibly hostile, list); only names can repeat: other values are refused below
+    listed = Counter(e["file"] for e in shards if isinstance(e, dict) and isinstance(e.get("file"), str))
+    for name in sorted(n for n, times in listed.items() if times > 1):
+        problems.append(f"shards lists {name!r} more than once")
+    for i, entry in enumerate(shards):
+        if not isinstance(entry, dict):
+            problems.append(f"shards[{i}] must be an object, got {entry!r:.80}")
+            continue
+        if not is_plain_name(entry.get("file")):
+            problems.append(
+                f"shards[{i}].file {entry.get('file')!r:.80} is not a file name inside the output folder "
+                "(paths are confined to the folder)"
+            )
+        problems += _object_problems(f"shards[{i}]", entry, ("rows", "tokens", "targets", "bytes"))
+        if not isinstance(entry.get("sha256"), str):
+            problems.append(f"shards[{i}].sha256 must be a string, got {entry.get('sha256')!r:.80}")
+    accounting = manifest.get("accounting", {})
+    if not isinstance(accounting, dict):
+        problems.append(f"'accounting' must be an object, got {accounting!r:.80}")
+    else:
+        for name, entry in accounting.items():
+            where = f"accounting.{name}"
+            problems += _object_problems(where, entry, ("read", "kept", "overflow", "segments"))
+            if not isinstance(entry, dict):
+                continue
+            for key in ("rejected", "dropped"):
+                problems += _counts_problems(f"{where}.{key}", entry.get(key))
+            truncated = entry.get("truncated", {})
+            if not isinstance(truncated, dict):
+                problems.append(f"{where}.truncated must be an object, got {truncated!r:.80}")
+            else:
+                for strategy, cut in truncated.items():
+                    problems += _object_problems(f"{where}.truncated.{strategy}", cut, ("samples", "tokens", "targets"))
+            if not _is_count(entry.get("special_token_literals", 0)):
+                problems.append(f"{where}.special_token_literals must be a count")
+    rejects = manifest.get("rejects")
+    if rejects is not None:
+        if (
+            not isinstance(rejects, dict)
+            or not is_plain_name(rejects.get("file"))
+            or not _is_count(rejects.get("count"))
+        ):
+            problems.append(
+                f"'rejects' must be {{file: a name inside the folder, count, by_reason}}, got {rejects!r:.80}"
+            )
+        else:
+            problems += _counts_problems("rejects.by_reason", rejects.get("by_reason"))
+    for key in ("stats", "config", "tokenizer", "mixing", "conventions", "truncation", "packing"):
+        if not isinstance(manifest.get(key, {}), dict):
+            problems.append(f"'{key}' must be an object, got {manifest.get(key)!r:.80}")
+    tokenizer = manifest.get("tokenizer", {})
+    if isinstance(tokenizer, dict):
+        for key in ("pad_token_id", "vocab_size"):
+            if tokenizer.get(key) is not None and not _is_count(tokenizer[key]):
+                problems.append(f"tokenizer.{key} must be a count or null, got {tokenizer[key]!r:.80}")
+        if tokenizer.get("file") is not None and not isinstance(tokenizer["file"], str):
+            problems.append(f"tokenizer.file must be a path or null, got {tokenizer['file']!r:.80}")
+    if manifest.get("mode", "packed") not in ("packed", "stream"):
+        problems.append(f"'mode' must be 'packed' or 'stream', got {manifest.get('mode')!r:.80}")
+    for key in ("overflow", "validation"):
+        part = manifest.get(key)
+        if part is not None and not isinstance(part, dict):
+            problems.append(f"'{key}' must be an object {{folder, ...}}, got {part!r:.80}")
+        elif part is not None and not is_plain_name(part.get("folder")):
+            problems.append(f"{key}.folder {part.get('folder')!r:.80} is not a folder name inside the output")
+    lengths = manifest.get("lengths")
+    if lengths is not None:
+        if not isinstance(lengths, dict):
+            problems.append(f"'lengths' must be an object, got {lengths!r:.80}")
+        else:
+            for name, entry in lengths.items():
+                if not isinstance(entry, dict):
+                    problems.append(f"lengths.{name} must be {{before, after}}, got {entry!r:.80}")
+                    continue
+                for when in ("before", "after"):
+                    problems += _summary_problems(f"lengths.{name}.{when}", entry.get(when))
+    if SEAL in manifest and not isinstance(manifest[SEAL], str):
+        problems.append(f"'{SEAL}' must be a string, got {manifest[SEAL]!r:.80}")
+    return problems
+
+
+def is_plain_name(name: Any) -> TypeGuard[str]:
+    """A bare file name: no folder part, no `..`, not absolute, so it can only name a file in the output folder."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(ch in name for ch in "/\\\x00")
+        and not Path(name).is_absolute()
+    )

@@ -8,7 +8,6 @@ sha256 are recorded, and the same facts sit in each file's key-value metadata.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.arrow import number_lists, numbers, string_lists, strings
-from packtool.errors import PacktoolError
+from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import (
     IGNORE_INDEX,
     MANIFEST,
@@ -206,22 +205,112 @@ def write_shard(rows: list[OutputPack], path: Path, *, row_group_rows: int, meta
     )
 
 
+# What a damaged Parquet file raises while being opened or decoded (corrupt pages, bad thrift, short reads).
+READ_ERRORS = (pa.ArrowException, OSError, ValueError, EOFError, IndexError, KeyError)
+
+
+def listed_shards(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The shard files a manifest (checked by format.read_manifest) lists, each checked by `listed_shard`."""
+    return [listed_shard(folder, entry) for entry in manifest["shards"]]
+
+
+def listed_shard(folder: Path, entry: dict[str, Any]) -> Path:
+    """One listed shard: a regular file inside `folder` of the size the manifest records, so a truncated, missing
+    or swapped shard is one line before anything is read.
+
+    Sizes only (a stat): the sha256 of every byte is `packtool verify`'s and the loader's check.
+    """
+    path = folder / entry["file"]
+    if not path.is_file():
+        raise PackFormatError(f"{path}: listed in {folder / MANIFEST} but missing (or not a regular file)")
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise PackFormatError(
+            f"{path}: a link to {path.resolve()}, outside the output folder {folder.resolve()}; "
+            "shards are files inside it"
+        )
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise PackFormatError(
+            f"{path}: {size} bytes, {MANIFEST} says {entry['bytes']}: truncated or replaced since the build "
+            "(or a build replaced the output while it was read); rebuild it, `packtool verify` checks it"
+        )
+    return path
+
+
 def locate(path: str | Path) -> tuple[Path, dict[str, Any] | None, list[Path]]:
     """An output folder or one shard -> (folder, manifest or None, shard files)."""
     path = Path(path)
     if path.is_dir():
         listed = read_manifest(path)
-        return path, listed, [path / s["file"] for s in listed["shards"]]
+        return path, listed, listed_shards(path, listed)
     if path.is_file() and path.suffix == ".parquet":
-        manifest_path = path.parent / MANIFEST
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
-        return path.parent, manifest, [path]
+        manifest = read_manifest(path.parent) if (path.parent / MANIFEST).is_file() else None
+        entry = next((e for e in (manifest or {}).get("shards", []) if e["file"] == path.name), None)
+        return path.parent, manifest, [path if entry is None else listed_shard(path.parent, entry)]
     raise PacktoolError(f"{path}: expected an output folder or a .parquet shard")
 
 
+def schema_problem(schema: pa.Schema) -> str | None:
+    """Why a Parquet schema is not the shard schema of docs/format.md (v1 or v2), or None when it is."""
+    actual = pa.schema(list(schema))  # without metadata
+    expected = SCHEMA_V2 if "segment_groups" in actual.names else SCHEMA
+    for field in expected:
+        if field.name not in actual.names:
+            return f"no column {field.name!r}: not a shard of this packtool's schema (docs/format.md); rebuild it"
+        if not actual.field(field.name).equals(field):
+            return f"column {field.name!r} is {actual.field(field.name).type}, the shard schema has {field.type}"
+    extra = [name for name in actual.names if name not in expected.names]
+    if extra or actual.names != expected.names:
+        return f"columns {extra or actual.names} are not the shard schema's (docs/format.md): not a packtool shard"
+    return None
+
+
+def footer_problem(meta: pq.FileMetaData) -> str | None:
+    """Why a Parquet footer contradicts itself (its row count against its row groups'), or None.
+
+    A footer claiming a billion rows over row groups of 200 would send a reader looking for rows
+    that are not there."""
+    held = sum(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+    if held != meta.num_rows:
+        return f"its footer claims {meta.num_rows} rows, its row groups hold {held}: a damaged file"
+    return None
+
+
+def open_shard(path: Path) -> pq.ParquetFile:
+    """A shard's Parquet reader, its columns checked against the shard schema; a damaged or foreign file is one line."""
+    try:
+        parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
+    except READ_ERRORS as error:
+        raise PackFormatError(
+            f"{path}: cannot be read as Parquet ({type(error).__name__}: {one_line(error)}): a damaged or foreign "
+            "file; rebuild the output (`packtool verify` checks it)"
+        ) from None
+    problem = schema_problem(schema) or footer_problem(parquet.metadata)
+    if problem is not None:
+        raise PackFormatError(f"{path}: {problem}")
+    return parquet
+
+
+def read_group(path: Path, parquet: pq.ParquetFile, group: int | None, columns: list[str] | None = None) -> pa.Table:
+    """Row group `group` of an open shard (None: the whole file), its decode errors and null values one line
+    naming the file and group."""
+    try:
+        table = parquet.read(columns=columns) if group is None else parquet.read_row_group(group, columns=columns)
+    except READ_ERRORS as error:
+        raise PackFormatError(
+            f"{path}: row group {group or 0} cannot be decoded ({type(error).__name__}: {one_line(error)}): the file "
+            "is damaged, or was replaced while being read; rebuild it (`packtool verify` checks it)"
+        ) from None
+    for name, column in zip(table.column_names, table.columns):
+        if column.null_count or (pa.types.is_list(column.type) and column.combine_chunks().flatten().null_count):
+            raise PackFormatError(f"{path}: null values in {name} (packtool never writes nulls): a damaged file")
+    return table
+
+
 def shard_metadata(path: Path) -> dict[str, str]:
-    raw = pq.read_schema(path).metadata or {}
-    return {k.decode(): v.decode() for k, v in raw.items()}
+    raw = open_shard(path).schema_arrow.metadata or {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
 
 
 def read_columns(path: Path, columns: list[str], segment_columns: list[str] | None = None) -> pa.Table:
@@ -229,20 +318,21 @@ def read_columns(path: Path, columns: list[str], segment_columns: list[str] | No
 
     Through ParquetFile: `pq.read_table` goes through pyarrow.dataset, which imports pandas when it is
     installed (packtool.arrow)."""
-    parquet = pq.ParquetFile(path)
+    parquet = open_shard(path)
     present = set(parquet.schema_arrow.names)
-    return parquet.read(columns=columns + [name for name in segment_columns or [] if name in present])
+    wanted = columns + [name for name in segment_columns or [] if name in present]
+    return read_group(path, parquet, None, wanted)
 
 
 def iter_rows(path: Path, columns: list[str] | None = None) -> Iterator[dict[str, Any]]:
     """Rows of a shard as Python objects, one row group at a time."""
-    parquet = pq.ParquetFile(path)
+    parquet = open_shard(path)
     for group in range(parquet.num_row_groups):
-        yield from parquet.read_row_group(group, columns=columns).to_pylist()
+        yield from read_group(path, parquet, group, columns).to_pylist()
 
 
 def read_row(path: Path, index: int) -> dict[str, Any]:
-    parquet = pq.ParquetFile(path)
+    parquet = open_shard(path)
     total = parquet.metadata.num_rows
     if not 0 <= index < total:
         raise PacktoolError(f"{path}: row {index} out of range (the shard has {total} rows)")
@@ -250,6 +340,6 @@ def read_row(path: Path, index: int) -> dict[str, Any]:
     for group in range(parquet.num_row_groups):
         rows = parquet.metadata.row_group(group).num_rows
         if index < start + rows:
-            return parquet.read_row_group(group).slice(index - start, 1).to_pylist()[0]
+            return read_group(path, parquet, group).slice(index - start, 1).to_pylist()[0]
         start += rows
-    raise AssertionError("unreachable: index checked against num_rows")
+    raise AssertionError("unreachable: open_shard checked the footer's rows against its row groups")

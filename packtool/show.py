@@ -18,21 +18,22 @@ from typing import Any
 
 import click
 import numpy as np
-import pyarrow.parquet as pq
 
-from packtool.errors import PacktoolError
+from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import WHOLE
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
 from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
-from packtool.shards import locate, read_columns, read_row
+from packtool.shards import locate, open_shard, read_columns, read_row
+from packtool.terminal import escape_char, shown
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 
 
 def visible(piece: str) -> str:
+    """A token's text with whitespace drawn and every other unprintable character (a no-break space too) escaped."""
     out = piece.translate(_VISIBLE)
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in out)
+    return "".join(ch if ch.isprintable() else escape_char(ch) for ch in out)
 
 
 def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: str | None) -> Any:
@@ -43,7 +44,10 @@ def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: s
         raise PacktoolError(
             f"{shard}: cannot find the tokenizer to decode with ({path or 'no manifest'}); pass --tokenizer PATH"
         )
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception on a malformed file
+        raise PacktoolError(f"{path}: not a tokenizer.json ({one_line(error)}); pass --tokenizer PATH") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,7 @@ def select_packs(
         raise PacktoolError(f"{target}: row {row} must be >= 0")
     local = row
     for shard in files:
-        rows = pq.ParquetFile(shard).metadata.num_rows
+        rows = open_shard(shard).metadata.num_rows
         if local < rows:
             return manifest, [PackRef(shard, local, None if doc is None else (doc,))]
         local -= rows
@@ -112,20 +116,34 @@ def inspect_pack(
     return "\n\n".join(blocks)
 
 
+def checked_row(ref: PackRef) -> dict[str, Any]:
+    """The pack's row, refused in one line unless sound (verify.row_problems): its offsets index everything shown."""
+    from packtool.verify import row_problems
+
+    pack = read_row(ref.shard, ref.row)
+    problems = row_problems(pack, None)
+    if problems:
+        raise PackFormatError(
+            f"{ref.shard} row {ref.row}: {problems[0]}: a damaged shard; `packtool verify` lists every problem"
+        )
+    return pack
+
+
 def pack_lines(
     ref: PackRef, decoder: Any, *, limit: int | None, around: int | None, color: bool, text: bool
 ) -> list[str]:
     """One pack as text. With `around`, the column header is printed once and each document gets one
     line, so a pack of many short documents stays readable."""
-    pack = read_row(ref.shard, ref.row)
+    pack = checked_row(ref)
     ids = np.asarray(pack["input_ids"], dtype=np.int64)
     labels = np.asarray(pack["labels"], dtype=np.int64)
     cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)
     docs = np.asarray(pack["doc_cu_seqlens"], dtype=np.int64)
     documents = _documents(ref, len(docs) - 1)
     out = [
-        f"{ref.shard.name} row {ref.row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
-        f"{len(docs) - 1} document(s), {int((labels != IGNORE_INDEX).sum())} targets, pack_hash {pack['pack_hash']}"
+        f"{shown(ref.shard.name)} row {ref.row}: {len(ids)} tokens, {len(cu) - 1} attention segment(s), "
+        f"{len(docs) - 1} document(s), {int((labels != IGNORE_INDEX).sum())} targets, "
+        f"pack_hash {shown(pack['pack_hash'])}"
     ]
     compact = around is not None
     if compact:
@@ -133,19 +151,19 @@ def pack_lines(
     for d in documents:
         start, end = int(docs[d]), int(docs[d + 1])
         head = (
-            f"document {d}: {pack['sample_ids'][d]} (source {pack['sources'][d]}, "
-            f"hash {pack['sample_hashes'][d][:12]}, repeat {pack['sample_repeats'][d]}{_item_label(pack, d)}), "
+            f"document {d}: {shown(pack['sample_ids'][d])} (source {shown(pack['sources'][d])}, "
+            f"hash {shown(pack['sample_hashes'][d][:12])}, repeat {pack['sample_repeats'][d]}{_item_label(pack, d)}), "
             f"tokens [{start}, {end})"
         )
         out += [f"── {head}"] if compact else ["", f"── {head} ──"]
-        shown = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
-        table = token_rows(ids, labels, pack["token_roles"], cu, decoder, shown, limit=limit, color=color)
+        span = range(start, end) if around is None else boundary_tokens(labels, start, end, around)
+        table = token_rows(ids, labels, pack["token_roles"], cu, decoder, span, limit=limit, color=color)
         out.extend(table[1:] if compact else table)
-        if limit is not None and len(shown) > limit:
-            out.append(f"   ... {len(shown) - limit} more tokens")
+        if limit is not None and len(span) > limit:
+            out.append(f"   ... {len(span) - limit} more tokens")
         if text:
             out.append("text:")
-            out.append(decoder.decode(ids[start:end].tolist(), skip_special_tokens=False))
+            out.append(shown(decoder.decode(ids[start:end].tolist(), skip_special_tokens=False), keep="\n\t"))
     return out
 
 
@@ -208,7 +226,7 @@ def inspect_json(
 
 
 def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | None, text: bool) -> dict[str, Any]:
-    pack = read_row(ref.shard, ref.row)
+    pack = checked_row(ref)
     ids = np.asarray(pack["input_ids"], dtype=np.int64)
     labels = np.asarray(pack["labels"], dtype=np.int64)
     cu = np.asarray(pack["cu_seqlens"], dtype=np.int64)
@@ -217,9 +235,9 @@ def pack_json(ref: PackRef, decoder: Any, *, limit: int | None, around: int | No
     documents = []
     for d in _documents(ref, len(docs) - 1):
         start, end = int(docs[d]), int(docs[d + 1])
-        shown = list(range(start, end) if around is None else boundary_tokens(labels, start, end, around))
+        span = list(range(start, end) if around is None else boundary_tokens(labels, start, end, around))
         tokens = []
-        for t in shown[:limit] if limit is not None else shown:
+        for t in span[:limit] if limit is not None else span:
             seg = int(np.searchsorted(cu, t, side="right") - 1)
             tokens.append(
                 {

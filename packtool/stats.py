@@ -1,7 +1,9 @@
 """Summary statistics of an output, computed from the shards themselves (plus the manifest's accounting).
 
 Reading the shards rather than trusting build-time counters means `packtool stats` reports the
-same numbers for any output, including one built elsewhere or edited after the fact.
+same numbers for any output, including one built elsewhere. The shards must still be those the
+manifest lists (their size, shards.listed_shards) and sound where the numbers index them (offsets
+checked per shard): a damaged or swapped shard is one line, and `packtool verify` says what changed.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from packtool.arrow import list_parts
-from packtool.errors import PacktoolError
-from packtool.format import attn_cost_of_lengths
+from packtool.errors import PackFormatError, PacktoolError
+from packtool.format import attn_cost_of_lengths, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import KIND_CODES
 from packtool.shards import read_columns, shard_metadata
+from packtool.terminal import shown
 
 STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
 KIND_COLUMNS = ["segment_kinds", "segment_groups"]  # schema v2 (pairs and groups)
@@ -86,12 +89,21 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         table = read_columns(shard, STAT_COLUMNS, KIND_COLUMNS)
         v2 = "segment_kinds" in table.column_names
         label_offsets, labels = list_parts(table.column("labels"))
+        doc_offsets, docs = list_parts(table.column("doc_cu_seqlens"))
+        cu_offsets, cu = list_parts(table.column("cu_seqlens"))
+        for name, offsets, values in (("doc_cu_seqlens", doc_offsets, docs), ("cu_seqlens", cu_offsets, cu)):
+            # Every index below is taken from these offsets: a damaged shard is a line, not an IndexError.
+            broken = first_broken_pack(label_offsets, label_offsets, offsets, values, None)
+            if broken >= 0:
+                raise PackFormatError(
+                    f"{shard} row {broken}: {name} is not 0, increasing, ..., the pack's length: a damaged shard "
+                    "(`packtool verify` names every broken row)"
+                )
         packs += table.num_rows
         tokens += len(labels)
         pack_lengths.append(np.diff(label_offsets))
-        doc_offsets, docs = list_parts(table.column("doc_cu_seqlens"))
         segments_per_pack.append(np.diff(doc_offsets) - 1)
-        segment_lengths.append(_steps(*list_parts(table.column("cu_seqlens"))))
+        segment_lengths.append(_steps(cu_offsets, cu))
         # documents as [start, end) of the shard's labels laid end to end
         pack_start = np.repeat(label_offsets[:-1].astype(np.int64), np.diff(doc_offsets))
         bounds = docs.astype(np.int64) + pack_start
@@ -121,6 +133,12 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         if v2:
             _, segment_kinds = list_parts(table.column("segment_kinds"))
             _, segment_groups = list_parts(table.column("segment_groups"))
+            unknown = sorted(set(np.unique(segment_kinds).tolist()) - set(KIND_CODES.values()))
+            if unknown or len(segment_kinds) != len(segment_lengths[-1]):
+                raise PackFormatError(
+                    f"{shard}: segment_kinds holds {len(segment_kinds)} entries for {len(segment_lengths[-1])} "
+                    f"attention segments, unknown kind codes {unknown}: a damaged shard (`packtool verify` names it)"
+                )
             kinds.add(segment_kinds.tolist(), segment_groups.tolist(), segment_lengths[-1], doc_targets)
     lengths = _joined(segment_lengths)
     per_pack, pack_fill = _joined(segments_per_pack), _joined(pack_lengths)
@@ -223,7 +241,10 @@ def _capacity(shards: list[Path], manifest: dict[str, Any] | None) -> int:
     if manifest is not None:
         return int(manifest["capacity"])
     if shards:
-        return int(shard_metadata(shards[0]).get("packtool.capacity", 0))
+        recorded = shard_metadata(shards[0]).get("packtool.capacity", "0")
+        if not recorded.isdigit():
+            raise PackFormatError(f"{shards[0]}: packtool.capacity {recorded!r:.40} in its metadata is not a number")
+        return int(recorded)
     return 0
 
 
@@ -265,7 +286,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     ]
     for name, s in stats["sources"].items():
         lines.append(
-            f"{name:<20} {s['segments']:>9,} {s['segment_share']:>7.3f} {s['tokens']:>11,} {s['token_share']:>7.3f} "
+            f"{shown(name):<20} {s['segments']:>9,} {s['segment_share']:>7.3f} {s['tokens']:>11,} "
+            f"{s['token_share']:>7.3f} "
             f"{s['targets']:>10,} {s['target_share']:>7.3f} {s['repeats']:>8,}"
         )
     if "kinds" in stats:
@@ -281,22 +303,29 @@ def format_stats(stats: dict[str, Any]) -> str:
     if accounting:
         lines += ["", f"{'source':<20} {'read':>7} {'kept':>7} {'overflow':>8}  rejected / dropped / truncated"]
         for name, a in accounting.items():
-            details = [f"rejected.{k}={v}" for k, v in a["rejected"].items()]
-            details += [f"dropped.{k}={v}" for k, v in a["dropped"].items()]
+            details = [f"rejected.{shown(k)}={v}" for k, v in a["rejected"].items()]
+            details += [f"dropped.{shown(k)}={v}" for k, v in a["dropped"].items()]
             details += [
-                f"truncated.{k}={v['samples']} (-{v['tokens']} tok, -{v['targets']} tgt)"
-                for k, v in a["truncated"].items()
+                f"truncated.{shown(k)}={v['samples']} (-{v['tokens']} tok, -{v['targets']} tgt)"
+                for k, v in a.get("truncated", {}).items()
             ]
             if a.get("special_token_literals"):
                 details.append(f"special_token_literals={a['special_token_literals']}")
-            lines.append(f"{name:<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}")
+            lines.append(
+                f"{shown(name):<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}"
+            )
     mixing = stats.get("mixing") or {}
     if mixing:
-        lines += ["", f"mixing: weights by {mixing.get('by')}; loss normalization: {mixing.get('loss_normalization')}"]
+        lines += [
+            "",
+            f"mixing: weights by {shown(mixing.get('by'))}; "
+            f"loss normalization: {shown(mixing.get('loss_normalization'))}",
+        ]
         for name, quota in (mixing.get("quotas") or {}).items():
             unit = "targets" if quota.get("unit") == "target_tokens" else "tokens"
             realized = (stats.get("sources") or {}).get(name, {}).get(unit, 0)
-            lines.append(f"  quota {name}: {quota.get('amount'):,} {quota.get('unit')}, realized {realized:,}")
+            amount = f"{quota.get('amount'):,} {shown(quota.get('unit'))}"
+            lines.append(f"  quota {shown(name)}: {amount}, realized {realized:,}")
     if "lengths" in stats:
         lines += ["", *format_lengths(stats["lengths"])]
     att = stats["attention"]
@@ -335,7 +364,8 @@ def format_lengths(lengths: dict[str, Any] | None) -> list[str]:
         before, after = entry["before"], entry["after"]
         for label, summary in (("before", before), ("after", after)):
             lines.append(
-                f"{name if label == 'before' else '':<20} {label:<6} n {summary['count']:,}  mean {summary['mean']:.1f}"
+                f"{shown(name) if label == 'before' else '':<20} {label:<6} n {summary['count']:,}  "
+                f"mean {summary['mean']:.1f}"
                 f"  p50 {summary['p50']:,}  p90 {summary['p90']:,}  p99 {summary['p99']:,}  max {summary['max']:,}"
                 f"  over capacity {summary['over_capacity']:,}"
             )

@@ -25,32 +25,31 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.format import (
+    JSON_ERRORS,
     MANIFEST,
-    SCHEMA,
-    SCHEMA_V2,
     SEGMENT_FIELDS,
     WHOLE,
     attn_cost,
     cu_seqlens_problem,
+    manifest_problems,
     pack_hash,
     sha256_file,
 )
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import validate_pack_groups
 from packtool.seal import SEAL, manifest_digest, seal_manifest
+from packtool.shards import READ_ERRORS, footer_problem, schema_problem
+from packtool.terminal import shown
 
 __all__ = ["Verification", "format_verification", "manifest_problems", "row_problems", "seal_manifest", "verify"]
 
 MAX_PROBLEMS = 20  # enough to see a pattern; a corrupt shard would otherwise print a line per row
-# What a damaged Parquet file raises while being opened or decoded (corrupt pages, bad thrift, short reads).
-READ_ERRORS = (pa.ArrowException, OSError, ValueError, EOFError, IndexError, KeyError)
 # `stats` keys copied from the manifest rather than computed from shards: the seal covers them.
 COPIED_STATS = ("accounting", "mixing", "mode", "lengths")
 
@@ -114,10 +113,10 @@ def verify(path: str | Path) -> Verification:
     if lone is not None:
         return result
     if isinstance(manifest.get("overflow"), dict):
-        _check_part(folder, "overflow", manifest["overflow"], result, tally)
+        _check_part(folder, manifest["overflow"], result, tally)
     if isinstance(manifest.get("validation"), dict):
         # a split of its own: its documents are not the main output's segments
-        _check_part(folder, "validation", manifest["validation"], result, _Tally())
+        _check_part(folder, manifest["validation"], result, _Tally())
     if tally.readable:
         _check_accounting(manifest, tally, result)
     _check_rejects(folder, manifest, result)
@@ -132,7 +131,7 @@ def _checked_manifest(folder: Path, result: Verification) -> dict[str, Any] | No
         return None
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, *JSON_ERRORS) as error:
         result.add(f"{path}: not valid JSON ({error}); the manifest is damaged, rebuild the output")
         return None
     problems = manifest_problems(manifest)
@@ -150,86 +149,6 @@ def _checked_manifest(folder: Path, result: Verification) -> dict[str, Any] | No
             "(config, seed, capacity, counts or conventions may no longer describe the shards); rebuild"
         )
     return manifest
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _counts_problems(where: str, value: Any) -> list[str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and _is_count(v) for k, v in value.items()):
-        return [f"{where} must map reasons to counts, got {value!r:.80}"]
-    return []
-
-
-def manifest_problems(manifest: Any) -> list[str]:
-    """Type problems of the manifest fields verify relies on (empty when it can be checked further)."""
-    if not isinstance(manifest, dict):
-        return [f"must be a JSON object, got {type(manifest).__name__}"]
-    problems = []
-    capacity = manifest.get("capacity")
-    if not _is_count(capacity) or capacity == 0:
-        problems.append(f"'capacity' must be a positive integer, got {capacity!r:.80}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list):
-        return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
-    names = [entry.get("file") for entry in shards if isinstance(entry, dict)]
-    for name in sorted({n for n in names if isinstance(n, str) and names.count(n) > 1}):
-        problems.append(f"shards lists {name!r} more than once")
-    for i, entry in enumerate(shards):
-        if not isinstance(entry, dict):
-            problems.append(f"shards[{i}] must be an object, got {entry!r:.80}")
-            continue
-        if not is_plain_name(entry.get("file")):
-            problems.append(
-                f"shards[{i}].file {entry.get('file')!r:.80} is not a file name inside the output folder "
-                "(paths are confined to the folder)"
-            )
-        for key in ("rows", "tokens", "targets", "bytes"):
-            if not _is_count(entry.get(key)):
-                problems.append(f"shards[{i}].{key} must be a count, got {entry.get(key)!r:.80}")
-        if not isinstance(entry.get("sha256"), str):
-            problems.append(f"shards[{i}].sha256 must be a string, got {entry.get('sha256')!r:.80}")
-    accounting = manifest.get("accounting", {})
-    if not isinstance(accounting, dict):
-        problems.append(f"'accounting' must be an object, got {accounting!r:.80}")
-    else:
-        for name, entry in accounting.items():
-            if not isinstance(entry, dict):
-                problems.append(f"accounting.{name} must be an object, got {entry!r:.80}")
-                continue
-            for key in ("read", "kept", "overflow", "segments"):
-                if not _is_count(entry.get(key)):
-                    problems.append(f"accounting.{name}.{key} must be a count, got {entry.get(key)!r:.80}")
-            for key in ("rejected", "dropped"):
-                problems += _counts_problems(f"accounting.{name}.{key}", entry.get(key))
-    rejects = manifest.get("rejects")
-    if rejects is not None:
-        if (
-            not isinstance(rejects, dict)
-            or not is_plain_name(rejects.get("file"))
-            or not _is_count(rejects.get("count"))
-        ):
-            problems.append(
-                f"'rejects' must be {{file: a name inside the folder, count, by_reason}}, got {rejects!r:.80}"
-            )
-        else:
-            problems += _counts_problems("rejects.by_reason", rejects.get("by_reason"))
-    if not isinstance(manifest.get("stats", {}), dict):
-        problems.append(f"'stats' must be an object, got {manifest.get('stats')!r:.80}")
-    if SEAL in manifest and not isinstance(manifest[SEAL], str):
-        problems.append(f"'{SEAL}' must be a string, got {manifest[SEAL]!r:.80}")
-    return problems
-
-
-def is_plain_name(name: Any) -> TypeGuard[str]:
-    """A bare file name: no folder part, no `..`, not absolute, so it can only name a file in the output folder."""
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and not any(ch in name for ch in "/\\\x00")
-        and not Path(name).is_absolute()
-    )
 
 
 def _check_output(
@@ -265,6 +184,10 @@ def _check_output(
 
 def _check_shard(path: Path, entry: dict[str, Any], capacity: int, result: Verification, tally: _Tally) -> None:
     result.shards += 1
+    if not path.resolve().is_relative_to(path.parent.resolve()):
+        result.add(f"{path.name}: a link to {path.resolve()}, outside {path.parent}; shards are files in the output")
+        tally.readable = False
+        return
     if path.stat().st_size != entry["bytes"]:
         result.add(
             f"{path.name}: {path.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or changed)"
@@ -312,11 +235,9 @@ def _rows(path: Path) -> Iterator[dict[str, Any]]:
         schema = parquet.schema_arrow
     except READ_ERRORS as error:
         raise _Unreadable(f"cannot be read as Parquet ({type(error).__name__}: {error})") from None
-    actual = pa.schema(list(schema))
-    if not any(actual.equals(pa.schema(list(expected))) for expected in (SCHEMA, SCHEMA_V2)):
-        raise _Unreadable(
-            f"columns {actual.names} with types differ from the shard schema (docs/format.md); not a packtool shard"
-        )
+    problem = schema_problem(schema) or footer_problem(parquet.metadata)
+    if problem is not None:
+        raise _Unreadable(problem)
     for group in range(parquet.num_row_groups):
         try:
             rows = parquet.read_row_group(group).to_pylist()
@@ -402,13 +323,9 @@ def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -
             )
 
 
-def _check_part(folder: Path, key: str, entry: dict[str, Any], result: Verification, tally: _Tally) -> None:
+def _check_part(folder: Path, entry: dict[str, Any], result: Verification, tally: _Tally) -> None:
     """A sub-output the manifest names (the overflow bucket, a validation split): its own manifest and shards."""
-    name = entry.get("folder")
-    if not is_plain_name(name):
-        result.add(f"{folder / MANIFEST}: {key}.folder {name!r:.80} is not a folder name inside the output")
-        return
-    bucket = folder / name
+    bucket = folder / entry["folder"]  # a plain name (format.manifest_problems)
     manifest = _checked_manifest(bucket, result)
     if manifest is not None:
         _check_output(bucket, manifest, result, tally)
@@ -451,7 +368,7 @@ def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification)
             record = json.loads(line)
             by_reason[record["reason"]] += 1
             by_source[record["source"]] += 1
-        except (json.JSONDecodeError, TypeError, KeyError) as error:
+        except (*JSON_ERRORS, TypeError, KeyError) as error:
             result.add(f"{path}:{number}: not a reject record ({type(error).__name__}: {error})")
             return
     if len(lines) != summary["count"]:
@@ -468,8 +385,9 @@ def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification)
 
 
 def format_verification(result: Verification) -> str:
-    head = f"{result.folder}: {result.shards} shard(s), {result.packs} pack(s) checked"
-    warnings = [f"  warning: {w}" for w in result.warnings]
+    """The report as text, one line per problem: file names and values in it pass through `shown`."""
+    head = f"{shown(result.folder)}: {result.shards} shard(s), {result.packs} pack(s) checked"
+    warnings = [f"  warning: {shown(w)}" for w in result.warnings]
     if result.ok:
         return "\n".join(
             [
@@ -478,4 +396,6 @@ def format_verification(result: Verification) -> str:
                 *warnings,
             ]
         )
-    return "\n".join([f"{head}: {len(result.problems)} problem(s)", *(f"  - {p}" for p in result.problems), *warnings])
+    return "\n".join(
+        [f"{head}: {len(result.problems)} problem(s)", *(f"  - {shown(p)}" for p in result.problems), *warnings]
+    )

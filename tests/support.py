@@ -28,3 +28,28 @@ def ctrl_c_reaches_child() -> None:
     the child gets the default back here, before it starts Python.
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def claim_rows(shard: Path, rows: int) -> None:
+    """Rewrite a Parquet file's footer to claim `rows` rows (its row groups unchanged): the footer's num_rows is
+    thrift compact field 3, an i64 right after the schema list (header byte 0x16, a zigzag varint)."""
+    import struct
+
+    import pyarrow.parquet as pq
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n >= 0x80:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        return bytes([*out, n])
+
+    data = shard.read_bytes()
+    length = struct.unpack("<i", data[-8:-4])[0]
+    footer = data[-8 - length : -8]
+    claimed = b"\x16" + varint(2 * pq.ParquetFile(shard).metadata.num_rows)
+    if claimed not in footer:
+        raise ValueError(f"{shard}: the footer's row count is not where claim_rows looks for it")
+    # the first i64 of the footer: the schema before it holds none (row groups after it may repeat the count)
+    footer = footer.replace(claimed, b"\x16" + varint(2 * rows), 1)
+    shard.write_bytes(data[: -8 - length] + footer + struct.pack("<i", len(footer)) + b"PAR1")

@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from packtool.errors import DatasetError, PackFormatError
-from packtool.format import MANIFEST, check_cu_seqlens, pack_hash, sha256_file
+from packtool.errors import DatasetError, PackFormatError, one_line
+from packtool.format import check_cu_seqlens, pack_hash, sha256_file
 from packtool.format import read_manifest as read_manifest_json
-from packtool.labels import IGNORE_INDEX
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +43,27 @@ class Manifest:
 
 
 def read_manifest(folder: str | Path) -> Manifest:
-    """Parse `folder/manifest.json`; refuse unknown schema versions and shard paths outside the folder."""
+    """Parse `folder/manifest.json` (format.read_manifest: version and field types checked, shard names plain
+    file names); refuse a shard that is a link to a file outside the folder."""
     folder = Path(folder)
-    path = folder / MANIFEST
     try:
         raw = read_manifest_json(folder)
     except PackFormatError as err:
         raise DatasetError(str(err)) from None
     root = folder.resolve()
     shards = []
-    for i, entry in enumerate(raw.get("shards") or []):
-        name = str(entry.get("file", ""))
-        file = (root / name).resolve()
-        # A manifest is data: a path like "../../etc/x" or "/abs" must not make the loader read outside the build.
-        if Path(name).is_absolute() or not file.is_relative_to(root) or file == root:
+    for entry in raw["shards"]:
+        file = (root / entry["file"]).resolve()
+        # A manifest is data: a link must not make the loader read outside the build.
+        if not file.is_relative_to(root):
             raise DatasetError(
-                f"{path}: shards[{i}].file {name!r} points outside the build folder {root}; "
-                "shard paths must be relative names inside it"
+                f"{folder / entry['file']}: a link to {file}, outside the build folder {root}; "
+                "shards are files inside it"
             )
-        shards.append(ShardEntry(file, int(entry["rows"]), str(entry.get("sha256", ""))))
-    pad = (raw.get("tokenizer") or {}).get("pad_token_id")
-    vocab = (raw.get("tokenizer") or {}).get("vocab_size")
-    return Manifest(folder, int(raw["capacity"]), 0 if pad is None else int(pad), vocab, tuple(shards), raw)
+        shards.append(ShardEntry(file, entry["rows"], entry["sha256"]))
+    pad = raw.get("tokenizer", {}).get("pad_token_id")
+    vocab = raw.get("tokenizer", {}).get("vocab_size")
+    return Manifest(folder, raw["capacity"], 0 if pad is None else pad, vocab, tuple(shards), raw)
 
 
 def first_altered_row(file: Path) -> str:
@@ -93,11 +91,6 @@ def first_altered_row(file: Path) -> str:
     return "row unknown (the damage is in metadata or a column the loader does not hash)"
 
 
-def one_line(err: BaseException) -> str:
-    """The first line of an exception's text (pyarrow's end in a newline; errors here are one line)."""
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
 def check_shard(entry: ShardEntry) -> None:
     """Raise DatasetError unless the shard's bytes hash to the manifest's sha256."""
     if not entry.file.is_file():
@@ -123,37 +116,3 @@ def validate_cu_seqlens(
     longest = int(np.diff(cu.astype(np.int64)).max())
     if max_seqlen is not None and int(max_seqlen) != longest:
         raise PackFormatError(f"max_seqlen {max_seqlen} != longest segment {longest}")
-
-
-def first_broken_pack(
-    ids_offsets: np.ndarray,
-    label_offsets: np.ndarray,
-    cu_offsets: np.ndarray,
-    cu_values: np.ndarray,
-    labels: np.ndarray | None,
-) -> int:
-    """The first row of a row group whose pack breaks the contract, or -1; one vectorised pass for all rows.
-
-    Arrow list columns as (offsets, values). Rules per pack: as many labels as input_ids;
-    cu_seqlens starts at 0, increases strictly and ends at the pack's length; and, when `labels`
-    (the flat label values) is given, -100 at every segment start.
-    """
-    lens = np.diff(ids_offsets)
-    cu_lens = np.diff(cu_offsets)
-    bad = (np.diff(label_offsets) != lens) | (cu_lens < 2)
-    if bad.any():
-        return int(np.argmax(bad))
-    cu = cu_values.astype(np.int64)
-    firsts, lasts = cu_offsets[:-1], cu_offsets[1:] - 1
-    bad |= (cu[firsts] != 0) | (cu[lasts] != lens)
-    falls = np.diff(cu) <= 0
-    falls[lasts[:-1]] = False  # the step from one pack's last offset to the next pack's 0
-    if falls.any():  # rows looked up only for the offending steps: a clean row group pays one comparison
-        bad[np.searchsorted(cu_offsets, np.flatnonzero(falls), side="right") - 1] = True
-    if labels is not None:
-        inner = np.ones(len(cu), bool)
-        inner[lasts] = False
-        wrong = labels[(cu + np.repeat(label_offsets[:-1], cu_lens))[inner]] != IGNORE_INDEX
-        if wrong.any():
-            bad[np.repeat(np.arange(len(lens)), cu_lens)[inner][wrong]] = True
-    return int(np.argmax(bad)) if bad.any() else -1

@@ -20,10 +20,11 @@ Workers. With a DataLoader of k workers, worker w reads rounds w, w+k, w+2k, ...
 yields one item per round (a pack, or a round's list of packs through `packed_batches`), so
 the DataLoader's round-robin over workers returns them in plan order.
 
-Resume. The state is `{epoch, position, seed, shuffle, world_size, left_out}`: the global
+Resume. The state is `{epoch, position, seed, shuffle, build, world_size, left_out}`: the global
 position where the next round starts, the same on every rank. It resumes under any world size,
 worker count or budget (the rest of the epoch is planned again from `position`); only the seed
-and shuffle, which fix the order, must match mid-epoch.
+and shuffle, which fix the order, must match mid-epoch, and `build` (the manifest's sha256,
+`seal.manifest_digest`) always: a position means nothing on another build.
 
 Documents (`isolate_documents=True`). Stream builds write one attention segment per window
 (`cu_seqlens` [0, len]) and keep document starts in `doc_cu_seqlens`. Isolating reads
@@ -55,12 +56,14 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.arrow import as_numpy, list_parts
-from packtool.errors import DatasetError
+from packtool.errors import DatasetError, one_line
+from packtool.format import MANIFEST, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble
-from packtool.loader.contract import Manifest, check_shard, first_broken_pack, one_line, read_manifest
+from packtool.loader.contract import Manifest, check_shard, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, PlanOptions, epoch_order, plan_epoch, share_micro_batches
-from packtool.shards import SegmentColumns
+from packtool.seal import manifest_digest
+from packtool.shards import READ_ERRORS, SegmentColumns, footer_problem, schema_problem
 
 __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
@@ -112,6 +115,15 @@ class _Share:
     steps: list[int]
     starts: list[int]
     ends: list[int]
+
+
+def _identity_of(file: Path) -> tuple[int, ...]:
+    """A file's device, inode, size and modification time: any replacement or rewrite changes one of them."""
+    try:
+        stat = file.stat()
+    except OSError:
+        return ()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -196,7 +208,11 @@ class PackedDataset(IterableDataset):
         self._footers: dict[int, tuple[pq.FileMetaData, bool]] = {}
         self._files: dict[int, pq.ParquetFile] = {}  # open readers, least recently used first
         self._files_pid = os.getpid()
+        # What each file was when the dataset opened the build: a rebuild that replaces OUT under a running
+        # loader is named (`_check_unchanged`), not read as another build's bytes under this one's footers.
+        self._identities = {-1: _identity_of(self.manifest.folder / MANIFEST)}
         self.units = self._read_footers()
+        self.build = manifest_digest(self.manifest.raw)  # names the build in the resume state
         self._small: tuple[np.ndarray, np.ndarray] | None = None  # n_tokens, cost per pack, for planning
         self._plan: tuple[tuple[int, int], EpochOrder, EpochPlan] | None = None
         self._logged_epoch = -1
@@ -255,6 +271,7 @@ class PackedDataset(IterableDataset):
         parquet = self._files.pop(shard, None)
         if parquet is None:
             entry = self.manifest.shards[shard]
+            self._check_unchanged(shard)
             if self.verify and shard not in self._verified:
                 check_shard(entry)
                 self._verified.add(shard)
@@ -274,11 +291,37 @@ class PackedDataset(IterableDataset):
     def _remember_footer(self, shard: int, meta: pq.FileMetaData) -> None:
         self._footers[shard] = (meta, "segment_groups" in meta.schema.to_arrow_schema().names)
 
+    def _check_unchanged(self, shard: int) -> None:
+        """Raise DatasetError when the shard's file is not the one the dataset opened (replaced, rewritten)."""
+        file = self.manifest.shards[shard].file
+        if _identity_of(file) == self._identities[shard]:
+            return
+        rebuilt = _identity_of(self.manifest.folder / MANIFEST) != self._identities[-1]
+        raise DatasetError(
+            f"{file}: changed since this dataset opened the build"
+            + (f" ({MANIFEST} changed too: the output was rebuilt or replaced)" if rebuilt else "")
+            + "; its footers and checksum no longer describe it: create the dataset again (a resume state "
+            "saved on the old build is refused by the new one)"
+        )
+
+    def _read_group(self, shard: int, group: int, columns: list[str]) -> pa.Table:
+        """One row group of a shard; a file changed or damaged under the reader is one DatasetError naming it."""
+        parquet = self._open(shard)
+        try:
+            return parquet.read_row_group(group, columns=columns)
+        except READ_ERRORS as err:
+            self._check_unchanged(shard)
+            raise DatasetError(
+                f"{self.manifest.shards[shard].file}: row group {group} cannot be decoded ({one_line(err)}); "
+                "rebuild or restore it"
+            ) from None
+
     def _read_footers(self) -> list[Unit]:
         units: list[Unit] = []
         for i, entry in enumerate(self.manifest.shards):
             if not entry.file.is_file():
                 raise DatasetError(f"{entry.file}: listed in the manifest but missing")
+            self._identities[i] = _identity_of(entry.file)
             try:
                 meta = pq.read_metadata(entry.file)  # footers only; the bytes are checked on first read
             except (OSError, ValueError) as err:
@@ -289,6 +332,9 @@ class PackedDataset(IterableDataset):
                 ) from None
             if meta.num_rows != entry.rows:
                 raise DatasetError(f"{entry.file}: {meta.num_rows} rows, manifest says {entry.rows}")
+            problem = schema_problem(meta.schema.to_arrow_schema()) or footer_problem(meta)
+            if problem is not None:  # checked here too: with verify=False no checksum stands for the columns
+                raise DatasetError(f"{entry.file}: {problem}")
             if not self.verify:
                 self._remember_footer(i, meta)
             first = 0
@@ -308,7 +354,7 @@ class PackedDataset(IterableDataset):
             columns = ["n_tokens", "doc_cu_seqlens" if self.isolate_documents else "attn_cost"]
             tokens, costs = [], []
             for unit in self.units:
-                table = self._open(unit.shard).read_row_group(unit.row_group, columns=columns)
+                table = self._read_group(unit.shard, unit.row_group, columns)
                 tokens.append(_ints(table, "n_tokens"))
                 costs.append(_row_costs(table, self.isolate_documents))
             empty = np.zeros(0, np.int64)
@@ -378,6 +424,7 @@ class PackedDataset(IterableDataset):
             "position": self.position,
             "seed": self.seed,
             "shuffle": self.shuffle,
+            "build": self.build,  # a position counts this build's packs: another build refuses it
             "world_size": self.world_size,  # for the record; a resume may use another
             "left_out": self.left_out,
         }
@@ -387,6 +434,7 @@ class PackedDataset(IterableDataset):
         if missing:
             raise DatasetError(f"resume state lacks {missing}; expected at least {list(STATE_KEYS)}")
         position = int(state["position"])
+        self._check_build(state.get("build"), position)
         changed = [
             f"{k} {state[k]!r} (now {getattr(self, k)!r})"
             for k in ("seed", "shuffle")
@@ -400,6 +448,23 @@ class PackedDataset(IterableDataset):
         if not 0 <= position <= self.total_packs:
             raise DatasetError(f"resume position {position} is outside the epoch's {self.total_packs} packs")
         self.epoch, self.position = int(state["epoch"]), position
+
+    def _check_build(self, build: Any, position: int) -> None:
+        """A state's position counts the packs of the build it was saved on: on another, resuming would skip or
+        repeat packs without a sign. A state saved before states named their build is taken at an epoch
+        boundary only, where there is nothing to skip."""
+        if build is None and position:
+            raise DatasetError(
+                f"resume state at position {position} names no build (saved by an older packtool), so it cannot "
+                f"be checked against {self.path}; on another build it would skip or repeat packs. If it was saved "
+                f"on this build, set state['build'] = {self.build!r} and load it again"
+            )
+        if build is not None and build != self.build:
+            raise DatasetError(
+                f"resume state was saved on build {str(build)[:16]!r}..., {self.path} is build {self.build[:16]}...: "
+                "its position counts another build's packs (resuming would skip or repeat some); resume on the "
+                "build it came from, or start this one at an epoch with set_epoch"
+            )
 
     # ---- reading ----
 
@@ -453,13 +518,12 @@ class PackedDataset(IterableDataset):
     def _read(self, unit_index: int) -> pa.Table:
         """One row group's columns as Arrow (the shard's sha256 checked first): no Python per value, little GIL."""
         unit = self.units[unit_index]
-        parquet = self._open(unit.shard)
         # Isolated documents: their segments are the documents, so their cost comes from doc_cu_seqlens.
         cu_name, cost = ("doc_cu_seqlens", []) if self.isolate_documents else ("cu_seqlens", ["attn_cost"])
+        self._open(unit.shard)  # its footer is known from here on
         extra = list(SEGMENT_COLUMNS) if self._footers[unit.shard][1] else []
-        return parquet.read_row_group(
-            unit.row_group, columns=["input_ids", "labels", cu_name, *cost, "pack_hash", *extra]
-        )
+        columns = ["input_ids", "labels", cu_name, *cost, "pack_hash", *extra]
+        return self._read_group(unit.shard, unit.row_group, columns)
 
     def _decode(self, unit_index: int, table: pa.Table) -> _Decoded:
         """A row group's columns as numpy, its pack contract checked."""

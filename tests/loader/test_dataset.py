@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from packtool.loader.balance import assign_round_robin, imbalance  # noqa: E402
@@ -165,7 +166,7 @@ def test_resume_under_another_world_size(make_build, old, new, budget):
 
 def test_resume_with_another_seed_is_refused_mid_epoch(make_build):
     path, _ = make_build()
-    state = {"epoch": 0, "position": 5, "seed": 0, "shuffle": True}
+    state = {"epoch": 0, "position": 5, "seed": 0, "shuffle": True, "build": PackedDataset(path).build}
     with pytest.raises(DatasetError, match="different seed 0 \\(now 1\\)"):
         PackedDataset(path, seed=1).load_state_dict(state)
     PackedDataset(path, seed=1).load_state_dict(state | {"position": 0})  # an epoch boundary is fine
@@ -196,7 +197,6 @@ def test_an_altered_token_is_named_by_shard_and_row(make_build):
     table = pq.read_table(shard)
     ids = table.column("input_ids").to_pylist()
     ids[6][1] += 1  # a valid Parquet file whose row 6 no longer matches its pack_hash
-    import pyarrow as pa
 
     altered = table.set_column(0, "input_ids", pa.array(ids, type=pa.list_(pa.int32())))
     pq.write_table(altered, shard, row_group_size=4, compression="zstd")
@@ -207,11 +207,18 @@ def test_an_altered_token_is_named_by_shard_and_row(make_build):
 def test_manifest_paths_stay_inside_the_build(make_build, tmp_path):
     path, _ = make_build(n_packs=8)
     manifest = json.loads((path / "manifest.json").read_text())
-    for bad in ("../outside.parquet", "/etc/passwd"):
+    for bad in ("../outside.parquet", "/etc/passwd", "sub/shard.parquet"):
         manifest["shards"][0]["file"] = bad
         (path / "manifest.json").write_text(json.dumps(manifest))
-        with pytest.raises(DatasetError, match="points outside the build folder"):
+        with pytest.raises(DatasetError, match="is not a file name inside the output folder"):
             PackedDataset(path)
+    manifest["shards"][0]["file"] = "shard-00000.parquet"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    outside = tmp_path / "outside.parquet"
+    (path / "shard-00000.parquet").rename(outside)
+    (path / "shard-00000.parquet").symlink_to(outside)  # a plain name, but a link out of the build
+    with pytest.raises(DatasetError, match=r"a link to .*outside\.parquet, outside the build folder"):
+        PackedDataset(path)
 
 
 def test_missing_manifest_is_an_unfinished_build(tmp_path):
@@ -368,7 +375,7 @@ def test_a_pack_breaking_the_contract_is_refused_with_its_row(make_build):
 
 
 def test_first_broken_pack_rules():
-    from packtool.loader.contract import first_broken_pack
+    from packtool.format import first_broken_pack
 
     def run(packs, check_labels=True):
         def lists(name):
@@ -386,3 +393,141 @@ def test_first_broken_pack_rules():
     assert run([good, good, good | {"labels": [-100, 2]}]) == 2
     assert run([good, good | {"labels": [-100, 2, 3]}]) == 1
     assert run([good, good | {"labels": [-100, 2, 3]}], check_labels=False) == -1
+
+
+# ---- a resume state belongs to its build; a build replaced under the reader is named ----
+
+
+def test_a_resume_state_is_refused_by_another_build(make_build, tmp_path):
+    import shutil
+
+    path, _ = make_build(n_packs=30, seed=1, name="a")
+    other, _ = make_build(n_packs=30, seed=2, name="b")
+    ds = PackedDataset(path, token_budget=64)
+    next(packed_batches(ds))
+    state = json.loads(json.dumps(ds.state_dict()))
+    assert state["build"] == ds.build and state["position"] > 0
+    with pytest.raises(DatasetError, match=r"saved on build .*, .*/b is build .*another build's packs"):
+        PackedDataset(other, token_budget=64).load_state_dict(state)
+    with pytest.raises(DatasetError, match="another build's packs"):  # at an epoch boundary too
+        PackedDataset(other).load_state_dict(state | {"position": 0})
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)  # the same build elsewhere: the same manifest, the same packs
+    PackedDataset(copy, token_budget=64).load_state_dict(state)
+
+
+def test_a_state_without_its_build_resumes_only_at_an_epoch_boundary(make_build):
+    path, _ = make_build(n_packs=30)
+    old = {"epoch": 2, "position": 5, "seed": 0, "shuffle": True}  # as states were saved before they named a build
+    ds = PackedDataset(path)
+    with pytest.raises(DatasetError, match=r"names no build .* set state\['build'\] = '[0-9a-f]{64}'"):
+        ds.load_state_dict(old)
+    ds.load_state_dict(old | {"position": 0})
+    assert (ds.epoch, ds.position) == (2, 0)
+    ds.load_state_dict(old | {"build": ds.build})  # the fix the message names
+    assert ds.position == 5
+
+
+def _replace(out, new):
+    """Publish `new` at `out` as a rebuild does: the old folder moves away, the new one takes its name."""
+    out.rename(out.with_name(out.name + "-old"))
+    new.rename(out)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_build_replaced_before_reading_is_named(make_build, verify):
+    path, _ = make_build(n_packs=30, seed=1, name="out")
+    ds = PackedDataset(path, verify=verify)
+    new, _ = make_build(n_packs=30, seed=2, name="new")
+    _replace(path, new)
+    with pytest.raises(DatasetError, match=r"shard-0000\d\.parquet: changed since this dataset opened the build \("):
+        list(ds)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_build_replaced_while_reading_is_named(make_build, verify):
+    path, _ = make_build(n_packs=40, seed=1, name="out", packs_per_shard=10, row_group_size=5)
+    new, _ = make_build(n_packs=40, seed=2, name="new", packs_per_shard=10, row_group_size=5)
+    ds = PackedDataset(path, verify=verify, shuffle=False)
+    batches = iter(ds)
+    next(batches)  # shard 0 is open
+    _replace(path, new)
+    with pytest.raises(DatasetError, match=r"shard-0000[1-3]\.parquet: changed since .*manifest\.json changed too"):
+        list(batches)
+    rewritten, _ = make_build(n_packs=40, seed=3, name="rewritten", packs_per_shard=10, row_group_size=5)
+    ds = PackedDataset(rewritten, verify=verify, shuffle=False)
+    (rewritten / "shard-00002.parquet").write_bytes((path / "shard-00002.parquet").read_bytes())  # one file only
+    with pytest.raises(DatasetError, match=r"shard-00002\.parquet: changed since this dataset opened the build;"):
+        list(ds)
+
+
+# ---- damaged builds: one DatasetError naming the file, never a Parquet or Python error ----
+
+
+def _cut_points(shard):
+    meta = pq.ParquetFile(shard).metadata
+    starts = [meta.row_group(g).column(0).data_page_offset for g in range(meta.num_row_groups)]
+    size = shard.stat().st_size
+    return sorted({*starts, size - 8, size - 1, 0, 1, size // 2})
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_truncated_shard_at_every_row_group_boundary(make_build, verify):
+    path, _ = make_build(n_packs=30, packs_per_shard=30, row_group_size=8)
+    shard = path / "shard-00000.parquet"
+    original = shard.read_bytes()
+    for cut in _cut_points(shard):
+        shard.write_bytes(original[:cut])
+        with pytest.raises(DatasetError, match=r"shard-00000\.parquet: "):
+            list(packed_batches(PackedDataset(path, verify=verify, token_budget=64)))
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: pa.table({"a": list(range(t.num_rows))}),
+        lambda t: t.drop_columns(["labels"]),
+        lambda t: t.set_column(1, "labels", t.column("labels").cast(pa.list_(pa.int64()))),
+    ],
+    ids=["foreign", "no-labels", "int64-labels"],
+)
+def test_a_foreign_shard_is_named(make_build, verify, change):
+    path, _ = make_build(n_packs=12, packs_per_shard=12, row_group_size=4)
+    shard = path / "shard-00000.parquet"
+    pq.write_table(change(pq.read_table(shard)), shard, row_group_size=4)
+    with pytest.raises(DatasetError, match=r"shard-00000\.parquet: "):
+        list(packed_batches(PackedDataset(path, verify=verify, token_budget=64)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m.update(capacity="32"),
+        lambda m: m.update(shards="x"),
+        lambda m: m["shards"][0].update(rows=None),
+        lambda m: m["shards"][0].update(sha256=5),
+        lambda m: m.update(tokenizer=[]),
+        lambda m: m["tokenizer"].update(pad_token_id="0"),
+        lambda m: m.update(schema_version=True),
+    ],
+)
+def test_a_mistyped_manifest_is_named(make_build, change):
+    path, _ = make_build(n_packs=8)
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=r"manifest\.json: "):
+        PackedDataset(path)
+
+
+def test_a_footer_claiming_more_rows_than_its_row_groups(make_build):
+    from support import claim_rows
+
+    path, _ = make_build(n_packs=12, packs_per_shard=12, row_group_size=4)
+    claim_rows(path / "shard-00000.parquet", 10**9)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["shards"][0]["rows"] = 10**9  # the manifest agrees with the footer: only the row groups tell
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=r"shard-00000\.parquet: its footer claims 1000000000 rows"):
+        PackedDataset(path, verify=False)

@@ -82,7 +82,7 @@ def build(
     from packtool.build import build as run_build
     from packtool.build.progress import BarProgress, Progress
     from packtool.config import load_config, resolve_config_path
-    from packtool.stats import format_stats
+    from packtool.stats import format_headline
 
     settings_from_flags = [f"executor={executor}"] if executor else []
     settings_from_flags += [f"ray_address={address}"] if address else []
@@ -116,12 +116,14 @@ def build(
         return
     if not quiet:
         manifest = built.manifest
-        click.echo(format_stats(manifest["stats"]))
+        # The headline only: `packtool stats OUT` prints the rest (the README's quick start runs both).
+        click.echo("\n".join(format_headline(manifest["stats"])))
         click.echo(
             f"\nencode: {built.encode_reused} of {built.encode_items} file(s) reused from the cache; "
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
         )
         click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        click.echo(f"per source, per reason and per length: packtool stats {settings.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:
             click.echo(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ class Placement:
     item: str = ""  # schema v2: "chosen of group 174", "completion 2 of group 9"; "" for a plain sample
     piece_number: int | None = None  # schema v2: segment_pieces (-1: the sample whole); None for v1 shards
     piece_offset: int | None = None  # schema v2: segment_piece_offsets
+    duplicate: str = ""  # "the same record also in source b (a duplicate, not a piece)"; "" when in one source
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,20 +188,26 @@ def _item(pack: dict[str, Any], d: int) -> str:
 
 
 def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Placement]:
-    """Name pieces: schema v2 numbers them; in v1 shards, several documents of one sample copy (same id,
-    hash and repeat) are its pieces, unnumbered."""
-    pieces: dict[tuple[str, str, int], list[Placement]] = defaultdict(list)
+    """Name pieces: a sample's pieces share its source, id, hash and repeat (schema v2 numbers them, v1
+    shards leave them unnumbered). The same id and hash in another source is a duplicate record (two
+    sources reading the same rows), not a piece, and is named as such."""
+    pieces: dict[tuple[str, str, str, int], list[Placement]] = defaultdict(list)
+    sources: dict[tuple[str, str], set[str]] = defaultdict(set)
     for p in everything:
-        pieces[(p.sample_id, p.sample_hash, p.repeat)].append(p)
+        pieces[(p.source, p.sample_id, p.sample_hash, p.repeat)].append(p)
+        sources[(p.sample_id, p.sample_hash)].add(p.source)
     out = []
     for p in found:
-        siblings = len(pieces[(p.sample_id, p.sample_hash, p.repeat)])
+        siblings = len(pieces[(p.source, p.sample_id, p.sample_hash, p.repeat)])
+        piece = p.piece
         if p.piece_number is not None and p.piece_number != WHOLE:
             trained = f"{siblings} piece{'s' if siblings > 1 else ''} of it in this output"
-            p = Placement(**{**asdict(p), "piece": f"piece {p.piece_number} from token {p.piece_offset} ({trained})"})
+            piece = f"piece {p.piece_number} from token {p.piece_offset} ({trained})"
         elif p.piece_number is None and siblings > 1 and not p.item:
-            p = Placement(**{**asdict(p), "piece": f"one of {siblings} pieces (split)"})
-        out.append(p)
+            piece = f"one of {siblings} pieces (split)"
+        others = sorted(sources[(p.sample_id, p.sample_hash)] - {p.source})
+        duplicate = f"the same record also in source {', '.join(others)} (a duplicate, not a piece)" if others else ""
+        out.append(replace(p, piece=piece, duplicate=duplicate))
     return out
 
 
@@ -378,7 +385,7 @@ def _resolved(path: str, base: Path) -> Path:
 def format_trace(trace: Trace) -> str:
     lines = [f"{trace.key} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
     for p in trace.placements:
-        extra = "".join(f", {part}" for part in (p.piece, p.item) if part)
+        extra = "".join(f", {part}" for part in (p.piece, p.item, p.duplicate) if part)
         lines.append(
             f"  {p.shard} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), pack_hash {p.pack_hash}, "
             f"sample {p.sample_id} (source {p.source}, hash {p.sample_hash[:12]}, repeat {p.repeat}{extra})"

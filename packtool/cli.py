@@ -148,20 +148,25 @@ def _interrupt_on_sigterm() -> Iterator[None]:
 
 @main.command(name="cache")
 @click.argument("action", type=click.Choice(["list", "clear"]), default="list")
-@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default=".packtool-cache")
-def cache_command(action: str, folder: Path) -> None:
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), required=False)
+def cache_command(action: str, folder: Path | None) -> None:
     """List the token store's entries with their sizes, or clear them.
 
-    FOLDER is the cache folder (default `.packtool-cache` in the working folder; a build's default
-    is `.packtool-cache` beside its output).
+    FOLDER is a cache folder, or a build's output folder (its cache is `.packtool-cache` beside it,
+    as the build put it unless `cache`/`--cache` said otherwise). Default: `out/.packtool-cache`,
+    the cache of builds written under `out/` (`packtool build quickstart` writes `out/quickstart`).
 
     \b
     Example:
-        packtool cache list out/.packtool-cache
+        packtool cache list out/quickstart
         packtool cache clear out/.packtool-cache
     """
-    from packtool.build.cache import TokenCache
+    from packtool.build.cache import CACHE_DIR, TokenCache
 
+    if folder is None:
+        folder = Path("out") / CACHE_DIR
+    elif (folder / "manifest.json").is_file():  # a build output: the build's default cache sits beside it
+        folder = folder.resolve().parent / CACHE_DIR
     store = TokenCache(folder)
     if action == "clear":
         freed = store.clear()

@@ -369,7 +369,7 @@ def find_command(output: Path, key: str, show: bool, config: Path | None, as_jso
     try:
         trace = find(output, key, config=config)
         refs = [PackRef(output / p.shard, p.row, (p.document,)) for p in trace.placements] if show else []
-        decoder = load_decoder(refs[0].shard, read_manifest(output), None) if refs else None
+        decoder = load_decoder(refs[0].shard, read_manifest(output), None, output) if refs else None
         if as_json:
             report = trace.as_dict()
             if show:

@@ -22,6 +22,7 @@ manifest says the tokenizer was (the config names it relative to the same folder
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -284,7 +285,7 @@ class _SourceFiles:
         if self.config_path is not None:
             return load_config(Path(self.config_path), output=str(self.folder))
         raw = dict(self.manifest.get("config") or {})
-        base = config_folder(self.manifest)
+        base = config_folder(self.manifest, self.folder)
         if base is None:
             raise PacktoolError(
                 "cannot tell which folder the build's config was in (its relative source paths start there); "
@@ -309,7 +310,7 @@ class _SourceFiles:
     def _base(self) -> Path:
         if self.config_path is not None:
             return Path(self.config_path).resolve().parent
-        return config_folder(self.manifest) or Path.cwd()
+        return config_folder(self.manifest, self.folder) or Path.cwd()
 
     def record_at(self, file: str, number: int) -> tuple[str, Any] | None:
         """(source name, Example or the RecordError it is now) of the record at FILE:NUMBER, read from the file."""
@@ -357,12 +358,12 @@ class _SourceFiles:
         return Origin(sample_id, source_name, None, "not_found", "no record in the source files has this id or content")
 
 
-def config_folder(manifest: dict[str, Any]) -> Path | None:
-    """The folder the build's config was in, inferred from the tokenizer: the manifest records the absolute
-    tokenizer file and the config the relative path that led there, e.g.
+def config_folder(manifest: dict[str, Any], folder: Path | None = None) -> Path | None:
+    """The folder the build's config was in, inferred from the tokenizer: the manifest records the tokenizer
+    file relative to its own `folder` (absolute before) and the config the relative path that led there, e.g.
 
-        config   tokenizer: quickstart/tokenizer
-        manifest tokenizer.file: /home/me/configs/quickstart/tokenizer/tokenizer.json  ->  /home/me/configs
+        OUT /home/me/out/qs, config tokenizer: quickstart/tokenizer
+        manifest tokenizer.file: ../../configs/quickstart/tokenizer/tokenizer.json  ->  /home/me/configs
     """
     named = (manifest.get("config") or {}).get("tokenizer")
     file = (manifest.get("tokenizer") or {}).get("file")
@@ -371,7 +372,8 @@ def config_folder(manifest: dict[str, Any]) -> Path | None:
     relative = Path(named)
     if relative.is_absolute():
         return None
-    for candidate in (Path(file), Path(file).parent):
+    resolved = Path(os.path.normpath((folder or Path.cwd()).resolve() / file))
+    for candidate in (resolved, resolved.parent):
         if candidate.parts[-len(relative.parts) :] == relative.parts:
             return Path(*candidate.parts[: -len(relative.parts)])
     return None

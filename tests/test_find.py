@@ -151,11 +151,21 @@ def test_unknown_keys_are_one_line(quickstart_build):
         ("../tok", "/b/tok/tokenizer.json", None),
         ("/abs/tok", "/abs/tok/tokenizer.json", None),
         ("other", "/b/tok/tokenizer.json", None),
+        ("quickstart/tokenizer", "../../configs/quickstart/tokenizer/tokenizer.json", "/a/configs"),  # from /a/out/qs
     ],
 )
 def test_config_folder_from_the_tokenizer(named, file, expected):
     manifest = {"config": {"tokenizer": named}, "tokenizer": {"file": file}}
-    assert config_folder(manifest) == (Path(expected) if expected else None)
+    assert config_folder(manifest, Path("/a/out/qs")) == (Path(expected) if expected else None)
+
+
+def test_the_manifest_names_the_tokenizer_relative_to_its_folder(quickstart_build):
+    """docs/format.md: no machine path in the manifest beyond the config's (it held the absolute path)."""
+    manifest = json.loads((quickstart_build / "manifest.json").read_text())
+    file = Path(manifest["tokenizer"]["file"])
+    assert not file.is_absolute()
+    assert (quickstart_build / file).resolve() == (QUICKSTART / "tokenizer" / "tokenizer.json").resolve()
+    assert config_folder(manifest, quickstart_build) == QUICKSTART.parent
 
 
 def test_documents_in_the_overflow_bucket_are_found(tmp_path):

@@ -1,15 +1,19 @@
 """Plain PyTorch training on a packtool build: gradient accumulation, token-level normalisation.
 
     python examples/train_plain.py OUT/ --steps 5 --accum 2 --token-budget 2048
+    python examples/train_plain.py OUT/ --epochs 3                  # every window of epochs 0, 1, 2
     python examples/train_plain.py OUT/ --steps 5 --packs-per-step 16 --alpha 2048
-    python examples/train_plain.py OUT/ --steps 5 --chunked-loss
+    python examples/train_plain.py OUT/ --steps 5 --full-logits
 
 Every update window (`--accum` micro-batches on each rank, or with `--packs-per-step` one step
 of the attention-balanced plan) is normalised by its total target count N (one all_reduce
 across ranks), so each target token weighs 1/N whatever the packing or the micro-batch split.
 Each step logs the window's metrics (input and target tokens, segments, padding, the loss
-denominator, attention cost) next to the loss. `--chunked-loss` computes the loss from the last
-hidden states and the output weight in chunks, never holding the [T, V] logits.
+denominator, attention cost) next to the loss. The loss comes from the last hidden states and the
+output weight in chunks, never holding the [T, V] logits (at Qwen's 151,936-token vocabulary the
+[8192, V] float32 logits alone are 5 GB); `--full-logits` uses the model's logits instead (needed
+when the head adds soft-capping or a logit scale). Epochs run inside `packed_batches`: each is
+shuffled by (seed, epoch), and a run resumed from `dataset.state_dict()` ends where it would have.
 Uses a tiny random Llama so it runs on CPU; swap in your model.
 Multi-GPU: launch with torchrun; PackedDataset reads rank/world size from torch.distributed, and
 every rank gets the same number of micro-batches per epoch.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 
 import torch
 import transformers
@@ -50,7 +55,7 @@ def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
     return transformers.LlamaForCausalLM(config)
 
 
-def loss_sum(model, mb, chunked: bool):
+def loss_sum(model, mb, chunked: bool = True):
     # model_inputs: the boundaries this model's layer types read (here restarting position_ids with
     # attention_mask=None and no KV cache; cu_seq_lens, seq_idx or mRoPE positions for other
     # families and backends, docs/isolation.md). check_isolation in main() proves they suffice.
@@ -64,7 +69,8 @@ def loss_sum(model, mb, chunked: bool):
 def main(argv: list[str] | None = None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("build", help="a packtool build folder (with manifest.json)")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: 5, or all with --epochs)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs to read (default: as many as --steps need)")
     parser.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--token-budget", type=int, default=2048, help="max tokens per micro-batch")
     parser.add_argument("--workers", type=int, default=0)
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     )
     parser.add_argument("--alpha", type=float, default=0.0, help="linear term of a pack's cost (with --packs-per-step)")
     parser.add_argument("--vocab-size", type=int, default=None, help="default: the manifest's tokenizer vocab_size")
-    parser.add_argument("--chunked-loss", action="store_true", help="loss from hidden states in chunks over T")
+    parser.add_argument("--full-logits", action="store_true", help="loss from the [T, V] logits (default: chunked)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -90,26 +96,22 @@ def main(argv: list[str] | None = None) -> list[float]:
     check_isolation(model)  # two forwards: changing one packed document must not move another
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def windows():
-        if args.packs_per_step:  # the plan's steps: every rank has the same number, of balanced cost
-            return packed_steps(dataset)
-        batches = packed_batches(dataset)  # the same number of micro-batches on every rank
-        return iter(lambda: list(itertools.islice(batches, args.accum)), [])
+    epochs = args.epochs or math.inf  # math.inf: epoch after epoch until --steps
+    if args.packs_per_step:  # the plan's steps: every rank has the same number, of balanced cost
+        windows = packed_steps(dataset, epochs=epochs)
+    else:  # the same number of micro-batches on every rank, `accum` per optimizer step
+        batches = packed_batches(dataset, epochs=epochs)
+        windows = iter(lambda: list(itertools.islice(batches, args.accum)), [])
+    steps = args.steps or (None if args.epochs else 5)
 
     losses: list[float] = []
-    epoch = windows()
-    while len(losses) < args.steps:
-        window = next(epoch, None)
-        if window is None:  # epoch done: the next one is shuffled differently
-            dataset.set_epoch(dataset.epoch + 1)
-            epoch = windows()
-            continue
+    for window in itertools.islice(windows, steps):
         norm = window_norm(window)  # N over all micro-batches and ranks, one all_reduce
         if norm.skip:  # no target anywhere in the window: every rank skips together
             continue
         total = 0.0
         for mb in window:  # under DDP wrap all but the last in model.no_sync()
-            s = loss_sum(model, mb, args.chunked_loss)
+            s = loss_sum(model, mb, chunked=not args.full_logits)
             norm.loss_for_backward(s).backward()  # W * S / N; DDP's average makes it S / N
             total += s.item()
         optimizer.step()

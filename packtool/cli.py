@@ -90,7 +90,7 @@ def build(
     from packtool.build import build as run_build
     from packtool.build.progress import BarProgress, Progress
     from packtool.config import load_config, resolve_config_path
-    from packtool.stats import format_stats
+    from packtool.stats import format_headline
 
     settings_from_flags = [f"executor={executor}"] if executor else []
     settings_from_flags += [f"ray_address={address}"] if address else []
@@ -126,13 +126,15 @@ def build(
         return
     if not quiet:
         manifest = built.manifest
-        click.echo(format_stats(manifest["stats"]))
+        # The headline only: `packtool stats OUT` prints the rest (the README's quick start runs both).
+        click.echo("\n".join(format_headline(manifest["stats"])))
         click.echo(
             f"\nencode: {built.encode_reused} of {built.encode_items} file(s) reused from the cache; "
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
             + (f"; {len(built.repaired)} changed on disk since written, redone" if built.repaired else "")
         )
         click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        click.echo(f"per source, per reason and per length: packtool stats {settings.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:
             click.echo(
@@ -157,21 +159,26 @@ def _interrupt_on_sigterm() -> Iterator[None]:
 
 @main.command(name="cache")
 @click.argument("action", type=click.Choice(["list", "clear"]), default="list")
-@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default=".packtool-cache")
-def cache_command(action: str, folder: Path) -> None:
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), required=False)
+def cache_command(action: str, folder: Path | None) -> None:
     """List the token store's entries with their sizes, or clear them.
 
     `clear` deletes only the entries of a folder a build marked as its cache, and refuses while a
-    build uses it. FOLDER is the cache folder (default `.packtool-cache` in the working folder; a build's default
-    is `.packtool-cache` beside its output).
+    build uses it. FOLDER is a cache folder, or a build's output folder (its cache is `.packtool-cache`
+    beside it, as the build put it unless `cache`/`--cache` said otherwise). Default: `out/.packtool-cache`,
+    the cache of builds written under `out/` (`packtool build quickstart` writes `out/quickstart`).
 
     \b
     Example:
-        packtool cache list out/.packtool-cache
+        packtool cache list out/quickstart
         packtool cache clear out/.packtool-cache
     """
-    from packtool.build.cache import TokenCache
+    from packtool.build.cache import CACHE_DIR, TokenCache
 
+    if folder is None:
+        folder = Path("out") / CACHE_DIR
+    elif (folder / "manifest.json").is_file():  # a build output: the build's default cache sits beside it
+        folder = folder.resolve().parent / CACHE_DIR
     store = TokenCache(folder)
     if action == "clear":
         try:
@@ -437,7 +444,7 @@ def find_command(output: Path, key: str, show: bool, config: Path | None, as_jso
     try:
         trace = find(output, key, config=config)
         refs = [PackRef(output / p.shard, p.row, (p.document,)) for p in trace.placements] if show else []
-        decoder = load_decoder(refs[0].shard, read_manifest(output), None) if refs else None
+        decoder = load_decoder(refs[0].shard, read_manifest(output), None, output) if refs else None
         if as_json:
             report = trace.as_dict()
             if show:

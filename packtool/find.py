@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ class Placement:
     item: str = ""  # schema v2: "chosen of group 174", "completion 2 of group 9"; "" for a plain sample
     piece_number: int | None = None  # schema v2: segment_pieces (-1: the sample whole); None for v1 shards
     piece_offset: int | None = None  # schema v2: segment_piece_offsets
+    duplicate: str = ""  # "the same record also in source b (a duplicate, not a piece)"; "" when in one source
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,20 +210,26 @@ def _item(pack: dict[str, Any], d: int) -> str:
 
 
 def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Placement]:
-    """Name pieces: schema v2 numbers them; in v1 shards, several documents of one sample copy (same id,
-    hash and repeat) are its pieces, unnumbered."""
-    pieces: dict[tuple[str, str, int], list[Placement]] = defaultdict(list)
+    """Name pieces: a sample's pieces share its source, id, hash and repeat (schema v2 numbers them, v1
+    shards leave them unnumbered). The same id and hash in another source is a duplicate record (two
+    sources reading the same rows), not a piece, and is named as such."""
+    pieces: dict[tuple[str, str, str, int], list[Placement]] = defaultdict(list)
+    sources: dict[tuple[str, str], set[str]] = defaultdict(set)
     for p in everything:
-        pieces[(p.sample_id, p.sample_hash, p.repeat)].append(p)
+        pieces[(p.source, p.sample_id, p.sample_hash, p.repeat)].append(p)
+        sources[(p.sample_id, p.sample_hash)].add(p.source)
     out = []
     for p in found:
-        siblings = len(pieces[(p.sample_id, p.sample_hash, p.repeat)])
+        siblings = len(pieces[(p.source, p.sample_id, p.sample_hash, p.repeat)])
+        piece = p.piece
         if p.piece_number is not None and p.piece_number != WHOLE:
             trained = f"{siblings} piece{'s' if siblings > 1 else ''} of it in this output"
-            p = Placement(**{**asdict(p), "piece": f"piece {p.piece_number} from token {p.piece_offset} ({trained})"})
+            piece = f"piece {p.piece_number} from token {p.piece_offset} ({trained})"
         elif p.piece_number is None and siblings > 1 and not p.item:
-            p = Placement(**{**asdict(p), "piece": f"one of {siblings} pieces (split)"})
-        out.append(p)
+            piece = f"one of {siblings} pieces (split)"
+        others = sorted(sources[(p.sample_id, p.sample_hash)] - {p.source})
+        duplicate = f"the same record also in source {', '.join(others)} (a duplicate, not a piece)" if others else ""
+        out.append(replace(p, piece=piece, duplicate=duplicate))
     return out
 
 
@@ -313,7 +321,7 @@ class _SourceFiles:
         if self.config_path is not None:
             return load_config(Path(self.config_path), output=str(self.folder))
         raw = dict(self.manifest.get("config") or {})
-        base = config_folder(self.manifest)
+        base = config_folder(self.manifest, self.folder)
         if base is None:
             raise PacktoolError(
                 "cannot tell which folder the build's config was in (its relative source paths start there); "
@@ -338,7 +346,7 @@ class _SourceFiles:
     def _base(self) -> Path:
         if self.config_path is not None:
             return Path(self.config_path).resolve().parent
-        return config_folder(self.manifest) or Path.cwd()
+        return config_folder(self.manifest, self.folder) or Path.cwd()
 
     def record_at(self, file: str, number: int) -> tuple[str, Any] | None:
         """(source name, Example or the RecordError it is now) of the record at FILE:NUMBER, read from the file."""
@@ -430,12 +438,12 @@ def sample_origins(
     return _SourceFiles(Path(output), manifest, config).origins(samples)
 
 
-def config_folder(manifest: dict[str, Any]) -> Path | None:
-    """The folder the build's config was in, inferred from the tokenizer: the manifest records the absolute
-    tokenizer file and the config the relative path that led there, e.g.
+def config_folder(manifest: dict[str, Any], folder: Path | None = None) -> Path | None:
+    """The folder the build's config was in, inferred from the tokenizer: the manifest records the tokenizer
+    file relative to its own `folder` (absolute before) and the config the relative path that led there, e.g.
 
-        config   tokenizer: quickstart/tokenizer
-        manifest tokenizer.file: /home/me/configs/quickstart/tokenizer/tokenizer.json  ->  /home/me/configs
+        OUT /home/me/out/qs, config tokenizer: quickstart/tokenizer
+        manifest tokenizer.file: ../../configs/quickstart/tokenizer/tokenizer.json  ->  /home/me/configs
     """
     named = (manifest.get("config") or {}).get("tokenizer")
     file = (manifest.get("tokenizer") or {}).get("file")
@@ -444,7 +452,8 @@ def config_folder(manifest: dict[str, Any]) -> Path | None:
     relative = Path(named)
     if relative.is_absolute():
         return None
-    for candidate in (Path(file), Path(file).parent):
+    resolved = Path(os.path.normpath((folder or Path.cwd()).resolve() / file))
+    for candidate in (resolved, resolved.parent):
         if candidate.parts[-len(relative.parts) :] == relative.parts:
             return Path(*candidate.parts[: -len(relative.parts)])
     return None
@@ -459,7 +468,7 @@ def format_trace(trace: Trace) -> str:
     """The trace as text; every value read from the output or the sources passes through `shown`."""
     lines = [f"{shown(trace.key)} ({trace.kind.replace('_', ' ')}): {len(trace.placements)} document(s) in the shards"]
     for p in trace.placements:
-        extra = "".join(f", {part}" for part in (p.piece, p.item) if part)
+        extra = "".join(f", {part}" for part in (p.piece, p.item, p.duplicate) if part)
         lines.append(
             f"  {shown(p.shard)} row {p.row} document {p.document}: tokens [{p.start}, {p.end}), "
             f"pack_hash {shown(p.pack_hash)}, sample {shown(p.sample_id)} (source {shown(p.source)}, "

@@ -57,7 +57,7 @@ def snapshot(repo_id: str, kind: str, revision: str | None = None) -> Path:
         raise HubError(
             f"{repo_id}: not a local path and not in the local Hugging Face cache (looked for {folder}; "
             f"set HF_HUB_CACHE or HF_HOME, or download it first: "
-            f"huggingface-cli download {'--repo-type dataset ' if kind == 'datasets' else ''}{repo_id})"
+            f"hf download {'--repo-type dataset ' if kind == 'datasets' else ''}{repo_id})"
         )
     revision = revision or "main"
     ref = folder / "refs" / revision

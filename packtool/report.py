@@ -8,7 +8,11 @@ and draws every plot from them with a small inline script (SVG, no library, no n
     pack_fill     packs by length, in sixteenths of capacity
     segments      packs by number of documents
     targets       target ratio (targets / tokens) per source
-    outcomes      per source: records kept, truncated, rejected and dropped
+    outcomes      per source: records kept, truncated, rejected and dropped, each bar with its count
+
+A non-zero bar is at least 3 pixels tall (one rejected record beside a thousand kept would be
+under a pixel), tick labels that would overlap are left out, and the JSON is also shown, folded,
+at the end of the page.
 
 Every number comes from `packtool stats --json` (`summarize`), so the page and the command agree.
 """
@@ -93,8 +97,9 @@ _PAGE = """<!DOCTYPE html>
 <figure class="plot" id="plot-outcomes"><figcaption>Records per source: kept, truncated, rejected, dropped</figcaption>
 <svg></svg></figure>
 </section>
-<footer>packtool {version}; every number on this page is in the JSON block below and in
-<code>packtool stats --json</code>.</footer>
+<footer>packtool {version}; every number on this page is in the JSON below, taken from
+<code>packtool stats --json</code>.
+<details id="numbers"><summary>The numbers (JSON)</summary><pre></pre></details></footer>
 <script type="application/json" id="packtool-data">{data}</script>
 <script>{script}</script>
 </body>
@@ -116,7 +121,9 @@ svg text { font-size: 10px; fill: #444; }
 .mark.rejected { fill: #c0392b; }
 .mark.dropped { fill: #7f8c8d; }
 .capacity { stroke: #c0392b; stroke-width: 1.5; stroke-dasharray: 4 2; }
+.capacity-label { paint-order: stroke; stroke: #fff; stroke-width: 3px; }  /* legible over a full bar */
 .legend { font-size: 12px; }
+details pre { font-size: 11px; max-height: 400px; overflow: auto; background: #f6f6f6; padding: 8px; }
 .note { color: #a33; }
 """
 
@@ -126,6 +133,7 @@ _SCRIPT = r"""
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var data = JSON.parse(document.getElementById("packtool-data").textContent);
+  var MIN_BAR = 3;  // pixels
 
   function el(parent, name, attrs, text) {
     var node = document.createElementNS(NS, name);
@@ -136,40 +144,60 @@ _SCRIPT = r"""
   }
 
   // Vertical bars. series: [{values, cls}] drawn side by side per category; marker: index of a
-  // category boundary to draw the capacity line before.
+  // category boundary to draw the capacity line before; values: print each bar's count above it.
   function bars(svg, labels, series, opts) {
     var width = opts.width || 560, height = opts.height || 180, left = 44, bottom = 34;
+    var head = opts.values ? 20 : 8;  // room above the tallest bar for its count
     svg.setAttribute("width", width);
     svg.setAttribute("height", height);
     var top = 1;
     series.forEach(function (s) { s.values.forEach(function (v) { top = Math.max(top, v); }); });
-    var plotW = width - left - 8, plotH = height - bottom - 8, step = plotW / labels.length;
-    var barW = Math.max(1, (step - 2) / series.length);
-    el(svg, "line", {x1: left, y1: 8 + plotH, x2: left + plotW, y2: 8 + plotH, stroke: "#999"});
-    el(svg, "text", {x: left - 4, y: 12, "text-anchor": "end"}, String(top));
-    el(svg, "text", {x: left - 4, y: 8 + plotH, "text-anchor": "end"}, "0");
+    var plotW = width - left - 8, plotH = height - bottom - head, step = plotW / labels.length;
+    var barW = Math.max(1, (step - 2) / series.length), base = head + plotH;
+    el(svg, "line", {x1: left, y1: base, x2: left + plotW, y2: base, stroke: "#999"});
+    el(svg, "text", {x: left - 4, y: head + 4, "text-anchor": "end"}, String(top));
+    el(svg, "text", {x: left - 4, y: base, "text-anchor": "end"}, "0");
     series.forEach(function (s, j) {
       s.values.forEach(function (v, i) {
-        var h = plotH * v / top;
-        var rect = el(svg, "rect", {
-          "class": "mark " + (s.cls || ""), x: left + i * step + 1 + j * barW, y: 8 + plotH - h,
-          width: barW, height: Math.max(h, v > 0 ? 1 : 0)
-        });
+        // A count of 1 among thousands would be under a pixel: every non-zero bar is at least MIN_BAR tall.
+        var h = v > 0 ? Math.max(plotH * v / top, MIN_BAR) : 0, x = left + i * step + 1 + j * barW;
+        var rect = el(svg, "rect", {"class": "mark " + (s.cls || ""), x: x, y: base - h, width: barW, height: h});
         el(rect, "title", {}, labels[i] + ": " + v + (s.name ? " (" + s.name + ")" : ""));
+        if (opts.values) {
+          el(svg, "text", {"class": "value", x: x + barW / 2, y: base - h - 3, "text-anchor": "middle"},
+             v.toLocaleString("en-US"));
+        }
       });
     });
-    var every = Math.ceil(labels.length / (opts.ticks || 8));
+    var every = Math.ceil(labels.length / (opts.ticks || 8)), ticks = [];
     labels.forEach(function (label, i) {
       if (i % every === 0 || i === labels.length - 1) {
-        el(svg, "text", {x: left + i * step + step / 2, y: height - 18, "text-anchor": "middle"}, label);
+        ticks.push(el(svg, "text", {"class": "tick", x: left + i * step + step / 2, y: height - 18,
+                                    "text-anchor": "middle"}, label));
       }
     });
+    dropOverlapping(ticks);
     if (opts.marker !== undefined) {
       var x = left + opts.marker * step;
-      el(svg, "line", {"class": "capacity", x1: x, y1: 4, x2: x, y2: 8 + plotH});
-      el(svg, "text", {x: x - 3, y: 10, "text-anchor": "end"}, "capacity " + data.capacity);
+      el(svg, "line", {"class": "capacity", x1: x, y1: 4, x2: x, y2: base});
+      el(svg, "text", {"class": "capacity-label", x: x - 3, y: 10, "text-anchor": "end"}, "capacity " + data.capacity);
     }
     if (opts.xlabel) el(svg, "text", {x: left + plotW / 2, y: height - 4, "text-anchor": "middle"}, opts.xlabel);
+  }
+
+  // Tick labels left to right: one that would touch the last kept label is removed, except the last
+  // tick (the open-ended bin), which removes its neighbour instead.
+  function dropOverlapping(ticks) {
+    var kept = [];
+    ticks.forEach(function (tick, i) {
+      var previous = kept[kept.length - 1];
+      if (previous && previous.getBBox().x + previous.getBBox().width + 4 > tick.getBBox().x) {
+        if (i < ticks.length - 1 || kept.length === 1) { tick.remove(); return; }
+        previous.remove();
+        kept.pop();
+      }
+      kept.push(tick);
+    });
   }
 
   function histogramLabels(summary) {
@@ -221,7 +249,7 @@ _SCRIPT = r"""
     var series = kinds.map(function (kind) {
       return {values: names.map(function (n) { return data.outcomes[n][kind]; }), cls: kind, name: kind};
     });
-    bars(document.querySelector("#plot-outcomes svg"), names, series, {width: 560, height: 200});
+    bars(document.querySelector("#plot-outcomes svg"), names, series, {width: 560, height: 220, values: true});
     var legend = document.createElement("p");
     legend.className = "legend";
     legend.textContent = "bars per source, left to right: " + kinds.join(", ");
@@ -238,6 +266,7 @@ _SCRIPT = r"""
   var sources = Object.keys(data.target_ratio).sort();
   simple("#plot-targets", sources, sources.map(function (n) { return data.target_ratio[n]; }), {height: 160});
   outcomes();
+  document.querySelector("#numbers pre").textContent = JSON.stringify(data, null, 1);
   document.body.setAttribute("data-rendered", "true");
 })();
 """

@@ -36,10 +36,15 @@ def visible(piece: str) -> str:
     return "".join(ch if ch.isprintable() else escape_char(ch) for ch in out)
 
 
-def load_decoder(shard: Path, manifest: dict[str, Any] | None, tokenizer_path: str | None) -> Any:
+def load_decoder(
+    shard: Path, manifest: dict[str, Any] | None, tokenizer_path: str | None, folder: Path | None = None
+) -> Any:
+    """The tokenizer to decode with: `tokenizer_path`, else the manifest's, which is relative to the manifest's
+    `folder` (default: the shard's own folder; absolute in outputs of older versions)."""
     from tokenizers import Tokenizer
 
-    path = tokenizer_path or (manifest or {}).get("tokenizer", {}).get("file")
+    recorded = (manifest or {}).get("tokenizer", {}).get("file")
+    path = tokenizer_path or (str((folder or shard.parent) / recorded) if recorded else None)
     if not path or not Path(path).is_file():
         raise PacktoolError(
             f"{shard}: cannot find the tokenizer to decode with ({path or 'no manifest'}); pass --tokenizer PATH"

@@ -9,12 +9,14 @@ checked per shard): a damaged or swapped shard is one line, and `packtool verify
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.arrow import list_parts
+from packtool.config import ITEM_FORMATS
 from packtool.errors import PackFormatError, PacktoolError
 from packtool.format import attn_cost_of_lengths, first_broken_pack
 from packtool.labels import IGNORE_INDEX
@@ -185,6 +187,10 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
         stats["mode"] = manifest.get("mode", "packed")
         # Recorded by the build (before truncation cannot be recomputed from shards); absent in older outputs.
         stats["lengths"] = manifest.get("lengths")
+        sources = manifest.get("config", {}).get("sources", [])
+        items = [source["name"] for source in sources if source.get("format") in ITEM_FORMATS]
+        if items:
+            stats["item_sources"] = items
     return stats
 
 
@@ -271,8 +277,9 @@ def attention_slots(lengths: np.ndarray, pack_lengths: np.ndarray) -> dict[str, 
     }
 
 
-def format_stats(stats: dict[str, Any]) -> str:
-    lines = [
+def format_headline(stats: dict[str, Any]) -> list[str]:
+    """The first block of `format_stats`: packs, segments, tokens, efficiency, padding, targets."""
+    return [
         f"packs              {stats['packs']:>12,}   capacity {stats['capacity']:,}",
         f"segments           {stats['segments']:>12,}   per pack: mean {stats['segments_per_pack']['mean']:.2f}, "
         f"max {stats['segments_per_pack']['max']}",
@@ -280,6 +287,12 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"token efficiency   {stats['token_efficiency']:>12.4f}   (tokens / (packs x capacity))",
         f"padding if padded  {stats['padding_share_if_padded_to_capacity']:>12.4f}   (share of padding slots)",
         f"targets            {stats['targets']:>12,}   target ratio {stats['target_ratio']:.4f}",
+    ]
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    lines = [
+        *format_headline(stats),
         "",
         f"{'source':<20} {'segments':>9} {'share':>7} {'tokens':>11} {'share':>7} {'targets':>10} {'share':>7} "
         f"{'repeats':>8}",
@@ -327,7 +340,7 @@ def format_stats(stats: dict[str, Any]) -> str:
             amount = f"{quota.get('amount'):,} {shown(quota.get('unit'))}"
             lines.append(f"  quota {shown(name)}: {amount}, realized {realized:,}")
     if "lengths" in stats:
-        lines += ["", *format_lengths(stats["lengths"])]
+        lines += ["", *format_lengths(stats["lengths"], stats.get("item_sources", []))]
     att = stats["attention"]
     lines += [
         "",
@@ -345,7 +358,7 @@ def format_stats(stats: dict[str, Any]) -> str:
 BAR_WIDTH = 40
 
 
-def format_lengths(lengths: dict[str, Any] | None) -> list[str]:
+def format_lengths(lengths: dict[str, Any] | None, item_sources: Collection[str] = ()) -> list[str]:
     """Per source: length percentiles before/after truncation and a histogram with the capacity marked.
 
         chat   before  n 120  mean 310.2  p50 288  p90 602  p99 1010  max 1400  over capacity 3
@@ -356,15 +369,21 @@ def format_lengths(lengths: dict[str, Any] | None) -> list[str]:
                (1024, ∞)  █                                              3      0
 
     Bars are scaled to the largest "before" count of the source; the two columns are before, after.
+    Pair and group sources (`item_sources`) are cut by truncation.items when encoded, before their
+    lengths are recorded, so their first row is labelled "as cut", not "before".
     """
     if not lengths:
         return ["lengths: not recorded in this output's manifest (built by an older packtool); rebuild to see them"]
     lines = ["sample lengths in tokens (before / after truncation)"]
+    cut = sorted(set(item_sources) & set(lengths))
+    if cut:
+        lines.append(f'  {", ".join(cut)}: pairs / groups, "as cut" = after truncation.items cut their prompts')
     for name, entry in sorted(lengths.items()):
         before, after = entry["before"], entry["after"]
-        for label, summary in (("before", before), ("after", after)):
+        first = "as cut" if name in cut else "before"
+        for label, summary in ((first, before), ("after", after)):
             lines.append(
-                f"{shown(name) if label == 'before' else '':<20} {label:<6} n {summary['count']:,}  "
+                f"{shown(name) if label == first else '':<20} {label:<6} n {summary['count']:,}  "
                 f"mean {summary['mean']:.1f}"
                 f"  p50 {summary['p50']:,}  p90 {summary['p90']:,}  p99 {summary['p99']:,}  max {summary['max']:,}"
                 f"  over capacity {summary['over_capacity']:,}"

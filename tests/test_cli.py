@@ -272,3 +272,18 @@ def test_inspect_around_shows_the_edges_of_every_target_run(quickstart_build):
     assert any(line.strip() == "..." for line in rows)  # gaps between the shown edges
     marks = [line.endswith("*") for line in rows if line.strip() != "..."]
     assert any(a != b for a, b in itertools.pairwise(marks))  # a context -> target switch is shown
+
+
+def test_cache_list_looks_where_builds_keep_their_cache(tmp_path, monkeypatch):
+    """Before: `cache list` read ./.packtool-cache while `packtool build quickstart` filled out/.packtool-cache.
+
+    The build also prints the stats headline once, not the whole block `packtool stats` prints next."""
+    monkeypatch.chdir(tmp_path)
+    built = CliRunner().invoke(main, ["build", "quickstart"])
+    assert built.exit_code == 0, built.output
+    assert built.output.count("token efficiency") == 1 and "attention accounting" not in built.output
+    assert f"packtool stats {tmp_path / 'out' / 'quickstart'}" in built.output
+    for args in ([], ["out/quickstart"]):
+        listing = CliRunner().invoke(main, ["cache", "list", *args])
+        assert listing.exit_code == 0, listing.output
+        assert listing.output.strip().splitlines()[-1].startswith("3 entries")

@@ -151,11 +151,21 @@ def test_unknown_keys_are_one_line(quickstart_build):
         ("../tok", "/b/tok/tokenizer.json", None),
         ("/abs/tok", "/abs/tok/tokenizer.json", None),
         ("other", "/b/tok/tokenizer.json", None),
+        ("quickstart/tokenizer", "../../configs/quickstart/tokenizer/tokenizer.json", "/a/configs"),  # from /a/out/qs
     ],
 )
 def test_config_folder_from_the_tokenizer(named, file, expected):
     manifest = {"config": {"tokenizer": named}, "tokenizer": {"file": file}}
-    assert config_folder(manifest) == (Path(expected) if expected else None)
+    assert config_folder(manifest, Path("/a/out/qs")) == (Path(expected) if expected else None)
+
+
+def test_the_manifest_names_the_tokenizer_relative_to_its_folder(quickstart_build):
+    """docs/format.md: no machine path in the manifest beyond the config's (it held the absolute path)."""
+    manifest = json.loads((quickstart_build / "manifest.json").read_text())
+    file = Path(manifest["tokenizer"]["file"])
+    assert not file.is_absolute()
+    assert (quickstart_build / file).resolve() == (QUICKSTART / "tokenizer" / "tokenizer.json").resolve()
+    assert config_folder(manifest, quickstart_build) == QUICKSTART.parent
 
 
 def test_documents_in_the_overflow_bucket_are_found(tmp_path):
@@ -175,3 +185,23 @@ def test_documents_in_the_overflow_bucket_are_found(tmp_path):
     back = find(out, f"{placement.shard}:{placement.row}", config=tmp_path / "c.yaml")
     assert back.kind == "shard_row" and placement in back.placements
     assert trace.origins[0].status == "matches"
+
+
+def test_a_record_read_by_two_sources_is_a_duplicate_not_pieces(tmp_path):
+    """Before: a v1 output named the two copies "one of 2 pieces (split)", as if the sample had been cut."""
+    rows = (QUICKSTART / "chat.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "chat.jsonl").write_text("\n".join(rows) + "\n")
+    config = tmp_path / "twice.yaml"
+    config.write_text(
+        "sources:\n"
+        + "".join(f"  - {{name: {name}, path: chat.jsonl, format: messages, fields: {{id: id}}}}\n" for name in "ab")
+        + f"tokenizer: {QUICKSTART / 'tokenizer'}\ntemplate: model\ncapacity: 1024\n"
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(config), "-o", str(out), "-q", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    sample_id = json.loads(rows[0])["id"]
+    output = _find(str(out), sample_id)
+    assert "pieces (split)" not in output
+    assert "(source a, " in output and "the same record also in source b (a duplicate, not a piece)" in output
+    assert "(source b, " in output and "the same record also in source a (a duplicate, not a piece)" in output

@@ -172,8 +172,10 @@ def test_a_name_not_in_the_cache_is_one_line_saying_where_it_looked(tmp_path, ca
             None,
             f"not in the local Hugging Face cache (looked for {cache}/datasets--org--missing",
         ),
+        ({"path": "org/missing"}, None, "download it first: hf download --repo-type dataset org/missing)"),
         ({"path": "org/chat", "revision": "v9"}, None, "revision 'v9' is not in the local cache"),
         ({"path": "local.jsonl"}, "org/no-model", f"looked for {cache}/models--org--no-model"),
+        ({"path": "local.jsonl"}, "org/no-model", "download it first: hf download org/no-model)"),
     ]:
         (tmp_path / "local.jsonl").write_text(json.dumps(CHAT[0]) + "\n")
         result = CliRunner().invoke(main, ["build", str(_config_file(tmp_path, source, tokenizer))])

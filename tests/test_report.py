@@ -3,6 +3,7 @@ headless browser with the network off."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -162,3 +163,71 @@ def test_every_plot_renders_in_headless_chromium(outputs, tmp_path, kind):
     background = rows[0][:3]
     inked = sum(row[i : i + 3] != background for row in rows[::4] for i in range(0, len(row), 12))
     assert len(colours) > 8 and inked > 0.02 * (len(rows) // 4) * (len(rows[0]) // 12), (len(colours), inked)
+
+
+# Runs after the page's own script: the box of every SVG text element, as the browser laid it out, and
+# each bar with its count, written into the DOM for --dump-dom to carry out.
+MEASURE = """<script>
+(function () {
+  var boxes = Array.prototype.map.call(document.querySelectorAll("svg text"), function (t) {
+    var r = t.getBoundingClientRect();
+    return {text: t.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+  });
+  var bars = Array.prototype.map.call(document.querySelectorAll("#plot-outcomes rect"), function (r) {
+    return {title: r.querySelector("title").textContent, height: r.getBoundingClientRect().height};
+  });
+  var out = document.createElement("pre");
+  out.id = "measured";
+  out.textContent = JSON.stringify({boxes: boxes, bars: bars});
+  document.body.appendChild(out);
+})();
+</script>"""
+
+
+def _overlapping(boxes: list[dict], gap: float = 2) -> list[tuple[str, str]]:
+    """Pairs of text boxes on common lines less than `gap` pixels apart side by side (labels that read as one)."""
+    pairs = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            beside = a["left"] < b["right"] + gap and b["left"] < a["right"] + gap
+            if beside and a["top"] < b["bottom"] and b["top"] < a["bottom"]:
+                pairs.append((a["text"], b["text"]))
+    return pairs
+
+
+def test_overlap_detection():
+    box = {"text": "a", "left": 0, "right": 10, "top": 0, "bottom": 10}
+    assert _overlapping([box, {**box, "text": "b", "left": 9, "right": 20}]) == [("a", "b")]
+    assert _overlapping([box, {**box, "text": "b", "left": 11, "right": 20}]) == [("a", "b")]  # 1 px apart
+    assert _overlapping([box, {**box, "text": "b", "left": 12, "right": 20}]) == []
+    assert _overlapping([box, {**box, "text": "b", "top": 10, "bottom": 20}]) == []
+
+
+@needs_chromium
+def test_no_text_overlaps_and_small_counts_stay_visible(outputs, tmp_path):
+    """Before: tick labels ran into each other (24 and 26 documents per pack), a count of 1 rejected record beside
+    1,300 kept was a bar under a pixel, and the footer named a JSON block the page did not show."""
+    copy = tmp_path / "out"
+    shutil.copytree(outputs["built"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["accounting"]["chat"]["rejected"] = {"invalid_role": 1}
+    manifest["accounting"]["docs"]["dropped"] = {"no_targets": 2}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    page = tmp_path / "report.html"
+    _report(copy, page)
+    page.write_text(page.read_text(encoding="utf-8").replace("</body>", MEASURE + "\n</body>"), encoding="utf-8")
+    dumped = _chromium(page, tmp_path / "profile", "--dump-dom", "--window-size=1000,1400")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    measured = json.loads(html.unescape(re.search(r'<pre id="measured">(.*?)</pre>', dumped.stdout, re.S).group(1)))
+    boxes = [b for b in measured["boxes"] if b["right"] > b["left"]]
+    assert len(boxes) > 40
+    assert _overlapping(boxes) == []
+    bars = {bar["title"]: bar["height"] for bar in measured["bars"]}
+    assert bars["chat: 1 (rejected)"] >= 3 and bars["docs: 2 (dropped)"] >= 3
+    assert bars["chat: 0 (dropped)"] == 0
+    values = [b["text"] for b in boxes]
+    assert "1" in values and "2" in values and "1,300" in values  # each outcome bar prints its count
+    numbers = re.search(
+        r'<details id="numbers"><summary>The numbers \(JSON\)</summary><pre>(.*?)</pre>', dumped.stdout, re.S
+    )
+    assert numbers is not None and json.loads(html.unescape(numbers.group(1)))["packs"] == manifest["stats"]["packs"]

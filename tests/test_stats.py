@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from support import REPO
 
 from packtool.cli import main
 from packtool.errors import PacktoolError
@@ -175,3 +176,58 @@ def test_stats_refuses_a_shard_whose_document_columns_disagree(quickstart_build,
     result = CliRunner().invoke(main, ["stats", str(shard)])
     assert result.exit_code == 1 and "shard-00000.parquet" in result.output and "sources" in result.output
     assert "Traceback" not in result.output
+
+
+def _excerpt_matches(excerpt: list[str], full: list[str]) -> bool:
+    """Whether `full` reads as `excerpt` where each "..." line stands for any run of lines (even none)."""
+    chunks: list[list[str]] = [[]]
+    for line in excerpt:
+        if line == "...":
+            chunks.append([])
+        else:
+            chunks[-1].append(line)
+    head, *middle, tail = chunks if len(chunks) > 1 else [chunks[0], chunks[0]]
+    if full[: len(head)] != head or (tail and full[len(full) - len(tail) :] != tail):
+        return False
+    at, end = len(head), len(full) - len(tail)
+    for chunk in middle:
+        while at + len(chunk) <= end and full[at : at + len(chunk)] != chunk:
+            at += 1
+        if at + len(chunk) > end:
+            return False
+        at += len(chunk)
+    return True
+
+
+def test_excerpt_matching():
+    full = ["a", "b", "c", "d", "e"]
+    assert _excerpt_matches(["a", "...", "c", "...", "e"], full)
+    assert _excerpt_matches(["a", "b", "...", "d", "e"], full)
+    assert not _excerpt_matches(["a", "...", "d", "c", "...", "e"], full)
+    assert not _excerpt_matches(["a", "b", "c"], full)
+
+
+def test_the_readme_stats_block_is_what_stats_prints_on_the_quickstart(quickstart_build):
+    """The README's example cannot drift from the real output (it had: other token counts, no lengths)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### `packtool stats` on the quickstart", 1)[1]
+    block = section.split("```\n", 2)[1].splitlines()
+    assert block[0] == "$ packtool stats out/quickstart"
+    result = CliRunner().invoke(main, ["stats", str(quickstart_build)])
+    assert result.exit_code == 0, result.output
+    assert _excerpt_matches(block[1:], result.output.splitlines()), result.output
+
+
+def test_pair_lengths_are_labelled_as_cut_not_before_truncation(quickstart_build, tmp_path):
+    """truncation.items cuts a pair's prompt when it is encoded, before the build records its length."""
+    out = tmp_path / "out"
+    shutil.copytree(quickstart_build, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["config"]["sources"][0]["format"] = "preference"  # chat, as if it were a pair source
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["stats", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert '  chat: pairs / groups, "as cut" = after truncation.items cut their prompts' in lines
+    assert any(line.startswith("chat                 as cut n ") for line in lines)
+    assert any(line.startswith("docs                 before n ") for line in lines)

@@ -315,7 +315,8 @@ def _write_outputs(
         path = out / folder.name
         path.mkdir(parents=True, exist_ok=True)
         _write_rejects(path / REJECTS, [])
-        manifest = _manifest(config, stages, plan, folder.capacity, folder.stream, infos[folder.name], [])
+        published = Path(config.output) / folder.name
+        manifest = _manifest(config, stages, plan, folder.capacity, folder.stream, infos[folder.name], [], published)
         manifest["stats"] = summarize([path / s.file for s in infos[folder.name]], manifest)
         write_manifest(path, manifest)
         extra[folder.name] = {
@@ -330,7 +331,9 @@ def _write_outputs(
     main = plan.folders[0]
     out.mkdir(parents=True, exist_ok=True)
     _write_rejects(out / REJECTS, plan.rejects)
-    manifest = {**_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects), **extra}
+    published = Path(config.output)
+    manifest = _manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
+    manifest = {**manifest, **extra}
     manifest["stats"] = summarize([out / s.file for s in infos[""]], manifest)
     return write_manifest(out, manifest)
 
@@ -351,6 +354,7 @@ def _manifest(
     stream: bool,
     shards: list[ShardInfo],
     rejects: list[dict[str, Any]],
+    published: Path,
 ) -> dict[str, Any]:
     tokenizer, template = stages.tokenizer, stages.template
     by_reason = Counter(r["reason"] for r in rejects)
@@ -366,7 +370,8 @@ def _manifest(
         "config_hash": config.config_hash,
         "plan_hash": plan.key,
         "tokenizer": {
-            "file": tokenizer.path,
+            # relative to the folder the manifest is published in (not staged in): no machine path in the manifest
+            "file": os.path.relpath(Path(tokenizer.path).resolve(), published.resolve()),
             "sha256": tokenizer.sha256,
             "vocab_size": tokenizer.vocab_size,
             "bos_token_id": tokenizer.bos_id,

@@ -26,6 +26,10 @@ worker count or budget (the rest of the epoch is planned again from `position`);
 and shuffle, which fix the order, must match mid-epoch, and `build` (the manifest's sha256,
 `seal.manifest_digest`) always: a position means nothing on another build.
 
+Epochs. `packed_batches(ds, epochs=3)` reads epochs 0, 1 and 2, each shuffled by (seed, epoch),
+moving the dataset to the next epoch when one is read to its end; a dataset resumed from a state
+in epoch 1 finishes epoch 1 and reads epoch 2, so the same call ends the same run.
+
 Documents (`isolate_documents=True`). Stream builds write one attention segment per window
 (`cu_seqlens` [0, len]) and keep document starts in `doc_cu_seqlens`. Isolating reads
 `doc_cu_seqlens` as the segments and puts -100 on each document's first label, so no pair
@@ -40,14 +44,17 @@ Packed builds have `doc_cu_seqlens == cu_seqlens`, so the option changes nothing
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
+import math
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +80,7 @@ STATE_KEYS = ("epoch", "position", "seed")
 # opening one (footer and column paths) costs about as much as decoding a small row group.
 OPEN_SHARDS = 4
 BALANCE_MODES = (None, "attention")
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -657,12 +665,32 @@ class _RowGroups:
     def _load(self, unit: int) -> _Decoded:
         return self._decode(unit, self._read(unit))
 
+    def close(self) -> None:
+        """Stop the read-ahead thread (idempotent)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def __enter__(self) -> _RowGroups:
+        _OPEN_ROW_GROUPS.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        _OPEN_ROW_GROUPS.discard(self)
+        self.close()
+
+
+# Passes still open when the interpreter exits: a loop that stopped mid-epoch leaves its suspended
+# generator to be collected during module teardown, where the executor's shutdown finds its `queue`
+# module already gone (AttributeError: 'NoneType' object has no attribute 'Empty'). Closed here
+# first, while every module is intact.
+_OPEN_ROW_GROUPS: weakref.WeakSet[_RowGroups] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_row_groups() -> None:
+    for groups in list(_OPEN_ROW_GROUPS):
+        groups.close()
 
 
 # Rounds are assembled together until they hold this many tokens: enough to spread the per-call
@@ -747,7 +775,8 @@ def _identity(item: Any) -> Any:
     return item
 
 
-def _micro_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
+def _epoch_micro_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
+    """The micro-batches of the rest of the dataset's current epoch."""
     if dataset.token_budget is None:
         raise DatasetError(
             "packed_batches / packed_steps need PackedDataset(token_budget=N) (a hard cap on tokens per micro-batch)"
@@ -766,23 +795,89 @@ def _micro_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
         yield from round_
 
 
-def packed_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
-    """Collated micro-batches of at most `dataset.token_budget` tokens for the rest of the current epoch.
+def _check_epochs(epochs: float | None) -> None:
+    if epochs is not None and not (epochs == math.inf or (isinstance(epochs, int) and epochs >= 1)):
+        raise DatasetError(f"epochs must be an int >= 1 or math.inf (no end), got {epochs!r}")
 
-    Every rank yields the same number (one per round; with balance, a step's share may take
-    several). The dataset's position advances when each micro-batch is handed out, so
-    `dataset.state_dict()` taken after training on it resumes right after it (with balance, at
-    the start of its step until the step's last micro-batch). Rounds prefetched by workers are
-    not counted: a restart reads them again. The tensors of micro-batches assembled together
-    (about CHUNK_TOKENS tokens of rounds) are views into shared buffers; `.to(device)` copies.
+
+def _over_epochs(
+    dataset: PackedDataset, epochs: float | None, one_epoch: Callable[[PackedDataset], Iterator[_Item]]
+) -> Iterator[_Item]:
+    """`one_epoch` for the rest of the current epoch, then for each next one until epoch `epochs`.
+
+    An epoch with no round left (read to its end) moves the dataset to the next one (`set_epoch`)
+    before reading, so a state saved at an epoch's end still names that epoch, and the next call
+    reads the next epoch instead of an empty rest of this one. `epochs` counts from 0: a resumed
+    run ends where the same run without the interruption ends.
     """
-    for mb in _micro_batches(dataset):
+    if epochs is not None and epochs < dataset.epoch:
+        raise DatasetError(
+            f"the dataset is at epoch {dataset.epoch} (set_epoch or its resume state), past epochs={epochs}; "
+            f"pass epochs > {dataset.epoch} (epochs count from 0, not from the resume point)"
+        )
+
+    def read_to_end() -> bool:
+        return dataset.plan()[1].rounds == 0
+
+    last = epochs if epochs is not None else dataset.epoch + (2 if read_to_end() else 1)  # stop before it
+    while True:
+        if read_to_end():
+            if dataset.position == 0 and last == math.inf:
+                raise DatasetError(
+                    f"epoch {dataset.epoch} has no round ({dataset.total_packs} packs, world_size "
+                    f"{dataset.world_size}): epochs=math.inf would never yield; build more packs or use fewer ranks"
+                )
+            if dataset.epoch + 1 >= last:
+                return
+            dataset.set_epoch(dataset.epoch + 1)
+        elif dataset.epoch >= last:
+            return
+        yield from one_epoch(dataset)
+
+
+def _epoch_batches(dataset: PackedDataset) -> Iterator[MicroBatch]:
+    for mb in _epoch_micro_batches(dataset):
         dataset.advance(mb.resume_after)
         yield mb
 
 
-def packed_steps(dataset: PackedDataset) -> Iterator[list[MicroBatch]]:
-    """The micro-batches of each optimizer step of a balanced plan, one list per step.
+def packed_batches(dataset: PackedDataset, epochs: float | None = None) -> Iterator[MicroBatch]:
+    """Collated micro-batches of at most `dataset.token_budget` tokens, epoch after epoch.
+
+        packed_batches(ds)                   the rest of the current epoch; then ds is at the next epoch
+        packed_batches(ds, epochs=3)         through epoch 2 (epochs 0, 1, 2 from a fresh dataset; a
+                                             dataset resumed in epoch 1 finishes it, then reads epoch 2)
+        packed_batches(ds, epochs=math.inf)  without end (count optimizer steps yourself)
+
+    Each epoch is shuffled by (seed, epoch); `set_epoch` is called at each epoch's end. Every rank
+    yields the same number (one per round; with balance, a step's share may take several). The
+    dataset's position advances when each micro-batch is handed out, so `dataset.state_dict()`
+    taken after training on it resumes right after it (with balance, at the start of its step until
+    the step's last micro-batch). Rounds prefetched by workers are not counted: a restart reads them
+    again. The tensors of micro-batches assembled together (about CHUNK_TOKENS tokens of rounds) are
+    views into shared buffers; `.to(device)` copies. A loop may stop early: the read-ahead thread and
+    workers stop when the iterator is closed or collected, or at interpreter exit.
+    """
+    _check_epochs(epochs)
+    return _over_epochs(dataset, epochs, _epoch_batches)
+
+
+def _epoch_steps(dataset: PackedDataset) -> Iterator[list[MicroBatch]]:
+    step: list[MicroBatch] = []
+    for mb in _epoch_micro_batches(dataset):
+        if step and mb.step != step[-1].step:
+            dataset.advance(step[-1].resume_after)
+            yield step
+            step = []
+        step.append(mb)
+    if step:
+        dataset.advance(step[-1].resume_after)
+        yield step
+
+
+def packed_steps(dataset: PackedDataset, epochs: float | None = None) -> Iterator[list[MicroBatch]]:
+    """The micro-batches of each optimizer step of a balanced plan, one list per step; `epochs` as in
+    `packed_batches` (a step never spans two epochs).
 
     Every rank yields the same number of steps (ranks differ in how many micro-batches a step
     holds, so normalise with `window_norm(step)`). `dataset.state_dict()` taken after training
@@ -793,13 +888,5 @@ def packed_steps(dataset: PackedDataset) -> Iterator[list[MicroBatch]]:
             "packed_steps needs PackedDataset(balance='attention', packs_per_step=N); "
             "without a plan use packed_batches and group micro-batches yourself"
         )
-    step: list[MicroBatch] = []
-    for mb in _micro_batches(dataset):
-        if step and mb.step != step[-1].step:
-            dataset.advance(step[-1].resume_after)
-            yield step
-            step = []
-        step.append(mb)
-    if step:
-        dataset.advance(step[-1].resume_after)
-        yield step
+    _check_epochs(epochs)
+    return _over_epochs(dataset, epochs, _epoch_steps)

@@ -71,6 +71,7 @@ __all__ = [  # + PackedSFTTrainer (needs trl)
 STATE_FILE = "packtool_data.json"
 POSITION_KEY = "packtool_resume_after"  # ride in each batch from the collator to training_step, popped there
 HASHES_KEY = "packtool_pack_hashes"
+EPOCH_END_KEY = "packtool_epoch_end"
 
 
 def trainer_dataset(path: str | Path, args: transformers.TrainingArguments, **options: Any) -> PackedDataset:
@@ -152,11 +153,19 @@ class _Batches(IterableDataset):
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         packs = (pack for round_ in self.dataset._rounds(0, 1) for pack in round_)
-        for i, batch in enumerate(iter(lambda: list(itertools.islice(packs, self.batch_size)), [])):
-            if self.drop_last and len(batch) < self.batch_size:
-                return
+        batches = iter(lambda: list(itertools.islice(packs, self.batch_size)), [])
+        if self.drop_last:
+            batches = itertools.takewhile(lambda batch: len(batch) == self.batch_size, batches)
+        batch, i = next(batches, None), 0
+        while batch is not None:
+            after = next(batches, None)  # one batch ahead: the pass's last one is marked
             if i % n_workers == worker:
-                yield batch
+                yield batch if after is not None else _LastBatch(batch)
+            batch, i = after, i + 1
+
+
+class _LastBatch(list[LoadedPack]):
+    """The last batch of a pass (a dropped tail follows it): training it ends the dataset's epoch."""
 
 
 class _PackedMixin:
@@ -194,11 +203,13 @@ class _PackedMixin:
         collator = self.data_collator  # type: ignore[attr-defined]
         batch = dict(collator([sft_example(p) for p in packs] if self._packs_as_examples else packs))
         batch[POSITION_KEY] = packs[-1].resume_after
+        batch[EPOCH_END_KEY] = isinstance(packs, _LastBatch)
         batch[HASHES_KEY] = [p.pack_hash for p in packs]
         return batch
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         position = inputs.pop(POSITION_KEY)
+        epoch_ends = inputs.pop(EPOCH_END_KEY)
         self.last_pack_hashes = inputs.pop(HASHES_KEY)  # provenance of the micro-batch just trained
         positions = inputs["position_ids"]
         positions = positions[0] if positions.ndim == 3 else positions  # mRoPE: text positions come first
@@ -209,11 +220,10 @@ class _PackedMixin:
         self._window["target_tokens"] += int((inputs["labels"][..., 1:] != -100).sum())
         self._window["segments"] += int((positions == 0).sum())
         loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
-        self.packed.advance(position)
-        if (
-            self.packed.total_packs - position < self.packed.world_size
-        ):  # no round left: the next pass reads the next epoch
+        if epoch_ends:  # the next pass reads the next epoch (not the tail drop_last left, again and again)
             self.packed.set_epoch(self.packed.epoch + 1)
+        else:
+            self.packed.advance(position)
         return loss
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from packtool.errors import PacktoolError
 from packtool.loader.collate import IGNORE_INDEX
-from packtool.loader.loss import WindowNorm, per_token_losses, window_norm
+from packtool.loader.loss import DEFAULT_CHUNK, WindowNorm, chunked_per_token_losses, per_token_losses, window_norm
 from packtool.packing_items import KIND_CODES
 
 CHOSEN = KIND_CODES["chosen"]
@@ -90,9 +90,32 @@ def segment_logprobs(logits: torch.Tensor, mb: Segmented) -> SegmentLogprobs:
     labels = mb.labels.to(logits.device)
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels {tuple(labels.shape)} do not match logits {tuple(logits.shape[:2])}")
-    cu = mb.cu_seqlens.to(device=logits.device, dtype=torch.long)
+    return _segment_sums(-per_token_losses(logits, labels)[0], labels, mb.cu_seqlens)
+
+
+def chunked_segment_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, mb: Segmented, *, chunk: int = DEFAULT_CHUNK
+) -> SegmentLogprobs:
+    """`segment_logprobs(hidden @ weight.T, mb)` without the [T, V] logits (the DPO path at a large vocabulary).
+
+    hidden [1, T, H]: the decoder's last hidden states (after the final norm); weight [V, H]: the
+    lm_head (or tied embedding) weight of a model whose logits are exactly hidden @ weight.T (no
+    soft-capping or logit scale). Target rows are scored `chunk` at a time, so peak memory is about
+    chunk * V floats plus one weight-sized gradient; same sums and gradients as the full path
+    (tests/loader/test_pair_proofs.py). Feed `.sums` of the policy and the reference to `dpo_loss`.
+    """
+    if hidden.dim() != 3 or hidden.shape[0] != 1:
+        raise ValueError(f"chunked_segment_logprobs takes flattened hidden states [1, T, H], got {tuple(hidden.shape)}")
+    labels = mb.labels.to(hidden.device)
+    if labels.shape != hidden.shape[:2]:
+        raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape[:2])}")
+    return _segment_sums(-chunked_per_token_losses(hidden, weight, labels, chunk=chunk)[0], labels, mb.cu_seqlens)
+
+
+def _segment_sums(logps: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor) -> SegmentLogprobs:
+    """Per-segment sums of the shifted log-probs [T-1] (position t - 1 scores labels[t]) and target counts."""
+    cu = cu_seqlens.to(device=logps.device, dtype=torch.long)
     n_seg = cu.numel() - 1
-    logps = -per_token_losses(logits, labels)[0]  # position t - 1 scores labels[t]; 0 where ignored
     # Label t belongs to the segment holding token t; t = 0 has no scoring position.
     segment_of = torch.repeat_interleave(torch.arange(n_seg, device=cu.device), cu[1:] - cu[:-1])[1:]
     is_target = labels[0, 1:] != IGNORE_INDEX

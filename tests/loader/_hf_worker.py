@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         dataset = trainer_dataset(args.build, targs)
         tokenizer = transformers.PreTrainedTokenizerFast(
-            tokenizer_file=str(dataset.manifest.raw["tokenizer"]["file"]), pad_token="<pad>"
+            tokenizer_file=str(dataset.path / dataset.manifest.raw["tokenizer"]["file"]), pad_token="<pad>"
         )
         trainer: PackedTrainer = PackedSFTTrainer(
             model=tiny_llama(dataset.manifest.vocab_size), args=targs, packed=dataset, processing_class=tokenizer

@@ -1,6 +1,10 @@
 import itertools
 import json
 import logging
+import math
+import subprocess
+import sys
+import threading
 from collections import Counter
 
 import numpy as np
@@ -170,6 +174,116 @@ def test_resume_with_another_seed_is_refused_mid_epoch(make_build):
     with pytest.raises(DatasetError, match="different seed 0 \\(now 1\\)"):
         PackedDataset(path, seed=1).load_state_dict(state)
     PackedDataset(path, seed=1).load_state_dict(state | {"position": 0})  # an epoch boundary is fine
+
+
+# ---- epochs ----
+
+
+def _epoch_hashes(path, epoch, **options):
+    ds = PackedDataset(path, seed=7, token_budget=64, **options)
+    ds.set_epoch(epoch)
+    return mb_hashes(packed_batches(ds))
+
+
+def test_epochs_read_each_epoch_in_its_own_order(make_build):
+    path, _ = make_build(n_packs=30, packs_per_shard=20, row_group_size=3)
+    ds = PackedDataset(path, seed=7, token_budget=64)
+    got = mb_hashes(packed_batches(ds, epochs=3))
+    assert got == _epoch_hashes(path, 0) + _epoch_hashes(path, 1) + _epoch_hashes(path, 2)
+    assert ds.state_dict()["epoch"] == 2  # a state saved at the end still names the last epoch read
+    assert mb_hashes(packed_batches(ds, epochs=3)) == []  # the run is over: a rerun of the call reads nothing
+
+
+def test_a_second_call_reads_the_next_epoch(make_build):
+    """Before: the second call found the epoch read to its end and yielded nothing, silently."""
+    path, _ = make_build(n_packs=30, packs_per_shard=20, row_group_size=3)
+    ds = PackedDataset(path, seed=7, token_budget=64)
+    first, second = mb_hashes(packed_batches(ds)), mb_hashes(packed_batches(ds))
+    assert (first, second) == (_epoch_hashes(path, 0), _epoch_hashes(path, 1))
+    assert ds.epoch == 1
+
+
+@pytest.mark.parametrize(("workers", "into_epoch_1"), [(0, -1), (0, 2), (2, 3)])
+def test_exact_resume_across_epochs(make_build, workers, into_epoch_1):
+    """The same call after load_state_dict ends where the uninterrupted run ends (epochs count from 0).
+
+    into_epoch_1 -1 stops on the last micro-batch of epoch 0: the state names epoch 0, read to its end."""
+    path, _ = make_build(n_packs=30, packs_per_shard=20, row_group_size=3)
+
+    def fresh():
+        return PackedDataset(path, seed=7, num_workers=workers, token_budget=64)
+
+    stop_after = len(list(packed_batches(fresh()))) + into_epoch_1
+    reference = mb_hashes(packed_batches(fresh(), epochs=3))
+    ds, before = fresh(), []
+    for i, mb in enumerate(packed_batches(ds, epochs=3)):
+        before += mb.pack_hashes
+        if i == stop_after:
+            state = ds.state_dict()
+            break
+    resumed = fresh()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert before + mb_hashes(packed_batches(resumed, epochs=3)) == reference
+    assert len(reference) == 90 and state["epoch"] == (0 if into_epoch_1 < 0 else 1)
+
+
+def test_without_end_a_loop_counts_its_own_steps(make_build):
+    path, _ = make_build(n_packs=30, packs_per_shard=20, row_group_size=3)
+    ds = PackedDataset(path, seed=7, token_budget=64)
+    per_epoch = len(list(packed_batches(PackedDataset(path, seed=7, token_budget=64))))
+    taken = list(itertools.islice(packed_batches(ds, epochs=math.inf), 2 * per_epoch + 1))
+    assert mb_hashes(taken[: 2 * per_epoch]) == _epoch_hashes(path, 0) + _epoch_hashes(path, 1)
+    assert ds.state_dict()["epoch"] == 2
+
+
+def test_packed_steps_over_epochs(make_build):
+    path, _ = make_build(n_packs=50, packs_per_shard=20, row_group_size=3)
+
+    def steps(epoch=None, epochs=None):
+        ds = balanced(path, 1)
+        if epoch is not None:
+            ds.set_epoch(epoch)
+        return [mb_hashes(step) for step in packed_steps(ds, epochs=epochs)]
+
+    assert steps(epochs=2) == steps(epoch=0) + steps(epoch=1)
+
+
+def test_epochs_are_checked(make_build):
+    path, _ = make_build()
+    ds = PackedDataset(path, token_budget=64)
+    with pytest.raises(DatasetError, match=r"epochs must be an int >= 1 or math.inf \(no end\), got 0"):
+        packed_batches(ds, epochs=0)
+    ds.set_epoch(3)
+    with pytest.raises(DatasetError, match=r"at epoch 3 .* past epochs=2; pass epochs > 3"):
+        next(packed_batches(ds, epochs=2))
+
+
+EARLY_STOP = """
+import sys
+from packtool.loader import PackedDataset, packed_batches
+ds = PackedDataset(sys.argv[1], token_budget=64, seed=0, num_workers=int(sys.argv[2]))
+if sys.argv[3] == "batches":
+    batches = packed_batches(ds, epochs=3)
+    next(batches), next(batches)
+else:
+    packs = iter(ds)
+    next(packs), next(packs)
+print("stopped")
+"""
+
+
+@pytest.mark.parametrize(("workers", "kind"), [(0, "batches"), (2, "batches"), (0, "packs")])
+def test_a_loop_stopped_mid_epoch_exits_cleanly(make_build, tmp_path, workers, kind):
+    """Before: the suspended pass was collected at module teardown and printed
+    AttributeError: 'NoneType' object has no attribute 'Empty' from the read-ahead thread's shutdown."""
+    path, _ = make_build(n_packs=30, packs_per_shard=20, row_group_size=3)
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_STOP)
+    done = subprocess.run(
+        [sys.executable, str(script), str(path), str(workers), kind], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "stopped\n", "")
+    assert not [t for t in threading.enumerate() if t.name.startswith("packtool-read")]
 
 
 # ---- verified bytes ----

@@ -133,3 +133,43 @@ def test_one_document_per_row_trains_the_hybrid_model(quickstart_build, tmp_path
     monkeypatch.setenv("PACKTOOL_SKIP_ISOLATION_CHECK", "1")
     with pytest.raises(ValueError, match="flash-linear-attention"):
         hybrid_trainer(quickstart_build, tmp_path).train()  # the model's own refusal, no longer caught first
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_trainer_reads_each_epoch_in_its_own_order(make_build, tmp_path, drop_last):
+    """num_train_epochs=3 reads epochs 0, 1, 2, each once. Before: with dataloader_drop_last the dropped
+    tail kept the dataset in epoch 0, so epochs 2 and 3 were empty and training stopped after 7 steps."""
+    import transformers
+
+    from packtool.loader.dataset import PackedDataset
+    from packtool.loader.hf import PackedTrainer, trainer_dataset
+
+    path, _ = make_build(n_packs=15, capacity=64)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        num_train_epochs=3,
+        per_device_train_batch_size=2,
+        dataloader_drop_last=drop_last,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trained: list[list[str]] = []
+
+    class Recording(PackedTrainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            trained.append(list(self.last_pack_hashes))
+            return loss
+
+    dataset = trainer_dataset(path, args)
+    Recording(model=_hf_worker.tiny_llama(128), args=args, train_dataset=dataset).train()
+    per_epoch = 7 if drop_last else 8
+    assert len(trained) == 3 * per_epoch
+    for epoch in range(3):
+        order = PackedDataset(path, seed=args.seed)
+        order.set_epoch(epoch)
+        expected = [pack.pack_hash for pack in order][: 14 if drop_last else 15]
+        assert flat(trained[epoch * per_epoch : (epoch + 1) * per_epoch]) == expected
+    assert dataset.state_dict()["epoch"] == 3

@@ -6,6 +6,7 @@ from packtool.errors import PacktoolError  # noqa: E402
 from packtool.loader.collate import collate  # noqa: E402
 from packtool.loader.loss import (  # noqa: E402
     WindowNorm,
+    chunked_per_token_losses,
     chunked_token_loss_sum,
     count_window_targets,
     per_token_losses,
@@ -93,6 +94,34 @@ def test_chunked_loss_equals_the_full_loss_in_value_and_gradients(chunk):
     assert torch.allclose(chunked, full, atol=1e-12, rtol=0)
     for got, want in zip(grads, full_grads, strict=True):
         assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 1024])
+def test_chunked_per_token_losses_equal_the_full_path_in_values_and_gradients(chunk):
+    """Each row's loss kept apart (what per-segment sums need), under any upstream weighting of the rows."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 9, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (2, 9), generator=g)
+    labels[0, [0, 3, 4]] = -100
+    labels[1, 0] = -100
+    upstream = torch.randn(2, 8, generator=g, dtype=torch.float64)  # a different gradient for every row
+    full = per_token_losses(hidden @ weight.T, labels)
+    full_grads = torch.autograd.grad((full * upstream).sum(), (hidden, weight))
+    chunked = chunked_per_token_losses(hidden, weight, labels, chunk=chunk)
+    grads = torch.autograd.grad((chunked * upstream).sum(), (hidden, weight))
+    assert chunked.shape == full.shape == (2, 8)
+    assert (chunked - full).abs().max() < 1e-9
+    for got, want in zip(grads, full_grads, strict=True):
+        assert (got - want).abs().max() < 1e-9
+
+
+def test_chunked_per_token_losses_without_targets_still_reach_the_graph():
+    hidden = torch.randn(1, 4, 3, requires_grad=True)
+    weight = torch.randn(5, 3, requires_grad=True)
+    losses = chunked_per_token_losses(hidden, weight, torch.full((1, 4), -100))
+    losses.sum().backward()
+    assert not losses.any() and hidden.grad is not None and weight.grad is not None
 
 
 def test_chunked_loss_without_targets_still_reaches_the_graph():

@@ -17,6 +17,7 @@ from packtool.loader.collate import collate  # noqa: E402
 from packtool.loader.preference import (  # noqa: E402
     CHOSEN,
     REJECTED,
+    chunked_segment_logprobs,
     count_pairs,
     dpo_loss,
     pair_index,
@@ -117,6 +118,41 @@ def test_dpo_loss_and_gradients_equal_the_unpacked_computation(model, reference)
         assert (packed_grads[k] - p.grad).abs().max() < 1e-10, k
     model.zero_grad()
     assert torch.allclose(terms.margins, terms.chosen_rewards - terms.rejected_rewards)
+
+
+def _hidden(model, mb):
+    """The decoder's last hidden states (after the final norm): model.lm_head of them is the logits."""
+    return model.model(input_ids=mb.input_ids, position_ids=mb.position_ids).last_hidden_state
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1024])
+def test_chunked_dpo_path_equals_the_full_logits_path_in_values_and_gradients(model, reference, chunk):
+    """Hidden states + lm_head weight, never the [T, V] logits: the same sums, DPO loss and gradients."""
+    mb = micro_batch()
+
+    def dpo(chunked):
+        model.zero_grad()
+        if chunked:
+            policy = chunked_segment_logprobs(_hidden(model, mb), model.lm_head.weight, mb, chunk=chunk)
+            with torch.no_grad():
+                ref = chunked_segment_logprobs(_hidden(reference, mb), reference.lm_head.weight, mb, chunk=chunk)
+        else:
+            policy = segment_logprobs(packed_forward(model, mb, "positions"), mb)
+            with torch.no_grad():
+                ref = segment_logprobs(packed_forward(reference, mb, "positions"), mb)
+        terms = dpo_loss(policy.sums, ref.sums, GROUP_IDS, KINDS, BETA)
+        (terms.loss_sum / count_pairs(KINDS)).backward()
+        return policy, terms, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    full_logps, full_terms, full_grads = dpo(chunked=False)
+    logps, terms, grads = dpo(chunked=True)
+    model.zero_grad()
+    assert logps.counts.tolist() == full_logps.counts.tolist()
+    assert (logps.sums - full_logps.sums).abs().max() < 1e-9
+    assert (terms.losses - full_terms.losses).abs().max() < 1e-9
+    for k, grad in full_grads.items():
+        assert (grads[k] - grad).abs().max() < 1e-9, k
+    assert grads["lm_head.weight"].abs().max() > 0  # the chunked path reached the output weight
 
 
 def test_perturbing_a_chosen_token_changes_nothing_in_its_partner_or_other_segments(model):

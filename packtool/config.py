@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +93,12 @@ DEFAULT_FIELDS = {
     },
 }
 
+# Tokenizing takes ~60x the text in memory (the tokenizer's per-token offsets, strings and words): a
+# 16 MiB record (~4M tokens, four times the longest context trained today) peaks near 1 GB in one
+# worker, a 200 MB one took 24 GB. A larger record is rejected before it is parsed or tokenized.
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
+MAX_RECORD_BYTES = 1 << 31  # str and JSON parsing of one line beyond this is not something a build should try
+
 
 @dataclass(frozen=True, slots=True)
 class TrainPolicy:
@@ -118,6 +124,9 @@ class SourceConfig:
     truncation: str | None = None  # per-source override of the global strategy
     group: str | None = None  # packing group for group_by: source (defaults to the source name)
     max_samples: int | None = None  # read only the first N records (all files in order)
+    max_record_bytes: int = (
+        DEFAULT_MAX_RECORD_BYTES  # the top-level setting, carried to the readers (set by parse_config)
+    )
     # resolved path -> the path as written/globbed in the config (relative to its folder when it was
     # relative): the FILE of every location and default id, so ids do not depend on where the data sits
     labels: dict[str, str] = field(default_factory=dict)
@@ -157,6 +166,9 @@ class BuildConfig:
     ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
     cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
     max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
+    max_record_bytes: int = (
+        DEFAULT_MAX_RECORD_BYTES  # a larger record is rejected (record_too_large) before it is parsed or tokenized
+    )
     validation_share: float | None = None  # validation: {share: x}
     validation_samples: int | None = None  # validation: {samples: n}
     add_bos: bool | None = None  # None: the template decides; text documents get none
@@ -279,6 +291,7 @@ TOP_KEYS = {
     "ray_address",
     "cache",
     "max_reject_share",
+    "max_record_bytes",
     "validation",
 }
 SOURCE_KEYS = {
@@ -368,8 +381,11 @@ def load_config(
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise PacktoolError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise PacktoolError(f"{path}: YAML nested too deeply to read (over ~1000 levels)") from None
     if not isinstance(raw, dict):
         raise PacktoolError(f"{path}: expected a mapping at the top level")
+    _check_expansion(raw, str(path))
     raw = apply_overrides(_plain(raw), overrides)
     if output is not None:
         raw["output"] = output
@@ -382,6 +398,43 @@ def load_config(
             if isinstance(item, dict):
                 item["max_samples"] = max_samples
     return parse_config(raw, base_dir=path.resolve().parent, config_file=str(path))
+
+
+# Anchors and aliases are allowed (a `train:` block shared by sources), but an alias is a reference:
+# nine aliases of nine aliases of ... ("billion laughs") is a few lines that expand to 9**9 values
+# once the config is copied, hashed or written to the manifest. A real config has tens of values.
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_expansion(raw: Any, where: str) -> None:
+    """Raise when the config, with every alias written out, holds more than MAX_CONFIG_VALUES values
+    or refers to itself. Each distinct mapping or list is counted once, so this takes linear time."""
+    sizes: dict[int, int] = {}  # id of a mapping or list -> its expanded size; -1 while it is being counted
+
+    def expanded(value: Any, depth: int) -> int:
+        if not isinstance(value, dict | list):
+            return 1
+        known = sizes.get(id(value))
+        if known == -1:
+            raise PacktoolError(f"{where}: an alias refers to a mapping or list that holds it; write the values out")
+        if known is not None:
+            return known
+        if depth > 200:
+            raise PacktoolError(f"{where}: nested deeper than 200 levels; a build config has a few")
+        sizes[id(value)] = -1
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        total = 1
+        for item in items:
+            total += expanded(item, depth + 1)
+            if total > MAX_CONFIG_VALUES:
+                raise PacktoolError(
+                    f"{where}: expands to more than {MAX_CONFIG_VALUES:,} values once its aliases are written "
+                    "out (aliases of aliases, an alias bomb?); use fewer aliases or write the values out"
+                )
+        sizes[id(value)] = total
+        return total
+
+    expanded(raw, 0)
 
 
 def _plain(value: Any) -> Any:
@@ -412,8 +465,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...])
         if not sep or not key or any(not part for part in key.split(".")):
             raise PacktoolError(f"--set {override!r}: expected KEY=VALUE, e.g. capacity=4096 or sources.chat.weight=2")
         try:
-            value = _plain(yaml.safe_load(text)) if text.strip() else None
-        except yaml.YAMLError:
+            parsed = yaml.safe_load(text) if text.strip() else None
+            _check_expansion(parsed, f"--set {override!r}")
+            value = _plain(parsed)
+        except (yaml.YAMLError, RecursionError):
             raise PacktoolError(f"--set {key}: value {text!r} is not a valid YAML value") from None
         *parents, last = key.split(".")
         node: Any = result
@@ -546,6 +601,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
         p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
     cache_raw = p.take(raw, "cache", str, "", None)
+    max_record_bytes = p.take(raw, "max_record_bytes", int, "", DEFAULT_MAX_RECORD_BYTES)
+    p.number("max_record_bytes", max_record_bytes, 1024, MAX_RECORD_BYTES, "bytes of one record as stored")
+    sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
     validation_share, validation_samples = _validation(raw.get("validation"), p)
 
     config = BuildConfig(
@@ -575,6 +633,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         ray_address=ray_address,
         cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
         max_reject_share=max_reject_share,
+        max_record_bytes=max_record_bytes,
         validation_share=validation_share,
         validation_samples=validation_samples,
         add_bos=p.take(raw, "add_bos", bool, "", None),

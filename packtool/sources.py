@@ -119,7 +119,7 @@ def read_file(
     """
     label = file_label(source, file)
     adapter = ADAPTERS[source.format]
-    for n, record in _raw_records(file, label, start, stop):
+    for n, record in _raw_records(file, label, start, stop, source.max_record_bytes):
         location = f"{label}:{n}"
         default_id = f"{source.name}:{location}"
         if isinstance(record, RecordError):
@@ -156,7 +156,7 @@ def sniff(path: str) -> str:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
 
 
-def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterator[Raw]:
+def _raw_records(path: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
     def unreadable(reason: str, row: int | None = None) -> Raw:
         return (row or 0), RecordError(reason, kind="unreadable_file", file=label, row=row)
 
@@ -174,7 +174,7 @@ def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterato
         "arrow_stream": partial(_arrow_rows, stream=True),
     }
     reader = readers.get(kind)
-    rows = reader(path, start, stop) if reader else _text_records(path, kind, label, start, stop)
+    rows = _sized(reader(path, start, stop), limit) if reader else _text_records(path, kind, label, start, stop, limit)
     last = start - 1
     try:
         for n, record in rows:
@@ -277,19 +277,24 @@ def _open_text(path: str, kind: str) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _text_records(path: str, kind: str, label: str, start: int, stop: int | None) -> Iterator[Raw]:
-    """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed."""
+def _text_records(path: str, kind: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
+    """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed.
+
+    A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
+    `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
+    """
     with _open_text(path, kind) as handle:
-        head = [handle.readline()]
+        read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
+        head = [read_line()]
         if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
             head[0] = head[0][len(BOM) :]
         while head[-1] and not head[-1].strip():
-            head.append(handle.readline())
+            head.append(read_line())
         first = head[-1].lstrip()
         if not first:
             return  # only blank lines: a file with no records
         if first.startswith(b"["):
-            yield from _json_array(b"".join(head) + handle.read(), start, stop)
+            yield from _sized(_json_array(b"".join(head) + handle.read(), start, stop), limit)
             return
         if not first.startswith(b"{"):
             raise _ReadError(
@@ -298,9 +303,55 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
             )
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
-        for index, line in islice(enumerate(chain(head, handle)), start, stop):
-            if not line.isspace():  # no copy, unlike strip(); iteration never yields b""
+        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), start, stop):
+            if len(line) > limit and not line.endswith(b"\n"):
+                size = len(line) + _skip_line(handle)
+                yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
+            elif not line.isspace():  # no copy, unlike strip(); the reads never yield b""
                 yield index + 1, _parse_line(line, label, index + 1)
+
+
+def _skip_line(handle: io.BufferedIOBase) -> int:
+    """Read past the rest of the current line in blocks; the bytes passed over (its newline excluded)."""
+    skipped = 0
+    while block := handle.readline(1 << 20):
+        if block.endswith(b"\n"):
+            return skipped + len(block) - 1
+        skipped += len(block)
+    return skipped
+
+
+def _too_large(what: str, limit: int) -> RecordError:
+    return RecordError(
+        f"{what} is over max_record_bytes ({limit:,}): tokenizing takes ~60x a record's size in memory; "
+        "raise max_record_bytes to read it, or cut the record into smaller ones",
+        kind="record_too_large",
+    )
+
+
+def _sized(rows: Iterator[Raw], limit: int) -> Iterator[Raw]:
+    """Rows of a Parquet or Arrow file or a JSON array, a row over `limit` bytes of text becoming a reject."""
+    for n, record in rows:
+        size = 0 if isinstance(record, RecordError) else _text_bytes(record, limit)
+        yield (n, _too_large("the text of this row", limit)) if size > limit else (n, record)
+
+
+def _text_bytes(value: Any, limit: int) -> int:
+    """The UTF-8 bytes of the strings in a record (keys included), counted until they pass `limit`.
+    A loop, not recursion: a row may nest as deep as the JSON parser allowed."""
+    total, pending = 0, [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
+        elif isinstance(item, bytes):
+            total += len(item)
+        elif isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return total
 
 
 def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:

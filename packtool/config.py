@@ -93,10 +93,11 @@ DEFAULT_FIELDS = {
     },
 }
 
-# Tokenizing takes ~60x the text in memory (the tokenizer's per-token offsets, strings and words): a
-# 16 MiB record (~4M tokens, four times the longest context trained today) peaks near 1 GB in one
-# worker, a 200 MB one took 24 GB. A larger record is rejected before it is parsed or tokenized.
-DEFAULT_MAX_RECORD_BYTES = 16 << 20
+# Tokenizing takes ~150x the text in memory (the tokenizer's per-token offsets, strings and words):
+# an 8 MiB text record peaked at 1.26 GB in a one-process build (44 s), a 200 MB one took 24 GB.
+# 4 MiB (~1M tokens, the longest context trained today) keeps one worker near 600 MB; a larger
+# record is rejected before it is parsed or tokenized.
+DEFAULT_MAX_RECORD_BYTES = 4 << 20
 MAX_RECORD_BYTES = 1 << 31  # str and JSON parsing of one line beyond this is not something a build should try
 
 
@@ -377,6 +378,11 @@ def load_config(
     path = Path(path)
     if not path.is_file():
         raise PacktoolError(f"{path}: config file not found")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise PacktoolError(
+            f"{path}: {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a build config may have "
+            "(a config is a few KB; is this a data file?)"
+        )
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -404,6 +410,8 @@ def load_config(
 # nine aliases of nine aliases of ... ("billion laughs") is a few lines that expand to 9**9 values
 # once the config is copied, hashed or written to the manifest. A real config has tens of values.
 MAX_CONFIG_VALUES = 100_000
+# The YAML parser reads ~1 MB a second: a 10 MB string in a config took 10 s before any check.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def _check_expansion(raw: Any, where: str) -> None:

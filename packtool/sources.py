@@ -323,7 +323,7 @@ def _skip_line(handle: io.BufferedIOBase) -> int:
 
 def _too_large(what: str, limit: int) -> RecordError:
     return RecordError(
-        f"{what} is over max_record_bytes ({limit:,}): tokenizing takes ~60x a record's size in memory; "
+        f"{what} is over max_record_bytes ({limit:,}): tokenizing takes ~150x a record's size in memory; "
         "raise max_record_bytes to read it, or cut the record into smaller ones",
         kind="record_too_large",
     )
@@ -425,6 +425,8 @@ def _parse_line(line: bytes, label: str, n: int) -> Any:
                 raise json.JSONDecodeError("Extra data", text, end)
     except json.JSONDecodeError as exc:
         return RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", kind="parse_error", file=label, row=n)
+    except ValueError as exc:  # an integer of more digits than Python converts (4300): this record's problem
+        return RecordError(f"not readable JSON: {_short(exc)}", kind="parse_error", file=label, row=n)
     except RecursionError:
         return RecordError("nested too deeply to read (JSON depth over ~1000)", kind="parse_error", file=label, row=n)
     return _checked(record) if _NotFinite.made != made or _suspect(text) else record

@@ -531,6 +531,16 @@ CASES = [
         settings=SMALL_LIMIT,
     ),
     Case(
+        "jsonl_number_with_more_digits_than_python_reads",  # was: the rest of the file an unreadable_file
+        "text",
+        "t.jsonl",
+        _lines("text", '{"text": "x", "n": ' + "9" * 10_000 + "}", '{"text": "after"}'),
+        kept=2,
+        rejected={"parse_error": 1},
+        where="t.jsonl:2",
+        reason="Exceeds the limit (4300 digits)",
+    ),
+    Case(
         "jsonl_first_line_over_max_record_bytes",
         "text",
         "t.jsonl",

@@ -325,8 +325,15 @@ def test_max_record_bytes_has_a_documented_default_and_reaches_the_readers(tmp_p
     from packtool.config import DEFAULT_MAX_RECORD_BYTES
 
     config = load_config(write_config(_base(tmp_path)))
-    assert config.max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 16 << 20
+    assert config.max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 4 << 20
     assert config.sources[0].max_record_bytes == DEFAULT_MAX_RECORD_BYTES
     assert f"max_record_bytes: {DEFAULT_MAX_RECORD_BYTES}" in Path("README.md").read_text()
     raw = {**_base(tmp_path), "max_record_bytes": 4096}
     assert load_config(write_config(raw)).sources[0].max_record_bytes == 4096
+
+
+@pytest.mark.timeout(10)
+def test_a_config_of_megabytes_is_one_line_before_it_is_parsed(tmp_path):
+    path = _config_text(tmp_path, f"template_vars:\n  prompt: {'a' * (2 << 20)}\n")  # YAML took 10 s for 10 MB
+    with pytest.raises(PacktoolError, match=r"bytes, over the 1,048,576 a build config may have"):
+        load_config(path)

@@ -382,6 +382,43 @@ RUNAWAY = {
     ),
     "wide_center": "{{ 'a' | center(10 ** 9) }}",
     "multiplying_replace": "{{ ('a' * 100000) | replace('a', 'b' * 100000) }}",
+    # filters whose time grows faster than their output: charged as operations
+    "urlize_long_text": "{{ ('a b ' * 1000000) | urlize }}",
+    "wordwrap_long_word": "{{ ('a' * 200000) | wordwrap(1) }}",  # each cut copies the rest: n*n/2
+    "wordwrap_many_words": "{{ ('a ' * 2000000) | wordwrap(1) }}",
+    "pprint_long_list": "{{ ('a' * 4000000) | list | pprint }}",
+    "unique_long_string": "{{ ('a' * 8000000) | unique | list | length }}",
+    # results sized before they are built: widths, precisions, prefixes, tabs
+    "indent_wide": "{{ ('a\\n' * 4000000) | indent(1000) }}",
+    "expandtabs_wide": "{{ ('\\t' * 4000000).expandtabs(1000) }}",
+    "format_width": "{{ '{:>999999999}'.format(1) }}",
+    "format_precision": "{{ '{:.999999999f}'.format(1.0) }}",
+    "format_map_width": "{{ '{a:>999999999}'.format_map({'a': 1}) }}",
+    "format_repeated_field": "{{ ('{0}' * 1000).format('a' * 8000000) }}",
+    "percent_width": "{{ '%999999999d' % 1 }}",
+    "percent_keyed_width": "{{ '%(a)999999999d' % {'a': 1} }}",
+    "percent_precision": "{{ '%.999999999f' % 1.0 }}",
+    "format_filter_width": "{{ '%999999999s' | format('a') }}",
+    "translate_multiplying": "{{ ('a' * 4000000).translate({97: 'b' * 1000}) }}",
+    "integer_squaring": (
+        "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x > 0 }}"
+    ),
+    # a list or dict nested in itself: a few operations that print as 2**n copies
+    "list_doubling_printed": (
+        "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x }}"
+    ),
+    "list_doubling_pprint": (
+        "{% set ns = namespace(x=[1]) %}{% for i in range(18) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+        "{{ ns.x | pprint }}"
+    ),
+    "dict_doubling_tojson": (
+        "{% set ns = namespace(x={}) %}{% for i in range(40) %}{% set ns.x = {'a': ns.x, 'b': ns.x} %}{% endfor %}"
+        "{{ ns.x | tojson }}"
+    ),
+    "call_doubling": (
+        "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = dict(a=ns.x, b=ns.x) %}{% endfor %}"
+        "{{ ns.x | string }}"
+    ),
 }
 
 
@@ -391,6 +428,7 @@ def _template_file(tmp_path, text: str, name: str = "t.jinja"):
     return str(path)
 
 
+@pytest.mark.timeout(20)  # a regression must fail, not hang: each case takes well under a second
 @pytest.mark.parametrize("case", sorted(RUNAWAY))
 def test_a_runaway_template_rejects_the_sample_with_a_reason(case, tmp_path):
     guarded = "{% if messages | length > 1 %}" + RUNAWAY[case] + "{% endif %}" + CHATML
@@ -405,6 +443,7 @@ def test_a_runaway_template_rejects_the_sample_with_a_reason(case, tmp_path):
     assert render_chat(chat(("assistant", "alone")), template, TrainPolicy()).text.endswith("alone<|im_end|>\n")
 
 
+@pytest.mark.timeout(20)
 @pytest.mark.parametrize("case", sorted(RUNAWAY))
 def test_a_runaway_template_on_the_probe_fails_the_setup_in_one_line(case, tmp_path):
     with pytest.raises(PacktoolError, match="exceeds a template limit on a one-message conversation") as caught:

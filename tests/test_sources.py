@@ -193,3 +193,58 @@ def test_yaml_dates_in_the_config_stay_json(tmp_path, write_jsonl):
     )
     loaded = load_config(config)
     assert loaded.template_vars["date"] == "2026-03-01" and '"2026-03-01"' in canonical_json(loaded.raw)
+
+
+# --- max_record_bytes: memory per record is bounded ------------------------------------------
+
+_PEAK_BUILD = """
+import resource, sys
+from click.testing import CliRunner
+from packtool.cli import main
+result = CliRunner().invoke(main, ["build", sys.argv[1], "-q"])
+print(result.exit_code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_huge_text_record_is_rejected_before_it_is_tokenized_in_bounded_memory(tmp_path):
+    """A 40 MB `format: text` record (the 200 MB one of issue 20 took 24 GB): over the 4 MiB
+    default it is passed over while reading; the build, in one process, stays far below what
+    tokenizing it would take (~150x its size: an 8 MiB record peaked at 1.26 GB)."""
+    import subprocess
+    import sys
+
+    from support import QUICKSTART
+
+    with open(tmp_path / "docs.jsonl", "w") as handle:
+        handle.write(json.dumps({"text": "a short document"}) + "\n")
+        handle.write('{"text": "' + "word " * (8 << 20) + '"}\n')  # 40 MiB on one line
+        handle.write(json.dumps({"text": "after the huge one"}) + "\n")
+    config = {
+        "sources": [{"name": "docs", "path": "docs.jsonl", "format": "text"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 256,
+        "output": "out",
+        "on_error": "skip",
+        "max_reject_share": 1.0,
+        "workers": 1,
+        "executor": "serial",
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK_BUILD, str(tmp_path / "config.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    code, peak_mib = map(int, run.stdout.split())
+    assert code == 0, run.stderr
+    assert peak_mib < 600, f"peak {peak_mib} MiB"  # tokenizing the record whole: several GB
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["accounting"]["docs"]["kept"] == 2
+    assert manifest["accounting"]["docs"]["rejected"] == {"record_too_large": 1}
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert reject["location"] == "docs.jsonl:2"
+    assert "a line of 41,943,052 bytes is over max_record_bytes (4,194,304)" in reject["detail"]
+    assert "raise max_record_bytes" in reject["detail"]

@@ -377,7 +377,7 @@ def _death_advice(code: int | None) -> str:
     if code == -signal.SIGKILL:
         return (
             "-9 is SIGKILL, usually the out-of-memory killer: each worker holds a batch of records of up to "
-            "max_record_bytes each (tokenizing takes ~60x a record's size), so lower workers, or lower "
+            "max_record_bytes each (tokenizing takes ~150x a record's size), so lower workers, or lower "
             "max_record_bytes when the data has very large records"
         )
     if code is not None and code < 0:

@@ -859,3 +859,48 @@ def test_the_manifest_lists_what_the_template_injects(tmp_path, write_config, wr
     )
     injects = build(config).manifest["template"]["injects"]
     assert injects == ["You are Qwen, created by Alibaba Cloud. You are a helpful assistant."]
+
+
+# --- large records stay linear: a hostile record costs its size, not its size squared ----------
+
+
+@pytest.mark.timeout(60)
+def test_a_conversation_of_thousands_of_turns_is_masked_in_linear_time():
+    """Each turn's header and end marker were found by scanning every content (4,000 turns: 12 s,
+    30,000: 183 s); now by bisection."""
+    import time
+
+    turns = [("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(10_000)]
+    template = load_template("qwen", {})
+    started = time.perf_counter()
+    rendered = render_chat(chat(*turns), template, TrainPolicy())
+    assert time.perf_counter() - started < 15
+    assert len(rendered.target_ranges) == 5_000
+    start, end, index = rendered.target_ranges[-1]
+    assert index == 9_999 and rendered.text[start:end] == "turn 9999<|im_end|>"
+
+
+@pytest.mark.timeout(60)
+def test_thousands_of_tools_are_checked_in_linear_time(tmp_path):
+    """Every tool name was looked for in all of the render (25,000 tools: 60 s)."""
+    import time
+
+    printing_tools = (
+        "{% for t in tools or [] %}{% if t.function.name != 'never_printed' %}{{ t | tojson }}\n{% endif %}"
+        "{% endfor %}" + CHATML
+    )
+    template = load_template(_template_file(tmp_path, printing_tools), {})
+    tools = tuple(
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"properties": {f"arg_{i}": {}}}}}
+        for i in range(20_000)
+    )
+    started = time.perf_counter()
+    rendered = render_chat(chat(("user", "hi"), ("assistant", "ok"), tools=tools), template, TrainPolicy())
+    assert time.perf_counter() - started < 15
+    assert "tool_19999" in rendered.text and "arg_19999" in rendered.text
+    # the check still sees a tool that is not printed, wherever it stands in the list
+    hidden = ({"type": "function", "function": {"name": "never_printed"}},)
+    for dropped in (tools + hidden, hidden + tools):
+        with pytest.raises(RecordError, match="never_printed") as caught:
+            render_chat(chat(("user", "hi"), ("assistant", "ok"), tools=dropped), template, TrainPolicy())
+        assert caught.value.kind == "template_dropped_tools"

@@ -202,19 +202,27 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
+# Rows become Python objects this many bytes of Arrow data at a time: 1024 rows of 4 MiB at once
+# would be 4 GiB in Arrow and again in Python before the first row's size is checked.
+_CONVERT_BYTES = 64 << 20
+
+
 def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
     row = 0
     for group in range(parquet.num_row_groups):
-        size = parquet.metadata.row_group(group).num_rows
+        meta = parquet.metadata.row_group(group)
+        size = meta.num_rows
         if row + size <= start:  # whole row groups before the range are never decoded
             row += size
             continue
         if stop is not None and row >= stop:
             return
-        for batch in parquet.iter_batches(batch_size=1024, row_groups=[group]):
+        per_row = meta.total_byte_size // max(size, 1)  # decoded bytes, on average
+        rows = max(1, min(1024, _CONVERT_BYTES // max(per_row, 1)))
+        for batch in parquet.iter_batches(batch_size=rows, row_groups=[group]):
             yield from _batch_rows(batch, row, start, stop)
             row += batch.num_rows
 
@@ -243,8 +251,10 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
         return
     part = batch.slice(lo, hi - lo)
     check = any(_may_hold_nul(column) for column in part.columns)
-    for row, record in enumerate(part.to_pylist(), start=first + lo):
-        yield row, _checked(record) if check else record
+    step = max(1, part.num_rows * _CONVERT_BYTES // max(part.nbytes, 1))
+    for offset in range(0, part.num_rows, step):
+        for row, record in enumerate(part.slice(offset, step).to_pylist(), start=first + lo + offset):
+            yield row, _checked(record) if check else record
 
 
 def _may_hold_nul(array: pa.Array) -> bool:

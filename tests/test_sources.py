@@ -253,3 +253,23 @@ def test_a_huge_text_record_is_rejected_before_it_is_tokenized_in_bounded_memory
     assert reject["location"] == "docs.jsonl:2"
     assert f"a line of {len(huge):,} bytes is over max_record_bytes (4,194,304)" in reject["detail"]
     assert "raise max_record_bytes" in reject["detail"]
+
+
+def test_large_rows_become_python_a_bounded_slice_at_a_time(tmp_path, monkeypatch):
+    """Rows are converted _CONVERT_BYTES of Arrow data at a time (1024 rows of 4 MiB were 4 GiB at
+    once); with a one-byte bound every row is its own slice and the records, rows and ranges are the same."""
+    import packtool.sources as sources
+
+    table = pa.table({"text": [f"row {i} " + "x" * i for i in range(7)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=4)
+    with pa.OSFile(str(tmp_path / "s.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=3)
+    for name in ("t.parquet", "s.arrow"):
+        src = source("text", tmp_path / name)
+        whole = [(e.location, e.text) for e in read_source(src)]
+        ranged = [e.text for e in read_file(src, str(tmp_path / name), 2, 6)]
+        monkeypatch.setattr(sources, "_CONVERT_BYTES", 1)
+        assert [(e.location, e.text) for e in read_source(src)] == whole
+        assert [e.text for e in read_file(src, str(tmp_path / name), 2, 6)] == ranged == [t for _, t in whole[2:6]]
+        monkeypatch.undo()
+    assert whole[-1] == ("s.arrow:6", "row 6 xxxxxx")

@@ -873,7 +873,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     skeleton = template.skeletons.get(shape) if shape is not None else None
     marked_text = skeleton.fill(messages) if skeleton is not None else None
     inspected = False
-    with _template_verdicts():
+    with _template_verdicts(template.name):
         if marked_text is None:
             marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
             try:
@@ -1041,15 +1041,15 @@ class _Skeleton:
 
 
 @contextlib.contextmanager
-def _template_verdicts() -> Iterator[None]:
+def _template_verdicts(name: str) -> Iterator[None]:
     """A template's own failure on one sample becomes that sample's RecordError (sentinels cut out
-    of the words it quotes)."""
+    of the words it quotes); a limit names the template, since a limit is the template's doing."""
     try:
         yield
     except TemplateRaised as exc:
         raise RecordError(f"template refused the sample: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
     except TemplateLimit as exc:
-        raise RecordError(f"template stopped at a limit: {exc}", kind="template_limit") from None
+        raise RecordError(f"template {name!r} stopped at a limit: {exc}", kind="template_limit") from None
     except jinja2.TemplateError as exc:
         raise RecordError(f"template failed: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
 

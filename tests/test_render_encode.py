@@ -438,7 +438,7 @@ def test_a_runaway_template_rejects_the_sample_with_a_reason(case, tmp_path):
         with pytest.raises(RecordError) as caught:
             render_chat(example, template, TrainPolicy())
         assert caught.value.kind == "template_limit"
-        assert "limit" in caught.value.reason or "deeper" in caught.value.reason or "more than" in caught.value.reason
+        assert caught.value.reason.startswith("template 't.jinja' stopped at a limit: ")
     # a conversation the runaway branch does not touch still renders
     assert render_chat(chat(("assistant", "alone")), template, TrainPolicy()).text.endswith("alone<|im_end|>\n")
 
@@ -494,6 +494,34 @@ def test_the_cli_answers_a_hostile_template_in_one_line(tmp_path, write_config, 
     result = CliRunner().invoke(main, ["build", str(config), "-q"])
     assert result.exit_code == 1
     assert "Traceback" not in result.output and "{% include %} is not supported" in result.output
+
+
+@pytest.mark.timeout(60)
+def test_a_template_past_a_limit_fails_the_build_in_one_line_naming_template_limit_and_record(
+    tmp_path, write_config, write_jsonl
+):
+    from click.testing import CliRunner
+
+    from packtool.cli import main
+
+    write_jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
+    runaway = "{% if messages | length > 1 %}{{ '{:>999999999}'.format(1) }}{% endif %}"
+    (tmp_path / "t.jinja").write_text(runaway + CHATML, encoding="utf-8")
+    config = write_config(
+        {
+            "sources": [{"name": "s", "path": "data.jsonl", "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "template": "t.jinja",
+            "capacity": 128,
+            "output": "out",
+            "workers": 1,
+        }
+    )
+    result = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("Error: data.jsonl:1") and "template 't.jinja' stopped at a limit" in line, line
+    assert "a str.format result of 1,000,000,013 items exceeds the 8,388,608" in line, line
 
 
 # --- content the template drops is caught --------------------------------------------------------

@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +97,13 @@ DEFAULT_FIELDS = {
     },
 }
 
+# Tokenizing takes ~150x the text in memory (the tokenizer's per-token offsets, strings and words):
+# an 8 MiB text record peaked at 1.26 GB in a one-process build (44 s), a 200 MB one took 24 GB.
+# 4 MiB (~1M tokens, the longest context trained today) keeps one worker near 600 MB; a larger
+# record is rejected before it is parsed or tokenized.
+DEFAULT_MAX_RECORD_BYTES = 4 << 20
+MAX_RECORD_BYTES = 1 << 31  # str and JSON parsing of one line beyond this is not something a build should try
+
 
 @dataclass(frozen=True, slots=True)
 class TrainPolicy:
@@ -136,6 +143,9 @@ class SourceConfig:
     system: str | None = None  # the system prompt of a conversation that has none
     dedup: str | None = None  # exact: drop repeats within this source (see BuildConfig.dedup for across sources)
     quota: Quota | None = None  # instead of weight: copies until the source holds this many (target) tokens
+    max_record_bytes: int = (
+        DEFAULT_MAX_RECORD_BYTES  # the top-level setting, carried to the readers (set by parse_config)
+    )
     # resolved path -> the path as written/globbed in the config (relative to its folder when it was
     # relative): the FILE of every location and default id, so ids do not depend on where the data sits
     labels: dict[str, str] = field(default_factory=dict)
@@ -176,6 +186,9 @@ class BuildConfig:
     cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
     max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
     dedup: str | None = None  # exact: drop repeats across all sources (the first in source order is kept)
+    max_record_bytes: int = (
+        DEFAULT_MAX_RECORD_BYTES  # a larger record is rejected (record_too_large) before it is parsed or tokenized
+    )
     validation_share: float | None = None  # validation: {share: x}
     validation_samples: int | None = None  # validation: {samples: n}
     add_bos: bool | None = None  # None: the template decides; text documents get none
@@ -298,6 +311,7 @@ TOP_KEYS = {
     "ray_address",
     "cache",
     "max_reject_share",
+    "max_record_bytes",
     "validation",
     "dedup",
 }
@@ -410,12 +424,20 @@ def load_config(
     path = Path(path)
     if not path.is_file():
         raise PacktoolError(f"{path}: config file not found")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise PacktoolError(
+            f"{path}: {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a build config may have "
+            "(a config is a few KB; is this a data file?)"
+        )
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise PacktoolError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise PacktoolError(f"{path}: YAML nested too deeply to read (over ~1000 levels)") from None
     if not isinstance(raw, dict):
         raise PacktoolError(f"{path}: expected a mapping at the top level")
+    _check_expansion(raw, str(path))
     raw = apply_overrides(_plain(raw), overrides)
     if output is not None:
         raw["output"] = output
@@ -428,6 +450,45 @@ def load_config(
             if isinstance(item, dict):
                 item["max_samples"] = max_samples
     return parse_config(raw, base_dir=path.resolve().parent, config_file=str(path))
+
+
+# Anchors and aliases are allowed (a `train:` block shared by sources), but an alias is a reference:
+# nine aliases of nine aliases of ... ("billion laughs") is a few lines that expand to 9**9 values
+# once the config is copied, hashed or written to the manifest. A real config has tens of values.
+MAX_CONFIG_VALUES = 100_000
+# The YAML parser reads ~1 MB a second: a 10 MB string in a config took 10 s before any check.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _check_expansion(raw: Any, where: str) -> None:
+    """Raise when the config, with every alias written out, holds more than MAX_CONFIG_VALUES values
+    or refers to itself. Each distinct mapping or list is counted once, so this takes linear time."""
+    sizes: dict[int, int] = {}  # id of a mapping or list -> its expanded size; -1 while it is being counted
+
+    def expanded(value: Any, depth: int) -> int:
+        if not isinstance(value, dict | list):
+            return 1
+        known = sizes.get(id(value))
+        if known == -1:
+            raise PacktoolError(f"{where}: an alias refers to a mapping or list that holds it; write the values out")
+        if known is not None:
+            return known
+        if depth > 200:
+            raise PacktoolError(f"{where}: nested deeper than 200 levels; a build config has a few")
+        sizes[id(value)] = -1
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        total = 1
+        for item in items:
+            total += expanded(item, depth + 1)
+            if total > MAX_CONFIG_VALUES:
+                raise PacktoolError(
+                    f"{where}: expands to more than {MAX_CONFIG_VALUES:,} values once its aliases are written "
+                    "out (aliases of aliases, an alias bomb?); use fewer aliases or write the values out"
+                )
+        sizes[id(value)] = total
+        return total
+
+    expanded(raw, 0)
 
 
 def _plain(value: Any) -> Any:
@@ -458,8 +519,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...])
         if not sep or not key or any(not part for part in key.split(".")):
             raise PacktoolError(f"--set {override!r}: expected KEY=VALUE, e.g. capacity=4096 or sources.chat.weight=2")
         try:
-            value = _plain(yaml.safe_load(text)) if text.strip() else None
-        except yaml.YAMLError:
+            parsed = yaml.safe_load(text) if text.strip() else None
+            _check_expansion(parsed, f"--set {override!r}")
+            value = _plain(parsed)
+        except (yaml.YAMLError, RecursionError):
             raise PacktoolError(f"--set {key}: value {text!r} is not a valid YAML value") from None
         *parents, last = key.split(".")
         node: Any = result
@@ -592,6 +655,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
         p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
     cache_raw = p.take(raw, "cache", str, "", None)
+    max_record_bytes = p.take(raw, "max_record_bytes", int, "", DEFAULT_MAX_RECORD_BYTES)
+    p.number("max_record_bytes", max_record_bytes, 1024, MAX_RECORD_BYTES, "bytes of one record as stored")
+    sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
     validation_share, validation_samples = _validation(raw.get("validation"), p)
 
     config = BuildConfig(
@@ -622,6 +688,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
         max_reject_share=max_reject_share,
         dedup=p.take(raw, "dedup", str, "", None, choices=DEDUP_MODES),
+        max_record_bytes=max_record_bytes,
         validation_share=validation_share,
         validation_samples=validation_samples,
         add_bos=p.take(raw, "add_bos", bool, "", None),

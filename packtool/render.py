@@ -21,6 +21,7 @@ and ends after the first end-of-turn marker behind the content. Templates that c
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import datetime as _dt
@@ -38,7 +39,8 @@ from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension
 from jinja2.runtime import Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter, SecurityError
+from markupsafe import Markup
 
 from packtool.config import BuildConfig, TrainPolicy, bundled_folder
 from packtool.errors import PacktoolError, RecordError, TemplateRaised
@@ -91,6 +93,9 @@ class _Budget:
     depth: int = 0
     inspected: bool = False  # the template looked inside a marked content string (see _Tracked)
     peak: int = 0  # the largest string or sequence size checked against MAX_TEMPLATE_CHARS (see _Skeleton)
+    # id -> (container, its expanded size) for the lists, tuples and dicts this render met (see _expanded);
+    # the container is held so that its id is not reused while the render runs
+    expanded: dict[int, tuple[Any, int]] = field(default_factory=dict)
 
     def spend(self, n: int = 1) -> None:
         self.operations += n
@@ -233,19 +238,192 @@ def _sized(value: Any) -> int:
     return len(value) if isinstance(value, list | tuple | bytes) else 0
 
 
+def _expanded(value: Any) -> int:
+    """The size of `value` written out: characters of a string, digits of an int, and for a list,
+    tuple or dict its items, each counted in full however often it repeats. `[x, x]` ten times over
+    is a few operations that print as 2**10 copies of x; this is what printing it would cost."""
+    if isinstance(value, str):
+        return str.__len__(value)
+    if isinstance(value, int):
+        return value.bit_length() // 3 + 1
+    if not isinstance(value, list | tuple | dict):
+        return 1
+    budget = _BUDGET.get(None)
+    memo = budget.expanded if budget is not None else {}
+    known = memo.get(id(value))
+    if known is not None:
+        return known[1]
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    try:  # the common case, a list of strings, summed in C (a 4 M item `'x' * n | list` in 0.05 s)
+        size = 1 + len(items) + sum(map(str.__len__, items))
+    except TypeError:
+        size = 1 + sum(map(_expanded, items))
+    memo[id(value)] = (value, size)
+    return size
+
+
+def _built(value: Any, what: str) -> Any:
+    """`value`, once its expanded size is within the limit."""
+    _check_size(_expanded(value), what)
+    return value
+
+
 def _check_binop(operator: str, left: Any, right: Any) -> None:
     """Refuse, before computing it, a result that would be huge."""
-    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+    numbers = isinstance(left, int) and isinstance(right, int)
+    if operator == "**" and numbers and right > 0:
         if abs(left) > 1 and max(left.bit_length(), 1) * right > MAX_INT_BITS:
             raise TemplateLimit(f"{left} ** {right} exceeds {MAX_INT_BITS} bits")
+    elif operator == "*" and numbers:  # squaring in a loop doubles the bits each time
+        if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise TemplateLimit(f"a product of {left.bit_length() + right.bit_length()} bits exceeds {MAX_INT_BITS}")
     elif operator == "*":
         for seq, times in ((left, right), (right, left)):
             if _sized(seq) and isinstance(times, int):
-                _check_size(_sized(seq) * times, "a repeated string or list")
+                _check_size(_expanded(seq) * times, "a repeated string or list")
     elif operator == "%" and isinstance(left, str):
-        widths = re.findall(r"%[-+ #0]*(\d+|\*)", left)
-        if any(w == "*" or int(w) > MAX_TEMPLATE_CHARS for w in widths):
-            raise TemplateLimit("a %-format width above the template limit")
+        _check_percent(left, right)
+
+
+# A %-conversion: an optional (key), flags, then a width and a precision, either given as * (taken from the values).
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _check_percent(text: str, values: Any) -> None:
+    """Refuse `text % values` (or `text | format(...)`) when its result could pass MAX_TEMPLATE_CHARS:
+    each conversion may print the largest value and its width and precision; `'%999999999d' % 1`
+    would allocate a gigabyte before any check after the fact."""
+    conversions = _PERCENT.findall(text)
+    if not conversions:
+        return
+    items = (
+        list(values.values()) if isinstance(values, dict) else list(values) if isinstance(values, tuple) else [values]
+    )
+    numbers = [int(n) for pair in conversions for n in pair if n.isdigit()]
+    if any("*" in pair for pair in conversions):
+        numbers += [abs(v) for v in items if isinstance(v, int)]
+    largest = max(map(_expanded, items), default=0)
+    size = str.__len__(text) + sum(numbers) + len(conversions) * largest
+    if size > MAX_TEMPLATE_CHARS:
+        raise TemplateLimit(
+            f"a %-format that could print {size:,} characters (widths, precisions and values) exceeds the "
+            f"{MAX_TEMPLATE_CHARS:,} a template may build"
+        )
+
+
+class _CheckedFields:
+    """str.format and format_map in a template: each field's width and precision is checked before
+    the field is formatted, and the text built so far after (`'{:>999999999}'.format(1)` allocated
+    a gigabyte before the rendered text was checked)."""
+
+    built = 0
+
+    def vformat(self, format_string: str, args: Any, kwargs: Any) -> str:
+        self.built = str.__len__(format_string)
+        return super().vformat(format_string, args, kwargs)  # type: ignore[misc]
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        _spend()
+        numbers = sum(map(int, re.findall(r"\d+", format_spec)))
+        _check_size(self.built + numbers + _expanded(value), "a str.format result")
+        text = super().format_field(value, format_spec)  # type: ignore[misc]
+        self.built += _sized(text)
+        _check_size(self.built, "a str.format result")
+        return text
+
+
+class _CheckedFormatter(_CheckedFields, SandboxedFormatter):
+    pass
+
+
+class _CheckedEscapeFormatter(_CheckedFields, SandboxedEscapeFormatter):
+    pass
+
+
+def _spend_per_item(value: Any, *args: Any, **kwargs: Any) -> int:
+    """Filters that run Python for each item or character of their input (unique, batch, sort, ...)."""
+    return len(value) if isinstance(value, str | list | tuple | dict) else 0
+
+
+def _spend_per_character(value: Any, *args: Any, **kwargs: Any) -> int:
+    """urlize runs a regular expression per word: ~1 us a character, so a character is an operation."""
+    return _sized(value)
+
+
+def _spend_wordwrap(
+    text: Any, width: int = 79, break_long_words: bool = True, wrapstring: Any = None, *args: Any, **kwargs: Any
+) -> int:
+    """textwrap is ~1 us a character, and breaking a long word copies what is left of it at every cut:
+    a word of n characters at width w copies n*n/(2w) (100,000 characters at width 1: 2.5 s)."""
+    size = _sized(text)
+    if not isinstance(width, int) or width < 1:
+        return size  # textwrap raises on it
+    _check_size(size * (1 + _sized(wrapstring or "\n")), "the result of |wordwrap")  # a wrapstring at each cut
+    longest = max(map(len, str(text).split()), default=0) if break_long_words else 0
+    return size + longest * longest // (2 * width * 1024)  # 1 operation per KiB copied
+
+
+def _spend_pprint(value: Any, *args: Any, **kwargs: Any) -> int:
+    _spend(_expanded(value))  # a value too large to walk is refused before the walk
+    return _pprint_cost(value, {})
+
+
+def _pprint_cost(value: Any, seen: dict[int, int]) -> int:
+    """pprint writes a value that does not fit a line by writing each item, so every level of
+    nesting writes its whole subtree again: the expanded sizes of all subtrees, shared ones once."""
+    if not isinstance(value, list | tuple | dict):
+        return 1
+    if id(value) not in seen:
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        seen[id(value)] = _expanded(value) + sum(_pprint_cost(item, seen) for item in items)
+    return seen[id(value)]
+
+
+def _check_indent(text: Any, width: Any = 4, *args: Any, **kwargs: Any) -> int:
+    """indent adds its prefix to every line: 4 M newlines at width 1000 asked for 4 G characters."""
+    prefix = _sized(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+    if isinstance(text, str):
+        _check_size(str.__len__(text) + (text.count("\n") + 1) * prefix, "the result of |indent")
+    return 0
+
+
+def _check_format(text: Any, *args: Any, **kwargs: Any) -> int:
+    if isinstance(text, str):
+        _check_percent(text, kwargs or args)
+    return 0
+
+
+def _check_join(value: Any, separator: Any = "", *args: Any, **kwargs: Any) -> int:
+    if isinstance(value, list | tuple):
+        _check_size(_expanded(value) + len(value) * _sized(separator), "the result of |join")
+    return 0
+
+
+# What a filter spends before it runs, beyond its one operation: checks that refuse a result that
+# would pass MAX_TEMPLATE_CHARS before it is built, and operations for the filters whose time grows
+# faster than the text they return (pprint walks nested values once per level it fits on a line).
+_FILTER_COSTS: dict[str, Any] = {
+    "urlize": _spend_per_character,
+    "wordwrap": _spend_wordwrap,
+    "indent": _check_indent,
+    "format": _check_format,
+    "join": _check_join,
+    "pprint": _spend_pprint,
+    **dict.fromkeys(("unique", "batch", "slice", "sort", "groupby", "dictsort", "xmlattr"), _spend_per_item),
+}
+
+
+def _check_method(owner: str, name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    """str methods whose result can outgrow their arguments: expandtabs, join, translate."""
+    if name == "expandtabs":
+        tabsize = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(tabsize, int):
+            _check_size(str.__len__(owner) + owner.count("\t") * tabsize, "an expandtabs() result")
+    elif name == "join" and args and isinstance(args[0], list | tuple):
+        _check_size(_expanded(args[0]) + len(args[0]) * str.__len__(owner), "a join() result")
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((_sized(v) for v in args[0].values()), default=1)
+        _check_size(str.__len__(owner) * longest, "a translate() result")
 
 
 def _check_arguments(args: tuple, kwargs: dict[str, Any]) -> None:
@@ -264,21 +442,28 @@ def _check_replace(text: Any, old: Any, new: Any) -> None:
 
 
 def _limited_filter(function: Any, name: str) -> Any:
-    """A filter that counts as an operation, checks its size arguments and the size of its result."""
+    """A filter that counts as an operation (more for those in _FILTER_COSTS), checks its size
+    arguments and the size of its result."""
+    cost = _FILTER_COSTS.get(name)
 
     @functools.wraps(function)
     def limited(*args: Any, **kwargs: Any) -> Any:
         _spend()
         _check_arguments(args, kwargs)
-        if name == "replace":
-            plain = [a for a in args if not hasattr(a, "environment")]  # drop the eval context jinja passes
-            if len(plain) >= 3:
+        if name == "replace" or cost is not None:
+            # the environment or eval context jinja passes first is not an argument
+            plain = [a for a in args if not isinstance(a, jinja2.Environment) and not hasattr(a, "environment")]
+            if name == "replace" and len(plain) >= 3:
                 _check_replace(*plain[:3])
+            if cost is not None and plain:
+                _spend(cost(*plain, **kwargs))
         tracked = _is_tracked((*args, *kwargs.values()))
         if tracked and name not in _COPYING_FILTERS:
             _inspected()
         result = function(*args, **kwargs)
-        _check_size(_sized(result), f"the result of |{name}")
+        _check_size(
+            _expanded(result) if isinstance(result, list | tuple | dict) else _sized(result), f"the result of |{name}"
+        )
         return _tainted(result) if tracked or name == "tojson" or _holds_containers(args) else result
 
     return limited
@@ -293,6 +478,25 @@ class _LimitedCodeGenerator(CodeGenerator):
         if not (isinstance(node.iter, nodes.Call) and node.iter.node == counted):
             node.iter = nodes.Call(counted, [node.iter], [], None, None, lineno=node.lineno)
         super().visit_For(node, frame)
+
+    def _built(self, node: nodes.List | nodes.Tuple | nodes.Dict, frame: Frame, visit: Any) -> None:
+        """A list, tuple or dict the template writes goes through `environment.built`: nesting one
+        in itself doubles what printing it costs, with no loop or call to count."""
+        if getattr(node, "ctx", "load") != "load":  # a tuple to unpack into (`for a, b in ...`)
+            visit(self, node, frame)
+            return
+        self.write("environment.built(")
+        visit(self, node, frame)
+        self.write(")")
+
+    def visit_List(self, node: nodes.List, frame: Frame) -> None:
+        self._built(node, frame, CodeGenerator.visit_List)
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Frame) -> None:
+        self._built(node, frame, CodeGenerator.visit_Tuple)
+
+    def visit_Dict(self, node: nodes.Dict, frame: Frame) -> None:
+        self._built(node, frame, CodeGenerator.visit_Dict)
 
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         self.write("environment.joined((")
@@ -312,8 +516,10 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         budget = _spend()
         _check_arguments(args, kwargs)
         owner = getattr(__obj, "__self__", None)
-        if getattr(__obj, "__name__", None) == "replace" and isinstance(owner, str):
-            _check_replace(owner, *args[:2])
+        if isinstance(owner, str):
+            if getattr(__obj, "__name__", None) == "replace":
+                _check_replace(owner, *args[:2])
+            _check_method(owner, getattr(__obj, "__name__", ""), args, kwargs)
         # calls reach str.format past the method table (the sandbox formats itself), and any
         # function given a marked content may look at it
         if (isinstance(owner, _Tracked) and __obj.__name__ not in _COPYING_METHODS) or _is_tracked(
@@ -322,6 +528,8 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             budget.inspected = True
         if not isinstance(__obj, Macro):
             result = super().call(__context, __obj, *args, **kwargs)
+            if isinstance(result, list | tuple | dict):  # dict(a=x, b=x), x.copy(): built like a literal
+                _check_size(_expanded(result), "a list or mapping a call returned")
             return _tainted(result) if _holds_containers(args) else result
         budget.depth += 1
         try:
@@ -341,7 +549,7 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
                     budget.peak = size
                     _check_size(size, "a concatenation")
                 return result
-            _check_size(_sized(result), "a concatenation")
+            _check_size(_expanded(result) if isinstance(result, list | tuple) else _sized(result), "a concatenation")
             if isinstance(left, _Tracked) or isinstance(right, _Tracked):  # Markup + content loses the type
                 return _tainted(result)
             return result
@@ -349,6 +557,29 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             _inspected()
         _check_binop(operator, left, right)
         return super().call_binop(context, operator, left, right)
+
+    @staticmethod
+    def built(value: Any) -> Any:
+        return _built(value, "a list or mapping the template writes")
+
+    def wrap_str_format(self, value: Any) -> Any:
+        """A str's format or format_map through _CheckedFormatter (jinja's own checks only attributes)."""
+        if super().wrap_str_format(value) is None:  # not the format method of a string
+            return None
+        text: str = value.__self__
+        formatter = (
+            _CheckedEscapeFormatter(self, escape=text.escape) if isinstance(text, Markup) else _CheckedFormatter(self)
+        )
+        by_mapping = value.__name__ == "format_map"
+
+        def formatted(*args: Any, **kwargs: Any) -> str:
+            if not by_mapping:
+                return type(text)(formatter.vformat(text, args, kwargs))
+            if kwargs or len(args) != 1:
+                raise TypeError("format_map() takes exactly one mapping")
+            return type(text)(formatter.vformat(text, (), args[0]))
+
+        return functools.update_wrapper(formatted, value)
 
     @staticmethod
     def counted(iterable: Any) -> Iterator[Any]:
@@ -651,7 +882,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     skeleton = template.skeletons.get(shape) if shape is not None else None
     marked_text = skeleton.fill(messages) if skeleton is not None else None
     inspected = False
-    with _template_verdicts():
+    with _template_verdicts(template.name):
         if marked_text is None:
             marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
             try:
@@ -819,15 +1050,15 @@ class _Skeleton:
 
 
 @contextlib.contextmanager
-def _template_verdicts() -> Iterator[None]:
+def _template_verdicts(name: str) -> Iterator[None]:
     """A template's own failure on one sample becomes that sample's RecordError (sentinels cut out
-    of the words it quotes)."""
+    of the words it quotes); a limit names the template, since a limit is the template's doing."""
     try:
         yield
     except TemplateRaised as exc:
         raise RecordError(f"template refused the sample: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
     except TemplateLimit as exc:
-        raise RecordError(f"template stopped at a limit: {exc}", kind="template_limit") from None
+        raise RecordError(f"template {name!r} stopped at a limit: {exc}", kind="template_limit") from None
     except jinja2.TemplateError as exc:
         raise RecordError(f"template failed: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
 
@@ -854,13 +1085,18 @@ def _check_tools_printed(example: Example, text: str, contents: dict[int, list[t
         kept.append(text[at:start] if start > at else "")
         at = max(at, end)
     outside = "\0".join([*kept, text[at:]])
+    # Templates print the tools in order, so each search starts where the previous name was found
+    # (and only then looks from the start): searching all of a 4 MB render for each of 25,000 tools took 60 s.
+    hint = 0
     for j, tool in enumerate(example.tools or ()):
         function = tool.get("function", tool) if isinstance(tool, dict) else {}
         name = function.get("name") if isinstance(function, dict) else None
         parameters = function.get("parameters") if isinstance(function, dict) else None
         properties = parameters.get("properties") if isinstance(parameters, dict) else None
         pieces = [name, *(properties if isinstance(properties, dict) else ())]
-        missing = [p for p in pieces if isinstance(p, str) and p and not _printed(p, outside)]
+        found = [_printed_at(p, outside, hint) if isinstance(p, str) and p else 0 for p in pieces]
+        missing = [p for p, at in zip(pieces, found) if at < 0]
+        hint = found[0] if found and found[0] > 0 else hint
         if missing:
             raise RecordError(
                 f"the template does not print tool definition {name!r} (tools[{j}]): "
@@ -875,7 +1111,7 @@ def _check_tools_printed(example: Example, text: str, contents: dict[int, list[t
         for j, call in enumerate(message.tool_calls):
             function = call.get("function", {})
             pieces = [function.get("name"), *_leaves(function.get("arguments"))]
-            missing = [p for p in pieces if p is not None and p != "" and not _printed(p, region)]
+            missing = [p for p in pieces if p is not None and p != "" and _printed_at(p, region) < 0]
             if missing:
                 raise RecordError(
                     f"the template does not print tool call {j} of message {i} ({message.role}): "
@@ -895,12 +1131,19 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _printed(value: Any, text: str) -> bool:
-    """Whether a value appears in text as a template would print it: raw, JSON (escaped or not) or Python."""
+def _printed_at(value: Any, text: str, hint: int = 0) -> int:
+    """Where a value appears in text as a template would print it (raw, JSON escaped or not, or
+    Python), looked for from `hint` first; -1 when it does not appear."""
     forms = {str(value), json.dumps(value), json.dumps(value, ensure_ascii=False)}
     if isinstance(value, str):
         forms |= {form[1:-1] for form in forms if form.startswith('"')} | {repr(value)[1:-1]}
-    return any(form in text for form in forms)
+    # the 64 KiB after the hint first: a form the template does not use would otherwise be looked for to the end
+    for start, end in ((hint, hint + (1 << 16)), (0, len(text))):
+        for form in forms:
+            at = text.find(form, start, end)
+            if at >= 0:
+                return at
+    return -1
 
 
 def data_strings(example: Example) -> Iterator[tuple[str, str]]:
@@ -1041,7 +1284,16 @@ def _targets_from_headers(
     """Targets from the assistant header and the first end-of-turn marker; markers and headers that a
     record spells (literal_ranges) are data, never structure."""
     starts = sorted((s, i) for i, ranges in contents.items() for s, _ in ranges)
+    positions = [s for s, _ in starts]
     ends = sorted(e for ranges in contents.values() for _, e in ranges)
+    # Where the first content of a later message starts, for each message (bisect and this keep the
+    # search per message logarithmic: scanning every content for every message took 183 s for 30,000)
+    later = [len(text)] * (len(messages) + 1)
+    first = {}
+    for s, j in reversed(starts):
+        first[j] = s
+    for j in range(len(messages) - 1, -1, -1):
+        later[j] = min(later[j + 1], first.get(j + 1, len(text)))
     targets = []
     for i, message in enumerate(messages):
         if not trained[i]:
@@ -1054,9 +1306,11 @@ def _targets_from_headers(
                 kind="mask_check",
             )
         own = ranges[0] if ranges else None
-        following = [s for s, j in starts if j > i and (own is None or s >= own[1])]
-        upper = own[0] if own else min(following, default=len(text))
-        lower = max((e for e in ends if e <= upper and (own is None or e != own[1])), default=0)
+        upper = own[0] if own else later[i]
+        below = bisect.bisect_right(ends, upper)  # the last content end at or before upper, not its own
+        while own and below and ends[below - 1] == own[1]:
+            below -= 1
+        lower = ends[below - 1] if below else 0
         if message.role == "assistant" and template.generation_header:
             header_at = _rfind_structure(text, template.generation_header, lower, upper, literal_ranges)
             start = header_at + len(template.generation_header) if header_at >= 0 else (own[0] if own else -1)
@@ -1075,7 +1329,10 @@ def _targets_from_headers(
                 kind="mask_check",
             )
         search_from = own[1] if own else start
-        limit = min((s for s, j in starts if s >= search_from and j != i), default=len(text))
+        after = bisect.bisect_left(positions, search_from)  # the first content from search_from on, not its own
+        while after < len(starts) and starts[after][1] == i:
+            after += 1
+        limit = starts[after][0] if after < len(starts) else len(text)
         end = _end_of_turn(
             text, search_from, limit, template.end_markers, include=policy.end_of_turn, skip=literal_ranges
         )

@@ -120,7 +120,7 @@ def read_file(
     """
     label = file_label(source, file)
     adapter = ADAPTERS[source.format]
-    for n, record in _raw_records(file, label, start, stop):
+    for n, record in _raw_records(file, label, start, stop, source.max_record_bytes):
         location = f"{label}:{n}"
         default_id = f"{source.name}:{location}"
         if isinstance(record, RecordError):
@@ -158,7 +158,7 @@ def sniff(path: str) -> str:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
 
 
-def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterator[Raw]:
+def _raw_records(path: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
     def unreadable(reason: str, row: int | None = None) -> Raw:
         return (row or 0), RecordError(reason, kind="unreadable_file", file=label, row=row)
 
@@ -176,7 +176,7 @@ def _raw_records(path: str, label: str, start: int, stop: int | None) -> Iterato
         "arrow_stream": partial(_arrow_rows, stream=True),
     }
     reader = readers.get(kind)
-    rows = reader(path, start, stop) if reader else _text_records(path, kind, label, start, stop)
+    rows = _sized(reader(path, start, stop), limit) if reader else _text_records(path, kind, label, start, stop, limit)
     last = start - 1
     try:
         for n, record in rows:
@@ -204,19 +204,27 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
+# Rows become Python objects this many bytes of Arrow data at a time: 1024 rows of 4 MiB at once
+# would be 4 GiB in Arrow and again in Python before the first row's size is checked.
+_CONVERT_BYTES = 64 << 20
+
+
 def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
     row = 0
     for group in range(parquet.num_row_groups):
-        size = parquet.metadata.row_group(group).num_rows
+        meta = parquet.metadata.row_group(group)
+        size = meta.num_rows
         if row + size <= start:  # whole row groups before the range are never decoded
             row += size
             continue
         if stop is not None and row >= stop:
             return
-        for batch in parquet.iter_batches(batch_size=1024, row_groups=[group]):
+        per_row = meta.total_byte_size // max(size, 1)  # decoded bytes, on average
+        rows = max(1, min(1024, _CONVERT_BYTES // max(per_row, 1)))
+        for batch in parquet.iter_batches(batch_size=rows, row_groups=[group]):
             yield from _batch_rows(batch, row, start, stop)
             row += batch.num_rows
 
@@ -246,10 +254,12 @@ def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None)
     part = batch.slice(lo, hi - lo)
     check = any(_may_hold_nul(column) for column in part.columns)
     readers = {f.name: read for f in part.schema if (read := _cell_reader(f)) is not None}
-    for row, record in enumerate(part.to_pylist(), start=first + lo):
-        if readers:
-            record = _as_json_record(record, readers)
-        yield row, _checked(record) if check and not isinstance(record, RecordError) else record
+    step = max(1, part.num_rows * _CONVERT_BYTES // max(part.nbytes, 1))
+    for offset in range(0, part.num_rows, step):
+        for row, record in enumerate(part.slice(offset, step).to_pylist(), start=first + lo + offset):
+            if readers:
+                record = _as_json_record(record, readers)
+            yield row, _checked(record) if check and not isinstance(record, RecordError) else record
 
 
 # datasets >= 4 stores its `Json` feature (values no Arrow type fits: messages whose keys differ,
@@ -359,19 +369,24 @@ def _open_text(path: str, kind: str) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _text_records(path: str, kind: str, label: str, start: int, stop: int | None) -> Iterator[Raw]:
-    """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed."""
+def _text_records(path: str, kind: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
+    """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed.
+
+    A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
+    `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
+    """
     with _open_text(path, kind) as handle:
-        head = [handle.readline()]
+        read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
+        head = [read_line()]
         if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
             head[0] = head[0][len(BOM) :]
         while head[-1] and not head[-1].strip():
-            head.append(handle.readline())
+            head.append(read_line())
         first = head[-1].lstrip()
         if not first:
             return  # only blank lines: a file with no records
         if first.startswith(b"["):
-            yield from _json_array(b"".join(head) + handle.read(), start, stop)
+            yield from _sized(_json_array(b"".join(head) + handle.read(), start, stop), limit)
             return
         if not first.startswith(b"{"):
             raise _ReadError(
@@ -380,9 +395,55 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
             )
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
-        for index, line in islice(enumerate(chain(head, handle)), start, stop):
-            if not line.isspace():  # no copy, unlike strip(); iteration never yields b""
+        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), start, stop):
+            if len(line) > limit and not line.endswith(b"\n"):
+                size = len(line) + _skip_line(handle)
+                yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
+            elif not line.isspace():  # no copy, unlike strip(); the reads never yield b""
                 yield index + 1, _parse_line(line, label, index + 1)
+
+
+def _skip_line(handle: io.BufferedIOBase) -> int:
+    """Read past the rest of the current line in blocks; the bytes passed over (its newline excluded)."""
+    skipped = 0
+    while block := handle.readline(1 << 20):
+        if block.endswith(b"\n"):
+            return skipped + len(block) - 1
+        skipped += len(block)
+    return skipped
+
+
+def _too_large(what: str, limit: int) -> RecordError:
+    return RecordError(
+        f"{what} is over max_record_bytes ({limit:,}): tokenizing takes ~150x a record's size in memory; "
+        "raise max_record_bytes to read it, or cut the record into smaller ones",
+        kind="record_too_large",
+    )
+
+
+def _sized(rows: Iterator[Raw], limit: int) -> Iterator[Raw]:
+    """Rows of a Parquet or Arrow file or a JSON array, a row over `limit` bytes of text becoming a reject."""
+    for n, record in rows:
+        size = 0 if isinstance(record, RecordError) else _text_bytes(record, limit)
+        yield (n, _too_large("the text of this row", limit)) if size > limit else (n, record)
+
+
+def _text_bytes(value: Any, limit: int) -> int:
+    """The UTF-8 bytes of the strings in a record (keys included), counted until they pass `limit`.
+    A loop, not recursion: a row may nest as deep as the JSON parser allowed."""
+    total, pending = 0, [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
+        elif isinstance(item, bytes):
+            total += len(item)
+        elif isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return total
 
 
 def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
@@ -456,6 +517,8 @@ def _parse_line(line: bytes, label: str, n: int) -> Any:
                 raise json.JSONDecodeError("Extra data", text, end)
     except json.JSONDecodeError as exc:
         return RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", kind="parse_error", file=label, row=n)
+    except ValueError as exc:  # an integer of more digits than Python converts (4300): this record's problem
+        return RecordError(f"not readable JSON: {_short(exc)}", kind="parse_error", file=label, row=n)
     except RecursionError:
         return RecordError("nested too deeply to read (JSON depth over ~1000)", kind="parse_error", file=label, row=n)
     return _checked(record) if _NotFinite.made != made or _suspect(text) else record

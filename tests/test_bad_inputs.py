@@ -67,6 +67,19 @@ class Case:
     rejected: dict[str, int] = field(default_factory=dict)
     where: str = ""  # what the one-line error under on_error: fail names (file:line, field)
     reason: str = ""  # a piece of the reason (in rejects.jsonl detail and in the error line)
+    settings: dict = field(default_factory=dict)  # top-level config keys for this case
+
+
+# A record over max_record_bytes (set to 2 KiB below): never parsed or tokenized, one reject naming its line.
+SMALL_LIMIT = {"max_record_bytes": 2048}
+TOO_LARGE = "is over max_record_bytes (2,048)"
+LONG_TEXT = json.dumps({"text": "word " * 2000})
+
+
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
 
 
 CASES = [
@@ -507,6 +520,82 @@ CASES = [
         kept=2,
     ),
     Case(
+        "jsonl_line_over_max_record_bytes",
+        "text",
+        "t.jsonl",
+        _lines("text", LONG_TEXT, '{"text": "after"}'),
+        kept=2,
+        rejected={"record_too_large": 1},
+        where="t.jsonl:2",
+        reason=TOO_LARGE,
+        settings=SMALL_LIMIT,
+    ),
+    Case(
+        "jsonl_number_with_more_digits_than_python_reads",  # was: the rest of the file an unreadable_file
+        "text",
+        "t.jsonl",
+        _lines("text", '{"text": "x", "n": ' + "9" * 10_000 + "}", '{"text": "after"}'),
+        kept=2,
+        rejected={"parse_error": 1},
+        where="t.jsonl:2",
+        reason="Exceeds the limit (4300 digits)",
+    ),
+    Case(
+        "jsonl_first_line_over_max_record_bytes",
+        "text",
+        "t.jsonl",
+        (LONG_TEXT + "\n" + json.dumps(GOOD["text"]) + "\n").encode(),
+        kept=1,
+        rejected={"record_too_large": 1},
+        where="t.jsonl:1",
+        reason=TOO_LARGE,
+        settings=SMALL_LIMIT,
+    ),
+    Case(
+        "jsonl_last_line_over_max_record_bytes_no_newline",
+        "text",
+        "t.jsonl",
+        _lines("text") + LONG_TEXT.encode(),
+        kept=1,
+        rejected={"record_too_large": 1},
+        where="t.jsonl:2",
+        reason="a line of 10,012 bytes is over max_record_bytes (2,048)",
+        settings=SMALL_LIMIT,
+    ),
+    Case(
+        "zstd_line_over_max_record_bytes",
+        "text",
+        "t.jsonl.zst",
+        lambda: _zstd(_lines("text", LONG_TEXT, '{"text": "after"}')),
+        kept=2,
+        rejected={"record_too_large": 1},
+        where="t.jsonl.zst:2",
+        reason=TOO_LARGE,
+        settings=SMALL_LIMIT,
+    ),
+    Case(
+        "parquet_row_over_max_record_bytes",
+        "text",
+        "t.parquet",
+        lambda: _parquet({"text": ["one", "word " * 2000, "three"]}),
+        kept=2,
+        rejected={"record_too_large": 1},
+        where="t.parquet:1",
+        reason="the text of this row is over max_record_bytes (2,048)",
+        settings=SMALL_LIMIT,
+    ),
+    Case(
+        "json_array_row_over_max_record_bytes",
+        "text",
+        "t.json",
+        json.dumps([GOOD["text"], {"text": "word " * 2000}]).encode(),
+        kept=1,
+        rejected={"record_too_large": 1},
+        where="t.json:1",
+        reason=TOO_LARGE,
+        settings=SMALL_LIMIT,
+    ),
+    Case(
         "jsonl_zero_bytes",
         "messages",
         "c.jsonl",
@@ -555,6 +644,7 @@ def _config(tmp_path: Path, case: Case, on_error: str) -> Path:
         "on_error": on_error,
         "workers": 1,
         "max_reject_share": 1.0,
+        **case.settings,
     }
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
@@ -664,6 +754,8 @@ CONFIG_CASES = [
     ("validation_share_too_big", {"validation": {"share": 2}}, "validation.share: must be between"),
     ("max_reject_share_too_big", {"max_reject_share": 2}, "max_reject_share: must be between 0.0 and 1.0"),
     ("executor_unknown", {"executor": "dask"}, "executor: 'dask' is not one of processes, serial, ray"),
+    ("max_record_bytes_tiny", {"max_record_bytes": 10}, "max_record_bytes: must be between 1,024 and"),
+    ("max_record_bytes_text", {"max_record_bytes": "16MB"}, "max_record_bytes: expected an integer, got str '16MB'"),
 ]
 
 

@@ -277,3 +277,89 @@ def test_system_dedup_and_prompt_completion_are_validated(tmp_path, write_config
     config = load_config(write_config({**raw, "dedup": "exact"}))
     assert config.sources[0].system == "Be brief." and config.sources[0].dedup == "exact" and config.dedup == "exact"
     assert config.sources[0].fields == {"prompt": "prompt", "completion": "completion", "tools": "tools", "id": None}
+
+
+# --- YAML aliases: allowed, bounded -----------------------------------------------------------
+
+
+def _config_text(tmp_path: Path, extra: str) -> Path:
+    """The base config as YAML with `extra` lines appended (anchors and aliases need real YAML, not JSON)."""
+    import yaml
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_base(tmp_path)) + extra)
+    return path
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """Nine aliases of nine aliases ... ("billion laughs"): 10 lines that expand to 9**9 strings."""
+    lines = ['x0: &x0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.timeout(10)
+def test_a_yaml_alias_bomb_is_one_line_in_well_under_a_second(tmp_path):
+    import time
+
+    path = _config_text(tmp_path, "template_vars:\n" + "".join(f"  {line}\n" for line in _alias_bomb().splitlines()))
+    started = time.perf_counter()
+    with pytest.raises(PacktoolError, match=r"expands to more than 100,000 values once its aliases are written out"):
+        load_config(path)
+    assert time.perf_counter() - started < 0.5
+    # the same through the CLI: one line, exit 1
+    result = CliRunner().invoke(main, ["build", str(path), "-q"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.timeout(10)
+def test_an_alias_bomb_in_a_set_value_is_refused():
+    levels = ["&l0 [" + ", ".join(["lol"] * 9) + "]"]
+    levels += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    with pytest.raises(PacktoolError, match=r"--set .*expands to more than 100,000 values"):
+        apply_overrides({}, [f"template_vars.x=[{', '.join(levels)}]"])
+    assert (
+        apply_overrides({}, [f"template_vars.x=[{', '.join(levels[:3])}]"])["template_vars"]["x"][2][8][8][8] == "lol"
+    )
+
+
+@pytest.mark.timeout(10)
+def test_self_referencing_and_deeply_nested_yaml_are_one_line(tmp_path):
+    with pytest.raises(PacktoolError, match="an alias refers to a mapping or list that holds it"):
+        load_config(_config_text(tmp_path, "template_vars:\n  x: &loop\n    - *loop\n"))
+    with pytest.raises(PacktoolError, match="nested"):
+        load_config(_config_text(tmp_path, "template_vars:\n  x: " + "[" * 5000 + "]" * 5000 + "\n"))
+    with pytest.raises(PacktoolError, match="nested deeper than 200 levels"):
+        load_config(_config_text(tmp_path, "template_vars:\n  x: " + "[" * 300 + "]" * 300 + "\n"))
+
+
+def test_sensible_anchors_and_aliases_are_read(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
+    (tmp_path / "more.jsonl").write_text('{"text": "more"}\n')
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "sources:\n"
+        "  - &docs {name: docs, path: data.jsonl, format: text, weight: 2}\n"
+        "  - {<<: *docs, name: more, path: more.jsonl}\n"
+        f"tokenizer: {QUICKSTART / 'tokenizer'}\ncapacity: 64\noutput: out\n"
+    )
+    config = load_config(path)
+    assert [(s.name, s.weight) for s in config.sources] == [("docs", 2.0), ("more", 2.0)]
+
+
+def test_max_record_bytes_has_a_documented_default_and_reaches_the_readers(tmp_path, write_config):
+    from packtool.config import DEFAULT_MAX_RECORD_BYTES
+
+    config = load_config(write_config(_base(tmp_path)))
+    assert config.max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 4 << 20
+    assert config.sources[0].max_record_bytes == DEFAULT_MAX_RECORD_BYTES
+    assert f"max_record_bytes: {DEFAULT_MAX_RECORD_BYTES}" in Path("README.md").read_text()
+    raw = {**_base(tmp_path), "max_record_bytes": 4096}
+    assert load_config(write_config(raw)).sources[0].max_record_bytes == 4096
+
+
+@pytest.mark.timeout(10)
+def test_a_config_of_megabytes_is_one_line_before_it_is_parsed(tmp_path):
+    path = _config_text(tmp_path, f"template_vars:\n  prompt: {'a' * (2 << 20)}\n")  # YAML took 10 s for 10 MB
+    with pytest.raises(PacktoolError, match=r"bytes, over the 1,048,576 a build config may have"):
+        load_config(path)

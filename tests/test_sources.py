@@ -341,3 +341,83 @@ def test_a_json_column_is_known_by_its_field_metadata_too(tmp_path):
     table = pa.Table.from_arrays([pa.array(cells, named.type)], schema=pa.schema([named]))
     (example,) = read_source(source("messages", _write_stream(tmp_path / "old.arrow", table)))
     assert [m.content for m in example.messages] == ["q", "a"]
+
+
+# --- max_record_bytes: memory per record is bounded ------------------------------------------
+
+# VmHWM, the peak of this process's own memory: ru_maxrss keeps the peak of the forked pytest before exec.
+_PEAK_BUILD = """
+import re, sys
+from pathlib import Path
+from click.testing import CliRunner
+from packtool.cli import main
+result = CliRunner().invoke(main, ["build", sys.argv[1], "-q"])
+print(result.exit_code, int(re.search(r"VmHWM:\\s*(\\d+)", Path("/proc/self/status").read_text()).group(1)) // 1024)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak memory is read from Linux's /proc")
+def test_a_huge_text_record_is_rejected_before_it_is_tokenized_in_bounded_memory(tmp_path):
+    """A 12 MiB `format: text` record (the 200 MB one of issue 20 took 24 GB): over the 4 MiB
+    default it is passed over while reading; the build, in one process, stays far below what
+    tokenizing it would take (~150x its size: an 8 MiB record peaked at 1.26 GB). Not larger, so
+    that a regression costs CI ~2 GB for a minute, not the machine."""
+    import subprocess
+    import sys
+
+    from support import QUICKSTART
+
+    with open(tmp_path / "docs.jsonl", "w") as handle:
+        handle.write(json.dumps({"text": "a short document"}) + "\n")
+        huge = '{"text": "' + "word " * ((12 << 20) // 5) + '"}'
+        handle.write(huge + "\n")
+        handle.write(json.dumps({"text": "after the huge one"}) + "\n")
+    config = {
+        "sources": [{"name": "docs", "path": "docs.jsonl", "format": "text"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 256,
+        "output": "out",
+        "on_error": "skip",
+        "max_reject_share": 1.0,
+        "workers": 1,
+        "executor": "serial",
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK_BUILD, str(tmp_path / "config.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    code, peak_mib = map(int, run.stdout.split())
+    assert code == 0, run.stderr
+    assert peak_mib < 500, f"peak {peak_mib} MiB"  # tokenizing the record whole: ~1.9 GB
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["accounting"]["docs"]["kept"] == 2
+    assert manifest["accounting"]["docs"]["rejected"] == {"record_too_large": 1}
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert reject["location"] == "docs.jsonl:2"
+    assert f"a line of {len(huge):,} bytes is over max_record_bytes (4,194,304)" in reject["detail"]
+    assert "raise max_record_bytes" in reject["detail"]
+
+
+def test_large_rows_become_python_a_bounded_slice_at_a_time(tmp_path, monkeypatch):
+    """Rows are converted _CONVERT_BYTES of Arrow data at a time (1024 rows of 4 MiB were 4 GiB at
+    once); with a one-byte bound every row is its own slice and the records, rows and ranges are the same."""
+    import packtool.sources as sources
+
+    table = pa.table({"text": [f"row {i} " + "x" * i for i in range(7)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=4)
+    with pa.OSFile(str(tmp_path / "s.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=3)
+    for name in ("t.parquet", "s.arrow"):
+        src = source("text", tmp_path / name)
+        whole = [(e.location, e.text) for e in read_source(src)]
+        ranged = [e.text for e in read_file(src, str(tmp_path / name), 2, 6)]
+        monkeypatch.setattr(sources, "_CONVERT_BYTES", 1)
+        assert [(e.location, e.text) for e in read_source(src)] == whole
+        assert [e.text for e in read_file(src, str(tmp_path / name), 2, 6)] == ranged == [t for _, t in whole[2:6]]
+        monkeypatch.undo()
+    assert whole[-1] == ("s.arrow:6", "row 6 xxxxxx")

@@ -83,6 +83,7 @@ def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]
         "train": [source.train.roles, source.train.turns, source.train.end_of_turn, source.train.tool_calls],
         "special_tokens": source.special_tokens,
         "system": source.system,
+        "max_record_bytes": source.max_record_bytes,  # which records are read at all
         "add_bos": config.add_bos,
         "add_eos": config.add_eos,
         # pairs and groups are cut jointly while encoding (a segment alone cannot be cut), so the fit is encode's

@@ -361,7 +361,7 @@ class ProcessExecutor(_Closing):
         worker.process.join(timeout=5)
         return WorkerError(
             f"a worker process died (exit code {worker.process.exitcode}) while running work item {worker.item}; "
-            "a negative code is the signal that killed it (-9: often out of memory: lower workers)"
+            + _death_advice(worker.process.exitcode)
         )
 
     def close(self) -> None:
@@ -369,6 +369,21 @@ class ProcessExecutor(_Closing):
         pool, self._pool = self._pool, []
         for worker in pool:
             worker.stop(now=False)
+
+
+def _death_advice(code: int | None) -> str:
+    """What to change, by how the worker died: each worker holds one work item's records, each bounded by
+    max_record_bytes, so memory grows with workers and with that setting, never with one record alone."""
+    if code == -signal.SIGKILL:
+        return (
+            "-9 is SIGKILL, usually the out-of-memory killer: each worker holds a batch of records of up to "
+            "max_record_bytes each (tokenizing takes ~150x a record's size), so lower workers, or lower "
+            "max_record_bytes when the data has very large records"
+        )
+    if code is not None and code < 0:
+        known = -code in {number.value for number in signal.Signals}
+        return f"signal {-code} ({signal.Signals(-code).name if known else 'unknown'}) stopped it from outside packtool"
+    return "a worker exits on its own only when Python itself fails (see the lines printed above)"
 
 
 # -- Ray ------------------------------------------------------------------------------------------------

@@ -191,14 +191,17 @@ def test_an_error_in_a_worker_reaches_the_caller_with_its_type_and_fields(proces
 
 
 def test_a_worker_that_dies_is_reported_and_replaced(processes):
-    with pytest.raises(WorkerError, match=r"worker process died \(exit code 3\) while running work item [01];"):
+    with pytest.raises(WorkerError, match=r"worker process died \(exit code 3\) while running work item [01];") as died:
         list(processes.map(die, range(3)))
+    assert "workers" not in str(died.value)  # an exit of its own is not memory: no advice about memory
     assert list(processes.map(square_later, range(3))) == [0, 1, 4]
     # A worker killed between maps (the kernel's OOM killer, an operator) fails the item it was sent.
     processes._pool[0].process.kill()
     processes._pool[0].process.join()
-    with pytest.raises(WorkerError, match=r"exit code -9\) while running work item"):
+    with pytest.raises(WorkerError, match=r"exit code -9\) while running work item") as killed:
         list(processes.map(square_later, range(6)))
+    # the two causes of an out-of-memory kill and the setting for each
+    assert "lower workers" in str(killed.value) and "lower max_record_bytes" in str(killed.value)
     assert list(processes.map(square_later, range(3))) == [0, 1, 4]
 
 

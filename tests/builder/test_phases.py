@@ -419,3 +419,25 @@ def _raw() -> dict:
         "rows_per_shard": 5,
         "workers": 1,
     }
+
+
+def test_raising_max_record_bytes_reencodes_and_keeps_the_record(tmp_path, write_config, write_jsonl):
+    """Which records are read at all is an encode setting: a cached partition that passed over a
+    record must not stand in for one that reads it."""
+    write_jsonl([{"text": "short"}, {"text": "word " * 1000}], "docs.jsonl")
+    raw = {
+        "sources": [{"name": "docs", "path": "docs.jsonl", "format": "text"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 128,
+        "output": "out",
+        "workers": 1,
+        "on_error": "skip",
+        "max_reject_share": 1.0,
+        "max_record_bytes": 1024,
+    }
+    first = build(load_config(write_config(raw)))
+    assert first.manifest["accounting"]["docs"]["rejected"] == {"record_too_large": 1}
+    again = build(load_config(write_config({**raw, "max_record_bytes": 8192})))
+    assert again.encode_reused == 0
+    assert again.manifest["accounting"]["docs"]["rejected"] == {}
+    assert again.manifest["accounting"]["docs"]["kept"] == 2

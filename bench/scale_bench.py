@@ -53,8 +53,8 @@ CHILD = """
 import json, sys, time
 from contextlib import contextmanager
 start = time.perf_counter()
-from packtool.build import build
-from packtool.build.progress import Progress
+from packtool.builder import build
+from packtool.builder.progress import Progress
 from packtool.config import load_config
 
 def anon_mb():

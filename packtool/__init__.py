@@ -19,7 +19,7 @@ __all__ = ["SCHEMA_VERSION", "__version__", "build", "load_config"]
 
 def __getattr__(name: str) -> Any:
     if name == "build":
-        import packtool.build
+        import packtool.builder
 
         return packtool.build  # a callable package: packtool.build(config) runs the build
     if name == "load_config":

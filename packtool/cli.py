@@ -87,8 +87,8 @@ def build(
         packtool build configs/quickstart.yaml --output out/quickstart --capacity 2048 --workers auto
         packtool build configs/quickstart.yaml -o out/try --max-samples 100 --set sources.chat.weight=2
     """
-    from packtool.build import build as run_build
-    from packtool.build.progress import BarProgress, Progress
+    from packtool.builder import build as run_build
+    from packtool.builder.progress import BarProgress, Progress
     from packtool.config import load_config, resolve_config_path
     from packtool.stats import format_headline
 
@@ -120,7 +120,7 @@ def build(
     for repaired in built.repaired:
         click.echo(f"warning: {repaired}; not reused, written again", err=True)
     if dry_run:
-        from packtool.build import format_preview
+        from packtool.builder import format_preview
 
         click.echo(format_preview(built.manifest))
         return
@@ -173,7 +173,7 @@ def cache_command(action: str, folder: Path | None) -> None:
         packtool cache list out/quickstart
         packtool cache clear out/.packtool-cache
     """
-    from packtool.build.cache import CACHE_DIR, TokenCache
+    from packtool.builder.cache import CACHE_DIR, TokenCache
 
     if folder is None:
         folder = Path("out") / CACHE_DIR

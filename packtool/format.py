@@ -30,7 +30,7 @@ from packtool.seal import SEAL, seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
-# A build with a preference or group source, or with `split` truncation, writes version 2 (build.plan
+# A build with a preference or group source, or with `split` truncation, writes version 2 (builder.plan
 # shard_schema_version); every other build writes the v1 bytes.
 SEGMENTS_SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION)

@@ -83,7 +83,7 @@ class OutputPack:
     sample_hashes: list[str]
     sample_repeats: list[int]
     sources: list[str]
-    segments: SegmentColumns | None = None  # schema v2 only (build.plan.shard_schema_version)
+    segments: SegmentColumns | None = None  # schema v2 only (builder.plan.shard_schema_version)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from support import QUICKSTART, shared
 
-from packtool.build import build
-from packtool.build.plan import source_multipliers
+from packtool.builder import build
+from packtool.builder.plan import source_multipliers
 from packtool.config import load_config
 from packtool.labels import IGNORE_INDEX
 

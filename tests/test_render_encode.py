@@ -336,7 +336,7 @@ def test_every_string_a_record_brings_is_searched():
 
 @pytest.mark.parametrize("policy", ["escape", "keep", "reject"])
 def test_literals_outside_content_are_counted_under_every_policy(tmp_path, write_config, write_jsonl, policy):
-    from packtool.build import build
+    from packtool.builder import build
     from packtool.config import load_config
 
     folder = shared("tokenizers", "qwen2.5")
@@ -589,7 +589,7 @@ def test_tools_the_template_drops_reject_the_sample(tmp_path, definitions, calls
 
 
 def test_dropped_tools_are_counted_per_source(tmp_path, write_config, write_jsonl):
-    from packtool.build import build
+    from packtool.builder import build
     from packtool.config import load_config
 
     example = _tool_example()
@@ -875,7 +875,7 @@ def _model_template(folder: str):
 
 
 def test_the_manifest_lists_what_the_template_injects(tmp_path, write_config, write_jsonl):
-    from packtool.build import build
+    from packtool.builder import build
     from packtool.config import load_config
 
     write_jsonl([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}])

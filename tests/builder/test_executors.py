@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import ctrl_c_reaches_child
 
-from packtool.build.executors import (
+from packtool.builder.executors import (
     ITEMS_PER_WORKER,
     LOCAL_NODE,
     ProcessExecutor,
@@ -218,7 +218,7 @@ BUILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from packtool.build.executors import make_executor
+    from packtool.builder.executors import make_executor
 
     def slow(marker):
         Path(marker).touch()
@@ -321,7 +321,7 @@ RAY_BUILD = textwrap.dedent(
     import os
     from pathlib import Path
     import ray
-    from packtool.build.executors import make_executor
+    from packtool.builder.executors import make_executor
 
     def children():
         stats = [p.read_text().rsplit(")", 1)[1].split() for p in Path("/proc").glob("[0-9]*/stat") if p.exists()]

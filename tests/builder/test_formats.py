@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from support import QUICKSTART
 
-from packtool.build import build, failed_rejects_path
-from packtool.build.cache import source_settings
-from packtool.build.plan import plan_settings
+from packtool.builder import build, failed_rejects_path
+from packtool.builder.cache import source_settings
+from packtool.builder.plan import plan_settings
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.encode import load_tokenizer

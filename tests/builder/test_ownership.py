@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from support import QUICKSTART, REPO
 from test_phases import _chat_rows, _cli, _digest, _raw
 
-from packtool.build import build
-from packtool.build.owned import LOCK, MARKER, locked
-from packtool.build.publish import CARRY, Staging
+from packtool.builder import build
+from packtool.builder.owned import LOCK, MARKER, locked
+from packtool.builder.publish import CARRY, Staging
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.errors import PacktoolError

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from support import QUICKSTART, shared
 
-from packtool.build import build
+from packtool.builder import build
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.find import find

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from support import QUICKSTART, REPO, ctrl_c_reaches_child, shared
 
-from packtool.build import build
-from packtool.build.publish import Staging, exchange
+from packtool.builder import build
+from packtool.builder.publish import Staging, exchange
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.verify import verify
@@ -210,7 +210,7 @@ def test_a_serial_build_tokenizes_one_thread_per_call_and_leaves_the_caller_s_se
     """-j 1 runs in the caller's process: its encode threads already overlap tokenizing with
     rendering, so tokenizers' own pool is off while they run, and the caller's environment is
     as it was afterwards (their own setting is never overridden)."""
-    from packtool.build.encode import PARALLELISM, Stages
+    from packtool.builder.encode import PARALLELISM, Stages
 
     if set_by_caller is None:
         monkeypatch.delenv(PARALLELISM, raising=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from support import shared
 
-from packtool.build import build
+from packtool.builder import build
 from packtool.config import load_config
 from packtool.verify import verify
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import shared
 
-from packtool.build import build
-from packtool.build.plan import quota_plan
+from packtool.builder import build
+from packtool.builder.plan import quota_plan
 from packtool.config import ConfigError, Quota, load_config
 from packtool.shards import locate
 from packtool.stats import format_stats, summarize

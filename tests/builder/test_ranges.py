@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from support import QUICKSTART
 
-import packtool.build.encode as encode_phase
-from packtool.build import build
-from packtool.build.encode import row_ranges
+import packtool.builder.encode as encode_phase
+from packtool.builder import build
+from packtool.builder.encode import row_ranges
 from packtool.config import load_config
 
 pytestmark = pytest.mark.timeout(300)

@@ -2,7 +2,7 @@
 
 Only the sample contents are synthetic: rows go through `OutputPack`, `write_shards` and
 `write_json_atomic` exactly as `packtool build` writes them, and the manifest carries the
-fields of `packtool.build._manifest` that the loader reads.
+fields of `packtool.builder._manifest` that the loader reads.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def synthetic_packs(n_packs: int, capacity: int, seed: int = 0, vocab: int = 100
 
     packed: one attention segment per document, ~20% of tokens not targets, -100 at each start.
     stream: one attention segment per pack (`cu_seqlens` [0, len]), documents only in
-    `doc_cu_seqlens`, every token a target but the first (as packtool.build.emit writes them).
+    `doc_cu_seqlens`, every token a target but the first (as packtool.builder.emit writes them).
     """
     rng = np.random.default_rng(seed)
     packs = []

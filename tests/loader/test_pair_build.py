@@ -19,7 +19,7 @@ from support import shared  # noqa: E402
 from test_pair_proofs import BETA, naive_logp  # noqa: E402
 from test_proofs import VOCAB, alone, packed_forward, tiny_llama  # noqa: E402
 
-from packtool.build import build  # noqa: E402
+from packtool.builder import build  # noqa: E402
 from packtool.config import load_config  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.loader.collate import SEGMENT_COLUMNS  # noqa: E402

@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 import packtool
-from packtool.build.cache import code_fingerprint
+from packtool.builder.cache import code_fingerprint
+from packtool.builder.store import PartitionReader, PartitionWriter
 from packtool.config import ITEM_FORMATS, BuildConfig, Quota, canonical_json
 from packtool.errors import BuildError
 from packtool.format import SEGMENTS_SCHEMA_VERSION, sha256_file, write_json_atomic
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
-from packtool.store import PartitionReader, PartitionWriter
 from packtool.truncate import truncate
 
 PLAN_FILE = "plan.json"

@@ -27,7 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from packtool.build.cache import TokenCache, publish_file, seal_report
+from packtool.builder.cache import TokenCache, publish_file, seal_report
+from packtool.builder.store import PartitionWriter, SegmentRole
 from packtool.config import BuildConfig, SourceConfig, canonical_json
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -37,7 +38,6 @@ from packtool.preference import CompletionGroup, ItemTruncation, PreferencePair,
 from packtool.records import Rendered, Tokenized
 from packtool.render import ChatTemplate, render_example, template_for
 from packtool.sources import BOM, Parsed, read_file, sniff
-from packtool.store import PartitionWriter, SegmentRole
 
 RANGE_ROWS = 4096  # lines or rows per encode work item of a large file (see row_ranges)
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.build.plan import repeat_plan
+from packtool.builder.plan import repeat_plan
+from packtool.builder.store import BATCH_ROWS, PartitionReader, PartitionWriter, _n_targets
 from packtool.records import Tokenized
-from packtool.store import BATCH_ROWS, PartitionReader, PartitionWriter, _n_targets
 
 
 def _sample(i: int, rng: np.random.Generator) -> Tokenized:

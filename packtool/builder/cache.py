@@ -1,8 +1,8 @@
 """The token store as a cache: encoded partitions addressed by everything they depend on.
 
-    CACHE/packtool-owned.json         marks the folder as a packtool cache (build.owned); nothing else is touched
+    CACHE/packtool-owned.json         marks the folder as a packtool cache (builder.owned); nothing else is touched
     CACHE/packtool.lock               shared by the builds using the cache, exclusive for `cache clear`
-    CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see build.encode)
+    CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see builder.encode)
     CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
                                       {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
 
@@ -30,20 +30,21 @@ from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.build.owned import OwnershipError, fresh_temporary, is_marked, locked
+from packtool.builder.owned import OwnershipError, fresh_temporary, is_marked, locked
 from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_json
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
 CACHE_VERSION = 2
-CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (build.owned)
+CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
     "packtool.sources",
     "packtool.render",
     "packtool.encode",
     "packtool.records",
-    "packtool.build.encode",
+    "packtool.builder.encode",
+    "packtool.builder.store",  # writes the partitions
 )
 
 

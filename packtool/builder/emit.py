@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 import packtool
-from packtool.build.plan import PIECES_FILE, FolderPlan, Plan, load_plan
+from packtool.builder.plan import PIECES_FILE, FolderPlan, Plan, load_plan
+from packtool.builder.store import PartitionReader, StoredSample
 from packtool.format import WHOLE, sha256_file, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.packing import StreamPlan
 from packtool.records import ROLE_CODES
 from packtool.shards import OutputPack, SegmentColumns, ShardInfo, write_shard
-from packtool.store import PartitionReader, StoredSample
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The build: the only module that knows the order of the phases.
 
-    encode   one work item per input file or row range -> a token-store partition + report (cached, build.encode)
-    plan     length columns -> truncation, mixing, global packing, in numpy        (build.plan)
-    emit     one work item per output shard, gathered from the store             (build.emit)
-    publish  the staged build replaces OUT whole, manifest last                   (build.publish)
+    encode   one work item per input file or row range -> a token-store partition + report (cached, builder.encode)
+    plan     length columns -> truncation, mixing, global packing, in numpy        (builder.plan)
+    emit     one work item per output shard, gathered from the store             (builder.emit)
+    publish  the staged build replaces OUT whole, manifest last                   (builder.publish)
 
-Work items run on an executor (serial, local processes or Ray; build.executors) and know nothing
+Work items run on an executor (serial, local processes or Ray; builder.executors) and know nothing
 of it. Every finished item stays on disk (the cache, the staging folder), so a rerun after a crash
 redoes only what did not finish, and the bytes do not depend on the executor or on a resume.
 For each source the accounting adds up:
@@ -19,8 +19,6 @@ import json
 import os
 import shutil
 import signal
-import sys
-import types
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -28,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.build.cache import CACHE_KIND, TokenCache, cache_root, encode_key, file_sha256, source_settings
-from packtool.build.emit import emit_item, emit_items, release
-from packtool.build.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
-from packtool.build.executors import make_executor
-from packtool.build.owned import check_apart, claim, locked, unlinked
-from packtool.build.plan import Partition, Plan, make_plan, plan_key, stored_plan_problem
-from packtool.build.progress import Progress
-from packtool.build.publish import Staging
+from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, file_sha256, source_settings
+from packtool.builder.emit import emit_item, emit_items, release
+from packtool.builder.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
+from packtool.builder.executors import make_executor
+from packtool.builder.owned import check_apart, claim, locked, unlinked
+from packtool.builder.plan import Partition, Plan, make_plan, plan_key, stored_plan_problem
+from packtool.builder.progress import Progress
+from packtool.builder.publish import Staging
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
 from packtool.format import REJECTS, conventions, write_manifest
@@ -428,16 +426,5 @@ def _item_accounting(config: BuildConfig, accounting: dict[str, dict[str, Any]])
         counted[source.name] = entry
     return counted
 
-
-class _CallableModule(types.ModuleType):
-    """`packtool.build(config)` is the library's front door, and `packtool.build` is also this package:
-    importing a submodule (packtool.build.executors) rebinds the attribute to the package, so the
-    package itself answers the call."""
-
-    def __call__(self, config: BuildConfig, **options: Any) -> Built:
-        return build(config, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["Built", "build"]

@@ -2,7 +2,7 @@
 
     OUT/                               the last complete build (untouched until the new one is whole)
     .OUT.packtool-staging/             sibling of OUT (same filesystem, so the swap is a rename)
-        packtool-owned.json            marks the folder as packtool's (build.owned): nothing else is written to
+        packtool-owned.json            marks the folder as packtool's (builder.owned): nothing else is written to
         packtool.lock                  flock'ed by the one build of OUT that runs (its pid inside)
         plan-KEY/                      the plan (plan.json last)
         out-KEY/                       the new build, shard by shard; manifest.json last
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from packtool.build.owned import LOCK, MARKER, SUBFOLDERS, OwnershipError, claim, locked
+from packtool.builder.owned import LOCK, MARKER, SUBFOLDERS, OwnershipError, claim, locked
 from packtool.format import MANIFEST, REJECTS, write_json_atomic
 from packtool.seal import SEAL, manifest_digest
 

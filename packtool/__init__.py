@@ -19,9 +19,9 @@ __all__ = ["SCHEMA_VERSION", "__version__", "build", "load_config"]
 
 def __getattr__(name: str) -> Any:
     if name == "build":
-        import packtool.builder
+        from packtool.builder import build
 
-        return packtool.build  # a callable package: packtool.build(config) runs the build
+        return build
     if name == "load_config":
         from packtool.config import load_config
 

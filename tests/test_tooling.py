@@ -1,4 +1,5 @@
-"""The project's pytest settings: a skipped test says why in the summary of every run (CI included)."""
+"""The project's pytest settings: the summary of every run (CI included) names each failure and each
+skipped test with its reason."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import sys
 from support import REPO
 
 
-def test_every_run_lists_each_skip_with_its_reason(tmp_path):
+def test_every_run_lists_each_failure_and_each_skip_with_its_reason(tmp_path):
     (tmp_path / "test_skips.py").write_text(
         "import pytest\n\n\ndef test_needs_data():\n    pytest.skip('shared test data not found at /nowhere')\n"
+        "\n\ndef test_fails():\n    assert 1 == 2\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "-p", "no:cacheprovider", str(tmp_path)],
@@ -19,5 +21,6 @@ def test_every_run_lists_each_skip_with_its_reason(tmp_path):
         timeout=120,
         cwd=tmp_path,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
     assert "SKIPPED [1] test_skips.py:5: shared test data not found at /nowhere" in done.stdout
+    assert "FAILED test_skips.py::test_fails" in done.stdout

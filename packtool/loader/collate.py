@@ -34,7 +34,7 @@ tokens never see it and it never adds a target::
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,7 +53,6 @@ __all__ = [
     "PackFormatError",
     "PackViews",
     "assemble",
-    "batch_by_tokens",
     "collate",
     "validate_cu_seqlens",
 ]
@@ -499,54 +498,3 @@ class SegmentSlice:
 
     table: SegmentTable
     index: int
-
-
-def batch_by_tokens(
-    rows: Iterable[LoadedPack],
-    token_budget: int,
-    *,
-    fixed_shape: bool = False,
-    capacity: int | None = None,
-    pad_id: int = 0,
-) -> Iterator[MicroBatch]:
-    """Stream micro-batches of at most `token_budget` tokens (one pending micro-batch in memory).
-
-    The budget is a hard cap: a pack longer than it raises. fixed_shape: every micro-batch holds
-    `token_budget // capacity` pack slots, each padded to `capacity`, and a micro-batch closed
-    early is filled with padding rows, so T == that many * capacity always. A micro-batch never
-    mixes two plan rounds (`LoadedPack.step`) and closes where a rank's share of a round ends
-    (`closes_step`), so it can carry the round's resume position.
-    """
-    if token_budget <= 0:
-        raise PackFormatError(f"token_budget must be positive, got {token_budget}")
-    per_batch = 0
-    if fixed_shape:
-        if capacity is None:
-            raise PackFormatError("fixed_shape needs the shards' capacity (manifest 'capacity')")
-        per_batch = token_budget // capacity
-        if per_batch < 1:
-            raise PackFormatError(f"token_budget {token_budget} < capacity {capacity}; raise the budget")
-
-    def close(pending: list[LoadedPack]) -> MicroBatch:
-        if fixed_shape:
-            return collate(pending, capacity=capacity, pad_id=pad_id, n_padding_rows=per_batch - len(pending))
-        return collate(pending)
-
-    current: list[LoadedPack] = []
-    used = 0
-    for row in rows:
-        n = capacity if fixed_shape and capacity is not None else len(row)
-        if len(row) > token_budget:
-            raise PackFormatError(
-                f"pack {row.pack_hash or row.row} has {len(row)} tokens > token_budget {token_budget}"
-            )
-        if current and (used + n > token_budget or row.step != current[-1].step):
-            yield close(current)
-            current, used = [], 0
-        current.append(row)
-        used += n
-        if row.closes_step:
-            yield close(current)
-            current, used = [], 0
-    if current:
-        yield close(current)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.errors import PackFormatError
+from packtool.errors import DatasetError
 from packtool.loader.balance import assign_lpt, pack_costs
 
 
@@ -117,18 +117,19 @@ def plan_packs(start: int, total: int, world: int) -> EpochPlan:
     return _plan(start, total, world, slot_of, keep)
 
 
-def slot_ends(lengths: np.ndarray, budget: int) -> list[int]:
-    """Greedy cut of consecutive packs into slots of at most `budget` tokens (exclusive ends).
+def slot_ends(lengths: Sequence[int] | np.ndarray, budget: int) -> list[int]:
+    """The loader's one token-budget cut: consecutive packs, greedily, into slots of at most `budget`
+    tokens (exclusive ends). A pack longer than the budget cannot be split, so it is refused.
 
     lengths [5, 3, 4, 4, 6], budget 8 -> [2, 4, 5].
     """
+    if budget <= 0:
+        raise DatasetError(f"token_budget must be positive, got {budget}")
     ends: list[int] = []
     used = 0
-    for i, n in enumerate(lengths.tolist()):
+    for i, n in enumerate(np.asarray(lengths).tolist()):
         if n > budget:
-            raise PackFormatError(
-                f"a pack of {n} tokens exceeds token_budget {budget}; raise the budget to the capacity"
-            )
+            raise DatasetError(f"pack {i} has {n} tokens > token_budget {budget}; raise the budget to the capacity")
         if used and used + n > budget:
             ends.append(i)
             used = 0
@@ -235,27 +236,12 @@ def plan_epoch(
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group consecutive packs into micro-batches of at most `token_budget` tokens (a hard cap).
+    """Group consecutive packs into micro-batches of at most `token_budget` tokens (`slot_ends`' cut).
 
     Order is kept (the stream is already shuffled). lengths [5, 4, 3, 6], budget 8 -> [[0], [1, 2], [3]].
-    A pack longer than the budget raises: it cannot be split.
     """
-    if token_budget <= 0:
-        raise PackFormatError(f"token_budget must be positive, got {token_budget}")
-    plan: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i, n in enumerate(lengths):
-        if n > token_budget:
-            raise PackFormatError(f"pack {i} has {n} tokens > token_budget {token_budget}; raise the budget")
-        if current and used + n > token_budget:
-            plan.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += n
-    if current:
-        plan.append(current)
-    return plan
+    ends = slot_ends(lengths, token_budget)
+    return [list(range(start, end)) for start, end in zip([0, *ends[:-1]], ends)]
 
 
 def share_micro_batches(lengths: Sequence[int], options: PlanOptions) -> list[list[int]]:
@@ -264,6 +250,6 @@ def share_micro_batches(lengths: Sequence[int], options: PlanOptions) -> list[li
     Needs a token budget; a pack counts `capacity` tokens in fixed shape (it is padded to it).
     """
     if options.token_budget is None:
-        raise PackFormatError("micro-batches need a token_budget")
+        raise DatasetError("micro-batches need a token_budget")
     sizes = [options.capacity] * len(lengths) if options.fixed_shape else list(lengths)
     return plan_micro_batches(sizes, options.token_budget)

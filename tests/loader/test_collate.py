@@ -5,8 +5,8 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from packtool.errors import PackFormatError  # noqa: E402
-from packtool.loader.collate import LoadedPack, batch_by_tokens, collate  # noqa: E402
+from packtool.errors import DatasetError, PackFormatError  # noqa: E402
+from packtool.loader.collate import LoadedPack, collate  # noqa: E402
 from packtool.loader.contract import validate_cu_seqlens  # noqa: E402
 from packtool.loader.schedule import plan_micro_batches  # noqa: E402
 
@@ -85,10 +85,10 @@ def test_plan_micro_batches_example():
 
 
 def test_token_budget_is_a_hard_cap():
-    with pytest.raises(PackFormatError, match="pack 4 has 9 tokens > token_budget 8"):
+    with pytest.raises(DatasetError, match="pack 4 has 9 tokens > token_budget 8"):
         plan_micro_batches([5, 4, 3, 6, 9], 8)
-    with pytest.raises(PackFormatError, match="9 tokens > token_budget 8"):
-        list(batch_by_tokens([_row(5), _row(9)], 8))
+    with pytest.raises(DatasetError, match="token_budget must be positive, got 0"):
+        plan_micro_batches([5], 0)
 
 
 def _row(n):
@@ -99,9 +99,9 @@ def _row(n):
 @given(st.lists(st.integers(1, 20), min_size=1, max_size=30), st.integers(20, 45))
 def test_batches_cover_every_pack_once_within_budget(lengths, budget):
     rows = [_row(n) for n in lengths]
-    mbs = list(batch_by_tokens(rows, budget))
     plan = plan_micro_batches(lengths, budget)
-    assert [mb.n_packs for mb in mbs] == [len(p) for p in plan]
+    assert [i for group in plan for i in group] == list(range(len(lengths)))  # every pack once, in order
+    mbs = [collate([rows[i] for i in group]) for group in plan]
     assert sum(mb.n_tokens for mb in mbs) == sum(lengths)
     for mb in mbs:
         assert mb.n_tokens <= budget
@@ -112,7 +112,8 @@ def test_batches_cover_every_pack_once_within_budget(lengths, budget):
 @given(st.lists(st.integers(1, 10), min_size=1, max_size=20), st.integers(1, 3))
 def test_fixed_shape_batches_have_one_shape(lengths, per_batch):
     rows = [_row(n) for n in lengths]
-    mbs = list(batch_by_tokens(rows, 10 * per_batch, fixed_shape=True, capacity=10))
+    plan = plan_micro_batches([10] * len(lengths), 10 * per_batch)  # fixed shape: a pack counts its capacity
+    mbs = [collate([rows[i] for i in g], capacity=10, n_padding_rows=per_batch - len(g)) for g in plan]
     assert {mb.n_tokens for mb in mbs} == {10 * per_batch}
     assert sum(mb.n_packs for mb in mbs) == len(lengths)
     assert sum(mb.n_targets for mb in mbs) == sum(n - 1 for n in lengths)

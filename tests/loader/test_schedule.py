@@ -5,13 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.errors import PackFormatError
+from packtool.errors import DatasetError
 from packtool.loader.schedule import epoch_order, plan_balanced, plan_packs, plan_token_budget, slot_ends
 
 
 def test_slot_ends_example():
     assert slot_ends(np.array([5, 3, 4, 4, 6]), 8) == [2, 4, 5]
-    with pytest.raises(PackFormatError, match="9 tokens exceeds token_budget 8"):
+    with pytest.raises(DatasetError, match="pack 1 has 9 tokens > token_budget 8"):
         slot_ends(np.array([5, 9]), 8)
 
 

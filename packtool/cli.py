@@ -80,8 +80,9 @@ def build(
         packtool build configs/quickstart.yaml -o out/try --max-samples 100 --set sources.chat.weight=2
     """
     from packtool.build import build as run_build
+    from packtool.build.executors import describe_workers
     from packtool.build.progress import BarProgress, Progress
-    from packtool.config import load_config, resolve_config_path
+    from packtool.config import load_config, resolve_config_path, usable_cores
     from packtool.stats import format_stats
 
     settings_from_flags = [f"executor={executor}"] if executor else []
@@ -122,6 +123,8 @@ def build(
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
         )
         click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        # `workers: auto` (the default) decides by the cores: say what it decided
+        click.echo(f"ran as {describe_workers(settings.workers, settings.executor)} on {usable_cores()} usable core(s)")
         rejected = manifest["rejects"]["count"]
         if rejected:
             click.echo(

@@ -868,3 +868,24 @@ def test_token_edges_looked_up_equal_the_whole_offset_table(model):
         every_character = [(at, at + 1) for at in range(len(text) + 1)]
         assert looked_up.runs(every_character) == table.runs(every_character), text
         assert [looked_up.edges(t) for t in range(len(encoding))] == [table.edges(t) for t in range(len(encoding))]
+
+
+def test_a_recipe_is_kept_per_trained_pattern():
+    """Two conversations of one shape whose messages train differently (a per-message `train`
+    override) get their own recipes and the targets a fresh render gives each."""
+    _, template = qwen()
+    template = replace(template, skeletons={})
+    turns = [("user", "Hi"), ("assistant", "Hello"), ("user", "Again?"), ("assistant", "Yes.")]
+    both = Example("ex:0", "src", "hash", messages=tuple(Message(r, c) for r, c in turns))
+    first_off = Example(
+        "ex:1",
+        "src",
+        "hash",
+        messages=tuple(Message(r, c, train=False if i == 1 else None) for i, (r, c) in enumerate(turns)),
+    )
+    for example in (both, first_off, both, first_off):
+        rendered = render_chat(example, template, TrainPolicy())
+        assert rendered == render_chat(example, replace(template, skeletons={}), TrainPolicy())
+    assert [i for _, _, i in render_chat(first_off, template, TrainPolicy()).target_ranges] == [3]
+    (skeleton,) = template.skeletons.values()
+    assert len(skeleton.recipes) == 2 and None not in skeleton.recipes.values()

@@ -88,8 +88,9 @@ def build(
         packtool build configs/quickstart.yaml -o out/try --max-samples 100 --set sources.chat.weight=2
     """
     from packtool.builder import build as run_build
+    from packtool.builder.executors import describe_workers
     from packtool.builder.progress import BarProgress, Progress
-    from packtool.config import load_config, resolve_config_path
+    from packtool.config import load_config, resolve_config_path, usable_cores
     from packtool.stats import format_headline
 
     settings_from_flags = [f"executor={executor}"] if executor else []
@@ -134,6 +135,8 @@ def build(
             + (f"; {len(built.repaired)} changed on disk since written, redone" if built.repaired else "")
         )
         click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        # `workers: auto` (the default) decides by the cores: say what it decided
+        click.echo(f"ran as {describe_workers(settings.workers, settings.executor)} on {usable_cores()} usable core(s)")
         click.echo(f"per source, per reason and per length: packtool stats {settings.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:

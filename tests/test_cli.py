@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner
 from support import QUICKSTART
 
+from packtool.builder.executors import describe_workers
 from packtool.cli import main
+from packtool.config import auto_workers, usable_cores
 from packtool.labels import IGNORE_INDEX
 
 
@@ -25,6 +27,8 @@ def quickstart_build(tmp_path_factory) -> Path:
     result = CliRunner().invoke(main, ["build", str(QUICKSTART.parent / "quickstart.yaml"), "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert "token efficiency" in result.output
+    # workers: auto (the default) says what it picked for this machine
+    assert describe_workers(auto_workers(usable_cores())) in result.output
     return out
 
 

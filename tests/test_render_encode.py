@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
 from packtool.config import TokenizerConfig, TrainPolicy
-from packtool.encode import encode_batch, has_special_literal, load_tokenizer
+from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import load_template, render_chat, render_text
@@ -845,12 +845,21 @@ WORDS = st.text(alphabet=st.sampled_from(list('ab \n\t.<|>é中😀{}"\\')), max
 TURN = st.tuples(st.sampled_from(["user", "assistant"]), st.sampled_from(["", " ", "\n", "  \n"]), WORDS)
 
 
+POLICIES = st.builds(
+    TrainPolicy,
+    roles=st.sampled_from([("assistant",), ("assistant", "user")]),
+    turns=st.sampled_from(["all", "last"]),
+    end_of_turn=st.booleans(),
+)
+
+
 @pytest.mark.parametrize("model", PARITY_MODELS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(conversations=st.lists(st.lists(TURN, min_size=1, max_size=4), min_size=2, max_size=6))
-def test_a_shape_s_skeleton_renders_what_the_template_renders(model, conversations):
+@given(conversations=st.lists(st.lists(TURN, min_size=1, max_size=4), min_size=2, max_size=6), policy=POLICIES)
+def test_a_shape_s_skeleton_renders_what_the_template_renders(model, conversations, policy):
     """Conversations of few shapes (roles, whitespace around contents, empty contents), rendered one
-    after another with one template, give what each gives rendered alone with no skeleton kept."""
+    after another with one template (through the shape's skeleton and recipe once learned), give
+    what each gives rendered alone with no skeleton kept."""
     folder = shared("tokenizers", model)
     template = _model_template(str(folder))
     for turns in conversations:
@@ -858,10 +867,28 @@ def test_a_shape_s_skeleton_renders_what_the_template_renders(model, conversatio
         outcomes = []
         for fresh in (template, replace(template, skeletons={})):
             try:
-                outcomes.append(render_chat(example, fresh, TrainPolicy()))
+                outcomes.append(render_chat(example, fresh, policy))
             except RecordError as error:
                 outcomes.append((error.kind, error.reason))
         assert outcomes[0] == outcomes[1], example
+
+
+def test_a_conversation_of_a_known_shape_follows_its_recipe():
+    """The second conversation of a shape is put together from the recipe (no render, no target
+    search), and gives the Rendered a fresh render gives: text, spans and targets."""
+    _, template = qwen()
+    template = replace(template, skeletons={})
+    policy = TrainPolicy(roles=("assistant",), end_of_turn=False)
+    render_chat(chat(("system", " Be brief."), ("user", "Hi"), ("assistant", "Hello")), template, policy)
+    (skeleton,) = template.skeletons.values()
+    (recipe,) = skeleton.recipes.values()
+    assert recipe is not None and recipe.copies == (0, 1, 2)
+    example = chat(("system", " Be terse."), ("user", "What is 6 x 7?"), ("assistant", "42, as asked."))
+    followed = render_chat(example, template, policy)
+    assert followed == render_chat(example, replace(template, skeletons={}), policy)
+    start, end, message = followed.target_ranges[0]
+    assert (followed.text[start:end], message) == ("42, as asked.", 2)
+    assert [followed.text[s.start : s.end] for s in followed.spans] == ["Be terse.", "What is 6 x 7?", "42, as asked."]
 
 
 _TEMPLATES: dict[str, Any] = {}
@@ -942,3 +969,45 @@ def test_thousands_of_tools_are_checked_in_linear_time(tmp_path):
         with pytest.raises(RecordError, match="never_printed") as caught:
             render_chat(chat(("user", "hi"), ("assistant", "ok"), tools=dropped), template, TrainPolicy())
         assert caught.value.kind == "template_dropped_tools"
+
+
+@pytest.mark.parametrize("model", ["qwen2.5", "mistral-nemo", "phi-3-mini", "gemma-3", "all-minilm-l6-v2"])
+def test_token_edges_looked_up_equal_the_whole_offset_table(model):
+    """EncodingEdges answers from char_to_token and its neighbours what searchsorted answers over every
+    offset, at every character: byte pieces of one CJK character share a start, a BERT normalizer
+    drops spaces that no token covers, an emoji is two UTF-16 units."""
+    tokenizer = load_tokenizer(TokenizerConfig(str(shared("tokenizers", model, "tokenizer.json")), None))
+    texts = [
+        '{"instruction": "输入三个数字", "output": "你好吗 hello"}',
+        "  \n\n  hi  \t",
+        "😀😀 x<|im_end|>\n",
+        "",
+        "<|im_start|>assistant\nThe capital is Paris.<|im_end|>",
+    ]
+    for text in texts:
+        encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
+        table, looked_up = OffsetTable.of(encoding), EncodingEdges(encoding)
+        every_character = [(at, at + 1) for at in range(len(text) + 1)]
+        assert looked_up.runs(every_character) == table.runs(every_character), text
+        assert [looked_up.edges(t) for t in range(len(encoding))] == [table.edges(t) for t in range(len(encoding))]
+
+
+def test_a_recipe_is_kept_per_trained_pattern():
+    """Two conversations of one shape whose messages train differently (a per-message `train`
+    override) get their own recipes and the targets a fresh render gives each."""
+    _, template = qwen()
+    template = replace(template, skeletons={})
+    turns = [("user", "Hi"), ("assistant", "Hello"), ("user", "Again?"), ("assistant", "Yes.")]
+    both = Example("ex:0", "src", "hash", messages=tuple(Message(r, c) for r, c in turns))
+    first_off = Example(
+        "ex:1",
+        "src",
+        "hash",
+        messages=tuple(Message(r, c, train=False if i == 1 else None) for i, (r, c) in enumerate(turns)),
+    )
+    for example in (both, first_off, both, first_off):
+        rendered = render_chat(example, template, TrainPolicy())
+        assert rendered == render_chat(example, replace(template, skeletons={}), TrainPolicy())
+    assert [i for _, _, i in render_chat(first_off, template, TrainPolicy()).target_ranges] == [3]
+    (skeleton,) = template.skeletons.values()
+    assert len(skeleton.recipes) == 2 and None not in skeleton.recipes.values()

@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
+from packtool.config import auto_workers, usable_cores
 from packtool.errors import PacktoolError, WorkerError
 
 T = TypeVar("T")
@@ -73,11 +74,9 @@ class Executor(Protocol):
 
 
 def resolve_workers(value: int | str) -> int:
-    """`auto` is the number of cores this process may run on (its CPU affinity, not the machine's count)."""
+    """`auto` is config.auto_workers of the cores this process may run on."""
     if value == "auto":
-        if hasattr(os, "sched_getaffinity"):
-            return len(os.sched_getaffinity(0))
-        return os.cpu_count() or 1
+        return auto_workers(usable_cores())
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PacktoolError(f"workers: expected a positive integer or 'auto', got {value!r}")
     return value
@@ -97,6 +96,15 @@ def make_executor(kind: str, workers: int | str, address: str | None = None) -> 
     if kind == "processes" and workers > 1:
         return ProcessExecutor(workers)
     return SerialExecutor()
+
+
+def describe_workers(workers: int, kind: str = "processes") -> str:
+    """How a build with `workers` runs its encode and emit, in words."""
+    if kind == "ray":
+        return f"Ray, {workers} worker(s)"
+    if workers == 1 or kind == "serial":
+        return "1 process (its encode threads run the tokenizer beside the Python)"
+    return f"{workers} worker processes"
 
 
 class _Closing:

@@ -24,9 +24,11 @@ from packtool.builder.executors import (
     ProcessExecutor,
     RemoteTraceback,
     SerialExecutor,
+    describe_workers,
     make_executor,
     resolve_workers,
 )
+from packtool.config import auto_workers, usable_cores
 from packtool.errors import PacktoolError, RecordError, WorkerError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,9 +83,12 @@ def processes():
 # -- choosing an executor ----------------------------------------------------------------------------
 
 
-def test_resolve_workers_auto_is_the_usable_cores():
+def test_auto_workers_run_one_process_on_a_small_machine_and_a_worker_per_core_on_a_larger_one():
+    assert [auto_workers(cores) for cores in (1, 2, 3, 16)] == [1, 1, 3, 16]
     expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert resolve_workers("auto") == expected
+    assert usable_cores() == expected
+    assert resolve_workers("auto") == auto_workers(expected)
+    assert "1 process" in describe_workers(1) and describe_workers(4) == "4 worker processes"
     assert resolve_workers(3) == 3
     for bad in (0, -1, "many", True):
         with pytest.raises(PacktoolError, match="positive integer or 'auto'"):

@@ -4,9 +4,9 @@
     python bench/pairs_bench.py --capacity 1024 4096   # other pack sizes
     python bench/pairs_bench.py --data FILE.json ...   # any preference files pair_from_record reads
 
-Every row is parsed (`preference.pair_from_record`), encoded as two segments that share the
-prompt (`preference.encode_answers`), fitted with the joint left cut of the prompt
-(`preference.truncate_item`; dropped as `pair_too_long` when the answers alone do not fit) and
+Every row is parsed (`adapters.pair_from_record`), encoded as two segments that share the
+prompt (`builder.encode.encode_answers`), fitted with the joint left cut of the prompt
+(`truncate.truncate_item`; dropped as `pair_too_long` when the answers alone do not fit) and
 planned with `packing_items.plan_items` (bfd). The rows printed:
 
     pairs, packed          each pair one unit of two segments, several pairs per row
@@ -26,12 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.adapters import pair_from_record
+from packtool.builder.encode import encode_answers
 from packtool.config import TokenizerConfig
 from packtool.encode import load_tokenizer
 from packtool.packing import lower_bound, plan_packs
 from packtool.packing_items import plan_items
-from packtool.preference import encode_answers, pair_from_record, prompt_length, truncate_item
+from packtool.records import prompt_length
 from packtool.render import load_template
+from packtool.truncate import truncate_item
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 DEFAULT_DATA = [

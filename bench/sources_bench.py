@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from packtool.adapters import record_hash  # noqa: E402
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig  # noqa: E402
-from packtool.sources import read_source, record_hash  # noqa: E402
+from packtool.sources import read_source  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "datasets"
 ALPACA = ["llamafactory_alpaca_en_demo.json", "llamafactory_alpaca_zh_demo.json", "code_alpaca_2k.json"]

@@ -26,8 +26,7 @@ import numpy as np
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
-from packtool.preference import answer_example
-from packtool.records import ROLE_CODES, Example, Message, Rendered, Tokenized
+from packtool.records import ROLE_CODES, Example, Message, Rendered, Tokenized, answer_example
 from packtool.render import (
     ChatTemplate,
     render_example,

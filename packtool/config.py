@@ -33,16 +33,14 @@ import yaml
 from packtool import hub
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing import PACKERS
-from packtool.truncate import STRATEGIES
+from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
 FORMATS = ("messages", "sharegpt", "alpaca", "text", "prompt_completion", "preference", "group")
-# Formats whose records are items of several segments that train together (packtool.preference).
+# Formats whose records are items of several segments that train together (packtool.adapters reads them).
 ITEM_FORMATS = ("preference", "group")
-# How a pair's or group's shared prompt is shortened to fit one pack (packtool.preference.truncate_item).
-ITEM_TRUNCATION = ("drop", "left", "turns")
 # Names come from the registries, so a new strategy is a config choice the moment it exists.
 TRUNCATION_STRATEGIES = tuple(STRATEGIES)
 PACKING_STRATEGIES = (*PACKERS, "stream")
@@ -78,7 +76,7 @@ DEFAULT_FIELDS = {
     },
     "text": {"text": "text", "id": None},
     "prompt_completion": {"prompt": "prompt", "completion": "completion", "tools": "tools", "id": None},
-    # every shape of packtool.preference.pair_shape; a column absent from a record is simply not that shape
+    # every shape of packtool.adapters.pair_shape; a column absent from a record is simply not that shape
     "preference": {
         "conversations": "conversations",
         "system": "system",

@@ -67,7 +67,7 @@ def plan_items(
 
     `groups` (one label per item, e.g. its source for `group_by: source`) plans each group apart
     with `plan_groups`, so no pack mixes groups. An item longer than `capacity` must be truncated
-    or dropped first (preference.truncate_item); the planner raises ValueError naming it otherwise.
+    or dropped first (truncate.truncate_item); the planner raises ValueError naming it otherwise.
     """
     lengths = _array(segment_lengths)
     offsets = _checked_offsets(item_offsets, lengths.size)

@@ -1,6 +1,7 @@
 """The typed records that cross stage boundaries.
 
     sources -> Example -> render -> Rendered -> encode -> Tokenized -> truncate -> Tokenized -> pack/emit
+    sources -> PreferencePair | CompletionGroup -> encode -> one Tokenized per answer -> truncate_item -> ...
 
 Each record is frozen and checks its own invariants, so a bug in one stage surfaces where it
 happens instead of as a wrong label three stages later.
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from packtool.errors import RecordError
 
 ROLES = ("system", "user", "assistant", "tool")
 # Per-token role codes stored in shards; TEMPLATE marks text the chat template wrote itself
@@ -95,6 +98,95 @@ class Example:
         return self.text is not None
 
 
+# A pair's prompt or one of its answers: messages in order.
+Messages = tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreferencePair:
+    """One prompt and two answers. `is_text`: the record gave plain strings, not messages.
+
+    Plain strings are held as one user and one assistant message, so a chat template renders
+    them; without a template they are a text continuation (`answer_example`).
+    """
+
+    id: str
+    source: str
+    sample_hash: str
+    prompt: Messages
+    chosen: Messages
+    rejected: Messages
+    tools: tuple[dict[str, Any], ...] | None = None
+    location: str = ""
+    is_text: bool = False
+
+    def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
+        for name in ("chosen", "rejected"):
+            _check_answer(getattr(self, name), name)
+
+    @property
+    def answers(self) -> tuple[Messages, Messages]:
+        return (self.chosen, self.rejected)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionGroup:
+    """One prompt and k completions; `rewards` / `advantages` hold one float per completion when given."""
+
+    id: str
+    source: str
+    sample_hash: str
+    prompt: Messages
+    completions: tuple[Messages, ...]
+    rewards: tuple[float, ...] | None = None
+    advantages: tuple[float, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    location: str = ""
+    is_text: bool = False
+
+    def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
+        if not self.completions:
+            raise RecordError("a group needs at least one completion", field="completions")
+        for i, completion in enumerate(self.completions):
+            _check_answer(completion, f"completions[{i}]")
+        for name in ("rewards", "advantages"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.completions):
+                raise RecordError(f"{len(values)} values for {len(self.completions)} completions", field=name)
+
+    @property
+    def answers(self) -> tuple[Messages, ...]:
+        return self.completions
+
+
+def _check_prompt(prompt: Messages) -> None:
+    if not prompt:
+        raise RecordError("empty prompt: the answers need something to answer", field="prompt")
+
+
+def _check_answer(answer: Messages, field: str) -> None:
+    # The answer opens with the assistant turn that the prompt's generation header introduces,
+    # and ends with one: a segment must finish on something the model learns to say.
+    if not answer:
+        raise RecordError("empty answer", field=field)
+    if answer[0].role != "assistant" or answer[-1].role != "assistant":
+        roles = ", ".join(m.role for m in answer)
+        raise RecordError(f"an answer must start and end with an assistant message, got [{roles}]", field=field)
+
+
+def answer_example(item: PreferencePair | CompletionGroup, answer: Messages, *, chat: bool = True) -> Example:
+    """One answer with its prompt as an ordinary sample: a conversation, or (no template) one text document."""
+    if chat:
+        messages = item.prompt + answer
+        return Example(
+            item.id, item.source, item.sample_hash, messages=messages, tools=item.tools, location=item.location
+        )
+    text = item.prompt[0].content + answer[0].content
+    return Example(item.id, item.source, item.sample_hash, text=text, location=item.location)
+
+
 @dataclass(frozen=True, slots=True)
 class Span:
     """A character range [start, end) of the rendered text that belongs to one message."""
@@ -172,6 +264,12 @@ class Tokenized:
             message_roles=self.message_roles,
             structured_messages=self.structured_messages,
         )
+
+
+def prompt_length(segment: Tokenized) -> int:
+    """Tokens before the first target: the prompt, including the assistant header that opens the answer."""
+    where = np.flatnonzero(segment.targets)
+    return int(where[0]) if where.size else len(segment)
 
 
 @dataclass(frozen=True, slots=True)

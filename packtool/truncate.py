@@ -4,6 +4,8 @@ A sample longer than a pack cannot be packed. `truncate` applies one named strat
 returns a `Truncation`: the samples that remain (none, one, or several for `split`), the
 strategy actually applied, how many tokens and targets were removed, and a drop reason when
 nothing remains. Stats count it (`truncated.left`, `dropped.too_long`); rejects explain it.
+A pair's or group's segments are fitted together instead (`truncate_item`, at the end): the
+same prompt tokens leave every segment, and the answers are never cut.
 
 Worked example: a conversation of 13 tokens, capacity 8. `P` is what the template writes
 before message 0 (BOS, a default system block, message 0's header), `h` a separator/header it
@@ -42,12 +44,13 @@ cost pack space and train nothing. The first token of a sample never counts
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from packtool.records import Tokenized
+from packtool.records import Tokenized, prompt_length
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,3 +326,99 @@ STRATEGIES: dict[str, Strategy] = {
     "window": _window,
     "split": _split,
 }
+
+
+# -- joint truncation ---------------------------------------------------------------------------
+
+# How a pair's or group's shared prompt may be shortened to fit one pack (config: truncation.items). The
+# answers are never cut: a preference between two half answers, or a reward for a completion the model no
+# longer sees, is not the same signal.
+ITEM_TRUNCATION = ("drop", "left", "turns")
+
+
+@dataclass(frozen=True, slots=True)
+class ItemTruncation:
+    """What fitting one item into a pack produced.
+
+    `segments` are the item's segments with the same prompt cut (empty when dropped);
+    `removed_prompt_tokens` is the cut per segment, so the item lost
+    `removed_prompt_tokens * len(segments)` tokens and no target.
+    """
+
+    segments: tuple[Tokenized, ...]
+    strategy: str  # "none" when it fit, else the strategy that cut or dropped it
+    removed_prompt_tokens: int
+    drop_reason: str | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.drop_reason is None) != bool(self.segments):
+            raise ValueError("a drop reason is set exactly when no segment remains")
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+
+def truncate_item(
+    segments: Sequence[Tokenized], capacity: int, strategy: str = "left", *, too_long: str = "pair_too_long"
+) -> ItemTruncation:
+    """Fit all segments of one item into one pack of `capacity` tokens by cutting their shared prompt.
+
+    Worked example: two segments with a 10-token prompt and answers of 3 and 5 tokens make
+    13 + 15 = 28 tokens; at capacity 20 each copy of the prompt must lose 4 tokens.
+
+        left    keep the last 6 prompt tokens in both segments          6+3 + 6+5 = 20
+        turns   remove the oldest whole turns of the prompt, from one user message's own tokens
+                to a later user message's (as truncate's `turns` does), as few as free 4 tokens;
+                drop when even keeping only the last user turn is too long
+        drop    drop the item
+
+    The same prompt tokens go in every segment, so the segments still share one prompt. The
+    prompt keeps at least one token (the header that opens the answer). `left` may cut through a
+    tool call in the prompt, unlike SFT truncation: prompt tokens are context only, so no broken
+    syntax is ever a target. `too_long` is the drop reason (`pair_too_long`, `group_too_long`).
+    """
+    if strategy not in ITEM_TRUNCATION:
+        raise ValueError(f"unknown item truncation {strategy!r}; expected one of {', '.join(ITEM_TRUNCATION)}")
+    segments = tuple(segments)
+    total = sum(len(s) for s in segments)
+    if total <= capacity:
+        return ItemTruncation(segments, "none", 0)
+    k = len(segments)
+    n_prompt = prompt_length(segments[0])
+    answers = total - k * n_prompt
+    room = (capacity - answers) // k  # prompt tokens each segment may keep
+    keep = _prompt_keep(segments[0], n_prompt, room, strategy) if room >= 1 else None
+    if keep is None:
+        detail = (
+            f"item {segments[0].example_id!r}: {k} segments, {total} tokens > capacity {capacity} "
+            f"(answers {answers} together, prompt {n_prompt} in each); truncation '{strategy}'"
+        )
+        return ItemTruncation((), strategy, 0, drop_reason=too_long, detail=detail)
+    cut = tuple(s.sliced(np.concatenate([keep, np.ones(len(s) - n_prompt, dtype=bool)])) for s in segments)
+    return ItemTruncation(cut, strategy, n_prompt - int(keep.sum()))
+
+
+def _prompt_keep(segment: Tokenized, n_prompt: int, room: int, strategy: str) -> np.ndarray | None:
+    """Which of the first `n_prompt` tokens stay (at most `room` of them), or None when the strategy cannot."""
+    keep = np.ones(n_prompt, dtype=bool)
+    if strategy == "left":
+        keep[: n_prompt - room] = False
+        return keep
+    if strategy != "turns":
+        return None
+    index = segment.message_index[:n_prompt].astype(np.int64)
+    own = index[index >= 0]
+    if np.any(own[1:] < own[:-1]):
+        return None  # a template that interleaves messages: no turn is a contiguous range
+    latest = np.maximum.accumulate(index)
+    present = set(own.tolist())
+    users = [m for m, role in enumerate(segment.message_roles) if role == "user" and m in present]
+    bounds = [int(np.searchsorted(latest, m, side="left")) for m in users]
+    excess = n_prompt - room
+    removed = next((r for r in range(1, len(bounds)) if bounds[r] - bounds[0] >= excess), None)
+    if removed is None:
+        return None
+    keep[bounds[0] : bounds[removed]] = False
+    return keep

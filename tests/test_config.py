@@ -234,7 +234,7 @@ def test_preference_and_group_formats_with_item_truncation(tmp_path, write_confi
 
 def test_preference_records_are_read_as_pairs_with_remapped_columns(tmp_path, write_config):
     from packtool.errors import RecordError
-    from packtool.preference import PreferencePair
+    from packtool.records import PreferencePair
     from packtool.sources import read_source
 
     raw = _base(tmp_path)

@@ -10,21 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
+from packtool.adapters import group_from_record, pair_from_record, pair_shape
+from packtool.builder.encode import encode_answers
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import load_tokenizer
 from packtool.errors import RecordError
-from packtool.preference import (
-    CompletionGroup,
-    PreferencePair,
-    encode_answers,
-    group_from_record,
-    pair_from_record,
-    pair_shape,
-    prompt_length,
-    truncate_item,
-)
-from packtool.records import Message, Tokenized
+from packtool.records import CompletionGroup, Message, PreferencePair, Tokenized, prompt_length
 from packtool.render import load_template
+from packtool.truncate import truncate_item
 
 
 def tokenizer_and_template(folder):

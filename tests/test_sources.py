@@ -11,10 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import shared
 
+from packtool.adapters import record_hash
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
+from packtool.reading import _suspect, _text_problem
 from packtool.records import Message
-from packtool.sources import _suspect, _text_problem, read_file, read_source, record_hash, source_files
+from packtool.sources import read_file, read_source, source_files
 
 
 def source(fmt: str, *paths: Path, **fields) -> SourceConfig:
@@ -317,7 +319,7 @@ def test_the_default_system_prompt_goes_first_only_where_there_is_none(write_jso
 
 
 def test_the_default_system_prompt_reaches_pair_prompts_but_not_text(write_jsonl):
-    from packtool.preference import PreferencePair
+    from packtool.records import PreferencePair
 
     pair = {
         "prompt": [{"role": "user", "content": "q"}],
@@ -406,7 +408,7 @@ def test_a_huge_text_record_is_rejected_before_it_is_tokenized_in_bounded_memory
 def test_large_rows_become_python_a_bounded_slice_at_a_time(tmp_path, monkeypatch):
     """Rows are converted _CONVERT_BYTES of Arrow data at a time (1024 rows of 4 MiB were 4 GiB at
     once); with a one-byte bound every row is its own slice and the records, rows and ranges are the same."""
-    import packtool.sources as sources
+    import packtool.reading as reading
 
     table = pa.table({"text": [f"row {i} " + "x" * i for i in range(7)]})
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=4)
@@ -416,7 +418,7 @@ def test_large_rows_become_python_a_bounded_slice_at_a_time(tmp_path, monkeypatc
         src = source("text", tmp_path / name)
         whole = [(e.location, e.text) for e in read_source(src)]
         ranged = [e.text for e in read_file(src, str(tmp_path / name), 2, 6)]
-        monkeypatch.setattr(sources, "_CONVERT_BYTES", 1)
+        monkeypatch.setattr(reading, "_CONVERT_BYTES", 1)
         assert [(e.location, e.text) for e in read_source(src)] == whole
         assert [e.text for e in read_file(src, str(tmp_path / name), 2, 6)] == ranged == [t for _, t in whole[2:6]]
         monkeypatch.undo()

@@ -40,10 +40,13 @@ CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
     "packtool.sources",
+    "packtool.reading",
+    "packtool.adapters",
     "packtool.render",
     "packtool.encode",
     "packtool.records",
     "packtool.builder.encode",
+    "packtool.truncate",  # cuts a pair's or group's prompt before its rows are written (truncate_item)
     "packtool.builder.store",  # writes the partitions
 )
 

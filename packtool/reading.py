@@ -1,0 +1,517 @@
+"""Read source files into raw records: each one a parsed JSON value, or the RecordError saying why not.
+
+A file is read by what its bytes are (Parquet, Arrow IPC, gzip/zstd-compressed or plain JSON
+Lines, a JSON array), not by its suffix. Records are numbered by N of their location `FILE:N`
+(the line, 1-based, for JSON Lines; the row, 0-based, for everything else); a record over
+`max_record_bytes`, or holding NaN, a NUL or a lone surrogate, becomes a RecordError here, before
+any adapter (packtool.adapters) sees it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from itertools import chain, islice
+from typing import Any
+
+import pyarrow as pa
+
+from packtool.errors import RecordError
+
+Raw = tuple[int, Any]  # (N of the location, the parsed record or the RecordError saying why there is none)
+
+BOM = b"\xef\xbb\xbf"
+# Leading bytes of the binary formats (the reader is chosen by content, not by suffix).
+_MAGIC = {
+    b"PAR1": "parquet",
+    b"ARROW1": "arrow_file",
+    b"\xff\xff\xff\xff": "arrow_stream",  # IPC stream continuation marker: datasets' .arrow files
+    b"\x1f\x8b": "gzip",
+    b"\x28\xb5\x2f\xfd": "zstd",
+}
+# Escapes that may decode to something no record may hold: a NUL or half of a surrogate pair. Only a
+# record whose text holds one is walked (one fast scan for a literal backslash-u per record).
+_MAYBE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+_LOW_HALF = re.compile(r"\\u[dD][c-fC-F]")
+_HIGH_HALF = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_blanks(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    return match.end() if match else pos
+
+
+class _NotFinite:
+    """Stands in for a NaN/Infinity literal: JSON (RFC 8259) has none, though Python's parser reads them.
+
+    `made` counts them, so a parse that met one is known without scanning the text: compare the
+    count before and after (another thread's parse can only cause an extra check, never a missed one).
+    """
+
+    __slots__ = ("literal",)
+    made = 0
+
+    def __init__(self, literal: str):
+        self.literal = literal
+        _NotFinite.made += 1
+
+
+_DECODER = json.JSONDecoder(parse_constant=_NotFinite)
+
+
+def _suspect(text: str, pos: int = 0, end: int = sys.maxsize) -> bool:
+    """Whether text[pos:end] may hold a NUL or a lone surrogate escape (never misses one)."""
+    if not _MAYBE.search(text, pos, end):  # the common case, one C-level scan
+        return False
+    for match in _MAYBE.finditer(text, pos, end):
+        token, at = match.group(), match.start()
+        if token == "\\u0000":
+            return True
+        if token[3] in "89abAB":
+            if not _LOW_HALF.match(text, at + 6):  # a high half must be followed by its low half
+                return True
+        elif at < 6 or not _HIGH_HALF.match(text, at - 6):  # a low half must follow a high half
+            return True
+    return False
+
+
+def embedded_json(text: str, what: str, field_name: str) -> Any:
+    """JSON held in a string field (tools, arguments), checked as a record is: no NaN, NUL or lone surrogate."""
+    made = _NotFinite.made
+    try:
+        value = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{what}: not valid JSON ({exc.msg})", field=field_name) from None
+    problem = _text_problem(value) if _NotFinite.made != made or _suspect(text) else None
+    if problem:
+        raise RecordError(f"{what}: {problem[1]}", field=field_name)
+    return value
+
+
+def sniff(path: str) -> str:
+    """What a file holds, from its first bytes: parquet, arrow_file, arrow_stream, gzip, zstd, text or empty."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if not head:
+        return "empty"
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
+
+
+def raw_records(path: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
+    def unreadable(reason: str, row: int | None = None) -> Raw:
+        return (row or 0), RecordError(reason, kind="unreadable_file", file=label, row=row)
+
+    try:
+        kind = sniff(path)
+    except OSError as exc:
+        yield unreadable(f"cannot open: {exc.strerror or exc}")
+        return
+    if kind == "empty":
+        yield unreadable("file is empty (0 bytes)")
+        return
+    readers: dict[str, Callable[[str, int, int | None], Iterator[Raw]]] = {
+        "parquet": _parquet_rows,
+        "arrow_file": partial(_arrow_rows, stream=False),
+        "arrow_stream": partial(_arrow_rows, stream=True),
+    }
+    reader = readers.get(kind)
+    rows = _sized(reader(path, start, stop), limit) if reader else _text_records(path, kind, label, start, stop, limit)
+    last = start - 1
+    try:
+        for n, record in rows:
+            last = n
+            yield n, record
+    except _ReadError as exc:
+        yield unreadable(str(exc), exc.row)
+    except _READ_ERRORS as exc:
+        if last < start:
+            yield unreadable(f"cannot read as {kind.replace('_', ' ')}: {_short(exc)}")
+        else:
+            where = f"line {last}" if reader is None else f"row {last}"
+            yield unreadable(f"damaged after {where}: {_short(exc)}", last + 1)
+
+
+class _ReadError(Exception):
+    """The file (from `row` on, when given) is not something packtool reads; the message says what it found."""
+
+    def __init__(self, message: str, row: int | None = None):
+        super().__init__(message)
+        self.row = row
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+# Rows become Python objects this many bytes of Arrow data at a time: 1024 rows of 4 MiB at once
+# would be 4 GiB in Arrow and again in Python before the first row's size is checked.
+_CONVERT_BYTES = 64 << 20
+
+
+def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    row = 0
+    for group in range(parquet.num_row_groups):
+        meta = parquet.metadata.row_group(group)
+        size = meta.num_rows
+        if row + size <= start:  # whole row groups before the range are never decoded
+            row += size
+            continue
+        if stop is not None and row >= stop:
+            return
+        per_row = meta.total_byte_size // max(size, 1)  # decoded bytes, on average
+        rows = max(1, min(1024, _CONVERT_BYTES // max(per_row, 1)))
+        for batch in parquet.iter_batches(batch_size=rows, row_groups=[group]):
+            yield from _batch_rows(batch, row, start, stop)
+            row += batch.num_rows
+
+
+def _arrow_rows(path: str, start: int, stop: int | None, *, stream: bool) -> Iterator[Raw]:
+    """Arrow IPC, file or stream format (`datasets` writes streams); memory-mapped, batch by batch."""
+    with pa.memory_map(path) as source:
+        if stream:
+            batches: Iterator[pa.RecordBatch] = iter(pa.ipc.open_stream(source))
+        else:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        row = 0
+        for batch in batches:
+            if stop is not None and row >= stop:
+                return
+            if row + batch.num_rows > start:
+                yield from _batch_rows(batch, row, start, stop)
+            row += batch.num_rows
+
+
+def _batch_rows(batch: pa.RecordBatch, first: int, start: int, stop: int | None) -> Iterator[Raw]:
+    lo = max(start - first, 0)
+    hi = batch.num_rows if stop is None else min(stop - first, batch.num_rows)
+    if lo >= hi:
+        return
+    part = batch.slice(lo, hi - lo)
+    check = any(_may_hold_nul(column) for column in part.columns)
+    readers = {f.name: read for f in part.schema if (read := _cell_reader(f)) is not None}
+    step = max(1, part.num_rows * _CONVERT_BYTES // max(part.nbytes, 1))
+    for offset in range(0, part.num_rows, step):
+        for row, record in enumerate(part.slice(offset, step).to_pylist(), start=first + lo + offset):
+            if readers:
+                record = _as_json_record(record, readers)
+            yield row, _checked(record) if check and not isinstance(record, RecordError) else record
+
+
+# datasets >= 4 stores its `Json` feature (values no Arrow type fits: messages whose keys differ,
+# tool `parameters`) as the canonical `arrow.json` extension: JSON text, one value per cell.
+_JSON_EXTENSION = "arrow.json"
+_EXTENSION_KEY = b"ARROW:extension:name"  # how a pyarrow that does not know the extension still names it
+CellReader = Callable[[Any], Any]
+
+
+def _is_json(field: pa.Field) -> bool:
+    kind = field.type
+    if isinstance(kind, pa.BaseExtensionType):
+        return kind.extension_name == _JSON_EXTENSION
+    return (field.metadata or {}).get(_EXTENSION_KEY) == _JSON_EXTENSION.encode()
+
+
+def _cell_reader(field: pa.Field) -> CellReader | None:
+    """How a cell of `field` becomes the JSON value it was written from; None when to_pylist gives it already.
+
+    `arrow.json` text is parsed, and a struct's null fields are absent: an Arrow struct has a slot for every
+    key any row had, and a row without the key holds null there, which a chat template would print (a tool's
+    parameters with `"default": null`). Built once per column, so a cell costs only what it needs.
+    """
+    kind = field.type
+    if _is_json(field):
+        return _json_cell
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        item = _cell_reader(kind.value_field)
+        return None if item is None else partial(_list_cell, item)
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        readers = {f.name: read for f in fields if (read := _cell_reader(f)) is not None}
+        return partial(_struct_cell, readers)
+    return None
+
+
+def _json_cell(value: str | None) -> Any:
+    return None if value is None else embedded_json(value, "JSON value", "")
+
+
+def _list_cell(item: CellReader, value: list | None) -> list | None:
+    if value is None:
+        return None
+    out = []
+    for i, cell in enumerate(value):
+        try:
+            out.append(item(cell))
+        except RecordError as error:
+            error.field = f"[{i}]{error.field}"  # the path is built only for a record that fails
+            raise
+    return out
+
+
+def _struct_cell(readers: dict[str, CellReader], value: dict | None) -> dict | None:
+    if value is None or (not readers and None not in value.values()):
+        return value  # the common case: a message struct with every field set
+    out = {}
+    for name, cell in value.items():
+        if cell is None:
+            continue
+        read = readers.get(name)
+        try:
+            out[name] = cell if read is None else read(cell)
+        except RecordError as error:
+            error.field = f".{name}{error.field}"
+            raise
+    return out
+
+
+def _as_json_record(record: dict, readers: dict[str, CellReader]) -> dict | RecordError:
+    for name, read in readers.items():
+        try:
+            record[name] = read(record[name])
+        except RecordError as error:
+            error.field = f"{name}{error.field}"
+            return error
+    return record
+
+
+def _may_hold_nul(array: pa.Array) -> bool:
+    """Whether any string in the array (nested lists and structs included) holds a NUL; vectorized."""
+    import pyarrow.compute as pc
+
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return bool(pc.any(pc.match_substring(array, "\x00")).as_py())
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _may_hold_nul(array.values)  # all values, sliced away or not: a superset is safe
+    if pa.types.is_struct(kind):
+        return any(_may_hold_nul(array.field(i)) for i in range(kind.num_fields))
+    if pa.types.is_dictionary(kind):
+        return _may_hold_nul(array.dictionary)
+    return False
+
+
+def _open_text(path: str, kind: str) -> io.BufferedIOBase:
+    if kind == "gzip":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if kind == "zstd":
+        import zstandard
+
+        # the decompression reader has no readline; a buffer over it gives line iteration
+        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with the buffer
+        return io.BufferedReader(reader)
+    return open(path, "rb")
+
+
+def _text_records(path: str, kind: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
+    """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed.
+
+    A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
+    `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
+    """
+    with _open_text(path, kind) as handle:
+        read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
+        head = [read_line()]
+        if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
+            head[0] = head[0][len(BOM) :]
+        while head[-1] and not head[-1].strip():
+            head.append(read_line())
+        first = head[-1].lstrip()
+        if not first:
+            return  # only blank lines: a file with no records
+        if first.startswith(b"["):
+            yield from _sized(_json_array(b"".join(head) + handle.read(), start, stop), limit)
+            return
+        if not first.startswith(b"{"):
+            raise _ReadError(
+                f"not JSON Lines, a JSON array, Parquet or Arrow (starts with {first[:16]!r}); "
+                "expected one JSON object per line"
+            )
+        if first.strip() == b"{":
+            raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
+        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), start, stop):
+            if len(line) > limit and not line.endswith(b"\n"):
+                size = len(line) + _skip_line(handle)
+                yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
+            elif not line.isspace():  # no copy, unlike strip(); the reads never yield b""
+                yield index + 1, _parse_line(line, label, index + 1)
+
+
+def _skip_line(handle: io.BufferedIOBase) -> int:
+    """Read past the rest of the current line in blocks; the bytes passed over (its newline excluded)."""
+    skipped = 0
+    while block := handle.readline(1 << 20):
+        if block.endswith(b"\n"):
+            return skipped + len(block) - 1
+        skipped += len(block)
+    return skipped
+
+
+def _too_large(what: str, limit: int) -> RecordError:
+    return RecordError(
+        f"{what} is over max_record_bytes ({limit:,}): tokenizing takes ~150x a record's size in memory; "
+        "raise max_record_bytes to read it, or cut the record into smaller ones",
+        kind="record_too_large",
+    )
+
+
+def _sized(rows: Iterator[Raw], limit: int) -> Iterator[Raw]:
+    """Rows of a Parquet or Arrow file or a JSON array, a row over `limit` bytes of text becoming a reject."""
+    for n, record in rows:
+        size = 0 if isinstance(record, RecordError) else _text_bytes(record, limit)
+        yield (n, _too_large("the text of this row", limit)) if size > limit else (n, record)
+
+
+def _text_bytes(value: Any, limit: int) -> int:
+    """The UTF-8 bytes of the strings in a record (keys included), counted until they pass `limit`.
+    A loop, not recursion: a row may nest as deep as the JSON parser allowed."""
+    total, pending = 0, [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
+        elif isinstance(item, bytes):
+            total += len(item)
+        elif isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return total
+
+
+def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
+    """Rows of a JSON array.
+
+    A clean array is parsed in one call; one whose text holds a suspect escape or literal, or that
+    does not parse, is parsed an element at a time, so each row is checked on its own text span
+    and the rows before a break are still read.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _ReadError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    if not _suspect(text):
+        made = _NotFinite.made
+        try:
+            records = _DECODER.decode(text)
+        except (json.JSONDecodeError, RecursionError):
+            records = None
+        if isinstance(records, list) and _NotFinite.made == made:
+            yield from islice(enumerate(records), start, stop)
+            return
+    yield from _json_array_rows(text, start, stop)
+
+
+def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
+    pos = _skip_blanks(text, _skip_blanks(text, 0) + 1)  # past "["
+    row = 0
+    while not text.startswith("]", pos):
+        where = None if row == 0 else row
+        made = _NotFinite.made
+        try:
+            record, end = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            reason = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            raise _ReadError(
+                reason if row == 0 else f"{reason} (row {row}; the rows before it are read)", where
+            ) from None
+        except RecursionError:
+            raise _ReadError(f"row {row} is nested too deeply to read", where) from None
+        if row >= start:
+            check = _NotFinite.made != made or _suspect(text, pos, end)
+            yield row, _checked(record) if check else record
+        row += 1
+        pos = _skip_blanks(text, end)
+        if text.startswith(",", pos):
+            pos = _skip_blanks(text, pos + 1)
+        elif not text.startswith("]", pos):
+            raise _ReadError(f"not valid JSON: expected ',' or ']' after row {row - 1}", row)
+        if stop is not None and row >= stop:
+            return
+    if text[pos + 1 :].strip():
+        raise _ReadError("not valid JSON: extra data after the closing ']'", row)
+
+
+def _parse_line(line: bytes, label: str, n: int) -> Any:
+    """One JSON Lines record, or the RecordError saying why the line is not one."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reason = f"not valid UTF-8: byte 0x{line[exc.start]:02x} at column {exc.start + 1}"
+        return RecordError(reason, kind="parse_error", file=label, row=n)
+    made = _NotFinite.made
+    try:
+        if text[:1].isspace():
+            record = _DECODER.decode(text)  # decode() skips leading blanks
+        else:
+            # raw_decode saves decode()'s whitespace scans; only the line end may follow the value
+            record, end = _DECODER.raw_decode(text)
+            if end < len(text) and not text[end:].isspace():
+                raise json.JSONDecodeError("Extra data", text, end)
+    except json.JSONDecodeError as exc:
+        return RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", kind="parse_error", file=label, row=n)
+    except ValueError as exc:  # an integer of more digits than Python converts (4300): this record's problem
+        return RecordError(f"not readable JSON: {_short(exc)}", kind="parse_error", file=label, row=n)
+    except RecursionError:
+        return RecordError("nested too deeply to read (JSON depth over ~1000)", kind="parse_error", file=label, row=n)
+    return _checked(record) if _NotFinite.made != made or _suspect(text) else record
+
+
+def _checked(record: Any) -> Any:
+    """The record, or the RecordError for the first value in it that no tokenizer should see."""
+    problem = _text_problem(record)
+    if problem is None:
+        return record
+    field, reason, kind = problem
+    return RecordError(reason, kind=kind, field=field)
+
+
+def _text_problem(value: Any, path: str = "") -> tuple[str, str, str] | None:
+    """(field, reason, kind) for the first value that is not text or JSON: a NUL, a lone surrogate, NaN."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return path, "contains a NUL character (U+0000), a sign of binary or corrupted text", "bad_record"
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                reason = f"contains a lone surrogate (U+{ord(value[exc.start]):04X}), which is not text"
+                return path, reason, "bad_record"
+        return None
+    if isinstance(value, _NotFinite):
+        return path, f"{value.literal} is not valid JSON (write null or a string)", "parse_error"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = _text_problem(key, where) or _text_problem(item, where)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = _text_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What the readers raise on bytes they cannot decode (damaged, truncated, not the format)."""
+    import zlib
+
+    import zstandard
+
+    return (OSError, EOFError, ValueError, pa.ArrowException, zlib.error, zstandard.ZstdError)
+
+
+_READ_ERRORS = _read_errors()

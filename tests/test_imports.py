@@ -1,0 +1,129 @@
+"""The package's modules import each other without a cycle (STYLE: stages never import each other).
+
+The graph is read from the source, not from `sys.modules`: an edge A -> B is an `import` or
+`from ... import` at module level of A (inside `if`/`try` blocks too, `if TYPE_CHECKING:` included)
+naming a packtool module B. Imports inside functions are not edges: they run when called, after
+every module has loaded, so they are how a late dependency is allowed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import packtool
+
+ROOT = Path(packtool.__file__).resolve().parent
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            # if / try / with / for blocks at module level run at import time
+            pending.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in module_level_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from packtool import hub` imports the module packtool.hub; `from packtool import X` the package
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+            graph[name].update(t for t in targets if t in paths and t != name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (depth-first search, colouring nodes on the current path)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_packtool_modules_import_each_other_without_a_cycle():
+    graph = import_graph()
+    assert {"packtool.sources", "packtool.reading", "packtool.adapters", "packtool.records"} <= graph.keys()
+    assert graph["packtool.sources"] >= {"packtool.reading", "packtool.adapters"}  # the graph sees real edges
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "packtool"
+
+
+@pytest.mark.parametrize(
+    ("files", "cycle"),
+    [
+        (
+            {
+                "packtool/__init__.py": "",
+                "packtool/a.py": "from packtool.b import f\n",
+                "packtool/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from packtool.a import g\n",
+            },
+            ["packtool.a", "packtool.b", "packtool.a"],
+        ),
+        (
+            {
+                "packtool/__init__.py": "",
+                "packtool/a.py": "from packtool import b\n",
+                "packtool/sub/__init__.py": "",
+                "packtool/b.py": "from .sub import c\n",
+                "packtool/sub/c.py": "from ..a import x\n",
+            },
+            ["packtool.a", "packtool.b", "packtool.sub.c", "packtool.a"],
+        ),
+        (
+            {
+                "packtool/__init__.py": "",
+                "packtool/a.py": "from packtool.b import f\n",
+                "packtool/b.py": "def late():\n    from packtool.a import g\n",
+            },
+            None,
+        ),
+    ],
+    ids=["type-checking-import", "relative-and-module-imports", "import-inside-a-function"],
+)
+def test_the_cycle_check_finds_module_level_cycles_only(tmp_path, files, cycle):
+    assert find_cycle(import_graph(write_package(tmp_path, files))) == cycle

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig
 from packtool.encode import load_tokenizer
 from packtool.packing import lower_bound, plan_packs
 from packtool.packing_items import plan_items
 from packtool.preference import encode_answers, pair_from_record, prompt_length, truncate_item
-from packtool.render import load_template
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 DEFAULT_DATA = [

@@ -93,7 +93,7 @@ SOURCE_TREE = """
 import sys
 sys.modules["packtool.configs"] = sys.modules["packtool.templates"] = None  # as in a checkout: no package data
 from packtool.config import resolve_config_path
-from packtool.render import bundled_templates, load_template
+from packtool.chat_templates import bundled_templates, load_template
 print(resolve_config_path("quickstart"))
 print(" ".join(bundled_templates()), load_template("chatml", {}).name)
 """

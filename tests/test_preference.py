@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
+from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import load_tokenizer
 from packtool.errors import RecordError
@@ -24,7 +25,6 @@ from packtool.preference import (
     truncate_item,
 )
 from packtool.records import Message, Tokenized
-from packtool.render import load_template
 
 
 def tokenizer_and_template(folder):

@@ -40,6 +40,8 @@ CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
     "packtool.sources",
+    "packtool.sandbox",
+    "packtool.chat_templates",
     "packtool.render",
     "packtool.encode",
     "packtool.records",

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from packtool.builder.cache import TokenCache, publish_file, seal_report
 from packtool.builder.store import PartitionWriter, SegmentRole
+from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, canonical_json
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -36,7 +37,7 @@ from packtool.format import REJECTS
 from packtool.packing_items import KIND_CODES
 from packtool.preference import CompletionGroup, ItemTruncation, PreferencePair, encode_answers, truncate_item
 from packtool.records import Rendered, Tokenized
-from packtool.render import ChatTemplate, render_example, template_for
+from packtool.render import render_example
 from packtool.sources import BOM, Parsed, read_file, sniff
 
 RANGE_ROWS = 4096  # lines or rows per encode work item of a large file (see row_ranges)

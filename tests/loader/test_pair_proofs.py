@@ -258,12 +258,12 @@ def test_encoded_items_planned_and_collated_score_like_each_sequence_alone():
     """The build-side pieces composed: real encodings, joint truncation, item planning, labels, collate."""
     from support import QUICKSTART
 
+    from packtool.chat_templates import load_template
     from packtool.config import TokenizerConfig
     from packtool.encode import load_tokenizer
     from packtool.labels import cu_seqlens_from_lengths, labels_for
     from packtool.packing_items import plan_items, validate_item_plan
     from packtool.preference import encode_answers, group_from_record, pair_from_record, truncate_item
-    from packtool.render import load_template
 
     folder = QUICKSTART / "tokenizer"
     tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))

@@ -104,7 +104,8 @@ import json, sys, time
 from pathlib import Path
 from packtool.config import load_config
 from packtool.encode import load_tokenizer
-from packtool.render import render_example, template_for
+from packtool.chat_templates import template_for
+from packtool.render import render_example
 from packtool.sources import read_source
 config = load_config(Path(sys.argv[1]))
 tokenizer = load_tokenizer(config.tokenizer)

@@ -28,12 +28,12 @@ import numpy as np
 
 from packtool.adapters import pair_from_record
 from packtool.builder.encode import encode_answers
+from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig
 from packtool.encode import load_tokenizer
 from packtool.packing import lower_bound, plan_packs
 from packtool.packing_items import plan_items
 from packtool.records import prompt_length
-from packtool.render import load_template
 from packtool.truncate import truncate_item
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -93,7 +93,7 @@ SOURCE_TREE = """
 import sys
 sys.modules["packtool.configs"] = sys.modules["packtool.templates"] = None  # as in a checkout: no package data
 from packtool.config import resolve_config_path
-from packtool.render import bundled_templates, load_template
+from packtool.chat_templates import bundled_templates, load_template
 print(resolve_config_path("quickstart"))
 print(" ".join(bundled_templates()), load_template("chatml", {}).name)
 """
@@ -353,7 +353,7 @@ def test_max_record_bytes_has_a_documented_default_and_reaches_the_readers(tmp_p
     config = load_config(write_config(_base(tmp_path)))
     assert config.max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 4 << 20
     assert config.sources[0].max_record_bytes == DEFAULT_MAX_RECORD_BYTES
-    assert f"max_record_bytes: {DEFAULT_MAX_RECORD_BYTES}" in Path("README.md").read_text()
+    assert f"max_record_bytes: {DEFAULT_MAX_RECORD_BYTES}" in Path("docs/config.md").read_text()
     raw = {**_base(tmp_path), "max_record_bytes": 4096}
     assert load_config(write_config(raw)).sources[0].max_record_bytes == 4096
 

@@ -32,11 +32,12 @@ import pytest
 from support import SHARED_DATA
 
 from packtool.adapters import from_messages
+from packtool.chat_templates import ChatTemplate, load_template
 from packtool.config import DEFAULT_FIELDS, SourceConfig, TokenizerConfig, TrainPolicy, parse_config
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Rendered, Tokenized
-from packtool.render import ChatTemplate, load_template, render_chat, trained_messages
+from packtool.render import render_chat, trained_messages
 from packtool.sources import read_source
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

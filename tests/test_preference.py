@@ -12,11 +12,11 @@ from support import QUICKSTART, shared
 
 from packtool.adapters import group_from_record, pair_from_record, pair_shape
 from packtool.builder.encode import encode_answers
+from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import load_tokenizer
 from packtool.errors import RecordError
 from packtool.records import CompletionGroup, Message, PreferencePair, Tokenized, prompt_length
-from packtool.render import load_template
 from packtool.truncate import truncate_item
 
 

@@ -11,11 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
+from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
-from packtool.render import load_template, render_chat, render_text
+from packtool.render import render_chat, render_text
 
 
 def qwen():
@@ -671,7 +672,8 @@ def test_template_injections_of_the_model_templates(model, injected):
 
 
 def test_bundled_templates_inject_nothing():
-    from packtool.render import bundled_templates, template_injections
+    from packtool.chat_templates import bundled_templates
+    from packtool.render import template_injections
 
     tokenizer, _ = quickstart()
     for name in bundled_templates():

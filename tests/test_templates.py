@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 from support import SHARED_DATA
 
+from packtool.chat_templates import END_MARKERS, bundled_templates, load_template
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch, load_tokenizer
 from packtool.errors import RecordError
 from packtool.records import ROLE_CODES, Example, Message, Tokenized
-from packtool.render import END_MARKERS, bundled_templates, load_template, render_chat
+from packtool.render import render_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart" / "tokenizer"

@@ -42,6 +42,8 @@ ENCODING_MODULES = (
     "packtool.sources",
     "packtool.reading",
     "packtool.adapters",
+    "packtool.sandbox",
+    "packtool.chat_templates",
     "packtool.render",
     "packtool.encode",
     "packtool.records",

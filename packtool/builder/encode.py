@@ -31,6 +31,7 @@ import pyarrow as pa
 from packtool.adapters import Parsed
 from packtool.builder.cache import TokenCache, publish_file, seal_report
 from packtool.builder.store import PartitionWriter, SegmentRole
+from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -46,7 +47,7 @@ from packtool.records import (
     answer_example,
     prompt_length,
 )
-from packtool.render import ChatTemplate, render_example, template_for
+from packtool.render import render_example
 from packtool.sources import read_file
 from packtool.truncate import ItemTruncation, truncate_item
 

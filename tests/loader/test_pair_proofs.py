@@ -260,11 +260,11 @@ def test_encoded_items_planned_and_collated_score_like_each_sequence_alone():
 
     from packtool.adapters import group_from_record, pair_from_record
     from packtool.builder.encode import encode_answers
+    from packtool.chat_templates import load_template
     from packtool.config import TokenizerConfig
     from packtool.encode import load_tokenizer
     from packtool.labels import cu_seqlens_from_lengths, labels_for
     from packtool.packing_items import plan_items, validate_item_plan
-    from packtool.render import load_template
     from packtool.truncate import truncate_item
 
     folder = QUICKSTART / "tokenizer"

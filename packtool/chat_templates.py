@@ -1,0 +1,214 @@
+"""Chat templates: load one (the model's own, a bundled one or a .jinja file), compile it in the
+sandbox, and run it on a conversation; plus the tokenizer's special-token strings it is given.
+
+The bundled .jinja files ship as the package data folder `packtool.templates`, hence this module's name.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.sandbox import SecurityError
+
+from packtool.config import BuildConfig, bundled_folder
+from packtool.errors import PacktoolError, TemplateRaised
+from packtool.records import literal_pattern
+from packtool.sandbox import BUDGET, Budget, TemplateLimit, make_environment
+
+if TYPE_CHECKING:
+    from packtool.render import _Skeleton
+
+# End-of-turn markers of the common chat formats; the template's eos_token is added to these.
+END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
+# Fixed so that templates calling strftime_now (Llama 3.x prints "Today Date") render the same
+# text on every run; override with template_vars.date (ISO) or date_string.
+DEFAULT_DATE = "2026-01-01"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTemplate:
+    name: str
+    source: str
+    special_tokens: dict[str, str]  # bos_token, eos_token, ... as strings
+    variables: dict[str, Any] = field(default_factory=dict)
+    compiled: Any = None
+    generation_header: str | None = None
+    has_generation_blocks: bool = False
+    # The special tokens a record may spell (the tokenizer's, from tokenizer_config.json).
+    literals: re.Pattern[str] | None = None
+    # Conversation shape -> the marked render with its contents cut out (see _Skeleton). Shared by a
+    # copy that only adds generation_header: the rendered text does not depend on it.
+    skeletons: dict[tuple[Any, ...], _Skeleton] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def end_markers(self) -> tuple[str, ...]:
+        eos = self.special_tokens.get("eos_token")
+        return tuple(dict.fromkeys([*(m for m in [eos] if m), *END_MARKERS]))
+
+    def render(
+        self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
+    ) -> str:
+        """The rendered text. Raises TemplateRaised (the template's raise_exception), TemplateLimit,
+        jinja2.TemplateError (any other failure of the template on these messages) or PacktoolError
+        (a sandbox escape: the template itself is hostile)."""
+        return self.render_tracked(messages, tools, add_generation_prompt=add_generation_prompt, mark=mark)[0]
+
+    def render_tracked(
+        self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
+    ) -> tuple[str, Budget]:
+        """render(), and what the render spent: whether the template inspected a marked (Tracked)
+        content string, the largest size it built."""
+        budget = Budget()
+        token = BUDGET.set(budget)
+        try:
+            text = self.compiled.render(
+                **self.special_tokens,
+                **self.variables,
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                __packtool_mark=mark,
+            )
+            return str.__str__(text), budget
+        except SecurityError as exc:
+            raise PacktoolError(
+                f"template {self.name!r} tried to reach Python internals and was stopped: {exc}"
+            ) from None
+        except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
+            raise
+        except RecursionError:
+            raise TemplateLimit("recursion deeper than Python allows (nested data or a recursive loop)") from None
+        except MemoryError:
+            raise TemplateLimit("the render ran out of memory") from None
+        except Exception as exc:  # the template's own code failing on this sample (1/0, 'a' + 1, a bad key)
+            raise jinja2.TemplateRuntimeError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            BUDGET.reset(token)
+
+
+def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:
+    """The configured template, or None when every source is plain text (no template is needed)."""
+    formats = {source.format for source in config.sources}
+    if formats <= {"text"}:
+        return None
+    if (
+        formats <= {"text", "prompt_completion"}
+        and config.template == "model"
+        and not tokenizer_config.get("chat_template")
+    ):
+        # TRL's string prompt-completion is plain text, often for a base model whose tokenizer has no chat
+        # template; a message-list record of such a source is then rejected on its own (template_error)
+        return None
+    return load_template(config.template, tokenizer_config, config.template_vars)
+
+
+def bundled_templates() -> list[str]:
+    folder = bundled_folder("templates")
+    return sorted(p.name.removesuffix(".jinja") for p in folder.iterdir() if p.name.endswith(".jinja"))
+
+
+def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[str, Any] | None = None) -> ChatTemplate:
+    """`spec` is `model` (the tokenizer's own chat_template), a bundled template name, or a .jinja path."""
+    if spec == "model":
+        source = tokenizer_config.get("chat_template")
+        if isinstance(source, list):  # some configs hold several named templates
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        if not isinstance(source, str):
+            raise PacktoolError(
+                "template: model, but tokenizer_config.json has no chat_template; "
+                f"use a bundled template ({', '.join(bundled_templates())}) or a .jinja file"
+            )
+        name = "model"
+    elif spec.endswith(".jinja"):
+        source, name = Path(spec).read_text(encoding="utf-8"), Path(spec).name
+    else:
+        path = bundled_folder("templates") / f"{spec}.jinja"
+        if not path.is_file():
+            raise PacktoolError(
+                f"template: unknown bundled template {spec!r}; "
+                f"choose one of {', '.join(bundled_templates())}, 'model' or a .jinja path"
+            )
+        source, name = path.read_text(encoding="utf-8"), spec
+    env = make_environment()
+    try:
+        _refuse_other_files(env.parse(source), name)
+        compiled = env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise PacktoolError(f"template {name!r} line {exc.lineno}: {exc.message}") from None
+
+    variables = dict(variables or {})
+    date = _dt.date.fromisoformat(str(variables.pop("date", DEFAULT_DATE)))
+    compiled.globals["strftime_now"] = lambda fmt: date.strftime(fmt)
+    specials = special_token_strings(tokenizer_config)
+    added = tokenizer_config.get("added_tokens_decoder") or {}
+    template = ChatTemplate(
+        name=name,
+        source=source,
+        special_tokens=specials,
+        variables=variables,
+        compiled=compiled,
+        has_generation_blocks="{% generation %}" in source or "{%- generation %}" in source,
+        literals=literal_pattern(
+            [
+                *specials.values(),
+                *(t.get("content", "") for t in added.values() if isinstance(t, dict) and t.get("special")),
+            ]
+        ),
+    )
+    return _with_generation_header(template)
+
+
+def _refuse_other_files(tree: nodes.Template, name: str) -> None:
+    """A chat template travels inside tokenizer_config.json alone: it may not pull in other files."""
+    tags = {
+        nodes.Include: "include",
+        nodes.Import: "import",
+        nodes.FromImport: "from ... import",
+        nodes.Extends: "extends",
+    }
+    for node in tree.find_all(tuple(tags)):
+        raise PacktoolError(
+            f"template {name!r} line {node.lineno}: {{% {tags[type(node)]} %}} is not supported; "
+            "a chat template must be one self-contained file (paste the other template in)"
+        )
+
+
+def special_token_strings(tokenizer_config: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = tokenizer_config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _with_generation_header(template: ChatTemplate) -> ChatTemplate:
+    """Find what the template prints to open an assistant turn: the difference add_generation_prompt makes."""
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        closed = template.render(probe, None)
+        opened = template.render(probe, None, add_generation_prompt=True)
+    except TemplateLimit as exc:
+        raise PacktoolError(
+            f"template {template.name!r} exceeds a template limit on a one-message conversation: {exc}"
+        ) from None
+    except (TemplateRaised, jinja2.TemplateError):
+        return template
+    if opened.startswith(closed) and len(opened) > len(closed):
+        header = opened[len(closed) :]
+        return replace(template, generation_header=header)
+    return template

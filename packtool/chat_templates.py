@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
@@ -21,9 +21,6 @@ from packtool.config import BuildConfig, bundled_folder
 from packtool.errors import PacktoolError, TemplateRaised
 from packtool.records import literal_pattern
 from packtool.sandbox import BUDGET, Budget, TemplateLimit, make_environment
-
-if TYPE_CHECKING:
-    from packtool.render import _Skeleton
 
 # End-of-turn markers of the common chat formats; the template's eos_token is added to these.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
@@ -43,9 +40,10 @@ class ChatTemplate:
     has_generation_blocks: bool = False
     # The special tokens a record may spell (the tokenizer's, from tokenizer_config.json).
     literals: re.Pattern[str] | None = None
-    # Conversation shape -> the marked render with its contents cut out (see _Skeleton). Shared by a
-    # copy that only adds generation_header: the rendered text does not depend on it.
-    skeletons: dict[tuple[Any, ...], _Skeleton] = field(default_factory=dict, compare=False, repr=False)
+    # Conversation shape -> the marked render with its contents cut out (render._Skeleton: render owns
+    # the cache, so it is not named here, which would make the two modules import each other). Shared
+    # by a copy that only adds generation_header: the rendered text does not depend on it.
+    skeletons: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:

@@ -62,9 +62,6 @@ class Counts:
         entry["tokens"] += tokens
         entry["targets"] += targets
 
-    def lost(self) -> int:
-        return sum(self.rejected.values()) + sum(self.dropped.values())
-
     def as_dict(self) -> dict[str, Any]:
         """The manifest's `accounting` entry of a source."""
         return {

@@ -11,7 +11,7 @@ import pytest
 from support import QUICKSTART, shared
 
 from packtool.builder import build
-from packtool.builder.plan import source_multipliers
+from packtool.builder.mixing import source_multipliers
 from packtool.config import load_config
 from packtool.labels import IGNORE_INDEX
 

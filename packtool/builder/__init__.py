@@ -31,7 +31,8 @@ from packtool.builder.emit import emit_item, emit_items, release
 from packtool.builder.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
 from packtool.builder.executors import make_executor
 from packtool.builder.owned import check_apart, claim, locked, unlinked
-from packtool.builder.plan import Partition, Plan, make_plan, plan_key, stored_plan_problem
+from packtool.builder.plan import make_plan, plan_key
+from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
 from packtool.builder.publish import Staging
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import packtool
-from packtool.builder.plan import PIECES_FILE, FolderPlan, Plan, load_plan
+from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, load_plan
 from packtool.builder.store import PartitionReader, StoredSample
 from packtool.format import WHOLE, sha256_file, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.adapters import Parsed
+from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
 from packtool.builder.cache import TokenCache, publish_file, seal_report
 from packtool.builder.store import PartitionWriter, SegmentRole
 from packtool.chat_templates import ChatTemplate, template_for
@@ -200,9 +201,8 @@ class Stages:
             literals.append(has_special_literal(rendered, self.tokenizer))
         add_bos, add_eos = bool(self.config.add_bos), bool(self.config.add_eos)
         results = encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=literals)
-        counted = source.special_tokens != "reject"  # `reject` counts when encode rejects the sample
         encoded = (
-            Outcome(rendered.example.location, rendered.example.id, result, literal and counted)
+            Outcome(rendered.example.location, rendered.example.id, result, literal)
             for (rendered, _), literal, result in zip(pending, literals, results, strict=True)
         )
         return [outcome if outcome is not None else next(encoded) for outcome in outcomes]
@@ -321,30 +321,22 @@ class Outcome:
 
 @dataclass
 class Report:
-    """What happened to each record of one file (summed per source into the manifest's accounting)."""
+    """What happened to each record of one file (its counts are added up per source into the manifest's accounting)."""
 
     source: str
     file: str
-    read: int = 0
     samples: int = 0
     tokens: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    dropped: Counter = field(default_factory=Counter)
-    truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # items: strategy -> {items, tokens} cut
-    special_token_literals: int = 0
+    counts: Counts = field(default_factory=Counts)
     rejects: list[dict[str, Any]] = field(default_factory=list)  # {id, location, reason, detail, ordinal}
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "file": self.file,
-            "read": self.read,
             "samples": self.samples,
             "tokens": self.tokens,
-            "rejected": dict(sorted(self.rejected.items())),
-            "dropped": dict(sorted(self.dropped.items())),
-            "items_truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
-            "special_token_literals": self.special_token_literals,
+            **self.counts.as_report(),
             "rejects": self.rejects,
         }
 
@@ -449,10 +441,9 @@ def _chunks(records: Iterator[Parsed | RecordError], size: int) -> Iterator[list
 
 def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter, stop_at_bad: bool) -> str | None:
     """Store one outcome or count it under its reason; the fail message when bad input must stop the build."""
-    report.read += 1
-    report.special_token_literals += outcome.special_literal
     result = outcome.result
     if isinstance(result, Tokenized):
+        report.counts.note_record(literal=outcome.special_literal)
         writer.append(result, outcome.location, ordinal, outcome.special_literal)
         return None
     if isinstance(result, ItemTruncation):
@@ -460,10 +451,9 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
         return None
     if not isinstance(result, RecordError):
         raise RuntimeError(f"{outcome.location}: rendered but not encoded")
-    if result.kind == "special_token_literal":
+    if result.kind == SPECIAL_TOKEN_LITERAL:
         # valid input that this source's policy chose not to train: dropped, never a failure
-        report.special_token_literals += 1
-        report.dropped[result.kind] += 1
+        report.counts.note_record(result.kind)
         report.rejects.append(_reject(outcome.example_id, outcome.location, result.kind, result.reason, ordinal))
         return None
     result.sample_id = result.sample_id or outcome.example_id
@@ -472,7 +462,7 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
     message = f"{result.describe()} [{result.kind}] (on_error: skip sends such records to {REJECTS})"
     if stop_at_bad:
         return message
-    report.rejected[result.kind] += 1
+    report.counts.note_record(result.kind, bad_input=True, literal=outcome.special_literal)
     where = result.file if result.row is None else f"{result.file}:{result.row}"
     detail = f"field '{result.field}': {result.reason}" if result.field else result.reason
     report.rejects.append({**_reject(result.sample_id, where, result.kind, detail, ordinal), "message": message})
@@ -484,13 +474,13 @@ def _record_item(
 ) -> None:
     """A pair or group: its segments as consecutive rows of one ordinal, or its drop (valid input that cannot fit)."""
     if fitted.drop_reason is not None:
-        report.dropped[fitted.drop_reason] += 1
+        report.counts.note_record(fitted.drop_reason)
         report.rejects.append(_reject(outcome.example_id, outcome.location, fitted.drop_reason, fitted.detail, ordinal))
         return
+    report.counts.note_record()
     if fitted.removed_prompt_tokens:
-        entry = report.truncated.setdefault(fitted.strategy, {"items": 0, "tokens": 0})
-        entry["items"] += 1
-        entry["tokens"] += fitted.removed_prompt_tokens * len(fitted.segments)
+        # a pair's or group's answers stay whole: only prompt tokens, never targets, are cut
+        report.counts.note_truncation(fitted.strategy, fitted.removed_prompt_tokens * len(fitted.segments), 0)
     for segment, role in zip(fitted.segments, outcome.roles):
         writer.append(segment, outcome.location, ordinal, role=role)
 

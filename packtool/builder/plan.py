@@ -13,156 +13,34 @@ item of one segment), mixing copies whole items, and `plan_items` places each it
 A plan with at least one such item gives every segment its group id (`FolderPlan.group`).
 
 Only samples longer than capacity are read token by token (truncation needs their message
-structure); everything else is arrays of lengths and indices. The plan is written to its folder
-(plan.npz, pieces.arrow, plan.json last) under a key that hashes the partitions and every plan
+structure); everything else is arrays of lengths and indices. Counting is `accounting.Counts`, the
+copies of each source `mixing`. The plan is written to its folder (`plan_files`: plan.npz, pieces.arrow,
+plan.json last) under a key that hashes the partitions and every plan
 setting, so a resumed build reuses it and emit work items in other processes read it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import packtool
+from packtool.builder.accounting import Counts
 from packtool.builder.cache import code_fingerprint
+from packtool.builder.mixing import quota_plan, repeat_plan, source_multipliers, source_quotas, source_seed, splitmix64
+from packtool.builder.plan_files import PIECES_FILE, PLAN_FILE, FolderPlan, Partition, Plan, load_plan, write_plan
 from packtool.builder.store import PartitionReader, PartitionWriter
-from packtool.config import ITEM_FORMATS, BuildConfig, Quota, canonical_json
+from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
 from packtool.errors import BuildError
-from packtool.format import SEGMENTS_SCHEMA_VERSION, sha256_file, write_json_atomic
+from packtool.format import SEGMENTS_SCHEMA_VERSION
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.truncate import truncate
-
-PLAN_FILE = "plan.json"
-ARRAYS_FILE = "plan.npz"
-PIECES_FILE = "pieces.arrow"
-PLAN_SEAL = "plan_sha256"
-
-
-@dataclass
-class SourceCounts:
-    """What happened to each record of one source (the manifest's `accounting`)."""
-
-    read: int = 0
-    kept: int = 0
-    overflow: int = 0
-    rejected: Counter = field(default_factory=Counter)  # bad input, by reason
-    dropped: Counter = field(default_factory=Counter)  # valid input not trained (too_long, no_targets), by reason
-    truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # strategy -> samples/tokens/targets removed
-    special_token_literals: int = 0
-    segments: int = 0  # what reached a pack: mixing copies, split pieces and the bucket included
-
-    def add_report(self, report: dict[str, Any], budget: int, stored_literals: int) -> None:
-        """Add one file's encode report; with max_samples only its first `budget` records count."""
-        if budget >= report["read"]:
-            self.read += report["read"]
-            self.rejected.update(report["rejected"])
-            self.dropped.update(report["dropped"])
-            self.special_token_literals += report["special_token_literals"]
-            self.note_item_truncation(report.get("items_truncated", {}))
-            return
-        self.read += budget
-        self.special_token_literals += stored_literals
-        for reject in report["rejects"]:
-            if reject["ordinal"] >= budget:
-                continue
-            if reject["reason"] == "special_token_literal":
-                self.dropped[reject["reason"]] += 1
-                self.special_token_literals += 1
-            else:
-                self.rejected[reject["reason"]] += 1
-
-    def note_truncation(self, strategy: str, tokens: int, targets: int) -> None:
-        entry = self.truncated.setdefault(strategy, {"samples": 0, "tokens": 0, "targets": 0})
-        entry["samples"] += 1
-        entry["tokens"] += tokens
-        entry["targets"] += targets
-
-    def note_item_truncation(self, truncated: dict[str, dict[str, int]]) -> None:
-        """Pairs and groups cut while encoding: {strategy: {items, tokens}} (their answers, so targets, stay)."""
-        for strategy, cut in truncated.items():
-            entry = self.truncated.setdefault(strategy, {"samples": 0, "tokens": 0, "targets": 0})
-            entry["samples"] += cut["items"]
-            entry["tokens"] += cut["tokens"]
-
-    def lost(self) -> int:
-        return sum(self.rejected.values()) + sum(self.dropped.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "read": self.read,
-            "kept": self.kept,
-            "overflow": self.overflow,
-            "rejected": dict(sorted(self.rejected.items())),
-            "dropped": dict(sorted(self.dropped.items())),
-            "truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
-            "special_token_literals": self.special_token_literals,
-            "segments": self.segments,
-        }
-
-
-@dataclass(frozen=True)
-class Partition:
-    """One complete encode work item as the plan sees it."""
-
-    key: str
-    path: str
-    source: str
-    report: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class FolderPlan:
-    """The packs of one output folder ("" for OUT itself, "overflow" for the bucket, "validation").
-
-    Segment s is stored sample `ref[s]` (>= 0: a global row of the partitions; < 0: piece -ref-1 of
-    pieces.arrow), copy number `repeat[s]`, `length[s]` tokens. Packs follow `layout` (a PackPlan, or
-    a StreamPlan in stream mode).
-    `group[s]` is the segment's group id (-1: a plain sample), only in a plan with pairs or groups.
-    """
-
-    name: str
-    capacity: int
-    ref: np.ndarray
-    repeat: np.ndarray
-    length: np.ndarray
-    layout: PackPlan | StreamPlan
-    group: np.ndarray | None = None
-
-    @property
-    def stream(self) -> bool:
-        return isinstance(self.layout, StreamPlan)
-
-    @property
-    def n_packs(self) -> int:
-        return len(self.layout.offsets) - 1
-
-
-@dataclass(frozen=True)
-class Plan:
-    key: str
-    folder: Path
-    partitions: list[Partition]
-    folders: list[FolderPlan]
-    accounting: dict[str, dict[str, Any]]
-    rejects: list[dict[str, Any]]  # in input order: {id, source, location, reason, detail}
-    lengths: dict[str, dict[str, np.ndarray]]  # source -> before/after truncation, for the manifest's length summary
-    piece_numbers: np.ndarray  # per row of pieces.arrow: which part of its sample it is (_Fitted)
-    piece_offsets: np.ndarray
-    schema_version: int  # of the shards this plan gives (shard_schema_version)
-
-    @property
-    def bases(self) -> np.ndarray:
-        """Global row of each partition's first sample."""
-        rows = [p.report["samples"] for p in self.partitions]
-        return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
 
 
 def plan_settings(config: BuildConfig) -> dict[str, Any]:
@@ -174,7 +52,7 @@ def plan_settings(config: BuildConfig) -> dict[str, Any]:
         "groups": [s.group for s in config.sources],
         "overflow": [config.overflow, config.overflow_capacity],
         "mixing": [config.mix_by, [s.weight for s in config.sources]]
-        + ([[s.quota and [s.quota.unit, s.quota.amount] for s in config.sources]] if _quotas(config) else []),
+        + ([[s.quota and [s.quota.unit, s.quota.amount] for s in config.sources]] if source_quotas(config) else []),
         "seed": config.seed,
         "shards": [config.rows_per_shard, config.row_group_rows],
         "validation": [config.validation_share, config.validation_samples],
@@ -206,7 +84,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     names = [s.name for s in config.sources]
-    counts = {name: SourceCounts() for name in names}
+    counts = {name: Counts() for name in names}
     budgets = _budgets(config, partitions)
 
     readers = [PartitionReader(Path(p.path)) for p in partitions]
@@ -225,7 +103,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         starts = ~((kinds == KIND_CODES["rejected"]) | ((kinds == KIND_CODES["completion"]) & (completion > 0)))
         for p, partition in enumerate(partitions):
             stored = int(literals[bases[p] : bases[p + 1]].sum())
-            counts[partition.source].add_report(partition.report, budgets[p], stored)
+            counts[partition.source] += Counts.from_report(partition.report, budgets[p], stored)
         fitted = _fit(
             config,
             readers,
@@ -272,7 +150,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         piece_offsets=fitted.piece_offsets,
         schema_version=shard_schema_version(config),
     )
-    _write(plan)
+    write_plan(plan)
     return plan
 
 
@@ -306,7 +184,7 @@ def _fit(
     starts: np.ndarray,
     kinds: np.ndarray,
     pieces_path: Path,
-    counts: dict[str, SourceCounts],
+    counts: dict[str, Counts],
 ) -> _Fitted:
     """Truncation decisions: vectorized for samples that fit, one by one for the few that do not."""
     names = [s.name for s in config.sources]
@@ -457,14 +335,14 @@ def _duplicates(
     return found
 
 
-def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
+def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]) -> FolderPlan:
     """Source weights realized by seeded up- or down-sampling; copies keep their id and get a repeat number."""
     names = [s.name for s in config.sources]
     main = ~fitted.bucket & ~fitted.held_out
     ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
     offsets = np.append(np.flatnonzero(fitted.start[main]), main.sum())  # item i: segments offsets[i]..offsets[i+1]
     item_source = source[offsets[:-1]]
-    quotas = _quotas(config)
+    quotas = source_quotas(config)
     present = [i for i in range(len(names)) if (source == i).any() and names[i] not in quotas]
     multipliers = source_multipliers(
         {names[i]: int((source == i).sum()) for i in present},
@@ -481,9 +359,9 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceC
         if name in quotas:
             per_segment = unit_amounts[quotas[name].unit]
             item_amounts = np.add.reduceat(per_segment, offsets[:-1])[mine] if len(mine) else np.zeros(0, np.int64)
-            positions, repeat = quota_plan(item_amounts, quotas[name].amount, seed=_seed(config.seed, name))
+            positions, repeat = quota_plan(item_amounts, quotas[name].amount, seed=source_seed(config.seed, name))
         else:
-            positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=_seed(config.seed, name))
+            positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=source_seed(config.seed, name))
         chosen_items = mine[positions]  # whole items: a copy of a pair copies both sides
         size = offsets[chosen_items + 1] - offsets[chosen_items]
         segments = _segments_of(offsets[chosen_items], size)
@@ -513,26 +391,17 @@ def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitte
     samples n: whole groups of identical records in hash order until at least n samples are held out.
     """
     row_hash = np.array([int(h[:16], 16) for h in hashes], dtype=np.uint64)
-    score = _mix(row_hash, config.seed)
+    score = splitmix64(row_hash, config.seed)
     eligible = ~fitted.bucket
     sample_score = score[fitted.row]
     if config.validation_share is not None:
         held = sample_score < np.uint64(min(int(config.validation_share * 2.0**64), 2**64 - 1))
     else:
         groups, sizes = np.unique(row_hash[np.unique(fitted.row[eligible])], return_counts=True)
-        order = np.argsort(_mix(groups, config.seed), kind="stable")
+        order = np.argsort(splitmix64(groups, config.seed), kind="stable")
         needed = int(np.searchsorted(np.cumsum(sizes[order]), config.validation_samples or 0)) + 1
         held = np.isin(row_hash[fitted.row], groups[order[:needed]])
     return replace(fitted, held_out=held & eligible)
-
-
-def _mix(values: np.ndarray, seed: int) -> np.ndarray:
-    """splitmix64 of each value under a seed: uniform 64-bit scores that the seed reshuffles."""
-    with np.errstate(over="ignore"):
-        z = values + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
 
 
 def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
@@ -597,7 +466,7 @@ def _item_folder(
     return FolderPlan("", config.capacity, ref, repeat, length, plan.segments, group)
 
 
-def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, SourceCounts]) -> FolderPlan:
+def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]) -> FolderPlan:
     names = [s.name for s in config.sources]
     spilled = fitted.bucket
     for i, name in enumerate(names):
@@ -615,69 +484,6 @@ def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capaci
         return plan_packs(lengths, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
     groups = np.array([s.group or s.name for s in config.sources], dtype=object)[source]
     return plan_groups(lengths, groups, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
-
-
-def source_multipliers(
-    samples: dict[str, int], tokens: dict[str, int], weights: dict[str, float], mode: str
-) -> dict[str, float]:
-    """How many copies of each source's samples to take.
-
-    multiplier: the weight itself (2.0 doubles a source). samples/tokens: weights are target
-    shares of samples/tokens; multipliers m_i = share_i * total / own_i keep the total unchanged.
-    """
-    present = [name for name in samples if samples[name] > 0]
-    if mode == "multiplier":
-        return {name: weights[name] for name in present}
-    amount = samples if mode == "samples" else tokens
-    total = sum(amount[n] for n in present)
-    weight_sum = sum(weights[n] for n in present)
-    return {n: (weights[n] / weight_sum) * total / amount[n] for n in present}
-
-
-def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, repeat numbers) of the copies of n samples: floor(m) full passes, then
-    round(frac(m) * n) samples chosen by a seeded permutation.
-
-    n=4, m=1.5 -> positions [0 1 2 3 | 1 3], repeats [0 0 0 0 | 1 1]   (which two: the seed decides)
-    """
-    whole = int(np.floor(multiplier))
-    extra = round((multiplier - whole) * n)
-    chosen = np.sort(np.random.default_rng(seed).permutation(n)[:extra]) if extra else np.zeros(0, dtype=np.int64)
-    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
-    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
-    return positions, repeats
-
-
-def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, repeat numbers) of the copies that bring a source to `quota`: whole passes while
-    they stay below it, then samples in a seeded order until the total reaches it, so
-    quota <= total < quota + the last sample's amount (met within one sample). A quota below the
-    source's own total down-samples it (no whole pass).
-
-    amounts [5, 3, 4], quota 20: one pass (12), then in seeded order (say 4, 5) until >= 20
-    -> positions [0 1 2 | 0 2], repeats [0 0 0 | 1 1], total 21
-    """
-    n = len(amounts)
-    total = int(amounts.sum())
-    if n == 0 or total == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int32)
-    whole = (quota - 1) // total  # passes that stay below the quota (the next sample then reaches it)
-    left = quota - whole * total
-    order = np.random.default_rng(seed).permutation(n)
-    reached = np.cumsum(amounts[order])
-    extra = int(np.searchsorted(reached, left)) + 1  # the first prefix whose total reaches what is left
-    chosen = np.sort(order[:extra])
-    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
-    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
-    return positions, repeats
-
-
-def _quotas(config: BuildConfig) -> dict[str, Quota]:
-    return {s.name: s.quota for s in config.sources if s.quota is not None}
-
-
-def _seed(seed: int, name: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest(), "little")
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:
@@ -711,114 +517,3 @@ def _ordered_rejects(
     keyed += drops
     keyed.sort(key=lambda item: (item[0], item[1]))
     return [{k: v for k, v in entry.items() if k not in ("ordinal", "message")} for _, _, entry in keyed]
-
-
-def _write(plan: Plan) -> None:
-    arrays: dict[str, np.ndarray] = {}
-    for f in plan.folders:
-        prefix = f.name or "main"
-        arrays[f"{prefix}.ref"] = f.ref
-        arrays[f"{prefix}.repeat"] = f.repeat
-        if f.group is not None:
-            arrays[f"{prefix}.group"] = f.group
-        arrays[f"{prefix}.length"] = f.length
-        if isinstance(f.layout, StreamPlan):
-            for name in ("samples", "starts", "ends", "offsets"):
-                arrays[f"{prefix}.{name}"] = getattr(f.layout, name)
-        else:
-            arrays[f"{prefix}.members"] = f.layout.members
-            arrays[f"{prefix}.offsets"] = f.layout.offsets
-    for i, when in enumerate(plan.lengths.values()):
-        arrays[f"lengths.{i}.before"] = when["before"]
-        arrays[f"lengths.{i}.after"] = when["after"]
-    arrays["pieces.number"] = plan.piece_numbers
-    arrays["pieces.offset"] = plan.piece_offsets
-    np.savez(plan.folder / ARRAYS_FILE, allow_pickle=False, **arrays)
-    meta = {
-        "key": plan.key,
-        "partitions": [[p.key, p.path, p.source, p.report] for p in plan.partitions],
-        "folders": [
-            {
-                "name": f.name,
-                "capacity": f.capacity,
-                "stream": f.stream,
-                "last_partial": isinstance(f.layout, StreamPlan) and f.layout.last_partial,
-            }
-            for f in plan.folders
-        ],
-        "accounting": plan.accounting,
-        "rejects": plan.rejects,
-        "sources": list(plan.lengths),
-        "schema_version": plan.schema_version,
-        # what a resumed build checks before reusing the plan (stored_plan_problem)
-        "files": {name: sha256_file(plan.folder / name) for name in (ARRAYS_FILE, PIECES_FILE)},
-    }
-    meta[PLAN_SEAL] = _plan_digest(meta)
-    write_json_atomic(plan.folder / PLAN_FILE, meta)  # last: the plan is complete
-
-
-def _plan_digest(meta: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json({k: v for k, v in meta.items() if k != PLAN_SEAL}).encode()).hexdigest()
-
-
-def stored_plan_problem(folder: Path, key: str, partitions: list[Partition]) -> str | None:
-    """Why a plan found in `folder` must not be reused (changed since written, or another plan's); None if it may be.
-
-    A missing plan is no problem (it is computed)."""
-    path = folder / PLAN_FILE
-    if not path.exists():
-        return None
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        intact = isinstance(meta, dict) and meta.get(PLAN_SEAL) == _plan_digest(meta) and meta.get("key") == key
-        intact = intact and meta["partitions"] == [[p.key, p.path, p.source, p.report] for p in partitions]
-        intact = intact and all(sha256_file(folder / name) == sha for name, sha in meta["files"].items())
-    except (OSError, ValueError, KeyError, TypeError):
-        intact = False
-    return None if intact else f"staged plan {folder}: changed since it was written"
-
-
-def load_plan(folder: Path) -> Plan:
-    meta = json.loads((folder / PLAN_FILE).read_text(encoding="utf-8"))
-    arrays = np.load(folder / ARRAYS_FILE)
-    folders = []
-    for f in meta["folders"]:
-        prefix = f["name"] or "main"
-        layout: PackPlan | StreamPlan
-        if f["stream"]:
-            layout = StreamPlan(
-                samples=arrays[f"{prefix}.samples"],
-                starts=arrays[f"{prefix}.starts"],
-                ends=arrays[f"{prefix}.ends"],
-                offsets=arrays[f"{prefix}.offsets"],
-                last_partial=f["last_partial"],
-            )
-        else:
-            layout = PackPlan(members=arrays[f"{prefix}.members"], offsets=arrays[f"{prefix}.offsets"])
-        group = arrays[f"{prefix}.group"] if f"{prefix}.group" in arrays.files else None
-        folders.append(
-            FolderPlan(
-                f["name"],
-                f["capacity"],
-                arrays[f"{prefix}.ref"],
-                arrays[f"{prefix}.repeat"],
-                arrays[f"{prefix}.length"],
-                layout,
-                group,
-            )
-        )
-    return Plan(
-        key=meta["key"],
-        folder=folder,
-        partitions=[Partition(*p) for p in meta["partitions"]],
-        folders=folders,
-        accounting=meta["accounting"],
-        rejects=meta["rejects"],
-        lengths={
-            name: {"before": arrays[f"lengths.{i}.before"], "after": arrays[f"lengths.{i}.after"]}
-            for i, name in enumerate(meta["sources"])
-        },
-        piece_numbers=arrays["pieces.number"],
-        piece_offsets=arrays["pieces.offset"],
-        schema_version=meta["schema_version"],
-    )

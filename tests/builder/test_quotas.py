@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from support import shared
 
 from packtool.builder import build
-from packtool.builder.plan import quota_plan
+from packtool.builder.mixing import quota_plan
 from packtool.config import ConfigError, Quota, load_config
 from packtool.shards import locate
 from packtool.stats import format_stats, summarize

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.builder.plan import repeat_plan
+from packtool.builder.mixing import repeat_plan
 from packtool.builder.store import BATCH_ROWS, PartitionReader, PartitionWriter, _n_targets
 from packtool.records import Tokenized
 

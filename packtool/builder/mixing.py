@@ -1,0 +1,87 @@
+"""Mixing: how many copies of each source's samples a build takes, as pure functions of amounts and seeds.
+
+weights (mix_by multiplier | samples | tokens) --source_multipliers--> m per source --repeat_plan--> copies
+quota (a source's amount of tokens or target tokens) --quota_plan--> copies
+copies: (positions, repeat numbers) into the source's items, drawn under source_seed(seed, name)
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from packtool.config import BuildConfig, Quota
+
+
+def source_multipliers(
+    samples: dict[str, int], tokens: dict[str, int], weights: dict[str, float], mode: str
+) -> dict[str, float]:
+    """How many copies of each source's samples to take.
+
+    multiplier: the weight itself (2.0 doubles a source). samples/tokens: weights are target
+    shares of samples/tokens; multipliers m_i = share_i * total / own_i keep the total unchanged.
+    """
+    present = [name for name in samples if samples[name] > 0]
+    if mode == "multiplier":
+        return {name: weights[name] for name in present}
+    amount = samples if mode == "samples" else tokens
+    total = sum(amount[n] for n in present)
+    weight_sum = sum(weights[n] for n in present)
+    return {n: (weights[n] / weight_sum) * total / amount[n] for n in present}
+
+
+def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, repeat numbers) of the copies of n samples: floor(m) full passes, then
+    round(frac(m) * n) samples chosen by a seeded permutation.
+
+    n=4, m=1.5 -> positions [0 1 2 3 | 1 3], repeats [0 0 0 0 | 1 1]   (which two: the seed decides)
+    """
+    whole = int(np.floor(multiplier))
+    extra = round((multiplier - whole) * n)
+    chosen = np.sort(np.random.default_rng(seed).permutation(n)[:extra]) if extra else np.zeros(0, dtype=np.int64)
+    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
+    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
+    return positions, repeats
+
+
+def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, repeat numbers) of the copies that bring a source to `quota`: whole passes while
+    they stay below it, then samples in a seeded order until the total reaches it, so
+    quota <= total < quota + the last sample's amount (met within one sample). A quota below the
+    source's own total down-samples it (no whole pass).
+
+    amounts [5, 3, 4], quota 20: one pass (12), then in seeded order (say 4, 5) until >= 20
+    -> positions [0 1 2 | 0 2], repeats [0 0 0 | 1 1], total 21
+    """
+    n = len(amounts)
+    total = int(amounts.sum())
+    if n == 0 or total == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    whole = (quota - 1) // total  # passes that stay below the quota (the next sample then reaches it)
+    left = quota - whole * total
+    order = np.random.default_rng(seed).permutation(n)
+    reached = np.cumsum(amounts[order])
+    extra = int(np.searchsorted(reached, left)) + 1  # the first prefix whose total reaches what is left
+    chosen = np.sort(order[:extra])
+    positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
+    repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
+    return positions, repeats
+
+
+def source_quotas(config: BuildConfig) -> dict[str, Quota]:
+    return {s.name: s.quota for s in config.sources if s.quota is not None}
+
+
+def source_seed(seed: int, name: str) -> int:
+    """The seed of one source's sampling: sources draw independently under one build seed."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest(), "little")
+
+
+def splitmix64(values: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of each value under a seed: uniform 64-bit scores that the seed reshuffles."""
+    with np.errstate(over="ignore"):
+        z = values + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))

@@ -1,0 +1,71 @@
+"""Counts: one counts type that adds up across encode items and the plan (builder.accounting)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
+
+
+def test_counts_add_up_field_by_field_and_leave_both_operands_alone():
+    a = Counts(read=3, kept=2, rejected=Counter(bad_record=1), special_token_literals=1, segments=4)
+    a.note_truncation("right", tokens=10, targets=4)
+    b = Counts(read=2, overflow=1, dropped=Counter(no_targets=1), rejected=Counter(bad_record=2, bad_json=1))
+    b.note_truncation("right", tokens=5, targets=1)
+    b.note_truncation("left", tokens=7, targets=0, samples=2)
+    total = a + b
+    assert total.as_dict() == {
+        "read": 5,
+        "kept": 2,
+        "overflow": 1,
+        "rejected": {"bad_json": 1, "bad_record": 3},
+        "dropped": {"no_targets": 1},
+        "truncated": {
+            "left": {"samples": 2, "tokens": 7, "targets": 0},
+            "right": {"samples": 2, "tokens": 15, "targets": 5},
+        },
+        "special_token_literals": 1,
+        "segments": 4,
+    }
+    assert a.truncated["right"] == {"samples": 1, "tokens": 10, "targets": 4}
+    assert sum([a, b], Counts()).as_dict() == total.as_dict()
+
+
+def test_a_special_token_literal_counts_once_whatever_the_policy_did():
+    counts = Counts()
+    counts.note_record(literal=True)  # kept as text or escaped
+    counts.note_record(SPECIAL_TOKEN_LITERAL, literal=True)  # dropped under special_tokens: reject
+    counts.note_record("bad_record", bad_input=True)
+    counts.note_record()
+    assert (counts.read, counts.special_token_literals) == (4, 2)
+    assert counts.dropped == {SPECIAL_TOKEN_LITERAL: 1} and counts.rejected == {"bad_record": 1}
+
+
+def test_an_encode_report_reads_back_as_the_counts_it_was_written_from():
+    counts = Counts()
+    for _ in range(3):
+        counts.note_record()
+    counts.note_record("pair_too_long")
+    counts.note_truncation("left", tokens=12, targets=0)
+    report = {**counts.as_report(), "rejects": [{"reason": "pair_too_long", "ordinal": 2}]}
+    assert report["items_truncated"] == {"left": {"items": 1, "tokens": 12}}
+    assert Counts.from_report(report, budget=4, stored_literals=0) == counts
+
+
+def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget():
+    report = {
+        "read": 6,
+        "rejected": {"bad_record": 2},
+        "dropped": {SPECIAL_TOKEN_LITERAL: 1},
+        "items_truncated": {},
+        "special_token_literals": 2,
+        "rejects": [
+            {"reason": "bad_record", "ordinal": 0, "message": "..."},
+            {"reason": SPECIAL_TOKEN_LITERAL, "ordinal": 2},
+            {"reason": "bad_record", "ordinal": 5, "message": "..."},
+        ],
+    }
+    counts = Counts.from_report(report, budget=4, stored_literals=1)
+    assert counts.read == 4
+    assert counts.rejected == {"bad_record": 1} and counts.dropped == {SPECIAL_TOKEN_LITERAL: 1}
+    assert counts.special_token_literals == 2  # one stored within the budget, one dropped

@@ -16,6 +16,7 @@ from support import REPO
 
 from packtool.cli import main
 from packtool.errors import PacktoolError
+from packtool.format import read_manifest
 from packtool.stats import attention_slots, length_bin_edges, length_summary
 
 
@@ -117,8 +118,8 @@ def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
     from packtool.labels import IGNORE_INDEX
     from packtool.stats import summarize
 
-    manifest = json.loads((quickstart_build / "manifest.json").read_text())
-    shards = [quickstart_build / entry["file"] for entry in manifest["shards"]]
+    manifest = read_manifest(quickstart_build)
+    shards = [entry.file for entry in manifest.shards]
     packs = tokens = targets = 0
     per_source: dict[str, list[int]] = {}
     segments_per_pack, segment_lengths, pack_lengths, document_lengths = [], [], [], {}

@@ -146,7 +146,7 @@ def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
     assert (stats["packs"], stats["tokens"], stats["targets"]) == (packs, tokens, targets)
     assert stats["segments_per_pack"]["histogram"] == np.bincount(segments_per_pack).tolist()
     assert stats["attention"] == attention_slots(np.array(segment_lengths), np.array(pack_lengths))
-    assert stats["pack_fill"] == length_summary(np.array(pack_lengths), manifest["capacity"])
+    assert stats["pack_fill"] == length_summary(np.array(pack_lengths), manifest.capacity)
     for source, (segments, source_tokens, source_targets, repeats) in per_source.items():
         entry = stats["sources"][source]
         assert (entry["segments"], entry["tokens"], entry["targets"], entry["repeats"]) == (
@@ -155,7 +155,7 @@ def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
             source_targets,
             repeats,
         )
-        assert entry["segment_lengths"] == length_summary(np.array(document_lengths[source]), manifest["capacity"])
+        assert entry["segment_lengths"] == length_summary(np.array(document_lengths[source]), manifest.capacity)
 
 
 def test_stats_refuses_a_shard_whose_document_columns_disagree(quickstart_build, tmp_path):

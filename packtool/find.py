@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import PackFormatError, PacktoolError, RecordError
-from packtool.format import JSON_ERRORS, MANIFEST, REJECTS, WHOLE, read_manifest
-from packtool.packing_items import KIND_CODES
+from packtool.format import JSON_ERRORS, KIND_CODES, MANIFEST, REJECTS, WHOLE, Manifest, read_manifest
 from packtool.shards import listed_shard, read_columns
 from packtool.terminal import shown
 
@@ -143,17 +142,16 @@ def _shard_name(file: str, shards: set[str]) -> str | None:
     return None
 
 
-def _parts(folder: Path, manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _parts(folder: Path, manifest: Manifest) -> list[tuple[str, Manifest]]:
     """(prefix, manifest) of the main output and of the sub-outputs it names (overflow bucket, validation split)."""
     parts = [("", manifest)]
-    for key in ("overflow", "validation"):
-        name = (manifest.get(key) or {}).get("folder")
-        if isinstance(name, str) and (folder / name / MANIFEST).is_file():
+    for name in manifest.parts.values():
+        if (folder / name / MANIFEST).is_file():
             parts.append((f"{name}/", read_manifest(folder / name)))
     return parts
 
 
-def _documents(folder: Path, manifest: dict[str, Any]) -> list[Placement]:
+def _documents(folder: Path, manifest: Manifest) -> list[Placement]:
     """Every document of every pack, read from the small per-document columns only (no tokens)."""
     out = []
     for prefix, part in _parts(folder, manifest):
@@ -161,10 +159,10 @@ def _documents(folder: Path, manifest: dict[str, Any]) -> list[Placement]:
     return out
 
 
-def _part_documents(folder: Path, prefix: str, manifest: dict[str, Any]) -> list[Placement]:
+def _part_documents(folder: Path, prefix: str, manifest: Manifest) -> list[Placement]:
     out = []
-    for entry in manifest["shards"]:
-        shard = prefix + entry["file"]
+    for entry in manifest.shards:
+        shard = prefix + entry.file.name
         table = read_columns(listed_shard(folder / prefix, entry), INDEX_COLUMNS, ITEM_COLUMNS)
         v2 = "segment_kinds" in table.column_names
         for row, pack in enumerate(table.to_pylist()):
@@ -233,8 +231,8 @@ def _with_pieces(found: list[Placement], everything: list[Placement]) -> list[Pl
     return out
 
 
-def _rejects(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    path = folder / (manifest.get("rejects") or {}).get("file", REJECTS)
+def _rejects(folder: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    path = folder / (manifest.raw.get("rejects") or {}).get("file", REJECTS)
     if not path.is_file():
         return []
     rejects = []
@@ -299,7 +297,7 @@ def _same_location(sources: _SourceFiles, reject: dict[str, Any], file: str, num
 class _SourceFiles:
     """The output's sources, read again from the files as they are now (never written)."""
 
-    def __init__(self, folder: Path, manifest: dict[str, Any], config: str | Path | None):
+    def __init__(self, folder: Path, manifest: Manifest, config: str | Path | None):
         self.folder = folder
         self.manifest = manifest
         self.config_path = config
@@ -320,8 +318,8 @@ class _SourceFiles:
 
         if self.config_path is not None:
             return load_config(Path(self.config_path), output=str(self.folder))
-        raw = dict(self.manifest.get("config") or {})
-        base = config_folder(self.manifest, self.folder)
+        raw = dict(self.manifest.raw.get("config") or {})
+        base = config_folder(self.manifest.raw, self.folder)
         if base is None:
             raise PacktoolError(
                 "cannot tell which folder the build's config was in (its relative source paths start there); "
@@ -346,7 +344,7 @@ class _SourceFiles:
     def _base(self) -> Path:
         if self.config_path is not None:
             return Path(self.config_path).resolve().parent
-        return config_folder(self.manifest, self.folder) or Path.cwd()
+        return config_folder(self.manifest.raw, self.folder) or Path.cwd()
 
     def record_at(self, file: str, number: int) -> tuple[str, Any] | None:
         """(source name, Example or the RecordError it is now) of the record at FILE:NUMBER, read from the file."""
@@ -429,7 +427,7 @@ def _origin(
 
 def sample_origins(
     output: str | Path,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     samples: set[tuple[str, str, str]],
     *,
     config: str | Path | None = None,

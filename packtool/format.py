@@ -6,6 +6,9 @@
     pack_hash(input_ids, labels, cu_seqlens)   sha256 over the three arrays as little-endian int32
     attn_cost(cu_seqlens)                      sum of squared segment lengths (quadratic attention cost)
     check_cu_seqlens(cu, n)                    0, strictly increasing, ends at n: what varlen kernels need
+    V2_COLUMNS                                 the per-segment columns: name, arrow type, numpy dtype, fill
+    ROLE_CODES, KIND_CODES                     what token_roles and segment_kinds hold
+    Manifest                                   manifest.json as a type: from/to JSON, its problems, the seal
     read_manifest / write_manifest             manifest.json, sealed and written last; schema version checked on read
 
 The builder, verify, stats, inspect and the loader all import these; none recomputes them its own way.
@@ -17,6 +20,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -26,7 +30,7 @@ import pyarrow as pa
 from packtool import SCHEMA_VERSION
 from packtool.errors import PackFormatError
 from packtool.labels import IGNORE_INDEX
-from packtool.seal import SEAL, seal_manifest
+from packtool.seal import SEAL, manifest_digest, seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
@@ -57,19 +61,39 @@ SCHEMA = pa.schema(
     metadata={"packtool.schema_version": str(SCHEMA_VERSION)},
 )
 
-# Per attention segment, aligned with cu_seqlens (docs/format.md "Pairs and groups" and "Pieces"); floats
-# are NaN where none. Version 2 is never a stream build, so its segments are its documents.
-SEGMENT_FIELDS = [
-    pa.field("segment_groups", pa.list_(pa.int64())),
-    pa.field("segment_kinds", pa.list_(pa.int8())),
-    pa.field("completion_index", pa.list_(pa.int16())),
-    pa.field("segment_rewards", pa.list_(pa.float64())),
-    pa.field("segment_advantages", pa.list_(pa.float64())),
-    pa.field("segment_pieces", pa.list_(pa.int32())),
-    pa.field("segment_piece_offsets", pa.list_(pa.int32())),
-]
-SCHEMA_V2 = pa.schema(list(SCHEMA) + SEGMENT_FIELDS, metadata={"packtool.schema_version": str(SEGMENTS_SCHEMA_VERSION)})
+# token_roles: who wrote each token ("template": text the chat template wrote itself, headers and
+# separators, which belongs to no message); segment_kinds: what each segment is (a plain sample, a pair's
+# side, a group's completion, its index within the group stored beside it). The manifest records both
+# tables (role_codes, kind_codes) so a reader needs no packtool.
+ROLE_CODES = {"template": 0, "system": 1, "user": 2, "assistant": 3, "tool": 4, "text": 5, "padding": 6}
+KIND_CODES = {"single": 0, "chosen": 1, "rejected": 2, "completion": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentColumn:
+    """One schema-v2 column: a list per pack, one value per attention segment (aligned with cu_seqlens)."""
+
+    name: str  # the shard column, also the MicroBatch field
+    field: str  # the attribute of shards.SegmentColumns (and the loader's) that holds it
+    arrow: pa.DataType  # the list's value type in the shard
+    dtype: type  # the numpy dtype readers and writers use
+    fill: float  # the value of a segment that has none: a plain sample, or the padding collate adds
+
+
 WHOLE = -1  # segment_pieces of a segment that is its sample whole (nothing was cut from it)
+# docs/format.md "Pairs and groups" and "Pieces"; floats are NaN where none. Version 2 is never a stream
+# build, so its segments are its documents.
+V2_COLUMNS = (
+    SegmentColumn("segment_groups", "groups", pa.int64(), np.int64, -1),
+    SegmentColumn("segment_kinds", "kinds", pa.int8(), np.int8, KIND_CODES["single"]),
+    SegmentColumn("completion_index", "completion_index", pa.int16(), np.int16, -1),
+    SegmentColumn("segment_rewards", "rewards", pa.float64(), np.float64, np.nan),
+    SegmentColumn("segment_advantages", "advantages", pa.float64(), np.float64, np.nan),
+    SegmentColumn("segment_pieces", "pieces", pa.int32(), np.int32, WHOLE),
+    SegmentColumn("segment_piece_offsets", "piece_offsets", pa.int32(), np.int32, 0),
+)
+SEGMENT_FIELDS = [pa.field(column.name, pa.list_(column.arrow)) for column in V2_COLUMNS]
+SCHEMA_V2 = pa.schema(list(SCHEMA) + SEGMENT_FIELDS, metadata={"packtool.schema_version": str(SEGMENTS_SCHEMA_VERSION)})
 
 
 def conventions(stream: bool) -> dict[str, Any]:
@@ -176,11 +200,124 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def json_text(value: Any) -> str:
+    """The text packtool writes a JSON file as (manifest.json, plan files): sorted keys, indented, UTF-8."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON to a temporary name and rename it: readers see the old file or the new one, never half."""
     temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    temporary.write_text(json_text(value), encoding="utf-8")
     os.replace(temporary, path)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One shard as a manifest lists it: `file` is its path in the folder the manifest was read from."""
+
+    file: Path
+    rows: int
+    tokens: int
+    targets: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """manifest.json of one output folder, checked (`problems`) before anything reads a field.
+
+    `raw` is the JSON object as read, so the fields no reader needs typed stay as written and the seal
+    (`manifest_sha256`, over every field) still covers them; the fields readers rely on have accessors.
+    """
+
+    folder: Path
+    raw: dict[str, Any]
+    shards: tuple[ShardEntry, ...]
+
+    @classmethod
+    def from_dict(cls, raw: Any, folder: Path) -> Manifest:
+        """The manifest of `folder` from its parsed JSON; one PackFormatError naming the file when a field a
+        reader relies on is missing or of the wrong type, or the schema version is not one this packtool reads."""
+        path = folder / MANIFEST
+        if not isinstance(raw, dict):
+            raise PackFormatError(f"{path}: expected a JSON object, got {type(raw).__name__}; rebuild the output")
+        problems = manifest_problems(raw)
+        if problems:
+            if problems[0].startswith("schema_version"):
+                raise PackFormatError(f"{path}: {problems[0]}")
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise PackFormatError(
+                f"{path}: {problems[0]}{more}; the manifest is damaged or was edited: rebuild the output "
+                "(`packtool verify` lists every problem)"
+            )
+        entries = tuple(
+            ShardEntry(folder / e["file"], e["rows"], e["tokens"], e["targets"], e["bytes"], e["sha256"])
+            for e in raw["shards"]
+        )
+        return cls(folder, raw, entries)
+
+    @classmethod
+    def from_json(cls, text: str, folder: Path) -> Manifest:
+        try:
+            raw = json.loads(text)
+        except JSON_ERRORS as exc:
+            raise PackFormatError(f"{folder / MANIFEST}: not valid JSON ({exc}); rebuild the output") from None
+        return cls.from_dict(raw, folder)
+
+    def to_json(self) -> str:
+        """The text of manifest.json: what `write_manifest` wrote for these fields, byte for byte."""
+        return json_text(self.raw)
+
+    def problems(self) -> list[str]:
+        return manifest_problems(self.raw)
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.raw["schema_version"])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.raw["capacity"])
+
+    @property
+    def stream(self) -> bool:
+        return self.raw.get("mode", "packed") == "stream"
+
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's pad id, 0 when it has none (the loader pads with it; labels mask it anyway)."""
+        pad = self.raw.get("tokenizer", {}).get("pad_token_id")
+        return 0 if pad is None else int(pad)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.raw.get("tokenizer", {}).get("vocab_size")
+
+    @property
+    def tokenizer_file(self) -> str | None:
+        """The tokenizer the build used, relative to `folder` (None in a manifest that does not record it)."""
+        return self.raw.get("tokenizer", {}).get("file")
+
+    @property
+    def parts(self) -> dict[str, str]:
+        """The sub-outputs this one names (overflow bucket, validation split): key -> folder name inside it."""
+        return {key: self.raw[key]["folder"] for key in ("overflow", "validation") if self.raw.get(key)}
+
+    def entry(self, name: str) -> dict[str, Any] | None:
+        """The `shards` entry of the shard file `name` (None when not listed)."""
+        return next((e for e in self.raw["shards"] if e["file"] == name), None)
+
+    @property
+    def sealed(self) -> bool:
+        """Whether it carries a seal (an older packtool wrote none)."""
+        return SEAL in self.raw
+
+    @property
+    def seal_matches(self) -> bool:
+        """Whether the seal still covers every field: false once anyone edited the file after the build."""
+        return self.raw.get(SEAL) == manifest_digest(self.raw)
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -190,28 +327,17 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return sealed
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
+def read_manifest(folder: Path) -> Manifest:
     """The manifest of an output folder: valid JSON, a schema version this packtool reads, and every field a
     reader relies on of the right type (`manifest_problems`), else one PackFormatError naming the file."""
     path = folder / MANIFEST
     if not path.is_file():
         raise PackFormatError(f"{folder}: no {MANIFEST}; not a packtool output folder, or the build did not finish")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, *JSON_ERRORS) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise PackFormatError(f"{path}: not valid JSON ({exc}); rebuild the output") from None
-    if not isinstance(manifest, dict):
-        raise PackFormatError(f"{path}: expected a JSON object, got {type(manifest).__name__}; rebuild the output")
-    problems = manifest_problems(manifest)
-    if problems:
-        if problems[0].startswith("schema_version"):
-            raise PackFormatError(f"{path}: {problems[0]}")
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise PackFormatError(
-            f"{path}: {problems[0]}{more}; the manifest is damaged or was edited: rebuild the output "
-            "(`packtool verify` lists every problem)"
-        )
-    return manifest
+    return Manifest.from_json(text, folder)
 
 
 def _is_count(value: Any) -> bool:

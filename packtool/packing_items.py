@@ -28,11 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packtool.format import KIND_CODES
 from packtool.packing import PackPlan, plan_groups, plan_packs
-
-# Per-segment kind in shards: a plain sample, the two answers of a pair, a completion of a group
-# (its index within the group is stored beside it).
-KIND_CODES = {"single": 0, "chosen": 1, "rejected": 2, "completion": 3}
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,9 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import RecordError
+from packtool.format import ROLE_CODES
 
 ROLES = ("system", "user", "assistant", "tool")
-# Per-token role codes stored in shards; TEMPLATE marks text the chat template wrote itself
-# (headers, separators), which belongs to no message.
-ROLE_CODES = {"template": 0, "system": 1, "user": 2, "assistant": 3, "tool": 4, "text": 5, "padding": 6}
 ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 
 

@@ -26,6 +26,9 @@ from packtool.format import (
     REJECTS,
     SCHEMA,
     SCHEMA_V2,
+    V2_COLUMNS,
+    Manifest,
+    ShardEntry,
     attn_cost,
     check_cu_seqlens,
     conventions,
@@ -131,16 +134,8 @@ def _table(rows: list[OutputPack]) -> pa.Table:
     schema = SCHEMA
     if rows and rows[0].segments is not None:
         schema = SCHEMA_V2
-        for field, name, dtype in [
-            ("segment_groups", "groups", np.int64),
-            ("segment_kinds", "kinds", np.int8),
-            ("completion_index", "completion_index", np.int16),
-            ("segment_rewards", "rewards", np.float64),
-            ("segment_advantages", "advantages", np.float64),
-            ("segment_pieces", "pieces", np.int32),
-            ("segment_piece_offsets", "piece_offsets", np.int32),
-        ]:
-            columns[field] = number_lists([getattr(r.segments, name) for r in rows], dtype)
+        for column in V2_COLUMNS:
+            columns[column.name] = number_lists([getattr(r.segments, column.field) for r in rows], column.dtype)
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 
@@ -209,18 +204,18 @@ def write_shard(rows: list[OutputPack], path: Path, *, row_group_rows: int, meta
 READ_ERRORS = (pa.ArrowException, OSError, ValueError, EOFError, IndexError, KeyError)
 
 
-def listed_shards(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+def listed_shards(manifest: Manifest) -> list[Path]:
     """The shard files a manifest (checked by format.read_manifest) lists, each checked by `listed_shard`."""
-    return [listed_shard(folder, entry) for entry in manifest["shards"]]
+    return [listed_shard(manifest.folder, entry) for entry in manifest.shards]
 
 
-def listed_shard(folder: Path, entry: dict[str, Any]) -> Path:
+def listed_shard(folder: Path, entry: ShardEntry) -> Path:
     """One listed shard: a regular file inside `folder` of the size the manifest records, so a truncated, missing
     or swapped shard is one line before anything is read.
 
     Sizes only (a stat): the sha256 of every byte is `packtool verify`'s and the loader's check.
     """
-    path = folder / entry["file"]
+    path = entry.file
     if not path.is_file():
         raise PackFormatError(f"{path}: listed in {folder / MANIFEST} but missing (or not a regular file)")
     if not path.resolve().is_relative_to(folder.resolve()):
@@ -229,23 +224,24 @@ def listed_shard(folder: Path, entry: dict[str, Any]) -> Path:
             "shards are files inside it"
         )
     size = path.stat().st_size
-    if size != entry["bytes"]:
+    if size != entry.bytes:
         raise PackFormatError(
-            f"{path}: {size} bytes, {MANIFEST} says {entry['bytes']}: truncated or replaced since the build "
+            f"{path}: {size} bytes, {MANIFEST} says {entry.bytes}: truncated or replaced since the build "
             "(or a build replaced the output while it was read); rebuild it, `packtool verify` checks it"
         )
     return path
 
 
-def locate(path: str | Path) -> tuple[Path, dict[str, Any] | None, list[Path]]:
+def locate(path: str | Path) -> tuple[Path, Manifest | None, list[Path]]:
     """An output folder or one shard -> (folder, manifest or None, shard files)."""
     path = Path(path)
     if path.is_dir():
         listed = read_manifest(path)
-        return path, listed, listed_shards(path, listed)
+        return path, listed, listed_shards(listed)
     if path.is_file() and path.suffix == ".parquet":
         manifest = read_manifest(path.parent) if (path.parent / MANIFEST).is_file() else None
-        entry = next((e for e in (manifest or {}).get("shards", []) if e["file"] == path.name), None)
+        listed_as = [e for e in manifest.shards if e.file.name == path.name] if manifest else []
+        entry = listed_as[0] if listed_as else None
         return path.parent, manifest, [path if entry is None else listed_shard(path.parent, entry)]
     raise PacktoolError(f"{path}: expected an output folder or a .parquet shard")
 

@@ -20,9 +20,8 @@ import click
 import numpy as np
 
 from packtool.errors import PackFormatError, PacktoolError, one_line
-from packtool.format import WHOLE
+from packtool.format import KIND_CODES, WHOLE, Manifest
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for, position_ids
-from packtool.packing_items import KIND_CODES
 from packtool.records import ROLE_NAMES, Tokenized
 from packtool.shards import locate, open_shard, read_columns, read_row
 from packtool.terminal import escape_char, shown
@@ -36,14 +35,12 @@ def visible(piece: str) -> str:
     return "".join(ch if ch.isprintable() else escape_char(ch) for ch in out)
 
 
-def load_decoder(
-    shard: Path, manifest: dict[str, Any] | None, tokenizer_path: str | None, folder: Path | None = None
-) -> Any:
+def load_decoder(shard: Path, manifest: Manifest | None, tokenizer_path: str | None, folder: Path | None = None) -> Any:
     """The tokenizer to decode with: `tokenizer_path`, else the manifest's, which is relative to the manifest's
     `folder` (default: the shard's own folder; absolute in outputs of older versions)."""
     from tokenizers import Tokenizer
 
-    recorded = (manifest or {}).get("tokenizer", {}).get("file")
+    recorded = manifest.tokenizer_file if manifest is not None else None
     path = tokenizer_path or (str((folder or shard.parent) / recorded) if recorded else None)
     if not path or not Path(path).is_file():
         raise PacktoolError(
@@ -66,7 +63,7 @@ class PackRef:
 
 def select_packs(
     target: str | Path, *, row: int = 0, doc: int | None = None, sample_id: str | None = None
-) -> tuple[dict[str, Any] | None, list[PackRef]]:
+) -> tuple[Manifest | None, list[PackRef]]:
     """What `inspect` shows: row `row` of a shard, or pack number `row` counted across a folder's shards in
     manifest order; with `sample_id`, every document of that id in the shard or in all of the folder's shards."""
     _, manifest, files = locate(target)

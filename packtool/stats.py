@@ -18,9 +18,8 @@ import numpy as np
 from packtool.arrow import list_parts
 from packtool.config import ITEM_FORMATS
 from packtool.errors import PackFormatError, PacktoolError
-from packtool.format import attn_cost_of_lengths, first_broken_pack
+from packtool.format import KIND_CODES, Manifest, attn_cost_of_lengths, first_broken_pack
 from packtool.labels import IGNORE_INDEX
-from packtool.packing_items import KIND_CODES
 from packtool.shards import read_columns, shard_metadata
 from packtool.terminal import shown
 
@@ -76,7 +75,7 @@ def length_summary(lengths: np.ndarray, capacity: int) -> dict[str, Any]:
     }
 
 
-def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, Any]:
+def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
     capacity = _capacity(shards, manifest)
     packs = tokens = targets = 0
     segments_per_pack: list[np.ndarray] = []
@@ -182,12 +181,13 @@ def summarize(shards: list[Path], manifest: dict[str, Any] | None) -> dict[str, 
     if kinds.seen:  # schema v2 only: a v1 output's stats keep their keys
         stats["kinds"] = kinds.as_dict()
     if manifest is not None:
-        stats["accounting"] = manifest.get("accounting", {})
-        stats["mixing"] = manifest.get("mixing", {})
-        stats["mode"] = manifest.get("mode", "packed")
+        recorded = manifest.raw
+        stats["accounting"] = recorded.get("accounting", {})
+        stats["mixing"] = recorded.get("mixing", {})
+        stats["mode"] = recorded.get("mode", "packed")
         # Recorded by the build (before truncation cannot be recomputed from shards); absent in older outputs.
-        stats["lengths"] = manifest.get("lengths")
-        sources = manifest.get("config", {}).get("sources", [])
+        stats["lengths"] = recorded.get("lengths")
+        sources = recorded.get("config", {}).get("sources", [])
         items = [source["name"] for source in sources if source.get("format") in ITEM_FORMATS]
         if items:
             stats["item_sources"] = items
@@ -243,9 +243,9 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _capacity(shards: list[Path], manifest: dict[str, Any] | None) -> int:
+def _capacity(shards: list[Path], manifest: Manifest | None) -> int:
     if manifest is not None:
-        return int(manifest["capacity"])
+        return manifest.capacity
     if shards:
         recorded = shard_metadata(shards[0]).get("packtool.capacity", "0")
         if not recorded.isdigit():

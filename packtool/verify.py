@@ -33,8 +33,10 @@ import pyarrow.parquet as pq
 from packtool.format import (
     JSON_ERRORS,
     MANIFEST,
-    SEGMENT_FIELDS,
+    V2_COLUMNS,
     WHOLE,
+    Manifest,
+    ShardEntry,
     attn_cost,
     cu_seqlens_problem,
     manifest_problems,
@@ -43,7 +45,7 @@ from packtool.format import (
 )
 from packtool.labels import IGNORE_INDEX
 from packtool.packing_items import validate_pack_groups
-from packtool.seal import SEAL, manifest_digest, seal_manifest
+from packtool.seal import SEAL, seal_manifest
 from packtool.shards import READ_ERRORS, footer_problem, schema_problem
 from packtool.terminal import shown
 
@@ -112,18 +114,19 @@ def verify(path: str | Path) -> Verification:
     _check_output(folder, manifest, result, tally, lone=lone)
     if lone is not None:
         return result
-    if isinstance(manifest.get("overflow"), dict):
-        _check_part(folder, manifest["overflow"], result, tally)
-    if isinstance(manifest.get("validation"), dict):
+    parts = manifest.parts
+    if "overflow" in parts:
+        _check_part(folder / parts["overflow"], result, tally)
+    if "validation" in parts:
         # a split of its own: its documents are not the main output's segments
-        _check_part(folder, manifest["validation"], result, _Tally())
+        _check_part(folder / parts["validation"], result, _Tally())
     if tally.readable:
         _check_accounting(manifest, tally, result)
     _check_rejects(folder, manifest, result)
     return result
 
 
-def _checked_manifest(folder: Path, result: Verification) -> dict[str, Any] | None:
+def _checked_manifest(folder: Path, result: Verification) -> Manifest | None:
     """The manifest when it can be trusted enough to check against (parsed, typed, sealed), else None."""
     path = folder / MANIFEST
     if not path.is_file():
@@ -139,24 +142,25 @@ def _checked_manifest(folder: Path, result: Verification) -> dict[str, Any] | No
         result.add(f"{path}: {problem}")
     if problems:
         return None
-    if SEAL not in manifest:
+    checked = Manifest.from_dict(manifest, folder)
+    if not checked.sealed:
         result.warnings.append(
             f"{path}: no {SEAL} (built by an older packtool): edits to config, seed or capacity cannot be detected"
         )
-    elif manifest[SEAL] != manifest_digest(manifest):
+    elif not checked.seal_matches:
         result.add(
             f"{path}: {SEAL} does not match the manifest's content: it was edited after the build "
             "(config, seed, capacity, counts or conventions may no longer describe the shards); rebuild"
         )
-    return manifest
+    return checked
 
 
 def _check_output(
-    folder: Path, manifest: dict[str, Any], result: Verification, tally: _Tally, *, lone: Path | None = None
+    folder: Path, manifest: Manifest, result: Verification, tally: _Tally, *, lone: Path | None = None
 ) -> None:
     """Shards of one output folder against its manifest (the main output or the overflow bucket)."""
-    capacity = manifest["capacity"]
-    listed = {entry["file"]: entry for entry in manifest["shards"]}
+    capacity = manifest.capacity
+    listed = {entry.file.name: entry for entry in manifest.shards}
     if lone is not None:
         entry = listed.get(lone.name)
         if entry is None:
@@ -178,21 +182,19 @@ def _check_output(
         result.warnings.append(f"{folder}: temporary files from an interrupted write: {', '.join(leftovers)}")
     if not listed:
         result.add(f"{folder}: the manifest lists no shards (an empty output)")
-    if tally.readable and isinstance(manifest.get("stats"), dict):
+    if tally.readable and isinstance(manifest.raw.get("stats"), dict):
         _check_stats(folder, manifest, result)
 
 
-def _check_shard(path: Path, entry: dict[str, Any], capacity: int, result: Verification, tally: _Tally) -> None:
+def _check_shard(path: Path, entry: ShardEntry, capacity: int, result: Verification, tally: _Tally) -> None:
     result.shards += 1
     if not path.resolve().is_relative_to(path.parent.resolve()):
         result.add(f"{path.name}: a link to {path.resolve()}, outside {path.parent}; shards are files in the output")
         tally.readable = False
         return
-    if path.stat().st_size != entry["bytes"]:
-        result.add(
-            f"{path.name}: {path.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or changed)"
-        )
-    elif sha256_file(path) != entry["sha256"]:
+    if path.stat().st_size != entry.bytes:
+        result.add(f"{path.name}: {path.stat().st_size} bytes, the manifest says {entry.bytes} (truncated or changed)")
+    elif sha256_file(path) != entry.sha256:
         result.add(f"{path.name}: sha256 differs from the manifest (the file changed after the build)")
     rows = tokens = targets = 0
     try:
@@ -221,8 +223,8 @@ def _check_shard(path: Path, entry: dict[str, Any], capacity: int, result: Verif
         tally.readable = False
         return
     for key, value in (("rows", rows), ("tokens", tokens), ("targets", targets)):
-        if entry[key] != value:
-            result.add(f"{path.name}: the manifest says {key} {entry[key]}, the shard holds {value}")
+        if getattr(entry, key) != value:
+            result.add(f"{path.name}: the manifest says {key} {getattr(entry, key)}, the shard holds {value}")
 
 
 class _Unreadable(Exception):
@@ -292,7 +294,7 @@ def _group_problems(row: dict[str, Any], ids: np.ndarray, labels: np.ndarray, cu
     """Schema v2: one entry per segment in each per-segment column, whole, well-formed pairs and groups, and
     piece numbers and offsets that name a part of a sample (an uncut one at offset 0)."""
     segments = len(cu) - 1
-    columns = [field.name for field in SEGMENT_FIELDS]
+    columns = [column.name for column in V2_COLUMNS]
     wrong = [f"{c} has {len(row[c])} entries for {segments} segments" for c in columns if len(row[c]) != segments]
     if wrong:
         return wrong
@@ -310,11 +312,11 @@ def _group_problems(row: dict[str, Any], ids: np.ndarray, labels: np.ndarray, cu
     return problems
 
 
-def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -> None:
+def _check_stats(folder: Path, manifest: Manifest, result: Verification) -> None:
     from packtool.stats import summarize
 
-    recomputed = summarize([folder / entry["file"] for entry in manifest["shards"]], manifest)
-    stored = manifest["stats"]
+    recomputed = summarize([entry.file for entry in manifest.shards], manifest)
+    stored = manifest.raw["stats"]
     for key in sorted(recomputed.keys() - set(COPIED_STATS)):
         if stored.get(key) != recomputed[key]:
             result.add(
@@ -323,16 +325,16 @@ def _check_stats(folder: Path, manifest: dict[str, Any], result: Verification) -
             )
 
 
-def _check_part(folder: Path, entry: dict[str, Any], result: Verification, tally: _Tally) -> None:
-    """A sub-output the manifest names (the overflow bucket, a validation split): its own manifest and shards."""
-    bucket = folder / entry["folder"]  # a plain name (format.manifest_problems)
+def _check_part(bucket: Path, result: Verification, tally: _Tally) -> None:
+    """A sub-output the manifest names (the overflow bucket, a validation split): its own manifest and shards;
+    its folder is a plain name inside the output (format.manifest_problems)."""
     manifest = _checked_manifest(bucket, result)
     if manifest is not None:
         _check_output(bucket, manifest, result, tally)
 
 
-def _check_accounting(manifest: dict[str, Any], tally: _Tally, result: Verification) -> None:
-    for name, a in manifest.get("accounting", {}).items():
+def _check_accounting(manifest: Manifest, tally: _Tally, result: Verification) -> None:
+    for name, a in manifest.raw.get("accounting", {}).items():
         where = f"accounting of source {name!r}"
         accounted = a["kept"] + sum(a["rejected"].values()) + sum(a["dropped"].values())
         if a["read"] != accounted:
@@ -344,12 +346,12 @@ def _check_accounting(manifest: dict[str, Any], tally: _Tally, result: Verificat
             result.add(f"{where}: kept {a['kept']}, but the shards hold {distinct} distinct samples of it")
         if a["overflow"] > a["kept"]:
             result.add(f"{where}: overflow {a['overflow']} > kept {a['kept']}")
-    for name in sorted(tally.segments.keys() - manifest.get("accounting", {}).keys()):
+    for name in sorted(tally.segments.keys() - manifest.raw.get("accounting", {}).keys()):
         result.add(f"source {name!r}: {tally.segments[name]} documents in the shards but no accounting entry")
 
 
-def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification) -> None:
-    summary = manifest.get("rejects")
+def _check_rejects(folder: Path, manifest: Manifest, result: Verification) -> None:
+    summary = manifest.raw.get("rejects")
     if summary is None:
         return
     path = folder / summary["file"]
@@ -375,7 +377,7 @@ def _check_rejects(folder: Path, manifest: dict[str, Any], result: Verification)
         result.add(f"{path}: {len(lines)} records, the manifest says rejects.count {summary['count']}")
     if dict(by_reason) != summary["by_reason"]:
         result.add(f"{path}: reasons {dict(sorted(by_reason.items()))}, the manifest says {summary['by_reason']}")
-    for name, a in manifest.get("accounting", {}).items():
+    for name, a in manifest.raw.get("accounting", {}).items():
         not_trained = sum(a["rejected"].values()) + sum(a["dropped"].values())
         if by_source[name] != not_trained:
             result.add(

@@ -18,6 +18,7 @@ from support import QUICKSTART
 from packtool.builder.executors import describe_workers
 from packtool.cli import main
 from packtool.config import auto_workers, usable_cores
+from packtool.format import read_manifest
 from packtool.labels import IGNORE_INDEX
 
 
@@ -54,7 +55,7 @@ def test_quickstart_build_writes_a_complete_self_describing_output(quickstart_bu
 
 def test_shards_keep_labels_inside_segments(quickstart_build):
     table = pq.read_table(quickstart_build / "shard-00000.parquet")
-    capacity = json.loads((quickstart_build / "manifest.json").read_text())["capacity"]
+    capacity = read_manifest(quickstart_build).capacity
     for row in table.to_pylist():
         ids, labels = np.array(row["input_ids"]), np.array(row["labels"])
         cu = np.array(row["cu_seqlens"])

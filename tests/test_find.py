@@ -13,6 +13,7 @@ from support import QUICKSTART
 
 from packtool.cli import main
 from packtool.find import config_folder, find
+from packtool.format import read_manifest
 
 
 def _find(*args: str, exit_code: int = 0) -> str:
@@ -54,7 +55,7 @@ def test_default_ids_round_trip(quickstart_build):
 
 def test_split_documents_are_named_as_pieces(quickstart_build):
     """Each piece of a split document names its number and where it starts in the document."""
-    capacity = json.loads((quickstart_build / "manifest.json").read_text())["capacity"]
+    capacity = read_manifest(quickstart_build).capacity
     trace = find(quickstart_build, "qs-doc-0000")
     pieces = sorted(trace.placements, key=lambda p: p.piece_number)
     assert len(pieces) > 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +12,12 @@ from support import QUICKSTART, shared
 from packtool.builder import build
 from packtool.builder.mixing import source_multipliers
 from packtool.config import load_config
+from packtool.format import read_manifest
 from packtool.labels import IGNORE_INDEX
 
 
 def _rows(folder: Path) -> list[dict]:
-    manifest = json.loads((folder / "manifest.json").read_text())
-    return [row for s in manifest["shards"] for row in pq.read_table(folder / s["file"]).to_pylist()]
+    return [row for s in read_manifest(folder).shards for row in pq.read_table(s.file).to_pylist()]
 
 
 def _chat_rows(n: int, words: int, prefix: str) -> list[dict]:
@@ -108,8 +107,7 @@ def test_overflow_bucket_and_accounting_add_up(tmp_path, write_config, write_jso
     manifest = build(config).manifest
     out = Path(tmp_path / "out")
     assert manifest["overflow"]["segments"] == 3
-    bucket = json.loads((out / "overflow" / "manifest.json").read_text())
-    assert bucket["capacity"] == 1024
+    assert read_manifest(out / "overflow").capacity == 1024
     bucket_rows = _rows(out / "overflow")
     assert sorted(s for r in bucket_rows for s in r["sample_ids"]) == ["long0", "long1", "long2"]
     assert all(r["n_tokens"] <= 1024 for r in bucket_rows)

@@ -16,6 +16,7 @@ from support import REPO
 
 from packtool.cli import main
 from packtool.errors import PacktoolError
+from packtool.format import read_manifest
 from packtool.stats import attention_slots, length_bin_edges, length_summary
 
 
@@ -117,8 +118,8 @@ def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
     from packtool.labels import IGNORE_INDEX
     from packtool.stats import summarize
 
-    manifest = json.loads((quickstart_build / "manifest.json").read_text())
-    shards = [quickstart_build / entry["file"] for entry in manifest["shards"]]
+    manifest = read_manifest(quickstart_build)
+    shards = [entry.file for entry in manifest.shards]
     packs = tokens = targets = 0
     per_source: dict[str, list[int]] = {}
     segments_per_pack, segment_lengths, pack_lengths, document_lengths = [], [], [], {}
@@ -145,7 +146,7 @@ def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
     assert (stats["packs"], stats["tokens"], stats["targets"]) == (packs, tokens, targets)
     assert stats["segments_per_pack"]["histogram"] == np.bincount(segments_per_pack).tolist()
     assert stats["attention"] == attention_slots(np.array(segment_lengths), np.array(pack_lengths))
-    assert stats["pack_fill"] == length_summary(np.array(pack_lengths), manifest["capacity"])
+    assert stats["pack_fill"] == length_summary(np.array(pack_lengths), manifest.capacity)
     for source, (segments, source_tokens, source_targets, repeats) in per_source.items():
         entry = stats["sources"][source]
         assert (entry["segments"], entry["tokens"], entry["targets"], entry["repeats"]) == (
@@ -154,7 +155,7 @@ def test_summarize_equals_a_pack_by_pack_recount(quickstart_build):
             source_targets,
             repeats,
         )
-        assert entry["segment_lengths"] == length_summary(np.array(document_lengths[source]), manifest["capacity"])
+        assert entry["segment_lengths"] == length_summary(np.array(document_lengths[source]), manifest.capacity)
 
 
 def test_stats_refuses_a_shard_whose_document_columns_disagree(quickstart_build, tmp_path):

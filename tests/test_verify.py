@@ -14,9 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from packtool.cli import main
-from packtool.format import pack_hash
+from packtool.format import pack_hash, read_manifest
 from packtool.labels import IGNORE_INDEX
-from packtool.verify import SEAL, manifest_digest, row_problems, seal_manifest, verify
+from packtool.seal import SEAL, manifest_digest, seal_manifest
+from packtool.verify import row_problems, verify
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_a_fresh_build_verifies(quickstart_build, sealed):
     result = _verify(sealed)
     assert result.exit_code == 0, result.output
     assert "OK" in result.output and "warning" not in result.output
-    assert verify(sealed).packs == json.loads((sealed / "manifest.json").read_text())["stats"]["packs"]
+    assert verify(sealed).packs == read_manifest(sealed).raw["stats"]["packs"]
     unsealed = _verify(quickstart_build)  # before the builder seals: OK, with a warning saying what is not covered
     assert unsealed.exit_code == 0 and "OK" in unsealed.output
 

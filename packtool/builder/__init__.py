@@ -3,7 +3,7 @@
     encode   one work item per input file or row range -> a token-store partition + report (cached, builder.encode)
     plan     length columns -> truncation, mixing, global packing, in numpy        (builder.plan)
     emit     one work item per output shard, gathered from the store             (builder.emit)
-    publish  the staged build replaces OUT whole, manifest last                   (builder.publish)
+    publish  rejects and the manifest (builder.manifest); the staged build replaces OUT whole (builder.publish)
 
 Work items run on an executor (serial, local processes or Ray; builder.executors) and know nothing
 of it. Every finished item stays on disk (the cache, the staging folder), so a rerun after a crash
@@ -15,36 +15,31 @@ For each source the accounting adds up:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import packtool
 from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, file_sha256, source_settings
 from packtool.builder.emit import emit_item, emit_items, release
 from packtool.builder.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
 from packtool.builder.executors import make_executor
+from packtool.builder.manifest import write_outputs, write_rejects
 from packtool.builder.owned import check_apart, claim, locked, unlinked
 from packtool.builder.plan import make_plan, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
 from packtool.builder.publish import Staging
-from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
+from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
-from packtool.format import REJECTS, conventions, write_manifest
+from packtool.format import REJECTS
 from packtool.packing import PackPlan
-from packtool.packing_items import KIND_CODES
-from packtool.records import ROLE_CODES
-from packtool.render import template_injections
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
-from packtool.stats import length_summary, summarize
 
 # Tests stop a build at a chosen point to prove resume: PACKTOOL_TEST_KILL=encode:2 sends SIGKILL to
 # this process once two encode items have finished (emit:N likewise; plan:1 once the plan is written,
@@ -162,7 +157,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         nodes["emit"] = dict(executor.nodes - Counter(nodes["encode"]))
     release()
 
-    manifest = _write_outputs(config, stages, plan, out, infos)
+    manifest = write_outputs(config, stages, plan, out, infos)
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
     return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired))
 
@@ -273,7 +268,7 @@ def failed_rejects_path(output: str | Path) -> Path:
 def _rejects_problem(config: BuildConfig, plan: Plan, summary: str) -> BuildError:
     """The failure with the first rejects named and all of them written where the message says."""
     path = failed_rejects_path(config.output)
-    _write_rejects(path, plan.rejects)
+    write_rejects(path, plan.rejects)
     first = "".join(f"\n  {r['location']}: [{r['reason']}] {r['detail']}" for r in plan.rejects[:3])
     more = f"\n  ... {len(plan.rejects) - 3} more" if len(plan.rejects) > 3 else ""
     return BuildError(f"{summary}\nfirst rejects:{first}{more}\nall {len(plan.rejects)} rejects: {path}")
@@ -301,131 +296,6 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
         listed = ", ".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "no input records"
         summary = f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published"
         raise _rejects_problem(config, plan, summary) if plan.rejects else BuildError(summary)
-
-
-def _write_outputs(
-    config: BuildConfig, stages: Stages, plan: Plan, out: Path, infos: dict[str, list[ShardInfo]]
-) -> dict[str, Any]:
-    """rejects.jsonl, the overflow folder's manifest, then the main manifest (last)."""
-    extra: dict[str, Any] = {}
-    for folder in plan.folders:
-        if not folder.name:
-            continue
-        path = out / folder.name
-        path.mkdir(parents=True, exist_ok=True)
-        _write_rejects(path / REJECTS, [])
-        published = Path(config.output) / folder.name
-        manifest = _manifest(config, stages, plan, folder.capacity, folder.stream, infos[folder.name], [], published)
-        manifest["stats"] = summarize([path / s.file for s in infos[folder.name]], manifest)
-        write_manifest(path, manifest)
-        extra[folder.name] = {
-            "folder": folder.name,
-            "capacity": folder.capacity,
-            "packs": manifest["stats"]["packs"],
-            "segments": len(folder.ref),
-        }
-        if folder.name == "validation":
-            extra["validation"]["share"] = config.validation_share
-            extra["validation"]["samples"] = config.validation_samples
-    main = plan.folders[0]
-    out.mkdir(parents=True, exist_ok=True)
-    _write_rejects(out / REJECTS, plan.rejects)
-    published = Path(config.output)
-    manifest = _manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
-    manifest = {**manifest, **extra}
-    manifest["stats"] = summarize([out / s.file for s in infos[""]], manifest)
-    return write_manifest(out, manifest)
-
-
-def _write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        for entry in entries:
-            handle.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
-    temporary.replace(path)
-
-
-def _manifest(
-    config: BuildConfig,
-    stages: Stages,
-    plan: Plan,
-    capacity: int,
-    stream: bool,
-    shards: list[ShardInfo],
-    rejects: list[dict[str, Any]],
-    published: Path,
-) -> dict[str, Any]:
-    tokenizer, template = stages.tokenizer, stages.template
-    by_reason = Counter(r["reason"] for r in rejects)
-    items = any(s.format in ITEM_FORMATS for s in config.sources)
-    quotas = {s.name: asdict(s.quota) for s in config.sources if s.quota is not None}
-    manifest: dict[str, Any] = {
-        "packtool_version": packtool.__version__,
-        "schema_version": plan.schema_version,
-        "mode": "stream" if stream else "packed",
-        "capacity": capacity,
-        "seed": config.seed,
-        "config": config.raw,
-        "config_hash": config.config_hash,
-        "plan_hash": plan.key,
-        "tokenizer": {
-            # relative to the folder the manifest is published in (not staged in): no machine path in the manifest
-            "file": os.path.relpath(Path(tokenizer.path).resolve(), published.resolve()),
-            "sha256": tokenizer.sha256,
-            "vocab_size": tokenizer.vocab_size,
-            "bos_token_id": tokenizer.bos_id,
-            "eos_token_id": tokenizer.eos_id,
-            "pad_token_id": tokenizer.pad_id,
-        },
-        "template": None
-        if template is None
-        else {
-            "name": template.name,
-            "sha256": template.sha256,
-            # what every sample gets from the template alone (a default system prompt, a date line)
-            "injects": template_injections(template, tokenizer),
-        },
-        "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
-        "packing": {
-            "strategy": config.packing,
-            "group_by": config.group_by,
-            "max_segments": config.max_segments,
-            "shuffle": config.shuffle_packs,
-        },
-        "mixing": {
-            "by": config.mix_by,
-            "weights": {s.name: s.weight for s in config.sources},
-            **({"quotas": quotas} if quotas else {}),  # only when asked for: other manifests stay byte for byte
-            "loss_normalization": "token-level: sum of target losses / targets in the update window",
-        },
-        "conventions": conventions(stream),
-        "role_codes": ROLE_CODES,
-        "shards": [asdict(s) for s in shards],
-        "accounting": plan.accounting,
-        # per source, sample lengths as encoded (before) and as packed (after truncation), against capacity
-        "lengths": {
-            name: {when: length_summary(values, capacity) for when, values in before_after.items()}
-            for name, before_after in plan.lengths.items()
-        },
-        "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
-    }
-    if plan.schema_version != packtool.SCHEMA_VERSION:  # a v1 build keeps the v1 manifest byte for byte
-        manifest["kind_codes"] = KIND_CODES  # what segment_kinds holds
-    if items:
-        manifest["truncation"]["items"] = config.item_truncation
-        manifest["accounting"] = _item_accounting(config, plan.accounting)
-    return manifest
-
-
-def _item_accounting(config: BuildConfig, accounting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Sources of pairs or groups count items: `kept` is pairs (groups) kept, also under `pairs` (`groups`)."""
-    counted = {}
-    for source in config.sources:
-        entry = dict(accounting[source.name])
-        if source.format in ITEM_FORMATS:
-            entry["pairs" if source.format == "preference" else "groups"] = entry["kept"]
-        counted[source.name] = entry
-    return counted
 
 
 __all__ = ["Built", "build"]

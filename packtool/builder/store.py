@@ -10,7 +10,7 @@ Columns, one row per sample (token columns share their offsets):
     example_id, sample_hash, location: string    ordinal: int64 (record number in its file, rejects included)
     length, n_targets: int32    special_literal: uint8 (content spells a control token)
     message_roles: list<string>    structured: list<int32>
-    kind: int8 (packing_items.KIND_CODES)    completion: int16 (-1 unless a group's)
+    kind: int8 (format.KIND_CODES)    completion: int16 (-1 unless a group's)
     reward, advantage: float64 (NaN: none)
 
 The segments of one pair or group are consecutive rows with the same ordinal (their record's).
@@ -63,7 +63,7 @@ PARTITION_SCHEMA = pa.schema(
 class SegmentRole:
     """What a stored row is within its item: a plain sample (the default), a pair's side, a group's completion."""
 
-    kind: int = 0  # packing_items.KIND_CODES
+    kind: int = 0  # format.KIND_CODES
     completion: int = -1
     reward: float = math.nan
     advantage: float = math.nan

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from packtool.errors import PackFormatError
-from packtool.format import INT32_MAX, WHOLE, attn_cost
+from packtool.format import INT32_MAX, V2_COLUMNS, attn_cost
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.contract import validate_cu_seqlens
 from packtool.shards import SegmentColumns
@@ -275,17 +275,9 @@ def _check_packs(packs: Sequence[LoadedPack]) -> None:
             )
 
 
-# Schema v2 per-segment columns: shard column (also the MicroBatch field) -> SegmentColumns field,
-# the value of segments collate adds (padding: a plain sample), and its dtype.
-SEGMENT_COLUMNS: dict[str, tuple[str, float, type]] = {
-    "segment_groups": ("groups", -1, np.int64),
-    "segment_kinds": ("kinds", 0, np.int8),
-    "completion_index": ("completion_index", -1, np.int16),
-    "segment_rewards": ("rewards", np.nan, np.float64),
-    "segment_advantages": ("advantages", np.nan, np.float64),
-    "segment_pieces": ("pieces", WHOLE, np.int32),
-    "segment_piece_offsets": ("piece_offsets", 0, np.int32),
-}
+# Schema v2 per-segment columns (format.V2_COLUMNS): shard column (also the MicroBatch field) -> SegmentColumns
+# field, the value of segments collate adds (padding: a plain sample), and its dtype.
+SEGMENT_COLUMNS: dict[str, tuple[str, float, type]] = {c.name: (c.field, c.fill, c.dtype) for c in V2_COLUMNS}
 
 
 def _pack_segments(packs: Sequence[LoadedPack]) -> Callable[[str], list[np.ndarray]]:

@@ -1,15 +1,14 @@
 """The loader's one reader of the on-disk contract: manifest, shard paths, pack_hash, cu_seqlens.
 
-Everything the loader trusts about a build folder is checked here and nowhere else, so the
-contract can move to a shared module without touching the readers: the manifest keys
-(`schema_version`, `capacity`, `tokenizer.pad_token_id`, `shards[].file/rows/sha256`), shard
-paths confined to the build folder, the `pack_hash` definition and the `cu_seqlens` rules.
+Everything the loader trusts about a build folder is checked here: the manifest (packtool.format.Manifest,
+its keys typed there), shard paths confined to the build folder, the `pack_hash` definition and the
+`cu_seqlens` rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,53 +16,29 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import DatasetError, PackFormatError, one_line
-from packtool.format import check_cu_seqlens, pack_hash, sha256_file
-from packtool.format import read_manifest as read_manifest_json
-
-
-@dataclass(frozen=True, slots=True)
-class ShardEntry:
-    """One shard as the manifest lists it, its path already confined to the build folder."""
-
-    file: Path
-    rows: int
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """The manifest keys the loader reads."""
-
-    folder: Path
-    capacity: int
-    pad_id: int
-    vocab_size: int | None
-    shards: tuple[ShardEntry, ...]
-    raw: dict[str, Any]
+from packtool.format import Manifest, ShardEntry, check_cu_seqlens, pack_hash, sha256_file
+from packtool.format import read_manifest as format_read_manifest
 
 
 def read_manifest(folder: str | Path) -> Manifest:
-    """Parse `folder/manifest.json` (format.read_manifest: version and field types checked, shard names plain
-    file names); refuse a shard that is a link to a file outside the folder."""
+    """`folder/manifest.json` as format.read_manifest checks it (version and field types, shard names plain
+    file names), with each shard's path resolved; refuse a shard that is a link to a file outside the folder."""
     folder = Path(folder)
     try:
-        raw = read_manifest_json(folder)
+        manifest = format_read_manifest(folder)
     except PackFormatError as err:
         raise DatasetError(str(err)) from None
     root = folder.resolve()
     shards = []
-    for entry in raw["shards"]:
-        file = (root / entry["file"]).resolve()
+    for entry in manifest.shards:
+        file = entry.file.resolve()
         # A manifest is data: a link must not make the loader read outside the build.
         if not file.is_relative_to(root):
             raise DatasetError(
-                f"{folder / entry['file']}: a link to {file}, outside the build folder {root}; "
-                "shards are files inside it"
+                f"{entry.file}: a link to {file}, outside the build folder {root}; shards are files inside it"
             )
-        shards.append(ShardEntry(file, entry["rows"], entry["sha256"]))
-    pad = raw.get("tokenizer", {}).get("pad_token_id")
-    vocab = raw.get("tokenizer", {}).get("vocab_size")
-    return Manifest(folder, raw["capacity"], 0 if pad is None else pad, vocab, tuple(shards), raw)
+        shards.append(replace(entry, file=file))
+    return replace(manifest, shards=tuple(shards))
 
 
 def first_altered_row(file: Path) -> str:

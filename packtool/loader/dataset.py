@@ -64,10 +64,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.arrow import as_numpy, list_parts
 from packtool.errors import DatasetError, one_line
-from packtool.format import MANIFEST, first_broken_pack
+from packtool.format import MANIFEST, Manifest, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble
-from packtool.loader.contract import Manifest, check_shard, read_manifest
+from packtool.loader.contract import check_shard, read_manifest
 from packtool.loader.schedule import EpochOrder, EpochPlan, PlanOptions, epoch_order, plan_epoch, share_micro_batches
 from packtool.seal import manifest_digest
 from packtool.shards import READ_ERRORS, SegmentColumns, footer_problem, schema_problem

@@ -1,0 +1,152 @@
+"""The outputs a build writes besides its shards: rejects.jsonl and manifest.json (docs/format.md).
+
+The manifest is assembled here from the config, the setup (tokenizer, template), the plan and the shards
+emit wrote; packtool.format owns its contract (Manifest, the codes, the seal) and writes it, last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import packtool
+from packtool.builder.encode import Stages
+from packtool.builder.plan import Plan
+from packtool.config import ITEM_FORMATS, BuildConfig
+from packtool.format import KIND_CODES, REJECTS, ROLE_CODES, Manifest, conventions, write_manifest
+from packtool.render import template_injections
+from packtool.shards import ShardInfo
+from packtool.stats import length_summary, summarize
+
+
+def write_outputs(
+    config: BuildConfig, stages: Stages, plan: Plan, out: Path, infos: dict[str, list[ShardInfo]]
+) -> dict[str, Any]:
+    """rejects.jsonl, each sub-output's manifest (overflow bucket, validation split), then the main one (last).
+
+    Each manifest passes the readers' own check (format.Manifest) before its stats are taken from the shards,
+    so a field the builder got wrong fails here, not in whichever reader meets it first."""
+    extra: dict[str, Any] = {}
+    for folder in plan.folders:
+        if not folder.name:
+            continue
+        path = out / folder.name
+        path.mkdir(parents=True, exist_ok=True)
+        write_rejects(path / REJECTS, [])
+        published = Path(config.output) / folder.name
+        shards = infos[folder.name]
+        manifest = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
+        manifest["stats"] = summarize([path / s.file for s in shards], Manifest.from_dict(manifest, path))
+        write_manifest(path, manifest)
+        extra[folder.name] = {
+            "folder": folder.name,
+            "capacity": folder.capacity,
+            "packs": manifest["stats"]["packs"],
+            "segments": len(folder.ref),
+        }
+        if folder.name == "validation":
+            extra["validation"]["share"] = config.validation_share
+            extra["validation"]["samples"] = config.validation_samples
+    main = plan.folders[0]
+    out.mkdir(parents=True, exist_ok=True)
+    write_rejects(out / REJECTS, plan.rejects)
+    published = Path(config.output)
+    manifest = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
+    manifest = {**manifest, **extra}
+    manifest["stats"] = summarize([out / s.file for s in infos[""]], Manifest.from_dict(manifest, out))
+    return write_manifest(out, manifest)
+
+
+def write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for entry in entries:
+            handle.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+    temporary.replace(path)
+
+
+def assemble_manifest(
+    config: BuildConfig,
+    stages: Stages,
+    plan: Plan,
+    capacity: int,
+    stream: bool,
+    shards: list[ShardInfo],
+    rejects: list[dict[str, Any]],
+    published: Path,
+) -> dict[str, Any]:
+    tokenizer, template = stages.tokenizer, stages.template
+    by_reason = Counter(r["reason"] for r in rejects)
+    items = any(s.format in ITEM_FORMATS for s in config.sources)
+    quotas = {s.name: asdict(s.quota) for s in config.sources if s.quota is not None}
+    manifest: dict[str, Any] = {
+        "packtool_version": packtool.__version__,
+        "schema_version": plan.schema_version,
+        "mode": "stream" if stream else "packed",
+        "capacity": capacity,
+        "seed": config.seed,
+        "config": config.raw,
+        "config_hash": config.config_hash,
+        "plan_hash": plan.key,
+        "tokenizer": {
+            # relative to the folder the manifest is published in (not staged in): no machine path in the manifest
+            "file": os.path.relpath(Path(tokenizer.path).resolve(), published.resolve()),
+            "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size,
+            "bos_token_id": tokenizer.bos_id,
+            "eos_token_id": tokenizer.eos_id,
+            "pad_token_id": tokenizer.pad_id,
+        },
+        "template": None
+        if template is None
+        else {
+            "name": template.name,
+            "sha256": template.sha256,
+            # what every sample gets from the template alone (a default system prompt, a date line)
+            "injects": template_injections(template, tokenizer),
+        },
+        "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
+        "packing": {
+            "strategy": config.packing,
+            "group_by": config.group_by,
+            "max_segments": config.max_segments,
+            "shuffle": config.shuffle_packs,
+        },
+        "mixing": {
+            "by": config.mix_by,
+            "weights": {s.name: s.weight for s in config.sources},
+            **({"quotas": quotas} if quotas else {}),  # only when asked for: other manifests stay byte for byte
+            "loss_normalization": "token-level: sum of target losses / targets in the update window",
+        },
+        "conventions": conventions(stream),
+        "role_codes": ROLE_CODES,
+        "shards": [asdict(s) for s in shards],
+        "accounting": plan.accounting,
+        # per source, sample lengths as encoded (before) and as packed (after truncation), against capacity
+        "lengths": {
+            name: {when: length_summary(values, capacity) for when, values in before_after.items()}
+            for name, before_after in plan.lengths.items()
+        },
+        "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
+    }
+    if plan.schema_version != packtool.SCHEMA_VERSION:  # a v1 build keeps the v1 manifest byte for byte
+        manifest["kind_codes"] = KIND_CODES  # what segment_kinds holds
+    if items:
+        manifest["truncation"]["items"] = config.item_truncation
+        manifest["accounting"] = _item_accounting(config, plan.accounting)
+    return manifest
+
+
+def _item_accounting(config: BuildConfig, accounting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Sources of pairs or groups count items: `kept` is pairs (groups) kept, also under `pairs` (`groups`)."""
+    counted = {}
+    for source in config.sources:
+        entry = dict(accounting[source.name])
+        if source.format in ITEM_FORMATS:
+            entry["pairs" if source.format == "preference" else "groups"] = entry["kept"]
+        counted[source.name] = entry
+    return counted

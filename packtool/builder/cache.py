@@ -6,7 +6,8 @@
     CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
                                       {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
 
-An entry's key hashes the input file's bytes, the tokenizer and template by content, the source's
+An entry's key hashes the bytes of its row range of the input file (JSON Lines; the whole file for other
+formats, see builder.encode.RowRange) and where the range starts, the tokenizer and template by content, the source's
 render/tokenize settings and the code that encodes, so a stale entry is never looked up. Entries
 are write-once: written under a temporary name and renamed, report last, so two builds sharing a
 cache write identical bytes to the same name and a reader sees an entry whole or not at all.
@@ -35,7 +36,7 @@ from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_j
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: keyed by the content of the row range, not of the whole file
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
@@ -92,11 +93,16 @@ def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]
     }
 
 
-def encode_key(*, file_hash: str, file: str, tokenizer_hash: str, template_hash: str, settings: dict[str, Any]) -> str:
-    """The cache key of one encode work item. `file` (as the config names it) is in it: locations and ids say it."""
+def encode_key(
+    *, content: str, start: int, file: str, tokenizer_hash: str, template_hash: str, settings: dict[str, Any]
+) -> str:
+    """The cache key of one encode work item: its range's content and first line or row, and the file as the
+    config names it (ids are FILE:LINE, so content and position decide the samples). The range's end is not
+    in it: a last range that later gets full, or is followed by appended ones, keeps its key."""
     facts = {
         "file": file,
-        "file_sha256": file_hash,
+        "content_sha256": content,
+        "start": start,
         "tokenizer": tokenizer_hash,
         "template": template_hash,
         "settings": settings,

@@ -69,7 +69,8 @@ class Built:
     nodes: dict[str, dict[str, int]] = field(default_factory=dict)
     # cache entries and staged shards found changed since they were written (each redone, never used), one line each
     repaired: tuple[str, ...] = ()
-    records: Reencoded = Reencoded()  # the encode phase's records, those re-encoded, and why (per file)
+    # the encode phase's records, those re-encoded, and why (per file)
+    records: Reencoded = field(default_factory=Reencoded)
 
 
 def build(

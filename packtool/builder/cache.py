@@ -5,6 +5,7 @@
     CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see builder.encode)
     CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
                                       {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
+    CACHE/files/ab/abcdef....json     per input file, its ranges at the last build (for the summary only)
 
 An entry's key hashes the bytes of its row range of the input file (JSON Lines; the whole file for other
 formats, see builder.encode.RowRange) and where the range starts, the tokenizer and template by content, the source's
@@ -37,6 +38,7 @@ from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_j
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
 CACHE_VERSION = 3  # 3: keyed by the content of the row range, not of the whole file
+CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
@@ -176,13 +178,14 @@ class TokenCache:
                 f"{self.root} is not a packtool cache (no packtool-owned.json marking it as one); nothing was "
                 "deleted. Give the folder a build used as --cache (default: .packtool-cache beside its output)"
             )
+        freed = 0
         with locked(self.root, f"cache {self.root}"):
-            tokens = self.root / "tokens"
-            if tokens.is_symlink():  # not a folder packtool made: the link goes, what it points at stays
-                tokens.unlink()
-                return 0
-            freed = sum(p.lstat().st_size for p in tokens.rglob("*") if p.is_file() and not p.is_symlink())
-            shutil.rmtree(tokens, ignore_errors=True)
+            for folder in (self.root / name for name in CACHE_FOLDERS):
+                if folder.is_symlink():  # not a folder packtool made: the link goes, what it points at stays
+                    folder.unlink()
+                    continue
+                freed += sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+                shutil.rmtree(folder, ignore_errors=True)
         return freed
 
 

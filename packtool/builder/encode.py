@@ -65,7 +65,7 @@ class EncodeItem:
     end: int | None = None
 
     share: float = 1.0  # of the file's lines or rows: what progress counts for this item
-    content: str = ""  # the range's RowRange.content (in the key; the build's summary compares it with the last build's)
+    content: str = ""  # RowRange.content: in the key; the summary compares it with the last build's
     rows: int | None = None  # the file's lines or rows, where counted (RowRange.rows)
 
     @property

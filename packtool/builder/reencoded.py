@@ -41,7 +41,8 @@ class Reencoded:
             return reused
         shown = ", ".join(self.why[:SHOWN_FILES])
         more = len(self.why) - SHOWN_FILES
-        return f"{reused}; re-encoded {self.records_reencoded:,} ({shown}{f', {more} more file(s)' if more > 0 else ''})"
+        shown += f", {more} more file(s)" if more > 0 else ""
+        return f"{reused}; re-encoded {self.records_reencoded:,} ({shown})"
 
 
 def reencoded(

@@ -7,6 +7,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from support import QUICKSTART
 
@@ -109,3 +111,25 @@ def test_ranges_hash_their_own_lines(data):
     # an unterminated last line still belongs to the last range, and a range of exactly RANGE lines closes
     file.write_bytes(b"".join(lines[:16]).rstrip(b"\n"))
     assert [(r.start, r.end, r.rows) for r in encode_phase.row_ranges(str(file), None)] == [(0, 8, 16), (8, None, 16)]
+
+
+def test_a_grown_parquet_file_is_reencoded_whole_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    config = {
+        "sources": [{"name": "chat", "path": "data/a.parquet", "format": "messages"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 128,
+        "output": "out",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    def write_and_build(n: int) -> Built:
+        rows = [json.loads(_line(i))["messages"] for i in range(n)]
+        pq.write_table(pa.table({"messages": rows}), tmp_path / "data" / "a.parquet")
+        return build(load_config(tmp_path / "config.json", workers="1"))
+
+    assert write_and_build(20).encode_items == 3
+    again = write_and_build(22)  # no cheap per-range hash: every range's key holds the whole file's sha256
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (3, 0, 22)
+    assert again.records.why == ("data/a.parquet grew by 2 rows, re-encoded whole: this format has no per-range hash",)

@@ -130,7 +130,7 @@ def build(
         # The headline only: `packtool stats OUT` prints the rest (the README's quick start runs both).
         click.echo("\n".join(format_headline(manifest["stats"])))
         click.echo(
-            f"\nencode: {built.encode_reused} of {built.encode_items} file(s) reused from the cache; "
+            f"\nencode: {built.records.describe()}; "
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
             + (f"; {len(built.repaired)} changed on disk since written, redone" if built.repaired else "")
         )

@@ -34,6 +34,7 @@ from packtool.builder.plan import make_plan, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
 from packtool.builder.publish import Staging
+from packtool.builder.reencoded import Reencoded, reencoded
 from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
 from packtool.format import REJECTS
@@ -64,6 +65,8 @@ class Built:
     nodes: dict[str, dict[str, int]] = field(default_factory=dict)
     # cache entries and staged shards found changed since they were written (each redone, never used), one line each
     repaired: tuple[str, ...] = ()
+    # the encode phase's records, those re-encoded, and why (per file)
+    records: Reencoded = field(default_factory=Reencoded)
 
 
 def build(
@@ -109,19 +112,21 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
     items = _encode_items(config, stages, cache)
     with make_executor(config.executor, config.workers, config.ray_address) as executor:
-        encode_reused = 0
+        encode_reused, reused = 0, []
         repaired = []  # what was found changed since it was written, and redone
         with progress.phase("encode", sum(item.bytes for item in items), "B") as bar:
             for done, (item, result) in enumerate(zip(items, executor.map(encode_item, items)), start=1):
                 if result.failure is not None:
                     raise PacktoolError(result.failure)
                 encode_reused += result.reused
+                reused.append(result.reused)
                 repaired += [result.repaired] if result.repaired else []
                 bar.update(item.bytes)
                 _kill_hook("encode", done)
         nodes = {"encode": dict(executor.nodes)}
 
         partitions = [_partition(item, cache) for item in items]
+        records = reencoded(config, cache, items, reused, partitions)
         key = plan_key(config, [p.key for p in partitions])
         if dry_run:
             # an interrupted build's staged work stays untouched; the preview's plan goes with it
@@ -131,7 +136,8 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             _check_outcome(config, plan)
-            return Built(preview(config, plan), staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired))
+            shown = preview(config, plan)
+            return Built(shown, staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired), records)
         staging.keep_only(key)
         damaged = stored_plan_problem(staging.plan(key), key, partitions)
         if damaged is not None:  # nothing staged from it can be trusted either
@@ -159,7 +165,9 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
     manifest = write_outputs(config, stages, plan, out, infos)
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
-    return Built(manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired))
+    return Built(
+        manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired), records
+    )
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:
@@ -172,15 +180,15 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     for source in config.sources:
         settings = source_settings(source, config)
         for file in source_files(source):
-            file_hash = file_sha256(file)
             ranges = row_ranges(file, source.max_samples)
-            for start, end in ranges:
+            for row_range in ranges:
                 key = encode_key(
-                    file_hash=file_hash,
+                    content=row_range.content,
+                    start=row_range.start,
                     file=file_label(source, file),
                     tokenizer_hash=tokenizer_hash,
                     template_hash=template_hash,
-                    settings={**settings, "stop": source.max_samples, "range": [start, end]},
+                    settings={**settings, "stop": source.max_samples},
                 )
                 stop_at_bad = config.on_error == "fail"
                 items.append(
@@ -192,9 +200,11 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
                         str(cache.root),
                         stop_at_bad,
                         source.max_samples,
-                        start,
-                        end,
+                        row_range.start,
+                        row_range.end,
                         1 / len(ranges),
+                        row_range.content,
+                        row_range.rows,
                     )
                 )
     return items

@@ -5,8 +5,10 @@
     CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see builder.encode)
     CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
                                       {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
+    CACHE/files/ab/abcdef....json     per input file, its ranges at the last build (for the summary only)
 
-An entry's key hashes the input file's bytes, the tokenizer and template by content, the source's
+An entry's key hashes the bytes of its row range of the input file (JSON Lines; the whole file for other
+formats, see builder.encode.RowRange) and where the range starts, the tokenizer and template by content, the source's
 render/tokenize settings and the code that encodes, so a stale entry is never looked up. Entries
 are write-once: written under a temporary name and renamed, report last, so two builds sharing a
 cache write identical bytes to the same name and a reader sees an entry whole or not at all.
@@ -35,7 +37,8 @@ from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_j
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: keyed by the content of the row range, not of the whole file
+CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
 ENCODING_MODULES = (
@@ -97,11 +100,16 @@ def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]
     }
 
 
-def encode_key(*, file_hash: str, file: str, tokenizer_hash: str, template_hash: str, settings: dict[str, Any]) -> str:
-    """The cache key of one encode work item. `file` (as the config names it) is in it: locations and ids say it."""
+def encode_key(
+    *, content: str, start: int, file: str, tokenizer_hash: str, template_hash: str, settings: dict[str, Any]
+) -> str:
+    """The cache key of one encode work item: its range's content and first line or row, and the file as the
+    config names it (ids are FILE:LINE, so content and position decide the samples). The range's end is not
+    in it: a last range that later gets full, or is followed by appended ones, keeps its key."""
     facts = {
         "file": file,
-        "file_sha256": file_hash,
+        "content_sha256": content,
+        "start": start,
         "tokenizer": tokenizer_hash,
         "template": template_hash,
         "settings": settings,
@@ -175,13 +183,14 @@ class TokenCache:
                 f"{self.root} is not a packtool cache (no packtool-owned.json marking it as one); nothing was "
                 "deleted. Give the folder a build used as --cache (default: .packtool-cache beside its output)"
             )
+        freed = 0
         with locked(self.root, f"cache {self.root}"):
-            tokens = self.root / "tokens"
-            if tokens.is_symlink():  # not a folder packtool made: the link goes, what it points at stays
-                tokens.unlink()
-                return 0
-            freed = sum(p.lstat().st_size for p in tokens.rglob("*") if p.is_file() and not p.is_symlink())
-            shutil.rmtree(tokens, ignore_errors=True)
+            for folder in (self.root / name for name in CACHE_FOLDERS):
+                if folder.is_symlink():  # not a folder packtool made: the link goes, what it points at stays
+                    folder.unlink()
+                    continue
+                freed += sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+                shutil.rmtree(folder, ignore_errors=True)
         return freed
 
 

@@ -15,6 +15,7 @@ turns that into the one-line error.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections import deque
@@ -30,7 +31,7 @@ import pyarrow as pa
 
 from packtool.adapters import Parsed
 from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
-from packtool.builder.cache import TokenCache, publish_file, seal_report
+from packtool.builder.cache import TokenCache, file_sha256, publish_file, seal_report
 from packtool.builder.store import PartitionWriter, SegmentRole
 from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json
@@ -76,19 +77,37 @@ class EncodeItem:
     end: int | None = None
 
     share: float = 1.0  # of the file's lines or rows: what progress counts for this item
+    content: str = ""  # RowRange.content: in the key; the summary compares it with the last build's
+    rows: int | None = None  # the file's lines or rows, where counted (RowRange.rows)
 
     @property
     def bytes(self) -> int:
         return round(os.path.getsize(self.file) * self.share)
 
 
-def row_ranges(file: str, max_samples: int | None) -> list[tuple[int, int | None]]:
-    """How one input file splits into encode work items, as (start, end) positions for `read_file`.
+@dataclass(frozen=True)
+class RowRange:
+    """Positions start..end of one input file (end None: to the end) and the sha256 of what decides its samples.
 
-    A plain JSON Lines file of L lines (blank lines included) or a Parquet file of L rows splits into
-    n = ceil(L / RANGE_ROWS) ranges of equal size, so that all workers share one large file:
+    For plain JSON Lines, `content` hashes the bytes of the range's own lines, so rows appended to a file
+    change only its last range and add new ones. Parquet, Arrow, compressed files and JSON arrays have no
+    cheap per-range hash: every range of those carries the whole file's sha256, and any change re-encodes
+    the whole file."""
 
-        lines  0 ........ s | s ........ 2s | ... | (n-1)s ........ end
+    start: int
+    end: int | None
+    content: str
+    rows: int | None = None  # the file's lines or rows, where counted (None: read whole, not counted)
+
+
+def row_ranges(file: str, max_samples: int | None) -> list[RowRange]:
+    """How one input file splits into encode work items, as positions for `read_file` and their content hash.
+
+    A plain JSON Lines file of L lines (blank lines included) or a Parquet file of L rows splits at fixed
+    multiples of RANGE_ROWS, so that all workers share one large file and appended rows only change the
+    last range or add new ones:
+
+        lines  0 ........ R | R ........ 2R | ... | (n-1)R ........ end
                item 0         item 1                item n-1 (end: None)
 
     Locations and ids come from the file and the line or row, so they do not depend on the split, and the
@@ -96,19 +115,19 @@ def row_ranges(file: str, max_samples: int | None) -> list[tuple[int, int | None
     JSON arrays are read from their first byte whatever the range, and a source with max_samples counts
     records across the file: those stay one item.
     """
-    whole: list[tuple[int, int | None]] = [(0, None)]
-    if max_samples is not None:
-        return whole
     try:
         kind = sniff(file)
-        positions = _parquet_rows(file) if kind == "parquet" else _json_lines(file) if kind == "text" else 0
+        if kind == "text" and max_samples is None and (ranges := _json_lines_ranges(file)):
+            return ranges
+        positions = _parquet_rows(file) if kind == "parquet" and max_samples is None else 0
+        whole_file = file_sha256(file)
     except (OSError, pa.ArrowException):
-        return whole  # the read reports it, once
+        return [RowRange(0, None, "unreadable")]  # the read reports it, once
     n = -(-positions // RANGE_ROWS)
     if n <= 1:
-        return whole
-    size = -(-positions // n)
-    return [(i * size, (i + 1) * size if i < n - 1 else None) for i in range(n)]
+        return [RowRange(0, None, whole_file, positions or None)]
+    ends: list[int | None] = [(i + 1) * RANGE_ROWS for i in range(n - 1)]
+    return [RowRange(i * RANGE_ROWS, end, whole_file, positions) for i, end in enumerate([*ends, None])]
 
 
 def _parquet_rows(file: str) -> int:
@@ -117,17 +136,35 @@ def _parquet_rows(file: str) -> int:
     return int(pq.ParquetFile(file).metadata.num_rows)
 
 
-def _json_lines(file: str) -> int:
-    """The lines of a plain JSON Lines file; 0 for anything else (a JSON array is parsed whole)."""
+def _json_lines_ranges(file: str) -> list[RowRange]:
+    """The ranges of a plain JSON Lines file, each hashed over its own lines; [] for anything else
+    (a JSON array is parsed whole). One pass: newlines are found per block with numpy."""
     with open(file, "rb") as handle:
         head = handle.read(1 << 16)
         first = head.removeprefix(BOM).lstrip()
         if not first.startswith(b"{") or first.split(b"\n", 1)[0].strip() == b"{":
-            return 0
-        lines, last = head.count(b"\n"), head[-1:]
+            return []
+        handle.seek(0)
+        digests, digest, lines, last = [], hashlib.sha256(), 0, b""
         while block := handle.read(1 << 20):
-            lines, last = lines + block.count(b"\n"), block[-1:]
-    return lines + (last != b"\n")
+            newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+            # the line counts at which a range closes inside this block, as offsets just past their newline
+            closing = np.arange(-(-(lines + 1) // RANGE_ROWS) * RANGE_ROWS, lines + len(newlines) + 1, RANGE_ROWS)
+            cut = 0
+            for count in closing.tolist():
+                past = int(newlines[count - lines - 1]) + 1
+                digest.update(block[cut:past])
+                digests.append(digest.hexdigest())
+                digest, cut = hashlib.sha256(), past
+            digest.update(block[cut:])
+            lines, last = lines + len(newlines), block[-1:]
+    lines += last not in (b"\n", b"")
+    if lines > len(digests) * RANGE_ROWS or not digests:  # lines after the last closed range (or one range in all)
+        digests.append(digest.hexdigest())
+    n = len(digests)
+    return [
+        RowRange(i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, lines) for i, d in enumerate(digests)
+    ]
 
 
 @dataclass(frozen=True)

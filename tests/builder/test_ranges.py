@@ -76,14 +76,18 @@ def _config(folder: Path, output: str, workers: str):
     return load_config(folder / "config.json", workers=workers)
 
 
-def test_row_ranges_cover_the_file_in_equal_parts(inputs, monkeypatch):
+def _spans(file: Path, max_samples: int | None = None) -> list[tuple[int, int | None]]:
+    return [(r.start, r.end) for r in row_ranges(str(file), max_samples)]
+
+
+def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
-    assert row_ranges(str(inputs / "chat.jsonl"), None) == [(0, 7), (7, 14), (14, 21), (21, 28), (28, 35), (35, None)]
-    assert row_ranges(str(inputs / "chat.parquet"), None) == [(0, 7), (7, 14), (14, 21), (21, None)]
-    assert row_ranges(str(inputs / "chat.jsonl"), 10) == [(0, None)]  # max_samples counts records across the file
+    assert _spans(inputs / "chat.jsonl") == [(0, 7), (7, 14), (14, 21), (21, 28), (28, 35), (35, None)]
+    assert _spans(inputs / "chat.parquet") == [(0, 7), (7, 14), (14, 21), (21, None)]
+    assert _spans(inputs / "chat.jsonl", 10) == [(0, None)]  # max_samples counts records across the file
     (inputs / "array.json").write_text(json.dumps(_rows(20)), encoding="utf-8")
-    assert row_ranges(str(inputs / "array.json"), None) == [(0, None)]  # parsed whole whatever the range
-    assert row_ranges(str(inputs / "missing.jsonl"), None) == [(0, None)]  # the read reports it, once
+    assert _spans(inputs / "array.json") == [(0, None)]  # parsed whole whatever the range
+    assert _spans(inputs / "missing.jsonl") == [(0, None)]  # the read reports it, once
 
 
 def test_a_split_file_writes_the_same_bytes_as_one_item(inputs, monkeypatch):

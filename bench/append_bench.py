@@ -1,0 +1,91 @@
+"""Appendable builds: a first build of N x the quickstart data, then a rebuild after appending rows.
+
+    python bench/append_bench.py                      # 20 x quickstart, append 1% of the rows to chat.jsonl
+    python bench/append_bench.py --range-rows 256     # smaller ranges: less of the last one is redone
+
+Each quickstart file is written N times over into one file of a temp folder (chat.jsonl: 1,300 x N
+lines), the first build runs with a fresh cache, then 1% of all rows (copies of chat's first lines)
+are appended to chat.jsonl and the same build runs again. Both run in this process, `-j 1`, so that
+--range-rows (RANGE_ROWS, set on the module) holds in the encode. The rebuild re-encodes the last,
+partial range of chat.jsonl and the appended rows; plan and emit run whole, as the plan is global.
+The last row checks that the rebuild's output equals a fresh --no-cache build byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+import packtool.builder.encode as encode_phase
+from packtool.builder import Built, build
+from packtool.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def _config(folder: Path, output: str) -> Path:
+    raw = yaml.safe_load(QUICKSTART.read_text(encoding="utf-8"))
+    for source in raw["sources"]:
+        source["path"] = Path(source["path"]).name
+    raw["tokenizer"] = str(QUICKSTART.parent / raw["tokenizer"])
+    raw["output"] = output
+    path = folder / f"{output}.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return path
+
+
+def _timed(config: Path, *, use_cache: bool = True) -> tuple[float, Built]:
+    begun = time.perf_counter()
+    built = build(load_config(config, workers="1"), use_cache=use_cache)
+    return time.perf_counter() - begun, built
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", type=int, default=20)
+    parser.add_argument("--share", type=float, default=0.01, help="rows appended, as a share of all rows")
+    parser.add_argument("--range-rows", type=int, default=encode_phase.RANGE_ROWS)
+    args = parser.parse_args()
+    encode_phase.RANGE_ROWS = args.range_rows
+    with tempfile.TemporaryDirectory(prefix="append-bench-") as tmp:
+        folder = Path(tmp)
+        rows = 0
+        for source in yaml.safe_load(QUICKSTART.read_text(encoding="utf-8"))["sources"]:
+            text = (QUICKSTART.parent / source["path"]).read_text(encoding="utf-8")
+            (folder / Path(source["path"]).name).write_text(text * args.copies, encoding="utf-8")
+            rows += text.count("\n") * args.copies
+        first_s, first = _timed(_config(folder, "out"))
+        chat = folder / "chat.jsonl"
+        added = round(rows * args.share)
+        head = (QUICKSTART.parent / "quickstart" / "chat.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+        with chat.open("a", encoding="utf-8") as handle:
+            handle.write("".join(head[i % len(head)] for i in range(added)))
+        again_s, again = _timed(_config(folder, "out"))
+        _timed(_config(folder, "fresh"), use_cache=False)
+        same = _digest(folder / "out") == _digest(folder / "fresh")
+
+    print(f"{args.copies} x quickstart ({rows:,} rows), RANGE_ROWS {args.range_rows:,}, +{added:,} rows to chat.jsonl")
+    print(f"{'build':<22} {'seconds':>8} {'records':>9} {'re-encoded':>11} {'share':>7}")
+    for name, seconds, built in (("first (fresh cache)", first_s, first), ("after append", again_s, again)):
+        r = built.records
+        share = r.records_reencoded / r.records
+        print(f"{name:<22} {seconds:>8.2f} {r.records:>9,} {r.records_reencoded:>11,} {share:>7.1%}")
+    print(f"speedup {first_s / again_s:.1f}x; {again.records.describe()}")
+    print(f"rebuild equals a fresh --no-cache build byte for byte: {same}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""What an encode phase re-encoded and why, against what the cache knows of each file's last build.
+
+    CACHE/files/ab/abcdef....json    per source and file label: its rows and (start, content) per range
+                                     at the last build that used this cache; sealed like a report
+
+The index decides nothing about the bytes a build writes (the keys do that); it only lets the summary
+say "chat.jsonl grew by 312 rows" instead of "8 ranges re-encoded". One that is missing, unreadable or
+fails its seal counts as no index: the file is then reported as new to the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packtool.builder.cache import TokenCache, entry_digest, publish_file
+from packtool.builder.encode import EncodeItem
+from packtool.builder.plan import Partition
+from packtool.config import BuildConfig
+from packtool.sources import file_label
+
+SHOWN_FILES = 3  # files named in the summary line; the rest are counted
+
+
+@dataclass(frozen=True)
+class Reencoded:
+    """Records (as read, per partition report) of an encode phase: all of them, those re-encoded, and why."""
+
+    records: int = 0
+    records_reencoded: int = 0
+    why: tuple[str, ...] = ()  # one "LABEL: reason" per file with re-encoded ranges
+
+    def describe(self) -> str:
+        """'12,000 of 12,120 records reused; re-encoded 120 (chat.jsonl grew by 120 rows)'."""
+        reused = f"{self.records - self.records_reencoded:,} of {self.records:,} records reused"
+        if not self.records_reencoded and not self.why:
+            return reused
+        shown = ", ".join(self.why[:SHOWN_FILES])
+        more = len(self.why) - SHOWN_FILES
+        shown += f", {more} more file(s)" if more > 0 else ""
+        return f"{reused}; re-encoded {self.records_reencoded:,} ({shown})"
+
+
+def reencoded(
+    config: BuildConfig, cache: TokenCache, items: Sequence[EncodeItem], reused: Sequence[bool], parts: list[Partition]
+) -> Reencoded:
+    """Count the records and say per file why its ranges were encoded again; then record this build's ranges."""
+    records = sum(int(p.report["read"]) for p in parts)
+    redone = sum(int(p.report["read"]) for p, again in zip(parts, reused) if not again)
+    why = []
+    for (source, label), file_items in _by_file(config, items).items():
+        flags = [reused[i] for i, _ in file_items]
+        ranges = [item for _, item in file_items]
+        if not all(flags):
+            previous = _load(cache, source, label)
+            why.append(f"{label} {_reason(ranges, flags, previous)}")
+        _store(cache, source, label, ranges)
+    return Reencoded(records, redone, tuple(why))
+
+
+def _by_file(config: BuildConfig, items: Sequence[EncodeItem]) -> dict[tuple[str, str], list[tuple[int, EncodeItem]]]:
+    sources = {s.name: s for s in config.sources}
+    grouped: dict[tuple[str, str], list[tuple[int, EncodeItem]]] = {}
+    for i, item in enumerate(items):
+        grouped.setdefault((item.source, file_label(sources[item.source], item.file)), []).append((i, item))
+    return grouped
+
+
+def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, Any] | None) -> str:
+    """Why a file's ranges that were not reused were encoded: new, grown, changed rows, or not in the cache."""
+    if previous is None:
+        return "is new to the cache"
+    before = dict(previous["ranges"])
+    last_start = max(before, key=int)
+    redone = [r for r, again in zip(ranges, reused) if not again]
+    rows, before_rows = ranges[0].rows, previous["rows"]
+    grew = rows is not None and before_rows is not None and rows > before_rows
+    changed = [r for r in redone if str(r.start) in before and before[str(r.start)] != r.content]
+    if grew:  # the previous last range took appended rows: growth, not a change
+        changed = [r for r in changed if str(r.start) != last_start]
+    parts = [f"grew by {rows - before_rows:,} rows"] if grew and rows is not None and before_rows is not None else []
+    if len(ranges) > 1 and len({r.content for r in ranges}) == 1:  # keyed by the whole file (see RowRange)
+        parts += ["re-encoded whole: this format has no per-range hash"] if changed or grew else []
+    else:
+        parts += [_lines(r) for r in changed]
+    if not parts:
+        same = all(before.get(str(r.start)) == r.content for r in redone)
+        parts = ["changed" if not same else "was not in the cache for these settings"]
+    return ", ".join(parts)
+
+
+def _lines(item: EncodeItem) -> str:
+    end = item.end if item.end is not None else item.rows
+    return f"changed in rows {item.start + 1:,}-{end:,}" if end is not None else "changed"
+
+
+def _index(cache: TokenCache, source: str, label: str) -> Path:
+    name = hashlib.sha256(json.dumps([source, label]).encode()).hexdigest()
+    return cache.root / "files" / name[:2] / f"{name}.json"
+
+
+def _load(cache: TokenCache, source: str, label: str) -> dict[str, Any] | None:
+    try:
+        index = json.loads(_index(cache, source, label).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sound = isinstance(index, dict) and index.get("entry_sha256") == entry_digest(index)
+    return index if sound and [index.get("source"), index.get("file")] == [source, label] else None
+
+
+def _store(cache: TokenCache, source: str, label: str, ranges: list[EncodeItem]) -> None:
+    index = {
+        "source": source,
+        "file": label,
+        "rows": ranges[0].rows,
+        "ranges": [[str(r.start), r.content] for r in ranges],
+    }
+    path = _index(cache, source, label)
+    temporary = cache.temporary(path)
+    try:
+        temporary.write_text(json.dumps({**index, "entry_sha256": entry_digest(index)}), encoding="utf-8")
+        publish_file(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

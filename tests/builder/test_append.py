@@ -1,0 +1,135 @@
+"""Appendable builds: encode items are keyed by the content of their row range, so added data re-encodes
+only itself, and the result equals a fresh build of the same data byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import QUICKSTART
+
+import packtool.builder.encode as encode_phase
+from packtool.builder import Built, build
+from packtool.config import load_config
+
+pytestmark = pytest.mark.timeout(300)
+
+RANGE = 8  # rows per range here, so that a few dozen rows make several ranges
+
+
+def _line(i: int) -> str:
+    answer = " ".join(["answer"] * (3 + 5 * (i % 4)))
+    messages = [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]
+    return json.dumps({"messages": messages}) + "\n"
+
+
+def _write(path: Path, rows: range) -> None:
+    path.write_text("".join(_line(i) for i in rows), encoding="utf-8")
+
+
+def _build(folder: Path, output: str, *, use_cache: bool = True) -> Built:
+    raw = {
+        "sources": [{"name": "chat", "path": "data/*.jsonl", "format": "messages"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 128,
+        "output": output,
+        "rows_per_shard": 4,
+    }
+    (folder / "config.json").write_text(json.dumps(raw), encoding="utf-8")
+    return build(load_config(folder / "config.json", workers="1"), use_cache=use_cache)
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")}
+
+
+@pytest.fixture
+def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    _write(tmp_path / "data" / "a.jsonl", range(30))  # ranges 0-8, 8-16, 16-24, 24-30
+    first = _build(tmp_path, "out")
+    assert (first.encode_items, first.encode_reused, first.records.records) == (4, 0, 30)
+    return tmp_path
+
+
+def _same_as_fresh(folder: Path) -> None:
+    _build(folder, "fresh", use_cache=False)
+    assert _files(folder / "out") == _files(folder / "fresh")  # shards, manifest (plan_hash too), rejects
+
+
+def test_appended_rows_reencode_only_the_last_range_and_the_new_ones(data):
+    with (data / "data" / "a.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write("".join(_line(i) for i in range(30, 43)))  # the last range fills up (24-32), 32-40, 40-43 are new
+    again = _build(data, "out")
+    assert (again.encode_items, again.encode_reused) == (6, 3)
+    assert (again.records.records, again.records.records_reencoded) == (43, 8 + 8 + 3)
+    assert again.records.why == ("data/a.jsonl grew by 13 rows",)
+    assert again.records.describe() == "24 of 43 records reused; re-encoded 19 (data/a.jsonl grew by 13 rows)"
+    _same_as_fresh(data)
+
+
+def test_a_changed_row_reencodes_only_its_range(data):
+    lines = (data / "data" / "a.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[10] = _line(99)
+    (data / "data" / "a.jsonl").write_text("".join(lines), encoding="utf-8")
+    again = _build(data, "out")
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (4, 3, 8)
+    assert again.records.why == ("data/a.jsonl changed in rows 9-16",)
+    _same_as_fresh(data)
+
+
+def test_a_new_file_reencodes_only_itself(data):
+    _write(data / "data" / "b.jsonl", range(5))
+    again = _build(data, "out")
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (5, 4, 5)
+    assert again.records.why == ("data/b.jsonl is new to the cache",)
+    _same_as_fresh(data)
+
+
+def test_an_unchanged_rebuild_reencodes_nothing(data):
+    again = _build(data, "out")
+    assert (again.encode_reused, again.records.records_reencoded, again.records.why) == (4, 0, ())
+    assert again.records.describe() == "30 of 30 records reused"
+
+
+def test_ranges_hash_their_own_lines(data):
+    file = data / "data" / "a.jsonl"
+    ranges = encode_phase.row_ranges(str(file), None)
+    lines = file.read_bytes().splitlines(keepends=True)
+    expected = [hashlib.sha256(b"".join(lines[s : s + RANGE])).hexdigest() for s in (0, 8, 16, 24)]
+    assert [(r.start, r.end, r.content, r.rows) for r in ranges] == [
+        (0, 8, expected[0], 30),
+        (8, 16, expected[1], 30),
+        (16, 24, expected[2], 30),
+        (24, None, expected[3], 30),
+    ]
+    # an unterminated last line still belongs to the last range, and a range of exactly RANGE lines closes
+    file.write_bytes(b"".join(lines[:16]).rstrip(b"\n"))
+    assert [(r.start, r.end, r.rows) for r in encode_phase.row_ranges(str(file), None)] == [(0, 8, 16), (8, None, 16)]
+
+
+def test_a_grown_parquet_file_is_reencoded_whole_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    config = {
+        "sources": [{"name": "chat", "path": "data/a.parquet", "format": "messages"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 128,
+        "output": "out",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    def write_and_build(n: int) -> Built:
+        rows = [json.loads(_line(i))["messages"] for i in range(n)]
+        pq.write_table(pa.table({"messages": rows}), tmp_path / "data" / "a.parquet")
+        return build(load_config(tmp_path / "config.json", workers="1"))
+
+    assert write_and_build(20).encode_items == 3
+    again = write_and_build(22)  # no cheap per-range hash: every range's key holds the whole file's sha256
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (3, 0, 22)
+    assert again.records.why == ("data/a.parquet grew by 2 rows, re-encoded whole: this format has no per-range hash",)

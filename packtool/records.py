@@ -268,14 +268,3 @@ def prompt_length(segment: Tokenized) -> int:
     """Tokens before the first target: the prompt, including the assistant header that opens the answer."""
     where = np.flatnonzero(segment.targets)
     return int(where[0]) if where.size else len(segment)
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """A sample that will not be trained, with the reason it is counted under in stats."""
-
-    example_id: str
-    source: str
-    reason: str  # short key: "no_targets", "too_long", "template_error", ...
-    detail: str
-    location: str = ""

@@ -9,7 +9,7 @@ sha256 are recorded, and the same facts sit in each file's key-value metadata.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,6 @@ __all__ = [
     "OutputPack",
     "ShardInfo",
     "conventions",
-    "iter_rows",
     "locate",
     "pack_hash",
     "read_manifest",
@@ -318,13 +317,6 @@ def read_columns(path: Path, columns: list[str], segment_columns: list[str] | No
     present = set(parquet.schema_arrow.names)
     wanted = columns + [name for name in segment_columns or [] if name in present]
     return read_group(path, parquet, None, wanted)
-
-
-def iter_rows(path: Path, columns: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Rows of a shard as Python objects, one row group at a time."""
-    parquet = open_shard(path)
-    for group in range(parquet.num_row_groups):
-        yield from read_group(path, parquet, group, columns).to_pylist()
 
 
 def read_row(path: Path, index: int) -> dict[str, Any]:

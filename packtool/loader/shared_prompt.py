@@ -1,5 +1,8 @@
 """Shared-prompt layout: a group's prompt stored once, each answer attending to the prompt and itself.
 
+Experimental: no build writes this layout yet (groups are packed as whole sequences, docs/pairs.md);
+the masks and gathers here are proven on hand-made rows only (tests/loader/test_shared_prompt.py).
+
 One group, prompt P = [p0, p1, p2] and answers A = [a0, a1], B = [b0, b1, b2], stored as P A B::
 
     t             0    1    2    3    4    5    6    7

@@ -94,8 +94,9 @@ class Counts:
         """An encode item's counts (its cache report, as_report) limited to its first `budget` records
         (max_samples); `stored_literals`: stored samples among them whose content spells a special token.
 
-        Cut short, the item is counted again from its rejects (one per record not stored: a literal
-        dropped, any other reason rejected); its `items_truncated` is not counted then."""
+        Cut short, the item is counted again from its rejects (one per record not stored: bad input,
+        which alone carries its error `message`, rejected; valid input not trained (a special-token
+        literal, a pair too long) dropped); its `items_truncated` is not counted then."""
         if budget >= report["read"]:
             counts = cls(
                 read=report["read"],
@@ -109,5 +110,5 @@ class Counts:
         lost = [r for r in report["rejects"] if r["ordinal"] < budget]
         counts = cls(read=budget - len(lost), special_token_literals=stored_literals)
         for reject in lost:
-            counts.note_record(reject["reason"], bad_input=reject["reason"] != SPECIAL_TOKEN_LITERAL)
+            counts.note_record(reject["reason"], bad_input="message" in reject)
         return counts

@@ -62,10 +62,12 @@ def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget()
         "rejects": [
             {"reason": "bad_record", "ordinal": 0, "message": "..."},
             {"reason": SPECIAL_TOKEN_LITERAL, "ordinal": 2},
+            {"reason": "pair_too_long", "ordinal": 3},  # valid input not trained: no error message
             {"reason": "bad_record", "ordinal": 5, "message": "..."},
         ],
     }
     counts = Counts.from_report(report, budget=4, stored_literals=1)
     assert counts.read == 4
-    assert counts.rejected == {"bad_record": 1} and counts.dropped == {SPECIAL_TOKEN_LITERAL: 1}
+    assert counts.rejected == {"bad_record": 1}
+    assert counts.dropped == {SPECIAL_TOKEN_LITERAL: 1, "pair_too_long": 1}  # counted as the uncut path does
     assert counts.special_token_literals == 2  # one stored within the budget, one dropped

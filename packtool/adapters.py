@@ -20,7 +20,7 @@ from typing import Any
 
 from packtool.config import DEFAULT_SHAREGPT_ROLES, SourceConfig, canonical_json
 from packtool.errors import RecordError
-from packtool.reading import embedded_json
+from packtool.reading import each_indexed, embedded_json
 from packtool.records import ROLES, CompletionGroup, Example, Message, Messages, PreferencePair
 
 # What one record becomes: a sample, or an item of several segments (format: preference | group).
@@ -170,14 +170,7 @@ def _messages(raw_messages: list, column: str) -> tuple[Message, ...]:
 
 
 def _message_list(raw_messages: list, column: str) -> list[Message]:
-    messages = []
-    for i, raw in enumerate(raw_messages):
-        try:
-            messages.append(_message(raw))
-        except RecordError as error:
-            error.field = f"{column}[{i}]{error.field}"  # the path is built only for a record that fails
-            raise
-    return messages
+    return each_indexed(raw_messages, _message, column)
 
 
 def _check_conversation(messages: list[Message], column: str) -> None:

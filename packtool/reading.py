@@ -244,17 +244,20 @@ def _json_cell(value: str | None) -> Any:
     return None if value is None else embedded_json(value, "JSON value", "")
 
 
-def _list_cell(item: CellReader, value: list | None) -> list | None:
-    if value is None:
-        return None
+def each_indexed(values: list, read: Callable[[Any], Any], where: str = "") -> list:
+    """`read` of every value; a RecordError gets `where[i]` put before its field (`messages[3].role`)."""
     out = []
-    for i, cell in enumerate(value):
+    for i, value in enumerate(values):
         try:
-            out.append(item(cell))
+            out.append(read(value))
         except RecordError as error:
-            error.field = f"[{i}]{error.field}"  # the path is built only for a record that fails
+            error.field = f"{where}[{i}]{error.field}"  # the path is built only for a record that fails
             raise
     return out
+
+
+def _list_cell(item: CellReader, value: list | None) -> list | None:
+    return None if value is None else each_indexed(value, item)
 
 
 def _struct_cell(readers: dict[str, CellReader], value: dict | None) -> dict | None:

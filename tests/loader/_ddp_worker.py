@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -13,14 +16,15 @@ def tiny_model(seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 32)).double()
 
 
-def run_rank(rank: int, world_size: int, port: int, rank_batches: list, out_file: str) -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
+@contextlib.contextmanager
+def gloo_rank(rank: int, world_size: int, port: int) -> Iterator[None]:
+    """One rank of a two-process gloo group that ends without aborting a finished rank.
 
-    torch.set_num_threads(1)
-
-    from packtool.loader.collate import collate
-    from packtool.loader.loss import token_loss_sum, window_norm
-
+    Gloo aborts a process (SIGABRT, "terminate called without an active exception") when a peer tears down
+    while its threads still hold work, or when its threads outlive the interpreter: both ranks pass a
+    barrier before the group is destroyed, and a rank whose body succeeded skips interpreter finalization
+    (its results are already on disk; a failing body still raises and exits non-zero).
+    """
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -29,6 +33,22 @@ def run_rank(rank: int, world_size: int, port: int, rank_batches: list, out_file
         timeout=datetime.timedelta(seconds=30),
     )
     try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def run_rank(rank: int, world_size: int, port: int, rank_batches: list, out_file: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+
+    from packtool.loader.collate import collate
+    from packtool.loader.loss import token_loss_sum, window_norm
+
+    with gloo_rank(rank, world_size, port):
         model = DDP(tiny_model())
         mbs = [collate(packs) for packs in rank_batches[rank]]
         norm = window_norm(mbs)  # the one all_reduce of the window's target count
@@ -40,5 +60,3 @@ def run_rank(rank: int, world_size: int, port: int, rank_batches: list, out_file
                 norm.loss_for_backward(loss_sum).backward()
         grads = {name: p.grad.clone() for name, p in model.module.named_parameters()}
         torch.save({"grads": grads, "n_local": norm.n_local, "n_global": norm.n_global}, out_file)
-    finally:
-        dist.destroy_process_group()

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import datetime
-
 import torch
-import torch.distributed as dist
 
 
 def run_rank(rank: int, world_size: int, port: int, rank_batches: list, beta: float, out_file: str) -> None:
     """rank_batches[rank]: micro-batches as (packs, group_ids, kinds)."""
-    from _ddp_worker import tiny_model
+    from _ddp_worker import gloo_rank, tiny_model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from packtool.loader.collate import collate
     from packtool.loader.preference import dpo_loss, pair_window_norm, segment_logprobs
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    try:
+    with gloo_rank(rank, world_size, port):
         model, reference = DDP(tiny_model(0)), tiny_model(1)
         batches = rank_batches[rank]
         norm = pair_window_norm([torch.as_tensor(kinds) for _, _, kinds in batches])  # the one all_reduce
@@ -39,5 +29,3 @@ def run_rank(rank: int, world_size: int, port: int, rank_batches: list, beta: fl
                 norm.loss_for_backward(terms.loss_sum).backward()
         grads = {name: p.grad.clone() for name, p in model.module.named_parameters()}
         torch.save({"grads": grads, "n_local": norm.n_local, "n_global": norm.n_global}, out_file)
-    finally:
-        dist.destroy_process_group()

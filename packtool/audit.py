@@ -114,8 +114,8 @@ class _Audit:
         (result,) = encode_batch(
             [(trial.rendered, special_tokens)],
             self.tokenizer,
-            add_bos=bool(self.config.add_bos),
-            add_eos=bool(self.config.add_eos),
+            add_bos=bool(self.config.encoding.add_bos),
+            add_eos=bool(self.config.encoding.add_eos),
         )
         if isinstance(result, RecordError):
             trial.error = result
@@ -129,8 +129,8 @@ class _Audit:
             self.template,
             self.tokenizer.config,
             policy,
-            add_bos=self.config.add_bos,
-            add_eos=self.config.add_eos,
+            add_bos=self.config.encoding.add_bos,
+            add_eos=self.config.encoding.add_eos,
         )
 
     def decode(self, ids: Any) -> str:
@@ -468,8 +468,10 @@ def _check_text_bos(state: _Audit, data: dict[str, list]) -> None:
         f"{len(wrong)} of {len(documents)} text documents {'lack' if expected_bos else 'add'} the BOS "
         f"that tokenizer(text) {'adds' if expected_bos else 'does not add'} (e.g. {trial.example.id})"
     )
-    if state.config.add_bos is not None:
-        state.add(name, "warn", f"{evidence}; add_bos: {str(state.config.add_bos).lower()} in the config says so")
+    if state.config.encoding.add_bos is not None:
+        state.add(
+            name, "warn", f"{evidence}; add_bos: {str(state.config.encoding.add_bos).lower()} in the config says so"
+        )
     else:
         state.add(name, "fail", evidence, trial)
 
@@ -658,8 +660,8 @@ def _check_truncation(state: _Audit, probe: _Trial | None, data: dict[str, list]
         state.add(name, "skip", f"{trial.example.id}: message {message} has fewer than 2 tokens of its own")
         return
     capacity = max(2, int(where[0] + len(where) // 2))
-    strategy = state.config.truncation
-    result = truncate(sample, capacity, strategy, fallback=state.config.truncation_fallback, seed=state.config.seed)
+    strategy = state.config.truncation.strategy
+    result = truncate(sample, capacity, strategy, fallback=state.config.truncation.fallback, seed=state.config.seed)
     if result.drop_reason:
         state.add(
             name,

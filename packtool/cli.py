@@ -17,6 +17,7 @@ import click
 import packtool
 from packtool.errors import PacktoolError
 from packtool.terminal import json_shown, shown
+from packtool.workers import EXECUTORS, WORKERS_AUTO, WORKERS_CHOICES, usable_cores
 
 SET_HELP = (
     "Override a config key, validated like the file; repeatable. VALUE is read as YAML. "
@@ -52,10 +53,12 @@ def main() -> None:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--output", "-o", help="Output folder (overrides `output` in the config).")
 @click.option("--capacity", type=int, help="Tokens per pack (overrides `capacity` in the config).")
-@click.option("--workers", "-j", help="Processes for encode and emit: a number or 'auto' (overrides `workers`).")
+@click.option(
+    "--workers", "-j", help=f"Processes for encode and emit: {WORKERS_CHOICES}; {WORKERS_AUTO} (overrides `workers`)."
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--max-samples", type=click.IntRange(min=1), help="Read only the first N records of every source.")
-@click.option("--executor", type=click.Choice(["processes", "serial", "ray"]), help="Where work items run.")
+@click.option("--executor", type=click.Choice(EXECUTORS), help="Where work items run.")
 @click.option("--address", help="Ray cluster address (with --executor ray).")
 @click.option("--cache", "cache_dir", help="Token store folder (default: .packtool-cache beside the output).")
 @click.option("--no-cache", is_flag=True, help="Reuse and resume nothing; keep no token store.")
@@ -90,7 +93,7 @@ def build(
     from packtool.builder import build as run_build
     from packtool.builder.executors import describe_workers
     from packtool.builder.progress import BarProgress, Progress
-    from packtool.config import load_config, resolve_config_path, usable_cores
+    from packtool.config import load_config, resolve_config_path
     from packtool.stats import format_headline
 
     settings_from_flags = [f"executor={executor}"] if executor else []
@@ -134,15 +137,17 @@ def build(
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
             + (f"; {len(built.repaired)} changed on disk since written, redone" if built.repaired else "")
         )
-        click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.output}")
+        click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.run.output}")
         # `workers: auto` (the default) decides by the cores: say what it decided
-        click.echo(f"ran as {describe_workers(settings.workers, settings.executor)} on {usable_cores()} usable core(s)")
-        click.echo(f"per source, per reason and per length: packtool stats {settings.output}")
+        click.echo(
+            f"ran as {describe_workers(settings.run.workers, settings.run.executor)} on {usable_cores()} usable core(s)"
+        )
+        click.echo(f"per source, per reason and per length: packtool stats {settings.run.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:
             click.echo(
                 f"{rejected} sample(s) not trained, each with its reason, in "
-                f"{Path(settings.output) / manifest['rejects']['file']}"
+                f"{Path(settings.run.output) / manifest['rejects']['file']}"
             )
 
 

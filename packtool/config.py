@@ -12,6 +12,9 @@
 Every key, its default and whether it is required: docs/config.md (tests/test_config_doc.py checks it against
 `KEYS` and the parser). Problems are collected with their YAML path (`sources[1].format: ...`) and raised together as
 one `ConfigError`, so a user fixes a config in one pass instead of one error per run.
+
+The result is a tree of frozen sections shaped like the YAML and the manifest (`config.packing.strategy`,
+`config.run.workers`, `source.plan.weight`); cache and plan keys hash whole sections (`KEYED_BY`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +37,7 @@ from packtool import hub
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
+from packtool.workers import EXECUTORS, WORKERS_CHOICES, count_workers
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -125,28 +129,42 @@ class Quota:
 
 
 @dataclass(frozen=True, slots=True)
+class SourcePlan:
+    """What the plan reads of one source (`sources[]` weight, truncation, group, dedup, quota): in the plan key."""
+
+    weight: float = 1.0
+    truncation: str | None = None  # per-source override of the global strategy
+    group: str | None = None  # packing group for group_by: source (defaults to the source name)
+    dedup: str | None = None  # exact: drop repeats within this source (see BuildConfig.dedup for across sources)
+    quota: Quota | None = None  # instead of weight: copies until the source holds this many (target) tokens
+
+
+@dataclass(frozen=True, slots=True)
 class SourceConfig:
+    """One `sources[]` entry. Its files are keyed by their content; `plan` is its plan section; every other
+    field is what render and tokenize read, hashed whole into its encode keys (builder.cache.source_settings)."""
+
     name: str
     paths: tuple[str, ...]  # resolved, sorted file list
     patterns: tuple[str, ...]  # as written in the config
     format: str
     fields: dict[str, str | None]
-    weight: float = 1.0
     role_map: dict[str, str] = field(default_factory=dict)
     train: TrainPolicy = TrainPolicy()
     special_tokens: str = "escape"
-    truncation: str | None = None  # per-source override of the global strategy
-    group: str | None = None  # packing group for group_by: source (defaults to the source name)
     max_samples: int | None = None  # read only the first N records (all files in order)
     system: str | None = None  # the system prompt of a conversation that has none
-    dedup: str | None = None  # exact: drop repeats within this source (see BuildConfig.dedup for across sources)
-    quota: Quota | None = None  # instead of weight: copies until the source holds this many (target) tokens
     max_record_bytes: int = (
         DEFAULT_MAX_RECORD_BYTES  # the top-level setting, carried to the readers (set by parse_config)
     )
     # resolved path -> the path as written/globbed in the config (relative to its folder when it was
     # relative): the FILE of every location and default id, so ids do not depend on where the data sits
     labels: dict[str, str] = field(default_factory=dict)
+    plan: SourcePlan = SourcePlan()
+
+
+# The fields of a source that are its input files, not settings: each encode key holds a file's content and label.
+SOURCE_FILES = ("paths", "patterns", "labels")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,46 +174,166 @@ class TokenizerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Encoding:
+    """Top-level settings every source's render and tokenize read."""
+
+    add_bos: bool | None = None  # None: the template decides; text documents get none
+    add_eos: bool | None = None  # None: text documents end with EOS, chat follows the template
+    # a larger record is rejected (record_too_large) before it is parsed or tokenized
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """`truncation:` (a strategy name, or this mapping); the manifest's `truncation`."""
+
+    strategy: str = "right"
+    fallback: str = "right"
+    items: str = "left"  # preference/group items: drop | left | turns (the shared prompt is cut)
+
+
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """`packing:` (a strategy name, or this mapping); the manifest's `packing`."""
+
+    strategy: str = "bfd"
+    max_segments: int | None = None
+    shuffle: bool = True
+    group_by: str | None = None  # None | "source"
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """`overflow:` (a mode, or this mapping)."""
+
+    mode: str = "truncate"  # truncate | bucket
+    capacity: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Mixing:
+    """`mixing:`; the manifest's `mixing` adds each source's weight (and quota)."""
+
+    by: str = "multiplier"  # multiplier | samples | tokens: how source weights are read
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """`validation: {share: x}` or `{samples: n}` (at most one is set)."""
+
+    share: float | None = None
+    samples: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Shards:
+    """`rows_per_shard` and `row_group_rows`: how the packs are cut into files and row groups."""
+
+    rows_per_shard: int = 1000
+    row_group_rows: int = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Whether a build publishes what it wrote (`on_error`, `max_reject_share`), never what it writes."""
+
+    on_error: str = "fail"
+    max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Where and how fast a build runs: never its bytes, so none of these is keyed or enters the manifest."""
+
+    output: str
+    workers: int = 1  # processes for render + encode; 1 = in the build process
+    executor: str = "processes"  # processes | serial | ray: where work items run (never changes the bytes)
+    ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
+    cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
+
+
+# The top-level config keys of the run section (each Run field has its key's name): left out of the manifest.
+RUN_KEYS = tuple(f.name for f in fields(Run))
+
+
+@dataclass(frozen=True, slots=True)
 class BuildConfig:
+    """The config as sections. Keys hash whole parts (builder.cache.encode_key, builder.plan.plan_key),
+    so a setting added to a section is keyed with it; which key hashes each part is `KEYED_BY`."""
+
     config_file: str
     sources: tuple[SourceConfig, ...]
     tokenizer: TokenizerConfig
     template: str
     capacity: int
-    output: str
+    run: Run
     template_vars: dict[str, Any] = field(default_factory=dict)
-    truncation: str = "right"
-    truncation_fallback: str = "right"
-    item_truncation: str = "left"  # preference/group items: drop | left | turns (the shared prompt is cut)
-    packing: str = "bfd"
-    max_segments: int | None = None
-    shuffle_packs: bool = True
-    group_by: str | None = None  # None | "source"
-    overflow: str = "truncate"  # truncate | bucket
-    overflow_capacity: int | None = None
-    mix_by: str = "multiplier"  # multiplier | samples | tokens: how source weights are read
+    encoding: Encoding = Encoding()
+    truncation: Truncation = Truncation()
+    packing: Packing = Packing()
+    overflow: Overflow = Overflow()
+    mixing: Mixing = Mixing()
+    validation: Validation = Validation()
+    shards: Shards = Shards()
     seed: int = 0
-    rows_per_shard: int = 1000
-    row_group_rows: int = 128
-    on_error: str = "fail"
-    workers: int = 1  # processes for render + encode; 1 = in the build process
-    executor: str = "processes"  # processes | serial | ray: where work items run (never changes the bytes)
-    ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
-    cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
-    max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
     dedup: str | None = None  # exact: drop repeats across all sources (the first in source order is kept)
-    max_record_bytes: int = (
-        DEFAULT_MAX_RECORD_BYTES  # a larger record is rejected (record_too_large) before it is parsed or tokenized
-    )
-    validation_share: float | None = None  # validation: {share: x}
-    validation_samples: int | None = None  # validation: {samples: n}
-    add_bos: bool | None = None  # None: the template decides; text documents get none
-    add_eos: bool | None = None  # None: text documents end with EOS, chat follows the template
+    outcome: Outcome = Outcome()
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
 
     @property
     def config_hash(self) -> str:
         return hashlib.sha256(canonical_json(self.raw).encode()).hexdigest()
+
+
+# Which key hashes each part of a BuildConfig, whole (tests/builder/test_keys.py fails for a part not named here):
+#   content  every encode key, by the bytes it names: the tokenizer's files, the template's source and variables
+#   encode   every encode key, as written
+#   plan     the plan key, beside the encode keys it holds
+#   none     the config's file and text, the outcome checks and the run: never the bytes
+# `sources` is split by field: each source's files and settings in its encode keys, its `plan` section in the
+# plan key. Pairs and groups are cut to fit one pack while encoding, so their encode keys add ITEM_FIT_PARTS.
+KEYED_BY = {
+    "tokenizer": "content",
+    "template": "content",
+    "template_vars": "content",
+    "encoding": "encode",
+    "capacity": "plan",
+    "truncation": "plan",
+    "packing": "plan",
+    "overflow": "plan",
+    "mixing": "plan",
+    "validation": "plan",
+    "shards": "plan",
+    "seed": "plan",
+    "dedup": "plan",
+    "sources": "encode+plan",
+    "config_file": "none",
+    "raw": "none",
+    "outcome": "none",
+    "run": "none",
+}
+ITEM_FIT_PARTS = ("capacity", "truncation")
+
+
+def keyed_parts(config: BuildConfig, *keys: str) -> dict[str, Any]:
+    """The parts of `config` that KEYED_BY gives to `keys` (content, encode, plan), each whole, as plain data."""
+    return {name: section_data(getattr(config, name)) for name, key in KEYED_BY.items() if key in keys}
+
+
+def item_fit_parts(config: BuildConfig) -> dict[str, Any]:
+    """What pairs and groups are cut to while encoding (one pack): part of their encode keys."""
+    return {name: section_data(getattr(config, name)) for name in ITEM_FIT_PARTS}
+
+
+def source_encode_settings(source: SourceConfig) -> dict[str, Any]:
+    """Everything render and tokenize read of one source: all its fields but its files and its plan section."""
+    skipped = {*SOURCE_FILES, "plan"}
+    return {f.name: section_data(getattr(source, f.name)) for f in fields(source) if f.name not in skipped}
+
+
+def section_data(value: Any) -> Any:
+    """A section (or any config value) as plain JSON-ready data, to hash."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
 
 
 # One encoder for every call: json.dumps with options builds a new one each time (a cost per record).
@@ -350,8 +488,6 @@ KEYS = {
     "sources[].train": TRAIN_KEYS,
     "sources[].quota": set(QUOTA_UNITS),
 }
-EXECUTORS = ("processes", "serial", "ray")
-
 # Settings users bring from TRL, axolotl and LLaMA-Factory, and where packtool keeps each.
 _TRAIN_INPUTS = "sources[].train.roles: [user, assistant]"
 PEER_KEYS = {
@@ -658,52 +794,46 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
     validation_share, validation_samples = _validation(raw.get("validation"), p)
 
+    # taken in the order the problems have always been reported in
+    on_error = p.take(raw, "on_error", str, "", "fail", choices=ERROR_POLICIES)
+    workers = _workers(p.take(raw, "workers", (int, str), "", "auto"), p)
+    dedup = p.take(raw, "dedup", str, "", None, choices=DEDUP_MODES)
+    add_bos, add_eos = p.take(raw, "add_bos", bool, "", None), p.take(raw, "add_eos", bool, "", None)
+
     config = BuildConfig(
         config_file=config_file,
         sources=sources,
         tokenizer=tokenizer,
         template=template,
-        template_vars=template_vars,
         capacity=capacity or 0,
-        output=output,
-        truncation=truncation,
-        truncation_fallback=fallback,
-        item_truncation=items or "left",
-        packing=packing,
-        max_segments=max_segments,
-        shuffle_packs=shuffle,
-        group_by=group_by,
-        overflow=overflow,
-        overflow_capacity=overflow_capacity,
-        mix_by=mix_by,
+        run=Run(
+            output=output,
+            workers=workers,
+            executor=executor,
+            ray_address=ray_address,
+            cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
+        ),
+        template_vars=template_vars,
+        encoding=Encoding(add_bos, add_eos, max_record_bytes),
+        truncation=Truncation(truncation, fallback, items or "left"),
+        packing=Packing(packing, max_segments, shuffle, group_by),
+        overflow=Overflow(overflow, overflow_capacity),
+        mixing=Mixing(mix_by),
+        validation=Validation(validation_share, validation_samples),
+        shards=Shards(rows_per_shard, row_group_rows),
         seed=seed,
-        rows_per_shard=rows_per_shard,
-        row_group_rows=row_group_rows,
-        on_error=p.take(raw, "on_error", str, "", "fail", choices=ERROR_POLICIES),
-        workers=_workers(p.take(raw, "workers", (int, str), "", "auto"), p),
-        executor=executor,
-        ray_address=ray_address,
-        cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
-        max_reject_share=max_reject_share,
-        dedup=p.take(raw, "dedup", str, "", None, choices=DEDUP_MODES),
-        max_record_bytes=max_record_bytes,
-        validation_share=validation_share,
-        validation_samples=validation_samples,
-        add_bos=p.take(raw, "add_bos", bool, "", None),
-        add_eos=p.take(raw, "add_eos", bool, "", None),
-        # where and how fast a build runs does not change what it writes: none of these enters the manifest
-        raw={k: v for k, v in raw.items() if k not in RUN_ONLY_KEYS},
+        dedup=dedup,
+        outcome=Outcome(on_error, max_reject_share),
+        # where and how fast a build runs does not change what it writes: none of it enters the manifest
+        raw={k: v for k, v in raw.items() if k not in RUN_KEYS},
     )
-    if config.packing == "stream" and config.overflow == "bucket":
+    if config.packing.strategy == "stream" and config.overflow.mode == "bucket":
         p.add("overflow", "stream mode cuts documents into windows itself; an overflow bucket does not apply")
-    if config.packing == "stream" and any(s.format != "text" for s in sources):
+    if config.packing.strategy == "stream" and any(s.format != "text" for s in sources):
         p.add("packing", "'stream' (documents visible to each other) is only for format: text sources")
     if p.items:
         raise ConfigError(config_file, p.items)
     return config
-
-
-RUN_ONLY_KEYS = ("output", "workers", "executor", "ray_address", "cache")
 
 
 def _template_vars(values: dict, p: _Problems) -> dict[str, Any]:
@@ -747,32 +877,12 @@ def _check_output(output: Path, p: _Problems) -> None:
             return
 
 
-# Usable cores from which `workers: auto` starts worker processes. Below, one process is cheaper: its
-# encode threads run the tokenizer (which releases the GIL) beside the Python on the other core, and
-# worker processes only add their start and a second copy of the work's Python (alpaca x1 with
-# Qwen2.5 on 2 cores, bench/build_bench.py: -j 2 spent 1.5x the CPU-seconds of -j 1 for 0.9x the time).
-AUTO_PROCESS_CORES = 3
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def auto_workers(cores: int) -> int:
-    """What `workers: auto` runs on `cores` usable cores: one process on a small machine, else a
-    worker process per core."""
-    return cores if cores >= AUTO_PROCESS_CORES else 1
-
-
 def _workers(value: int | str, p: _Problems) -> int:
-    """An integer >= 1, or `auto` (auto_workers of the usable cores)."""
-    if value == "auto":
-        return auto_workers(usable_cores())
-    if isinstance(value, str) or value < 1:
-        p.add("workers", f"expected a positive integer or 'auto', got {value!r}")
+    workers = count_workers(value)
+    if workers is None:
+        p.add("workers", f"expected {WORKERS_CHOICES}, got {value!r}")
         return 1
-    return value
+    return workers
 
 
 def _resolve(base_dir: Path, value: str) -> Path:
@@ -882,23 +992,24 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
     if system is not None and fmt == "text":
         p.add(f"{where}.system", "format: text has no conversation to put a system prompt in; remove it")
     quota = _parse_quota(item, where, p)
+    # taken in the order the problems have always been reported in
+    special_tokens = p.take(item, "special_tokens", str, where, "escape", choices=SPECIAL_TOKEN_POLICIES)
+    truncation = p.take(item, "truncation", str, where, None, choices=TRUNCATION_STRATEGIES)
+    group = p.take(item, "group", str, where, None)
+    dedup = p.take(item, "dedup", str, where, None, choices=DEDUP_MODES)
     return SourceConfig(
         name=name,
         paths=tuple(files),
         patterns=patterns,
         format=fmt or "messages",
         fields=mapping,
-        weight=weight,
         role_map=role_map,
         train=train,
-        special_tokens=p.take(item, "special_tokens", str, where, "escape", choices=SPECIAL_TOKEN_POLICIES),
-        truncation=p.take(item, "truncation", str, where, None, choices=TRUNCATION_STRATEGIES),
-        group=p.take(item, "group", str, where, None),
+        special_tokens=special_tokens,
         max_samples=max_samples,
         system=system,
-        dedup=p.take(item, "dedup", str, where, None, choices=DEDUP_MODES),
-        quota=quota,
         labels=files,
+        plan=SourcePlan(weight, truncation, group, dedup, quota),
     )
 
 

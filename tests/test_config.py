@@ -12,6 +12,7 @@ from support import QUICKSTART
 from packtool.cli import main
 from packtool.config import ConfigError, apply_overrides, load_config, resolve_config_path
 from packtool.errors import PacktoolError
+from packtool.format import read_manifest
 
 
 def _base(tmp_path: Path) -> dict:
@@ -28,10 +29,12 @@ def test_loads_typed_settings_and_resolves_relative_paths(tmp_path, write_config
     config = load_config(write_config(_base(tmp_path)))
     assert config.capacity == 64
     assert config.sources[0].paths == (str(tmp_path / "data.jsonl"),)
-    assert config.output == str(tmp_path / "out")
+    assert config.run.output == str(tmp_path / "out")
     assert config.tokenizer.path.endswith("tokenizer.json")
     assert config.tokenizer.config_path and config.tokenizer.config_path.endswith("tokenizer_config.json")
-    assert config.packing == "bfd" and config.truncation == "right" and config.on_error == "fail"
+    assert (
+        config.packing.strategy == "bfd" and config.truncation.strategy == "right" and config.outcome.on_error == "fail"
+    )
 
 
 def test_every_problem_is_reported_at_once_with_its_yaml_path(tmp_path, write_config):
@@ -62,7 +65,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path(tmp_path, write_co
 def test_command_line_overrides(tmp_path, write_config):
     config = load_config(write_config(_base(tmp_path)), output=str(tmp_path / "elsewhere"), capacity=128)
     assert config.capacity == 128
-    assert config.output == str(tmp_path / "elsewhere")
+    assert config.run.output == str(tmp_path / "elsewhere")
 
 
 def test_stream_mode_is_only_for_text(tmp_path, write_config):
@@ -129,14 +132,18 @@ def test_missing_bundled_files_are_one_line(monkeypatch):
 def test_build_phase_keys_are_typed_and_validated(tmp_path, write_config):
     raw = _base(tmp_path)
     config = load_config(write_config(raw))
-    assert config.executor == "processes" and config.cache is None and config.max_reject_share == 0.5
-    assert config.workers >= 1 and config.validation_share is None and config.validation_samples is None
+    assert config.run.executor == "processes" and config.run.cache is None and config.outcome.max_reject_share == 0.5
+    assert config.run.workers >= 1 and config.validation.share is None and config.validation.samples is None
     raw |= {"executor": "ray", "ray_address": "127.0.0.1:6379", "cache": "tokens", "max_reject_share": 0}
     raw |= {"validation": {"samples": 50}, "workers": 3}
     raw["sources"][0]["max_samples"] = 10
     config = load_config(write_config(raw))
-    assert (config.executor, config.ray_address, config.cache) == ("ray", "127.0.0.1:6379", str(tmp_path / "tokens"))
-    assert config.max_reject_share == 0.0 and config.validation_samples == 50 and config.workers == 3
+    assert (config.run.executor, config.run.ray_address, config.run.cache) == (
+        "ray",
+        "127.0.0.1:6379",
+        str(tmp_path / "tokens"),
+    )
+    assert config.outcome.max_reject_share == 0.0 and config.validation.samples == 50 and config.run.workers == 3
     assert config.sources[0].max_samples == 10
     # where a build runs never changes what it writes, so it stays out of the hashed config
     assert not {"executor", "ray_address", "cache", "workers"} & set(config.raw)
@@ -180,7 +187,7 @@ def test_overrides_set_nested_keys_and_sources_by_name():
 def test_overrides_and_max_samples_are_validated_like_the_file(tmp_path, write_config):
     path = write_config(_base(tmp_path))
     config = load_config(path, overrides=["capacity=128", "sources.docs.weight=3"], max_samples=5)
-    assert config.capacity == 128 and config.sources[0].weight == 3.0 and config.sources[0].max_samples == 5
+    assert config.capacity == 128 and config.sources[0].plan.weight == 3.0 and config.sources[0].max_samples == 5
     with pytest.raises(ConfigError, match=r"capacity: must be between 2 and 1,048,576"):
         load_config(path, overrides=["capacity=0"])
     with pytest.raises(ConfigError, match=r"sources\[0\].wieght: unknown key; did you mean 'weight'\?"):
@@ -194,7 +201,7 @@ def test_build_takes_set_and_max_samples_on_the_command_line(tmp_path, write_con
     args = ["build", str(path), "-q", "--max-samples", "4", "--set", "sources.docs.weight=2", "--set", "seed=7"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "out").raw
     assert manifest["accounting"]["docs"]["read"] == 4 and manifest["accounting"]["docs"]["segments"] == 8
     assert manifest["seed"] == 7 and manifest["config"]["sources"][0]["max_samples"] == 4
     bad = CliRunner().invoke(main, ["build", str(path), "--set", "sources.doc.weight=2"])
@@ -220,10 +227,10 @@ def test_preference_and_group_formats_with_item_truncation(tmp_path, write_confi
     ]
     raw["truncation"] = {"strategy": "right", "items": "turns"}
     config = load_config(write_config(raw))
-    assert config.item_truncation == "turns"
+    assert config.truncation.items == "turns"
     assert config.sources[0].fields["prompt"] == "q" and config.sources[1].fields["completions"] == "completions"
     assert config.sources[0].role_map["gpt"] == "assistant"  # LLaMA-Factory rows speak ShareGPT
-    assert load_config(write_config(_base(tmp_path))).item_truncation == "left"
+    assert load_config(write_config(_base(tmp_path))).truncation.items == "left"
     raw["truncation"] = {"items": "middle"}
     raw["sources"][1]["fields"] = {"chosen": "x"}
     with pytest.raises(ConfigError) as info:
@@ -275,7 +282,8 @@ def test_system_dedup_and_prompt_completion_are_validated(tmp_path, write_config
     raw = _base(tmp_path)
     raw["sources"][0].update(format="prompt_completion", system="Be brief.", dedup="exact")
     config = load_config(write_config({**raw, "dedup": "exact"}))
-    assert config.sources[0].system == "Be brief." and config.sources[0].dedup == "exact" and config.dedup == "exact"
+    source = config.sources[0]
+    assert source.system == "Be brief." and source.plan.dedup == "exact" and config.dedup == "exact"
     assert config.sources[0].fields == {"prompt": "prompt", "completion": "completion", "tools": "tools", "id": None}
 
 
@@ -344,14 +352,14 @@ def test_sensible_anchors_and_aliases_are_read(tmp_path):
         f"tokenizer: {QUICKSTART / 'tokenizer'}\ncapacity: 64\noutput: out\n"
     )
     config = load_config(path)
-    assert [(s.name, s.weight) for s in config.sources] == [("docs", 2.0), ("more", 2.0)]
+    assert [(s.name, s.plan.weight) for s in config.sources] == [("docs", 2.0), ("more", 2.0)]
 
 
 def test_max_record_bytes_has_a_documented_default_and_reaches_the_readers(tmp_path, write_config):
     from packtool.config import DEFAULT_MAX_RECORD_BYTES
 
     config = load_config(write_config(_base(tmp_path)))
-    assert config.max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 4 << 20
+    assert config.encoding.max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 4 << 20
     assert config.sources[0].max_record_bytes == DEFAULT_MAX_RECORD_BYTES
     assert f"max_record_bytes: {DEFAULT_MAX_RECORD_BYTES}" in Path("docs/config.md").read_text()
     raw = {**_base(tmp_path), "max_record_bytes": 4096}

@@ -70,7 +70,7 @@ def test_source_multipliers():
 def test_mixing_repeats_keep_ids_and_realize_weights(tmp_path, write_config, write_jsonl):
     config = _config(tmp_path, write_config, write_jsonl, source_0_weight=2.5, source_1_weight=0.5)
     manifest = build(config).manifest
-    rows = _rows(Path(config.output))
+    rows = _rows(Path(config.run.output))
     copies = [(sid, rep) for r in rows for sid, rep in zip(r["sample_ids"], r["sample_repeats"])]
     a = [c for c in copies if c[0].startswith("a")]
     b = [c for c in copies if c[0].startswith("b")]
@@ -91,7 +91,7 @@ def test_token_share_mixing(tmp_path, write_config, write_jsonl):
 def test_group_by_source_never_mixes_groups(tmp_path, write_config, write_jsonl):
     config = _config(tmp_path, write_config, write_jsonl, packing={"strategy": "bfd", "group_by": "source"})
     build(config)
-    rows = _rows(Path(config.output))
+    rows = _rows(Path(config.run.output))
     assert all(len(set(r["sources"])) == 1 for r in rows)
     assert {s for r in rows for s in r["sources"]} == {"a", "b"}
     mixed = build(_config(tmp_path, write_config, write_jsonl)).manifest
@@ -136,7 +136,7 @@ def test_stream_mode_covers_every_token_once_and_says_so(tmp_path, write_config,
     manifest = build(config).manifest
     assert manifest["mode"] == "stream"
     assert manifest["conventions"]["attention"] == "causal_across_documents"
-    rows = _rows(Path(config.output))
+    rows = _rows(Path(config.run.output))
     assert all(r["n_tokens"] == 128 for r in rows[:-1])
     assert all(r["cu_seqlens"] == [0, r["n_tokens"]] for r in rows)
     pieces = {}
@@ -170,7 +170,7 @@ def test_turns_truncation_on_real_tool_calling_rows(tmp_path, write_config):
     assert glaive["read"] == 300
     assert glaive["read"] == glaive["kept"] + sum(glaive["rejected"].values()) + sum(glaive["dropped"].values())
     assert any(k.startswith("turns") for k in glaive["truncated"])
-    for row in _rows(Path(config.output)):
+    for row in _rows(Path(config.run.output)):
         labels, cu = np.array(row["labels"]), np.array(row["cu_seqlens"])
         assert (labels[cu[:-1]] == IGNORE_INDEX).all() and row["n_tokens"] <= 512
 

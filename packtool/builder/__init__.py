@@ -72,13 +72,13 @@ class Built:
 def build(
     config: BuildConfig, *, progress: Progress | None = None, use_cache: bool = True, dry_run: bool = False
 ) -> Built:
-    """Run every phase and publish the result to config.output; the previous output stays until then.
+    """Run every phase and publish the result to config.run.output; the previous output stays until then.
 
     use_cache=False reuses and resumes nothing (its token store lives in the staging folder and goes with it).
     dry_run=True encodes and plans, then returns a preview (`Built.manifest`, see `preview`) and writes no shard.
     """
     progress = progress or Progress()
-    output = Path(config.output).resolve()
+    output = Path(config.run.output).resolve()
     staging = Staging(output)
     # the cache's own name is not resolved: a cache path that is a link is refused, never followed
     shared_cache = unlinked(cache_root(config)) if use_cache else None
@@ -101,7 +101,7 @@ def build(
                 if not use_cache:
                     staging.clear_work()
     except OSError as exc:
-        where = exc.filename or config.output
+        where = exc.filename or config.run.output
         raise PacktoolError(
             f"{where}: {exc.strerror or exc}; the build stopped and {staging.output} still holds the previous build"
         ) from None
@@ -111,7 +111,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     progress.step(f"loading tokenizer {config.tokenizer.path}")
     stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
     items = _encode_items(config, stages, cache)
-    with make_executor(config.executor, config.workers, config.ray_address) as executor:
+    with make_executor(config.run.executor, config.run.workers, config.run.ray_address) as executor:
         encode_reused, reused = 0, []
         repaired = []  # what was found changed since it was written, and redone
         with progress.phase("encode", sum(item.bytes for item in items), "B") as bar:
@@ -150,7 +150,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         _check_outcome(config, plan)
 
         out = staging.out(key)
-        emits = emit_items(plan, out, staging.done(key), config.rows_per_shard, config.row_group_rows)
+        emits = emit_items(plan, out, staging.done(key), config.shards.rows_per_shard, config.shards.row_group_rows)
         infos: dict[str, list[ShardInfo]] = {f.name: [] for f in plan.folders}
         shards_reused = 0
         with progress.phase("emit", len(emits), "shards") as bar:
@@ -188,9 +188,9 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
                     file=file_label(source, file),
                     tokenizer_hash=tokenizer_hash,
                     template_hash=template_hash,
-                    settings={**settings, "stop": source.max_samples},
+                    settings=settings,
                 )
-                stop_at_bad = config.on_error == "fail"
+                stop_at_bad = config.outcome.on_error == "fail"
                 items.append(
                     EncodeItem(
                         config,
@@ -232,7 +232,7 @@ def preview(config: BuildConfig, plan: Plan) -> dict[str, Any]:
         outputs[folder.name or "."] = {
             "capacity": folder.capacity,
             "packs": folder.n_packs,
-            "shards": -(-folder.n_packs // config.rows_per_shard),
+            "shards": -(-folder.n_packs // config.shards.rows_per_shard),
             "segments": len(folder.ref),
             "tokens": tokens,
             "token_efficiency": round(tokens / (folder.n_packs * folder.capacity), 6) if folder.n_packs else 0.0,
@@ -277,7 +277,7 @@ def failed_rejects_path(output: str | Path) -> Path:
 
 def _rejects_problem(config: BuildConfig, plan: Plan, summary: str) -> BuildError:
     """The failure with the first rejects named and all of them written where the message says."""
-    path = failed_rejects_path(config.output)
+    path = failed_rejects_path(config.run.output)
     write_rejects(path, plan.rejects)
     first = "".join(f"\n  {r['location']}: [{r['reason']}] {r['detail']}" for r in plan.rejects[:3])
     more = f"\n  ... {len(plan.rejects) - 3} more" if len(plan.rejects) > 3 else ""
@@ -286,16 +286,16 @@ def _rejects_problem(config: BuildConfig, plan: Plan, summary: str) -> BuildErro
 
 def _check_outcome(config: BuildConfig, plan: Plan) -> None:
     """Exit status tells the truth: an empty output, or a source that lost too much, is not published."""
-    failed_rejects_path(config.output).unlink(missing_ok=True)  # a failed earlier build's, now stale
+    failed_rejects_path(config.run.output).unlink(missing_ok=True)  # a failed earlier build's, now stale
     problems = []
     for name, a in plan.accounting.items():
         lost = sum(a["rejected"].values()) + sum(a["dropped"].values())
-        if a["read"] and lost / a["read"] > config.max_reject_share:
+        if a["read"] and lost / a["read"] > config.outcome.max_reject_share:
             lost_by = Counter(a["rejected"]) + Counter(a["dropped"])
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(lost_by.items()))
             problems.append(
                 f"source {name!r} lost {lost} of {a['read']} records ({lost / a['read']:.0%} > max_reject_share "
-                f"{config.max_reject_share:g}): {reasons}"
+                f"{config.outcome.max_reject_share:g}): {reasons}"
             )
     if problems:
         summary = "\n".join(problems) + "\nnothing was published; fix the input or template, or raise max_reject_share"

@@ -33,11 +33,20 @@ from typing import Any
 
 import packtool
 from packtool.builder.owned import OwnershipError, fresh_temporary, is_marked, locked
-from packtool.config import ITEM_FORMATS, BuildConfig, SourceConfig, canonical_json
+from packtool.config import (
+    ITEM_FORMATS,
+    BuildConfig,
+    SourceConfig,
+    canonical_json,
+    item_fit_parts,
+    keyed_parts,
+    source_encode_settings,
+)
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
-CACHE_VERSION = 3  # 3: keyed by the content of the row range, not of the whole file
+# 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config sections
+CACHE_VERSION = 4
 CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 # The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
@@ -58,9 +67,9 @@ ENCODING_MODULES = (
 
 def cache_root(config: BuildConfig) -> Path:
     """The configured cache folder, or `.packtool-cache` beside the output folder."""
-    if config.cache:
-        return Path(config.cache)
-    return Path(config.output).resolve().parent / CACHE_DIR
+    if config.run.cache:
+        return Path(config.run.cache)
+    return Path(config.run.output).resolve().parent / CACHE_DIR
 
 
 @cache
@@ -83,21 +92,11 @@ def file_sha256(path: str | Path) -> str:
 
 
 def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]:
-    """What render and tokenize read from the config for one source (nothing the plan decides)."""
-    return {
-        "name": source.name,
-        "format": source.format,
-        "fields": source.fields,
-        "role_map": source.role_map,
-        "train": [source.train.roles, source.train.turns, source.train.end_of_turn, source.train.tool_calls],
-        "special_tokens": source.special_tokens,
-        "system": source.system,
-        "max_record_bytes": source.max_record_bytes,  # which records are read at all
-        "add_bos": config.add_bos,
-        "add_eos": config.add_eos,
-        # pairs and groups are cut jointly while encoding (a segment alone cannot be cut), so the fit is encode's
-        **({"items": [config.capacity, config.item_truncation]} if source.format in ITEM_FORMATS else {}),
-    }
+    """What render and tokenize read for one source, in whole sections (config.KEYED_BY): the source's own
+    settings and the config's encode parts; pairs and groups add what they are cut to (a segment alone cannot be cut).
+    The tokenizer and template enter the key by their content (encode_key)."""
+    fit = item_fit_parts(config) if source.format in ITEM_FORMATS else {}
+    return {"source": source_encode_settings(source), **keyed_parts(config, "encode"), **fit}
 
 
 def encode_key(

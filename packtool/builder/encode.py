@@ -34,7 +34,7 @@ from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
 from packtool.builder.cache import TokenCache, file_sha256, publish_file, seal_report
 from packtool.builder.store import PartitionWriter, SegmentRole
 from packtool.chat_templates import ChatTemplate, template_for
-from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json
+from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json, item_fit_parts, keyed_parts
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
 from packtool.format import REJECTS
@@ -197,14 +197,14 @@ class Stages:
                 self.tokenizer,
                 source.train,
                 special_tokens=source.special_tokens,
-                add_bos=self.config.add_bos,
-                add_eos=self.config.add_eos,
+                add_bos=self.config.encoding.add_bos,
+                add_eos=self.config.encoding.add_eos,
             )
         except RecordError as error:
             error.sample_id = item.id
             return Outcome(item.location, item.id, error)
         too_long = "pair_too_long" if isinstance(item, PreferencePair) else "group_too_long"
-        fitted = truncate_item(segments, self.config.capacity, self.config.item_truncation, too_long=too_long)
+        fitted = truncate_item(segments, self.config.capacity, self.config.truncation.items, too_long=too_long)
         return Outcome(item.location, item.id, fitted, roles=item_roles(item))
 
     def prepare(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> list[Outcome]:
@@ -226,8 +226,8 @@ class Stages:
                     self.template,
                     self.tokenizer.config,
                     source.train,
-                    add_bos=self.config.add_bos,
-                    add_eos=self.config.add_eos,
+                    add_bos=self.config.encoding.add_bos,
+                    add_eos=self.config.encoding.add_eos,
                 )
             except RecordError as error:
                 error.sample_id = item.id
@@ -236,7 +236,7 @@ class Stages:
             outcomes.append(None)
             pending.append((rendered, source.special_tokens))
             literals.append(has_special_literal(rendered, self.tokenizer))
-        add_bos, add_eos = bool(self.config.add_bos), bool(self.config.add_eos)
+        add_bos, add_eos = bool(self.config.encoding.add_bos), bool(self.config.encoding.add_eos)
         results = encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=literals)
         encoded = (
             Outcome(rendered.example.location, rendered.example.id, result, literal)
@@ -383,12 +383,10 @@ _STAGES: dict[str, Stages] = {}
 
 
 def stages_for(config: BuildConfig) -> Stages:
-    # Every config value a Stages reads is in the key: a later build in this process (a notebook, a Ray
+    # Every config part a Stages reads is in the key, whole: a later build in this process (a notebook, a Ray
     # worker) with another capacity must not fit its pairs to the first build's.
     key = canonical_json(
-        [config.tokenizer.path, config.template, config.template_vars, config.add_bos, config.add_eos]
-        + [config.capacity, config.item_truncation]
-        + [[s.name, s.format] for s in config.sources]
+        [keyed_parts(config, "content", "encode"), item_fit_parts(config), [s.format for s in config.sources]]
     )
     if key not in _STAGES:
         _STAGES[key] = Stages.load(config)

@@ -31,13 +31,12 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from packtool.config import auto_workers, usable_cores
 from packtool.errors import PacktoolError, WorkerError
+from packtool.workers import EXECUTORS, WORKERS_CHOICES, count_workers
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-KINDS = ("processes", "serial", "ray")
 RAY_INSTALL = 'pip install "packtool[ray]"'
 # Results wait in order behind the slowest item: two items per worker keep every worker busy
 # while one straggler finishes, and cap what is held in memory at 2 x workers results.
@@ -74,20 +73,19 @@ class Executor(Protocol):
 
 
 def resolve_workers(value: int | str) -> int:
-    """`auto` is config.auto_workers of the cores this process may run on."""
-    if value == "auto":
-        return auto_workers(usable_cores())
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PacktoolError(f"workers: expected a positive integer or 'auto', got {value!r}")
-    return value
+    """`workers` as a count (config.count_workers: `auto` by the usable cores); raise for anything else."""
+    workers = count_workers(value)
+    if workers is None:
+        raise PacktoolError(f"workers: expected {WORKERS_CHOICES}, got {value!r}")
+    return workers
 
 
 def make_executor(kind: str, workers: int | str, address: str | None = None) -> Executor:
     """The executor named `kind` with `workers` (a count or `auto`); `address` is a Ray cluster's.
 
     `processes` with one worker runs in this process: a worker process would only add its start."""
-    if kind not in KINDS:
-        raise PacktoolError(f"executor: expected one of {', '.join(KINDS)}, got {kind!r}")
+    if kind not in EXECUTORS:
+        raise PacktoolError(f"executor: expected one of {', '.join(EXECUTORS)}, got {kind!r}")
     if address is not None and kind != "ray":
         raise PacktoolError(f"a Ray address ({address!r}) needs executor ray, got executor {kind!r}")
     workers = resolve_workers(workers)

@@ -37,7 +37,7 @@ def write_outputs(
         path = out / folder.name
         path.mkdir(parents=True, exist_ok=True)
         write_rejects(path / REJECTS, [])
-        published = Path(config.output) / folder.name
+        published = Path(config.run.output) / folder.name
         shards = infos[folder.name]
         manifest = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
         manifest["stats"] = summarize([path / s.file for s in shards], Manifest.from_dict(manifest, path))
@@ -49,12 +49,12 @@ def write_outputs(
             "segments": len(folder.ref),
         }
         if folder.name == "validation":
-            extra["validation"]["share"] = config.validation_share
-            extra["validation"]["samples"] = config.validation_samples
+            extra["validation"]["share"] = config.validation.share
+            extra["validation"]["samples"] = config.validation.samples
     main = plan.folders[0]
     out.mkdir(parents=True, exist_ok=True)
     write_rejects(out / REJECTS, plan.rejects)
-    published = Path(config.output)
+    published = Path(config.run.output)
     manifest = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
     manifest = {**manifest, **extra}
     manifest["stats"] = summarize([out / s.file for s in infos[""]], Manifest.from_dict(manifest, out))
@@ -82,7 +82,7 @@ def assemble_manifest(
     tokenizer, template = stages.tokenizer, stages.template
     by_reason = Counter(r["reason"] for r in rejects)
     items = any(s.format in ITEM_FORMATS for s in config.sources)
-    quotas = {s.name: asdict(s.quota) for s in config.sources if s.quota is not None}
+    quotas = {s.name: asdict(s.plan.quota) for s in config.sources if s.plan.quota is not None}
     manifest: dict[str, Any] = {
         "packtool_version": packtool.__version__,
         "schema_version": plan.schema_version,
@@ -109,16 +109,16 @@ def assemble_manifest(
             # what every sample gets from the template alone (a default system prompt, a date line)
             "injects": template_injections(template, tokenizer),
         },
-        "truncation": {"strategy": config.truncation, "fallback": config.truncation_fallback},
+        "truncation": {"strategy": config.truncation.strategy, "fallback": config.truncation.fallback},
         "packing": {
-            "strategy": config.packing,
-            "group_by": config.group_by,
-            "max_segments": config.max_segments,
-            "shuffle": config.shuffle_packs,
+            "strategy": config.packing.strategy,
+            "group_by": config.packing.group_by,
+            "max_segments": config.packing.max_segments,
+            "shuffle": config.packing.shuffle,
         },
         "mixing": {
-            "by": config.mix_by,
-            "weights": {s.name: s.weight for s in config.sources},
+            "by": config.mixing.by,
+            "weights": {s.name: s.plan.weight for s in config.sources},
             **({"quotas": quotas} if quotas else {}),  # only when asked for: other manifests stay byte for byte
             "loss_normalization": "token-level: sum of target losses / targets in the update window",
         },
@@ -136,7 +136,7 @@ def assemble_manifest(
     if plan.schema_version != packtool.SCHEMA_VERSION:  # a v1 build keeps the v1 manifest byte for byte
         manifest["kind_codes"] = KIND_CODES  # what segment_kinds holds
     if items:
-        manifest["truncation"]["items"] = config.item_truncation
+        manifest["truncation"]["items"] = config.truncation.items
         manifest["accounting"] = _item_accounting(config, plan.accounting)
     return manifest
 

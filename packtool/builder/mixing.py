@@ -70,7 +70,7 @@ def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarra
 
 
 def source_quotas(config: BuildConfig) -> dict[str, Quota]:
-    return {s.name: s.quota for s in config.sources if s.quota is not None}
+    return {s.name: s.plan.quota for s in config.sources if s.plan.quota is not None}
 
 
 def source_seed(seed: int, name: str) -> int:

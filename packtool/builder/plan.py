@@ -35,7 +35,7 @@ from packtool.builder.cache import code_fingerprint
 from packtool.builder.mixing import quota_plan, repeat_plan, source_multipliers, source_quotas, source_seed, splitmix64
 from packtool.builder.plan_files import PIECES_FILE, PLAN_FILE, FolderPlan, Partition, Plan, load_plan, write_plan
 from packtool.builder.store import PartitionReader, PartitionWriter
-from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json
+from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, keyed_parts, section_data
 from packtool.errors import BuildError
 from packtool.format import SEGMENTS_SCHEMA_VERSION
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
@@ -44,20 +44,9 @@ from packtool.truncate import truncate
 
 
 def plan_settings(config: BuildConfig) -> dict[str, Any]:
-    """Every setting that changes the plan or the shard bytes but not the encoded samples."""
-    return {
-        "capacity": config.capacity,
-        "truncation": [config.truncation, config.truncation_fallback, [s.truncation for s in config.sources]],
-        "packing": [config.packing, config.max_segments, config.shuffle_packs, config.group_by],
-        "groups": [s.group for s in config.sources],
-        "overflow": [config.overflow, config.overflow_capacity],
-        "mixing": [config.mix_by, [s.weight for s in config.sources]]
-        + ([[s.quota and [s.quota.unit, s.quota.amount] for s in config.sources]] if source_quotas(config) else []),
-        "seed": config.seed,
-        "shards": [config.rows_per_shard, config.row_group_rows],
-        "validation": [config.validation_share, config.validation_samples],
-        "dedup": [config.dedup, [s.dedup for s in config.sources]],
-    }
+    """Every part that changes the plan or the shard bytes but not the encoded samples, whole (config.KEYED_BY):
+    a setting added to one of these sections is keyed with it."""
+    return {**keyed_parts(config, "plan"), "sources": [section_data(s.plan) for s in config.sources]}
 
 
 def shard_schema_version(config: BuildConfig) -> int:
@@ -67,9 +56,13 @@ def shard_schema_version(config: BuildConfig) -> int:
     build writes the version 1 bytes.
     """
     items = any(s.format in ITEM_FORMATS for s in config.sources)
-    strategies = {s.truncation or config.truncation for s in config.sources}
-    splits = "split" in strategies or ("turns" in strategies and config.truncation_fallback == "split")
-    return SEGMENTS_SCHEMA_VERSION if items or (splits and config.packing != "stream") else packtool.SCHEMA_VERSION
+    strategies = {s.plan.truncation or config.truncation.strategy for s in config.sources}
+    splits = "split" in strategies or ("turns" in strategies and config.truncation.fallback == "split")
+    return (
+        SEGMENTS_SCHEMA_VERSION
+        if items or (splits and config.packing.strategy != "stream")
+        else packtool.SCHEMA_VERSION
+    )
 
 
 def plan_key(config: BuildConfig, partition_keys: list[str]) -> str:
@@ -118,7 +111,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
             folder / PIECES_FILE,
             counts,
         )
-        if config.validation_share is not None or config.validation_samples is not None:
+        if config.validation.share is not None or config.validation.samples is not None:
             hashes = [h for r in readers for h in r.batch_column("sample_hash")]
             fitted = _hold_out(config, fitted, hashes)
     finally:
@@ -126,7 +119,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
             reader.close()
 
     folders = [_main_folder(config, fitted, counts)]
-    if config.overflow == "bucket":
+    if config.overflow.mode == "bucket":
         folders.append(_overflow_folder(config, fitted, counts))
     if fitted.held_out.any():
         folders.append(_validation_folder(config, fitted))
@@ -189,11 +182,11 @@ def _fit(
     """Truncation decisions: vectorized for samples that fit, one by one for the few that do not."""
     names = [s.name for s in config.sources]
     capacity = config.capacity
-    bucket = (lengths > capacity) if config.overflow == "bucket" else np.zeros(len(lengths), dtype=bool)
-    limit = np.where(bucket, config.overflow_capacity or capacity, capacity)
-    strategies = np.array([s.truncation or config.truncation for s in config.sources], dtype=object)
+    bucket = (lengths > capacity) if config.overflow.mode == "bucket" else np.zeros(len(lengths), dtype=bool)
+    limit = np.where(bucket, config.overflow.capacity or capacity, capacity)
+    strategies = np.array([s.plan.truncation or config.truncation.strategy for s in config.sources], dtype=object)
     # stream mode cuts windows itself; nothing is removed
-    cut = (lengths > limit) & (config.packing != "stream")
+    cut = (lengths > limit) & (config.packing.strategy != "stream")
     trains = (n_targets > 0) & within
     drops: list[tuple[int, int, dict[str, Any]]] = []
 
@@ -237,7 +230,7 @@ def _fit(
                 sample,
                 cap,
                 str(strategies[source[g]]),
-                fallback=config.truncation_fallback,
+                fallback=config.truncation.fallback,
                 seed=config.seed,
             )
             entry = counts[names[source[g]]]
@@ -309,7 +302,7 @@ def _duplicates(
         source a: x, y, x    source b: y      per-source (a):  a:2 duplicate of a:0
                                               dedup: exact:    a:2 of a:0, b:0 of a:1
     """
-    scoped = [config.dedup is not None or s.dedup is not None for s in config.sources]
+    scoped = [config.dedup is not None or s.plan.dedup is not None for s in config.sources]
     if not any(scoped):
         return []
     opens = np.flatnonzero(starts)
@@ -347,8 +340,8 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
     multipliers = source_multipliers(
         {names[i]: int((source == i).sum()) for i in present},
         {names[i]: int(length[source == i].sum()) for i in present},
-        {s.name: s.weight for s in config.sources},
-        config.mix_by,
+        {s.name: s.plan.weight for s in config.sources},
+        config.mixing.by,
     )
     unit_amounts = {"tokens": length, "target_tokens": fitted.targets[main]}
     refs, repeats, lens, srcs = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)], []
@@ -374,7 +367,7 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
         counts[name].segments += len(segments)
     seg_ref, seg_len, seg_src = np.concatenate(refs), np.concatenate(lens), np.concatenate(srcs)
     item_sizes, seg_kind = np.concatenate(sizes), np.concatenate(kinds)
-    if config.packing == "stream":
+    if config.packing.strategy == "stream":
         layout: PackPlan | StreamPlan = plan_stream(seg_len, config.capacity)
     elif (seg_kind == KIND_CODES["single"]).all():
         layout = _layout(config, seg_len, seg_src, config.capacity)  # no pair or group: exactly the v1 plan
@@ -394,12 +387,12 @@ def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitte
     score = splitmix64(row_hash, config.seed)
     eligible = ~fitted.bucket
     sample_score = score[fitted.row]
-    if config.validation_share is not None:
-        held = sample_score < np.uint64(min(int(config.validation_share * 2.0**64), 2**64 - 1))
+    if config.validation.share is not None:
+        held = sample_score < np.uint64(min(int(config.validation.share * 2.0**64), 2**64 - 1))
     else:
         groups, sizes = np.unique(row_hash[np.unique(fitted.row[eligible])], return_counts=True)
         order = np.argsort(splitmix64(groups, config.seed), kind="stable")
-        needed = int(np.searchsorted(np.cumsum(sizes[order]), config.validation_samples or 0)) + 1
+        needed = int(np.searchsorted(np.cumsum(sizes[order]), config.validation.samples or 0)) + 1
         held = np.isin(row_hash[fitted.row], groups[order[:needed]])
     return replace(fitted, held_out=held & eligible)
 
@@ -408,14 +401,14 @@ def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
     held = fitted.held_out
     length, source, kind = fitted.length[held], fitted.source[held], fitted.kind[held]
     repeat = np.zeros(int(held.sum()), np.int32)
-    if config.packing != "stream" and (kind != KIND_CODES["single"]).any():
+    if config.packing.strategy != "stream" and (kind != KIND_CODES["single"]).any():
         # a pair's sides share its record hash, so they are held out together: plan them as whole items
         sizes = np.diff(np.append(np.flatnonzero(fitted.start[held]), int(held.sum())))
         items = _item_folder(config, fitted.ref[held], repeat, length, source, kind, sizes)
         return replace(items, name="validation")
     layout = (
         plan_stream(length, config.capacity)
-        if config.packing == "stream"
+        if config.packing.strategy == "stream"
         else _layout(config, length, source, config.capacity)
     )
     return FolderPlan("validation", config.capacity, fitted.ref[held], repeat, length, layout)
@@ -444,23 +437,24 @@ def _item_folder(
     )
     group, _, _ = segment_columns(item_offsets, types)
     groups = None
-    if config.group_by == "source":
-        labels = np.array([s.group or s.name for s in config.sources], dtype=object)
+    if config.packing.group_by == "source":
+        labels = np.array([s.plan.group or s.name for s in config.sources], dtype=object)
         groups = labels[source[item_offsets[:-1]]]
     largest = int(item_sizes.max())
-    if config.max_segments is not None and largest > config.max_segments:
+    max_segments = config.packing.max_segments
+    if max_segments is not None and largest > max_segments:
         raise BuildError(
-            f"{config.config_file}: packing.max_segments {config.max_segments} < {largest}, the segments of one "
+            f"{config.config_file}: packing.max_segments {max_segments} < {largest}, the segments of one "
             "group (a group is never split across packs); raise packing.max_segments or drop that group"
         )
     plan = plan_items(
         length,
         item_offsets,
         config.capacity,
-        config.packing,
+        config.packing.strategy,
         seed=config.seed,
-        max_segments=config.max_segments,
-        shuffle=config.shuffle_packs,
+        max_segments=config.packing.max_segments,
+        shuffle=config.packing.shuffle,
         groups=groups,
     )
     return FolderPlan("", config.capacity, ref, repeat, length, plan.segments, group)
@@ -471,7 +465,7 @@ def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Cou
     spilled = fitted.bucket
     for i, name in enumerate(names):
         counts[name].segments += int((fitted.source[spilled] == i).sum())
-    capacity = config.overflow_capacity or config.capacity
+    capacity = config.overflow.capacity or config.capacity
     ref, length = fitted.ref[spilled], fitted.length[spilled]
     layout = _layout(config, length, fitted.source[spilled], capacity)
     return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), length, layout)
@@ -479,11 +473,15 @@ def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Cou
 
 def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int) -> PackPlan:
     """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
-    seed, max_segments, shuffle = config.seed, config.max_segments, config.shuffle_packs
-    if config.group_by != "source":
-        return plan_packs(lengths, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
-    groups = np.array([s.group or s.name for s in config.sources], dtype=object)[source]
-    return plan_groups(lengths, groups, capacity, config.packing, seed=seed, max_segments=max_segments, shuffle=shuffle)
+    seed, max_segments, shuffle = config.seed, config.packing.max_segments, config.packing.shuffle
+    if config.packing.group_by != "source":
+        return plan_packs(
+            lengths, capacity, config.packing.strategy, seed=seed, max_segments=max_segments, shuffle=shuffle
+        )
+    groups = np.array([s.plan.group or s.name for s in config.sources], dtype=object)[source]
+    return plan_groups(
+        lengths, groups, capacity, config.packing.strategy, seed=seed, max_segments=max_segments, shuffle=shuffle
+    )
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:

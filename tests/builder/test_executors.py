@@ -28,8 +28,8 @@ from packtool.builder.executors import (
     make_executor,
     resolve_workers,
 )
-from packtool.config import auto_workers, usable_cores
 from packtool.errors import PacktoolError, RecordError, WorkerError
+from packtool.workers import auto_workers, usable_cores
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)  # a worker that never answers fails the test instead of hanging the run

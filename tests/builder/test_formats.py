@@ -17,6 +17,7 @@ from packtool.builder.plan import plan_settings
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.encode import load_tokenizer
+from packtool.format import read_manifest
 from packtool.labels import IGNORE_INDEX
 from packtool.verify import verify
 
@@ -46,10 +47,9 @@ def _raw(*sources: dict, **extra) -> dict:
 def _segments(out: Path) -> dict[str, tuple[str, str]]:
     """sample id -> (its text, its trained text), decoded from the shards."""
     tokenizer = load_tokenizer(load_config(out.parent / "config.yaml").tokenizer).tokenizer
-    manifest = json.loads((out / "manifest.json").read_text())
     found = {}
-    for shard in manifest["shards"]:
-        for row in pq.read_table(out / shard["file"]).to_pylist():
+    for shard in read_manifest(out).shards:
+        for row in pq.read_table(shard.file).to_pylist():
             bounds = row["cu_seqlens"]
             for k, sample_id in enumerate(row["sample_ids"]):
                 ids = row["input_ids"][bounds[k] : bounds[k + 1]]
@@ -103,7 +103,7 @@ def test_a_default_system_prompt_is_applied_counted_in_the_config_and_keys_the_c
     ]
     assert first.manifest["config"]["sources"][0]["system"] == "Be brief."
     kind = load_config(write_config(_raw({**source, "system": "Be kind."})))
-    assert source_settings(kind.sources[0], kind)["system"] == "Be kind."
+    assert source_settings(kind.sources[0], kind)["source"]["system"] == "Be kind."
     assert build(kind).encode_reused == 0  # a changed system prompt re-encodes
 
 

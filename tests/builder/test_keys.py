@@ -9,21 +9,27 @@ Each setting a config can hold (`packtool.config.KEYS`) has a row below with ano
 and the test proves the row: the value is set with `--set`, as a user would, and exactly the keys
 the row names move. A setting added to the config without a row fails
 `test_every_setting_has_a_row`: decide which key covers it, put it there, then add the row.
+
+Keys hash whole parts of the config (`packtool.config.KEYED_BY`): a setting lands in a section, and
+`test_a_setting_lands_only_in_parts_its_key_hashes` fails when it lands in a part no key hashes (or
+in a part of another key than its row says); a new part of BuildConfig fails until KEYED_BY places it.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import QUICKSTART
 
 from packtool.builder import _encode_items
-from packtool.builder.cache import TokenCache
+from packtool.builder.cache import TokenCache, source_settings
 from packtool.builder.encode import stages_for
-from packtool.builder.plan import plan_key
-from packtool.config import KEYS, BuildConfig, load_config
+from packtool.builder.plan import plan_key, plan_settings
+from packtool.config import KEYED_BY, KEYS, SOURCE_FILES, BuildConfig, SourceConfig, load_config
 
 CONFIG = QUICKSTART.parent / "quickstart.yaml"
 # setting -> (covering key, the value `--set` gives it); chat is the quickstart's messages source,
@@ -128,23 +134,27 @@ def _keys(config: BuildConfig, tmp_path: Path) -> tuple[list[str], str]:
     return keys, plan_key(config, keys)
 
 
-@pytest.mark.parametrize("setting", sorted(s for s, (covered, _) in ROWS.items() if covered in MOVES))
-def test_a_setting_moves_exactly_the_key_that_covers_it(tmp_path, setting):
-    covered, value = ROWS[setting]
+def _configs(setting: str, tmp_path: Path) -> tuple[BuildConfig, BuildConfig]:
+    """The quickstart config, and the same with `setting` set to its row's value."""
     needs = [*BASE, *NEEDS.get(setting, [])]
     base = load_config(CONFIG, overrides=needs)
-    changed = load_config(CONFIG, overrides=[*needs, _override(setting, value, tmp_path)])
+    return base, load_config(CONFIG, overrides=[*needs, _override(setting, ROWS[setting][1], tmp_path)])
+
+
+@pytest.mark.parametrize("setting", sorted(s for s, (covered, _) in ROWS.items() if covered in MOVES))
+def test_a_setting_moves_exactly_the_key_that_covers_it(tmp_path, setting):
+    covered = ROWS[setting][0]
+    base, changed = _configs(setting, tmp_path)
     (encode_before, plan_before), (encode_after, plan_after) = _keys(base, tmp_path), _keys(changed, tmp_path)
     assert (encode_before != encode_after, plan_before != plan_after) == MOVES[covered]
 
 
 def test_item_truncation_is_in_the_encode_key_of_pair_sources_only(tmp_path):
-    """Pairs and groups are fitted to the capacity while encoding (a segment alone cannot be cut)."""
-    from packtool.builder.cache import source_settings
-
+    """Pairs and groups are fitted to the capacity while encoding (a segment alone cannot be cut), so their
+    encode keys hold the capacity and the whole truncation section; other sources' keys hold neither."""
     config = load_config(CONFIG)
     chat = config.sources[0]
-    pairs = type(chat)(**{**{f: getattr(chat, f) for f in chat.__slots__}, "format": "preference"})
+    pairs = replace(chat, format="preference")
     dropped = load_config(CONFIG, overrides=[_override("truncation.items", "drop", tmp_path)])
     assert source_settings(pairs, config) != source_settings(pairs, dropped)
     assert source_settings(chat, config) == source_settings(chat, dropped)
@@ -153,9 +163,77 @@ def test_item_truncation_is_in_the_encode_key_of_pair_sources_only(tmp_path):
 def test_split_and_revision_only_choose_files():
     """They pick a hub dataset's files while the config is read and are kept nowhere else, so the
     files' names and sha256 in the encode key (sources[].path) cover them."""
-    from dataclasses import fields
-
-    from packtool.config import SourceConfig
-
     kept = {f.name for f in fields(SourceConfig)}
     assert {"split", "revision"} & kept == set() and {"paths", "labels"} <= kept
+
+
+def test_every_part_of_the_config_is_placed_under_a_key():
+    """A part added to BuildConfig fails here until config.KEYED_BY says which key hashes it (or that none does)."""
+    assert {f.name for f in fields(BuildConfig)} == set(KEYED_BY)
+    assert set(KEYED_BY.values()) == {"content", "encode", "plan", "encode+plan", "none"}
+
+
+# which parts of a config each row's key hashes (a source's fields by name: `sources[].NAME`)
+ENCODE_SOURCE_FIELDS = {f"sources[].{f.name}" for f in fields(SourceConfig) if f.name != "plan"}
+HASHED = {
+    "encode": {p for p, k in KEYED_BY.items() if k in ("content", "encode")} | ENCODE_SOURCE_FIELDS,
+    "encode-items": {"truncation"},  # a plan part that pairs' and groups' encode keys hold too
+    "plan": {p for p, k in KEYED_BY.items() if k == "plan"} | {"sources[].plan"},
+    "run": {p for p, k in KEYED_BY.items() if k == "none"},
+}
+
+
+def _changed_parts(base: BuildConfig, changed: BuildConfig) -> set[str]:
+    """The parts of the config (a source's fields as `sources[].NAME`) that differ; raw is the text as written."""
+    parts = {f.name for f in fields(BuildConfig) if f.name not in ("sources", "raw")}
+    found = {name for name in parts if getattr(base, name) != getattr(changed, name)}
+    for before, after in zip(base.sources, changed.sources, strict=True):
+        differ = [f.name for f in fields(SourceConfig) if getattr(before, f.name) != getattr(after, f.name)]
+        found |= {f"sources[].{name}" for name in differ}
+    return found
+
+
+@pytest.mark.parametrize("setting", sorted(s for s, (covered, _) in ROWS.items() if covered in HASHED))
+def test_a_setting_lands_only_in_parts_its_key_hashes(tmp_path, setting):
+    """A setting that lands in a part no key hashes (KEYED_BY: none) is allowed only as a run setting."""
+    covered = ROWS[setting][0]
+    parts = _changed_parts(*_configs(setting, tmp_path))
+    assert parts, f"{setting} changed no part of the config"
+    assert parts <= HASHED[covered], f"{setting} lands in {sorted(parts - HASHED[covered])}, not hashed by {covered}"
+
+
+def _other(value: Any) -> Any:
+    """A value unlike `value`, of no particular type: keys hash a section's data, whatever it holds."""
+    return ("changed", value)
+
+
+@pytest.mark.parametrize("part", sorted(p for p, k in KEYED_BY.items() if k == "plan"))
+def test_every_field_of_a_plan_section_moves_the_plan_key(part):
+    """Whole sections are hashed: a field added to one later is in the key without a word here."""
+    config = load_config(CONFIG)
+    section = getattr(config, part)
+    variants = (
+        [replace(section, **{f.name: _other(getattr(section, f.name))}) for f in fields(section)]
+        if is_dataclass(section)
+        else [_other(section)]
+    )
+    for variant in variants:
+        assert plan_settings(replace(config, **{part: variant})) != plan_settings(config), (part, variant)
+    source = config.sources[0]
+    for f in fields(source.plan):
+        moved = replace(source, plan=replace(source.plan, **{f.name: _other(getattr(source.plan, f.name))}))
+        assert plan_settings(replace(config, sources=(moved, *config.sources[1:]))) != plan_settings(config), f.name
+
+
+def test_every_encode_setting_moves_the_encode_key():
+    """Each field of a source (but its files and plan section) and of the encoding section is hashed."""
+    config = load_config(CONFIG)
+    source = config.sources[0]
+    for f in fields(source):
+        if f.name in (*SOURCE_FILES, "plan"):
+            continue
+        moved = replace(source, **{f.name: _other(getattr(source, f.name))})
+        assert source_settings(moved, config) != source_settings(source, config), f.name
+    for f in fields(config.encoding):
+        encoding = replace(config.encoding, **{f.name: _other(getattr(config.encoding, f.name))})
+        assert source_settings(source, replace(config, encoding=encoding)) != source_settings(source, config), f.name

@@ -331,7 +331,7 @@ def test_a_staged_shard_changed_since_its_done_file_is_written_again(inputs, wri
 def test_library_refusals_are_packtool_errors(inputs, write_config):
     config = load_config(write_config(_raw()))
     with pytest.raises(PacktoolError, match="filesystem root"):
-        build(replace(config, output="/"))
+        build(replace(config, run=replace(config.run, output="/")))
 
 
 @pytest.mark.parametrize("damage", ["arrays", "plan_json"])

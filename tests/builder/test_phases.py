@@ -20,6 +20,7 @@ from packtool.builder import build
 from packtool.builder.publish import Staging, exchange
 from packtool.cli import main
 from packtool.config import load_config
+from packtool.format import read_manifest
 from packtool.verify import verify
 
 QUICKSTART_CONFIG = QUICKSTART.parent / "quickstart.yaml"
@@ -83,7 +84,7 @@ def test_a_build_killed_while_publishing_leaves_a_complete_output(reference, tmp
     killed = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), *smaller, kill="publish:1")
     assert killed.returncode == -9
     assert verify(out).ok  # the new build is in place whole; the old one waits in the staging folder
-    assert json.loads((out / "manifest.json").read_text(encoding="utf-8"))["capacity"] == 512
+    assert read_manifest(out).capacity == 512
     assert (tmp_path / ".out.packtool-staging").exists()
     rerun = _cli("build", str(QUICKSTART_CONFIG), "-o", str(out), *smaller)
     assert rerun.returncode == 0, rerun.stderr
@@ -193,12 +194,18 @@ def test_a_plan_only_change_reencodes_nothing(tmp_path, write_config, write_json
     config = load_config(write_config(_raw()))
     first = build(config)
     assert (first.encode_items, first.encode_reused) == (2, 0)
-    changes = {"capacity": 96, "seed": 3, "rows_per_shard": 2, "truncation": "left", "group_by": "source"}
+    changes = {
+        "capacity": 96,
+        "seed": 3,
+        "shards": replace(config.shards, rows_per_shard=2),
+        "truncation": replace(config.truncation, strategy="left"),
+        "packing": replace(config.packing, group_by="source"),
+    }
     for setting, value in changes.items():
         again = build(replace(config, **{setting: value}))
         assert again.encode_reused == again.encode_items == 2, setting
     # the same bytes as a build that encodes from scratch
-    fresh = replace(config, capacity=96, output=str(tmp_path / "fresh"))
+    fresh = replace(config, capacity=96, run=replace(config.run, output=str(tmp_path / "fresh")))
     build(fresh, use_cache=False)
     build(replace(config, capacity=96))
     assert _digest(tmp_path / "out") == _digest(tmp_path / "fresh")
@@ -349,8 +356,7 @@ def test_dry_run_previews_the_build_and_writes_no_shard(reference, tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["build", str(QUICKSTART_CONFIG), "-o", str(out), "-j", "1", "--dry-run"])
     assert result.exit_code == 0, result.output
-    manifest = json.loads((reference / "manifest.json").read_text())
-    stats = manifest["stats"]
+    stats = read_manifest(reference).raw["stats"]
     assert f"OUT: {stats['packs']:,} packs of 1,024 in 3 shard(s)" in result.output
     assert f"{stats['tokens']:,} tokens, token efficiency {stats['token_efficiency']:.4f}" in result.output
     assert "dry run: no shard was written" in result.output
@@ -387,7 +393,7 @@ def test_ray_writes_the_same_bytes_and_runs_work_items_on_every_node(
     assert len(node_ids) == (1 if cluster == "ray_local" else 2)
     for name, config, expected in (("quickstart", QUICKSTART_CONFIG, reference), ("real", real_config, real_reference)):
         out = tmp_path / name
-        built = build(replace(load_config(config, output=str(out)), executor="ray"), use_cache=False)
+        built = build(load_config(config, output=str(out), overrides=["executor=ray"]), use_cache=False)
         assert _digest(out) == _digest(expected)
         # every node ran encode and emit items of this build, and every item ran once
         assert set(built.nodes["encode"]) == set(built.nodes["emit"]) == node_ids

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from support import QUICKSTART
 
 from packtool.cli import main
+from packtool.format import read_manifest
 
 GOOD = {
     "messages": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]},
@@ -662,7 +663,7 @@ def test_bad_input_gets_its_documented_answer(tmp_path, case):
     code, output = _build(_config(tmp_path, case, "skip"))
     assert "Traceback" not in output
     assert code == 0, output
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "out").raw
     counts = manifest["accounting"]["src"]
     assert counts["read"] == counts["kept"] + sum(counts["rejected"].values()) + sum(counts["dropped"].values())
     assert counts["rejected"] == case.rejected

@@ -162,11 +162,11 @@ def test_config_folder_from_the_tokenizer(named, file, expected):
 
 def test_the_manifest_names_the_tokenizer_relative_to_its_folder(quickstart_build):
     """docs/format.md: no machine path in the manifest beyond the config's (it held the absolute path)."""
-    manifest = json.loads((quickstart_build / "manifest.json").read_text())
-    file = Path(manifest["tokenizer"]["file"])
+    manifest = read_manifest(quickstart_build)
+    file = Path(manifest.tokenizer_file or "")
     assert not file.is_absolute()
     assert (quickstart_build / file).resolve() == (QUICKSTART / "tokenizer" / "tokenizer.json").resolve()
-    assert config_folder(manifest, quickstart_build) == QUICKSTART.parent
+    assert config_folder(manifest.raw, quickstart_build) == QUICKSTART.parent
 
 
 def test_documents_in_the_overflow_bucket_are_found(tmp_path):

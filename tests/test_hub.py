@@ -16,6 +16,7 @@ from support import QUICKSTART
 
 from packtool.cli import main
 from packtool.config import load_config
+from packtool.format import read_manifest
 from packtool.hub import hub_cache, snapshot
 
 CHAT = [
@@ -39,7 +40,7 @@ def _build(tmp_path: Path, source: dict, tokenizer: str | None = None, capacity:
     )
     result = CliRunner().invoke(main, ["build", str(config), "-q"])
     assert result.exit_code == 0, result.output
-    return json.loads((tmp_path / "out" / "manifest.json").read_text())
+    return read_manifest(tmp_path / "out").raw
 
 
 def _sample_ids(tmp_path: Path) -> list[str]:
@@ -187,9 +188,8 @@ def test_a_name_not_in_the_cache_is_one_line_saying_where_it_looked(tmp_path, ca
 def _token_rows(out: Path) -> list[tuple[str, list[int], list[int]]]:
     """(sample id, tokens, labels) of every segment, in id order: what a build trains, wherever it read it."""
     found = []
-    manifest = json.loads((out / "manifest.json").read_text())
-    for shard in manifest["shards"]:
-        for row in pq.read_table(out / shard["file"]).to_pylist():
+    for shard in read_manifest(out).shards:
+        for row in pq.read_table(shard.file).to_pylist():
             bounds = row["cu_seqlens"]
             for k, sample_id in enumerate(row["sample_ids"]):
                 span = slice(bounds[k], bounds[k + 1])

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 from support import REPO
 
 from packtool.cli import main
+from packtool.format import read_manifest
 from packtool.labels import IGNORE_INDEX
 from packtool.records import ROLE_CODES
 
@@ -21,7 +20,7 @@ def _build(name: str, out) -> dict:
     assert result.exit_code == 0, result.output
     verified = CliRunner().invoke(main, ["verify", str(out)])
     assert verified.exit_code == 0, verified.output
-    return json.loads((out / "manifest.json").read_text())
+    return read_manifest(out).raw
 
 
 def _per_source(out) -> dict[str, dict[str, int]]:

@@ -14,6 +14,7 @@ from support import shared
 from packtool.adapters import record_hash
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
+from packtool.format import read_manifest
 from packtool.reading import _suspect, _text_problem
 from packtool.records import Message
 from packtool.sources import read_file, read_source, source_files
@@ -396,7 +397,7 @@ def test_a_huge_text_record_is_rejected_before_it_is_tokenized_in_bounded_memory
     code, peak_mib = map(int, run.stdout.split())
     assert code == 0, run.stderr
     assert peak_mib < 500, f"peak {peak_mib} MiB"  # tokenizing the record whole: ~1.9 GB
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "out").raw
     assert manifest["accounting"]["docs"]["kept"] == 2
     assert manifest["accounting"]["docs"]["rejected"] == {"record_too_large": 1}
     (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]

@@ -19,6 +19,7 @@ from packtool.builder import build
 from packtool.cli import main
 from packtool.config import load_config
 from packtool.find import find
+from packtool.format import read_manifest
 from packtool.packing_items import KIND_CODES
 from packtool.show import inspect_json
 from packtool.verify import verify
@@ -44,14 +45,13 @@ def dpo_build(tmp_path_factory) -> Path:
 
 
 def _rows(out: Path) -> list[dict]:
-    manifest = json.loads((out / "manifest.json").read_text())
-    return [row for s in manifest["shards"] for row in pq.read_table(out / s["file"]).to_pylist()]
+    return [row for s in read_manifest(out).shards for row in pq.read_table(s.file).to_pylist()]
 
 
 def test_dpo_demo_build_verifies_with_every_pair_whole_in_one_pack(dpo_build):
     result = verify(dpo_build)
     assert result.ok, result.problems
-    manifest = json.loads((dpo_build / "manifest.json").read_text())
+    manifest = read_manifest(dpo_build).raw
     assert manifest["schema_version"] == 2 and manifest["kind_codes"] == KIND_CODES
     assert manifest["truncation"]["items"] == "left"
     sides: dict[int, list[tuple[int, str]]] = {}
@@ -142,7 +142,7 @@ def test_group_build_keeps_completions_with_their_rewards(tmp_path, write_config
     build(load_config(write_config(config)))
     out = tmp_path / "out"
     assert verify(out).ok, verify(out).problems
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out).raw
     rl = manifest["accounting"]["rl"]
     assert (rl["read"], rl["groups"], rl["segments"]) == (4, 2, 5)
     assert rl["dropped"] == {"group_too_long": 1} and sum(rl["rejected"].values()) == 1
@@ -185,7 +185,7 @@ def test_a_plain_build_stays_schema_v1(tmp_path, write_config):
         "workers": 1,
     }
     build(load_config(write_config(config)))
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "out").raw
     assert manifest["schema_version"] == 1 and "kind_codes" not in manifest and "kinds" not in manifest["stats"]
     assert "segment_groups" not in pq.read_schema(tmp_path / "out" / "shard-00000.parquet").names
 

@@ -11,6 +11,7 @@ from support import shared
 
 from packtool.builder import build
 from packtool.config import load_config
+from packtool.format import read_manifest
 from packtool.verify import verify
 
 TEXTS = [" ".join(f"word{i}-{j}" for j in range(n)) for i, n in enumerate((5, 90, 40, 170))]
@@ -18,10 +19,9 @@ TEXTS = [" ".join(f"word{i}-{j}" for j in range(n)) for i, n in enumerate((5, 90
 
 def _documents(out: Path) -> dict[str, list[tuple[int, int, list[int]]]]:
     """sample id -> [(piece, offset, tokens)] over every segment of the output."""
-    manifest = json.loads((out / "manifest.json").read_text())
     found: dict[str, list[tuple[int, int, list[int]]]] = {}
-    for shard in manifest["shards"]:
-        for row in pq.read_table(out / shard["file"]).to_pylist():
+    for shard in read_manifest(out).shards:
+        for row in pq.read_table(shard.file).to_pylist():
             cu = row["cu_seqlens"]
             for d, sample_id in enumerate(row["sample_ids"]):
                 piece = (row["segment_pieces"][d], row["segment_piece_offsets"][d], row["input_ids"][cu[d] : cu[d + 1]])
@@ -41,7 +41,7 @@ def test_split_pieces_name_their_part_and_reassemble_the_text(tmp_path, write_co
     build(load_config(write_config({**common, "capacity": 64, "output": "split"}, "split.yaml")))
     build(load_config(write_config({**common, "capacity": 4096, "output": "whole"}, "whole.yaml")))
     split, whole = _documents(tmp_path / "split"), _documents(tmp_path / "whole")
-    assert json.loads((tmp_path / "split" / "manifest.json").read_text())["schema_version"] == 2
+    assert read_manifest(tmp_path / "split").schema_version == 2
     assert verify(tmp_path / "split").ok and verify(tmp_path / "whole").ok
     assert set(split) == set(whole) and len(whole) == len(TEXTS)
     cut = 0

@@ -16,6 +16,7 @@ import packtool.builder.encode as encode_phase
 from packtool.builder import build
 from packtool.builder.encode import row_ranges
 from packtool.config import load_config
+from packtool.format import read_manifest
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,7 +40,7 @@ def _outputs(folder: Path) -> dict[str, object]:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != "manifest.json"
     }
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = read_manifest(folder).raw
     files["manifest"] = {k: v for k, v in manifest.items() if k not in ("plan_hash", "manifest_sha256")}
     return files
 

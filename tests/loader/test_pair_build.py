@@ -22,6 +22,7 @@ from test_proofs import VOCAB, alone, packed_forward, tiny_llama  # noqa: E402
 from packtool.builder import build  # noqa: E402
 from packtool.config import load_config  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
+from packtool.format import read_manifest  # noqa: E402
 from packtool.loader.collate import SEGMENT_COLUMNS  # noqa: E402
 from packtool.loader.dataset import PackedDataset, packed_batches  # noqa: E402
 from packtool.loader.preference import CHOSEN, REJECTED, count_pairs, dpo_loss, segment_logprobs  # noqa: E402
@@ -62,7 +63,7 @@ def test_micro_batches_hold_whole_pairs(dpo_out):
             assert sorted(members) == [CHOSEN, REJECTED], (g, members)
             assert g not in seen, f"group {g} in micro-batches {seen[g]} and {number}"
             seen[g] = number
-    manifest = json.loads((dpo_out / "manifest.json").read_text())
+    manifest = read_manifest(dpo_out).raw
     assert len(seen) == manifest["accounting"]["en"]["pairs"] == sum(count_pairs(mb.segment_kinds) for mb in batches)
     assert len(batches) > 1
 

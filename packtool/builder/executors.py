@@ -73,7 +73,7 @@ class Executor(Protocol):
 
 
 def resolve_workers(value: int | str) -> int:
-    """`workers` as a count (config.count_workers: `auto` by the usable cores); raise for anything else."""
+    """`workers` as a count (packtool.workers.count_workers: `auto` by the usable cores); raise for anything else."""
     workers = count_workers(value)
     if workers is None:
         raise PacktoolError(f"workers: expected {WORKERS_CHOICES}, got {value!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import torch
 import transformers
@@ -106,11 +107,16 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.out, "w") as handle:
             json.dump(result, handle)
     if distributed:
-        # Left to interpreter exit, gloo's threads can abort the process ("terminate called without an
-        # active exception", seen once in CI) after the work is done.
+        # Gloo's threads can abort a finished rank ("terminate called without an active exception", seen
+        # twice in CI): both ranks pass a barrier before the group goes, and the script skips interpreter
+        # finalization below.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return result
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -37,6 +38,13 @@ def gloo_rank(rank: int, world_size: int, port: int) -> Iterator[None]:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_skipping_finalization()
+
+
+def exit_skipping_finalization() -> None:
+    """Exit 0 without interpreter finalization, where gloo's leftover threads can abort a finished rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 

@@ -20,7 +20,10 @@ Rows:
   (TOKENIZERS_PARALLELISM=false), in a fresh process, timed around the encode call alone (wall and
   CPU); its CPU time is the tokenizer's own cost;
 - packtool `build --no-cache -j 1` and `-j 2` through the public CLI in a fresh process each:
-  everything a user waits for (import, read, render, tokenize, check, plan, write);
+  everything a user waits for (import, read, render, tokenize, check, plan, write), with packtool's
+  bytecode compiled once before the rounds, as an installed package has it;
+- with `--baseline DIR`, `-j 1` again from the packtool package in DIR
+  (`git archive REV packtool | tar -x -C DIR`): a change's before and after in the same rounds;
 - peer (alpaca only, where users' own pipelines look like this): transformers
   `apply_chat_template(tokenize=True)` through `datasets.map` with 2 processes, TRL `pack_dataset`
   (bfd) and `to_parquet`, with a fresh datasets cache per run (a warm one skips tokenization).
@@ -194,7 +197,9 @@ def write_config(folder: Path, bench: BenchSet, data: Path) -> Path:
     return config
 
 
-def prepare(bench: BenchSet, folder: Path, min_tokens: float, skip_peer: bool) -> tuple[list[Row], dict]:
+def prepare(
+    bench: BenchSet, folder: Path, min_tokens: float, skip_peer: bool, baseline: Path | None
+) -> tuple[list[Row], dict]:
     """The replicated data, the texts the floor tokenizes, and the rows of this set."""
     one = folder / f"{bench.name}-once.jsonl"
     one.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in bench.rows), encoding="utf-8")
@@ -214,6 +219,9 @@ def prepare(bench: BenchSet, folder: Path, min_tokens: float, skip_peer: bool) -
     info["tokens"] = json.loads(counted)["tokens"]
 
     build = [sys.executable, "-m", "packtool", "build", str(config), "-q", "--no-cache"]
+    # Bytecode as an installed package has it: where PYTHONDONTWRITEBYTECODE is set (as in CI images) every
+    # build would compile packtool's modules again (~0.1 s a run); the floor compiles nothing.
+    compiled = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(folder / "pycache")}
     rows = [
         Row(
             "tokenizer, 1 thread (floor)",
@@ -221,9 +229,15 @@ def prepare(bench: BenchSet, folder: Path, min_tokens: float, skip_peer: bool) -
             {"TOKENIZERS_PARALLELISM": "false"},
             reports_own_time=True,
         ),
-        Row("packtool build -j 1", [*build, "-j", "1"], env),
-        Row("packtool build -j 2", [*build, "-j", "2"], env),
+        Row("packtool build -j 1", [*build, "-j", "1"], {**env, **compiled}),
+        Row("packtool build -j 2", [*build, "-j", "2"], {**env, **compiled}),
     ]
+    if baseline is not None:
+        rows.append(
+            Row("packtool build -j 1, baseline", [*build, "-j", "1"], {"PYTHONPATH": str(baseline), **compiled})
+        )
+    for row in rows[1:]:  # compile each packtool once before the rounds
+        measure([sys.executable, "-c", "import packtool.cli, packtool.builder, packtool.stats"], row.env)
     if bench.peer and not skip_peer:
         peer = [sys.executable, "-c", PEER, str(TOKENIZERS / bench.tokenizer), str(data), str(folder / "peer.parquet")]
         rows.append(Row("transformers + datasets.map(2) + TRL bfd", peer, {"HF_HUB_OFFLINE": "1"}, fresh_cache=True))
@@ -280,6 +294,9 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=float, default=1.5e6, help="rendered tokens per set, at least")
     parser.add_argument("--sets", default="alpaca,reasoning,glaive", help="comma-separated: alpaca, reasoning, glaive")
     parser.add_argument("--skip-peer", action="store_true", help="leave out the transformers/TRL pipeline")
+    parser.add_argument(
+        "--baseline", type=Path, help="a folder holding another packtool package: its -j 1 runs in the same rounds"
+    )
     args = parser.parse_args()
     if not DATA.is_dir():
         raise SystemExit(f"{DATA} not found: this bench runs on the shared real datasets")
@@ -288,15 +305,19 @@ def main() -> None:
     unknown = [name for name in chosen if name not in sets]
     if unknown:
         raise SystemExit(f"unknown set(s) {unknown}; choose from {sorted(sets)}")
+    if args.baseline is not None and not (args.baseline / "packtool" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline {args.baseline}: no packtool/__init__.py there")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{cores} cores; ratios are medians of per-round ratios between rows run back to back")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
             folder = Path(tmp) / name
             folder.mkdir()
-            rows, info = prepare(sets[name], folder, args.min_tokens, args.skip_peer)
+            rows, info = prepare(sets[name], folder, args.min_tokens, args.skip_peer, args.baseline)
             run_rounds(rows, args.rounds, folder)
             print_table(sets[name], rows, info)
+            print(f"load average after {name}: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

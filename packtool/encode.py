@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
-from itertools import chain, pairwise
+from itertools import accumulate, chain, pairwise
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer, pre_tokenizers
@@ -163,8 +163,13 @@ def _id_or_none(tokenizer: Tokenizer, text: str | None) -> int | None:
 
 
 def has_special_literal(rendered: Rendered, tokenizer: TextTokenizer) -> bool:
-    """Whether any string the record brings spells a special token (printed by the template or not)."""
-    return bool(rendered.literal_fields) or bool(escaped_ranges(rendered, tokenizer))
+    """Whether any string the record brings spells a special token (printed by the template or not):
+    whether escaped_ranges finds any, stopping at the first (it runs on every sample)."""
+    if rendered.literal_fields or rendered.literal_ranges:
+        return True
+    pattern = tokenizer.special_literals
+    text = rendered.text
+    return pattern is not None and any(pattern.search(text, start, end) for start, end in rendered.content_ranges)
 
 
 def escaped_ranges(rendered: Rendered, tokenizer: TextTokenizer) -> list[tuple[int, int]]:
@@ -197,10 +202,13 @@ def encode_batch(
     one); add_eos appends EOS to a chat sample that does not end with one (documents get theirs
     from render_text). `literals[i]` is has_special_literal of sample i when the caller has it
     already (the build counts literals for every policy): the search runs once per sample.
+
+    Each sample's mask boundaries are found and checked on its own (a few lookups); its labels,
+    roles and message indices are then painted for the whole batch at once (see _labelled).
     """
     if literals is None:
         literals = [policy != "keep" and has_special_literal(rendered, tokenizer) for rendered, policy in batch]
-    results: list[Tokenized | RecordError | None] = [None] * len(batch)
+    results: list[_Aligned | RecordError | None] = [None] * len(batch)
     whole: list[int] = []
     for i, ((rendered, policy), literal) in enumerate(zip(batch, literals, strict=True)):
         if policy != "keep" and literal:
@@ -213,7 +221,7 @@ def encode_batch(
                 )
                 continue
             ids, offsets = _encode_escaped(rendered, tokenizer)
-            results[i] = _checked(rendered, ids, OffsetTable(offsets), tokenizer, add_bos, add_eos)
+            results[i] = _aligned(rendered, ids, OffsetTable(offsets))
         else:
             whole.append(i)
     # A document's BOS is tokenized apart from its text, as the post-processor adds it to
@@ -232,8 +240,10 @@ def encode_batch(
             ids, edges = np.concatenate([head_ids, ids]), OffsetTable(np.concatenate([head_offsets, offsets]))
         else:
             ids, edges = np.fromiter(encoding.ids, dtype=np.int32, count=len(encoding)), EncodingEdges(encoding)
-        results[i] = _checked(batch[i][0], ids, edges, tokenizer, add_bos, add_eos)
-    return [r for r in results if r is not None]
+        results[i] = _aligned(batch[i][0], ids, edges)
+    aligned = [r for r in results if isinstance(r, _Aligned)]
+    labelled = iter(_labelled(aligned, tokenizer, add_bos, add_eos))
+    return [next(labelled) if isinstance(r, _Aligned) else r for r in results if r is not None]
 
 
 def _document_head(rendered: Rendered) -> int:
@@ -383,78 +393,123 @@ def _crossing_token(
     return None
 
 
-def _checked(
-    rendered: Rendered,
-    ids: np.ndarray,
-    edges: TokenEdges,
-    tokenizer: TextTokenizer,
-    add_bos: bool,
-    add_eos: bool,
-) -> Tokenized | RecordError:
-    example = rendered.example
-    text = rendered.text
+class _Aligned(NamedTuple):
+    """A sample whose mask boundaries passed the check: its tokens and the token run of each range."""
 
-    targets_sorted = sorted(rendered.target_ranges)
-    runs = edges.runs([(start, end) for start, end, _ in targets_sorted])
-    crossing = _crossing_token(text, edges, targets_sorted, runs)
+    rendered: Rendered
+    ids: np.ndarray
+    targets: list[tuple[int, int, int]]  # rendered.target_ranges, sorted
+    target_runs: list[list[int]]  # the tokens [a, b) of each target range
+    span_runs: list[list[int]]  # the tokens [a, b) of each of rendered.spans
+
+
+def _aligned(rendered: Rendered, ids: np.ndarray, edges: TokenEdges) -> _Aligned | RecordError:
+    """The sample's token runs, or the RecordError of a token that hides a target's edge."""
+    text = rendered.text
+    targets = sorted(rendered.target_ranges)
+    spans = rendered.spans
+    runs = edges.runs([(start, end) for start, end, _ in targets] + [(s.start, s.end) for s in spans])
+    target_runs = runs[: len(targets)]
+    crossing = _crossing_token(text, edges, targets, target_runs)
     if crossing is not None:
         t, j = crossing
         piece = text[slice(*edges.edges(t))]
         return RecordError(
-            f"token {piece!r} crosses the edge of the target span of message {targets_sorted[j][2]}; "
+            f"token {piece!r} crosses the edge of the target span of message {targets[j][2]}; "
             "the mask cannot be aligned to tokens",
             kind="mask_check",
-            sample_id=example.id,
+            sample_id=rendered.example.id,
         )
+    return _Aligned(rendered, ids, targets, target_runs, runs[len(targets) :])
 
-    # A token belongs to the range holding its first character. Token starts never decrease, so
-    # each range is one run of tokens: paint the runs (targets, then contents over them).
-    targets = np.zeros(len(ids), dtype=bool)
-    message_index = np.full(len(ids), -1, dtype=np.int16)
-    for (a, b), (_, _, message) in zip(runs, targets_sorted):
-        targets[a:b] = True
-        message_index[a:b] = message
-    spans = rendered.spans
-    for (a, b), span in zip(edges.runs([(s.start, s.end) for s in spans]), spans):
-        message_index[a:b] = span.message
-    message_roles = tuple(m.role for m in example.messages)
-    if example.is_text:
-        roles = np.full(len(ids), ROLE_CODES["text"], dtype=np.int8)
-    else:
-        role_of_message = np.array([ROLE_CODES[r] for r in message_roles] + [ROLE_CODES["template"]], dtype=np.int8)
-        roles = role_of_message[message_index]
-        roles[(message_index < 0) & targets] = ROLE_CODES["assistant"]
 
-    if add_bos and tokenizer.bos_id is not None and (len(ids) == 0 or ids[0] != tokenizer.bos_id):
-        ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+def _labelled(
+    aligned: list[_Aligned], tokenizer: TextTokenizer, add_bos: bool, add_eos: bool
+) -> list[Tokenized | RecordError]:
+    """Targets, roles and message indices of aligned samples, painted on their concatenated tokens.
+
+    A token belongs to the range holding its first character. Token starts never decrease, so
+    each range is one run of tokens: paint the runs (targets, then contents over them). Roles are
+    looked up for all tokens at once in the concatenated message roles of the samples:
+
+        sample 0  [user, assistant]   sample 1  [system, user, assistant]    role table  u a | s u a
+        message_index 0: -1 0 0 -1 1 1 -1    base 0          1: -1 0 -1 1 1 -1 2 2    base 2
+        role of a token: table[base + message_index] (template where -1; assistant where a target)
+
+    Each sample's arrays are views of the batch's; only a sample that gets BOS or EOS added is copied.
+    """
+    lengths = [len(a.ids) for a in aligned]
+    starts = [0, *accumulate(lengths)]
+    total = starts[-1]
+    ids = np.concatenate([a.ids for a in aligned]).astype(np.int32, copy=False) if aligned else np.zeros(0, np.int32)
+    targets = np.zeros(total, dtype=bool)
+    message_index = np.full(total, -1, dtype=np.int16)
+    for a, base in zip(aligned, starts):
+        for (x, y), (_, _, message) in zip(a.target_runs, a.targets):
+            targets[base + x : base + y] = True
+            message_index[base + x : base + y] = message
+        for (x, y), span in zip(a.span_runs, a.rendered.spans):
+            message_index[base + x : base + y] = span.message
+
+    message_roles = [tuple(m.role for m in a.rendered.example.messages) for a in aligned]
+    table = np.fromiter(
+        (ROLE_CODES[role] for roles_ in message_roles for role in roles_),
+        dtype=np.int8,
+        count=sum(map(len, message_roles)),
+    )
+    table_starts = np.repeat(np.asarray([0, *accumulate(map(len, message_roles))][:-1], dtype=np.int64), lengths)
+    in_message = message_index >= 0
+    roles = np.full(total, ROLE_CODES["template"], dtype=np.int8)
+    roles[in_message] = table[table_starts[in_message] + message_index[in_message]]
+    roles[~in_message & targets] = ROLE_CODES["assistant"]
+
+    results: list[Tokenized | RecordError] = []
+    for k, a in enumerate(aligned):
+        example = a.rendered.example
+        cut = slice(starts[k], starts[k + 1])
+        sample = Tokenized(
+            example_id=example.id,
+            source=example.source,
+            sample_hash=example.sample_hash,
+            input_ids=ids[cut],
+            targets=targets[cut],
+            roles=roles[cut],
+            message_index=message_index[cut],
+            message_roles=message_roles[k],
+            structured_messages=frozenset(
+                i for i, m in enumerate(example.messages) if m.tool_calls or m.role == "tool"
+            ),
+        )
+        if example.is_text:
+            sample.roles[:] = ROLE_CODES["text"]
+        results.append(_ended(sample, example.is_text, tokenizer, add_bos, add_eos))
+    return results
+
+
+def _ended(
+    sample: Tokenized, is_text: bool, tokenizer: TextTokenizer, add_bos: bool, add_eos: bool
+) -> Tokenized | RecordError:
+    """The sample with the BOS and EOS asked for (see encode_batch), or the RecordError of a doubled BOS."""
+    ids, targets, roles, message_index = sample.input_ids, sample.targets, sample.roles, sample.message_index
+    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    if add_bos and bos is not None and (len(ids) == 0 or ids[0] != bos):
+        ids = np.concatenate([[bos], ids]).astype(np.int32)
         targets = np.concatenate([[False], targets])
         roles = np.concatenate([[ROLE_CODES["template"]], roles]).astype(np.int8)
-        message_index = np.concatenate([[-1], message_index])
-    if (
-        add_eos
-        and not example.is_text
-        and tokenizer.eos_id is not None
-        and (len(ids) == 0 or ids[-1] != tokenizer.eos_id)
-    ):
+        message_index = np.concatenate([[-1], message_index]).astype(np.int16)
+    if add_eos and not is_text and eos is not None and (len(ids) == 0 or ids[-1] != eos):
         # Closes the conversation; a target only when the last message is trained, so that the
         # model learns to stop after its own final turn and never after a user's.
-        last_trained = bool(targets.any()) and int(message_index[targets].max()) == len(message_roles) - 1
-        ids = np.concatenate([ids, [tokenizer.eos_id]]).astype(np.int32)
+        last = len(sample.message_roles) - 1
+        last_trained = bool(targets.any()) and int(message_index[targets].max()) == last
+        ids = np.concatenate([ids, [eos]]).astype(np.int32)
         targets = np.concatenate([targets, [last_trained]])
         roles = np.concatenate([roles, [ROLE_CODES["assistant" if last_trained else "template"]]]).astype(np.int8)
-        message_index = np.concatenate([message_index, [len(message_roles) - 1 if last_trained else -1]])
-    if tokenizer.bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == tokenizer.bos_id:
+        message_index = np.concatenate([message_index, [last if last_trained else -1]]).astype(np.int16)
+    if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
         return RecordError(
-            "doubled BOS: the template prints one and another was added", kind="double_bos", sample_id=example.id
+            "doubled BOS: the template prints one and another was added", kind="double_bos", sample_id=sample.example_id
         )
-    return Tokenized(
-        example_id=example.id,
-        source=example.source,
-        sample_hash=example.sample_hash,
-        input_ids=ids.astype(np.int32, copy=False),
-        targets=targets,
-        roles=roles.astype(np.int8, copy=False),
-        message_index=message_index.astype(np.int16, copy=False),
-        message_roles=message_roles,
-        structured_messages=frozenset(i for i, m in enumerate(example.messages) if m.tool_calls or m.role == "tool"),
-    )
+    if ids is sample.input_ids and message_index is sample.message_index:
+        return sample
+    return replace(sample, input_ids=ids, targets=targets, roles=roles, message_index=message_index)

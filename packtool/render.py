@@ -35,24 +35,23 @@ from packtool.chat_templates import ChatTemplate, special_token_strings
 from packtool.config import TrainPolicy
 from packtool.errors import RecordError, TemplateRaised
 from packtool.records import Example, Message, Rendered, Span
-from packtool.sandbox import GENERATION_CLOSE, GENERATION_OPEN, MAX_TEMPLATE_CHARS, TemplateLimit, Tracked
+from packtool.sandbox import (
+    GENERATION_CLOSE,
+    GENERATION_OPEN,
+    MARK_BASE,
+    MAX_TEMPLATE_CHARS,
+    TemplateLimit,
+    Tracked,
+    close_mark,
+    open_mark,
+)
 
-# Plane-16 private-use characters: never meaningful text, and removed before tokenization.
-_MARK_BASE = 0x100000
 # Put in front of every special-token literal a record brings (a user typing `<|im_end|>`, a tool
 # description spelling `<|im_start|>system`): its rendered position tells encode what to escape and
 # tells the mask which end markers are data, not structure.
 _LITERAL = chr(0x10FFF2)
-_MAX_MESSAGES = (0x10FFF0 - _MARK_BASE) // 2
+_MAX_MESSAGES = (0x10FFF0 - MARK_BASE) // 2
 _MARKERS = re.compile("[\U00100000-\U0010ffff]")
-
-
-def open_mark(index: int) -> str:
-    return chr(_MARK_BASE + 2 * index)
-
-
-def close_mark(index: int) -> str:
-    return chr(_MARK_BASE + 2 * index + 1)
 
 
 def trained_messages(messages: tuple[Message, ...], policy: TrainPolicy) -> list[bool]:
@@ -110,6 +109,18 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     marked_text = skeleton.fill(messages) if skeleton is not None else None
     reusable = marked_text is not None  # this render follows a skeleton: a recipe can be learned from it
     inspected = False
+    stripped = None  # _strip_markers of minijinja's marked render, when it supplies the texts
+    plain_text = None
+    if marked_text is None and template.fast is not None and (shape is None or template.inspects_content):
+        marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
+        plain = [m.as_template_dict() for m in messages]
+        texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools)
+        stripped = _strip_markers(texts[0]) if texts is not None else None
+        # minijinja supplies only texts jinja2 would accept: anything else, jinja2 renders and judges
+        if texts is not None and stripped is not None and stripped[0] == texts[1]:
+            marked_text, plain_text = texts
+        else:
+            stripped = None
     with _template_verdicts(template.name):
         if marked_text is None:
             marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
@@ -129,10 +140,10 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 if learned is not None:
                     template.skeletons[shape] = skeleton = learned
                     reusable = True
-        clean, contents, generations, literal_at = _strip_markers(marked_text)
+        clean, contents, generations, literal_at = stripped or _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
-        text = plain_render() if inspected or literals is not None else clean
+        text = plain_text if plain_text is not None else plain_render() if inspected or literals is not None else clean
     if clean != text:
         raise RecordError(
             "the template rewrites message content (trims, splits, reorders or branches on it), so its "
@@ -252,7 +263,7 @@ class _Skeleton:
         copies: list[int] = []
         start, opened = 0, -1
         for match in _MESSAGE_MARKS.finditer(marked):
-            index, is_close = divmod(ord(match.group()) - _MARK_BASE, 2)
+            index, is_close = divmod(ord(match.group()) - MARK_BASE, 2)
             if index >= len(cores):
                 return None
             if not is_close and opened < 0:
@@ -559,7 +570,7 @@ def _strip_markers(
                 generations.append((gen_start, length))
             gen_start = None
         else:
-            index, is_close = divmod(ord(char) - _MARK_BASE, 2)
+            index, is_close = divmod(ord(char) - MARK_BASE, 2)
             if is_close:
                 if index in opened:
                     contents.setdefault(index, []).append((opened.pop(index), length))

@@ -251,21 +251,25 @@ class MiniTemplate:
     def render(
         self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False
     ) -> str | None:
-        return self._render(messages, tools, add_generation_prompt) if self._fits(messages, tools) else None
+        fits = self.growth * (self.fixed_size + _data_size(messages, tools)) <= MAX_TEMPLATE_CHARS
+        return self._render(messages, tools, add_generation_prompt) if fits else None
 
     def render_pair(
-        self, marked: list[dict], marked_tools: list[dict] | None, plain: list[dict], plain_tools: list[dict] | None
+        self,
+        marked: list[dict],
+        marked_tools: list[dict] | None,
+        plain: list[dict],
+        plain_tools: list[dict] | None,
+        size: int,
     ) -> tuple[str, str] | None:
-        """The marked and the plain text of one sample; None when jinja2 must render it. The plain
-        conversation is the marked one less its sentinels, so one size check covers both."""
-        if not self._fits(marked, marked_tools):
+        """The marked and the plain text of one sample; None when jinja2 must render it. `size`: at
+        least the characters the marked conversation prints as data (its strings and numbers, their
+        quoting, its keys), which the caller counts while checking them."""
+        if self.growth * (self.fixed_size + size) > MAX_TEMPLATE_CHARS:
             return None
         first = self._render(marked, marked_tools, False)
         second = self._render(plain, plain_tools, False) if first is not None else None
         return None if first is None or second is None else (first, second)
-
-    def _fits(self, messages: list[dict], tools: list[dict] | None) -> bool:
-        return self.growth * (self.fixed_size + _data_size(messages, tools)) <= MAX_TEMPLATE_CHARS
 
     def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str | None:
         token = _PRINTED.set([0])

@@ -86,7 +86,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     messages = example.messages
     if len(messages) > _MAX_MESSAGES:
         raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
-    literal_fields = _check_data_strings(example, template.literals)
+    literal_fields, size = _check_data_strings(example, template.literals)
     trained = trained_messages(messages, policy)
     for i, message in enumerate(messages):
         if trained[i] and message.role == "assistant" and not message.content.strip() and not message.tool_calls:
@@ -114,7 +114,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     if marked_text is None and template.fast is not None and (shape is None or template.inspects_content):
         marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
         plain = [m.as_template_dict() for m in messages]
-        texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools)
+        texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools, size)
         stripped = _strip_markers(texts[0]) if texts is not None else None
         # minijinja supplies only texts jinja2 would accept: anything else, jinja2 renders and judges
         if texts is not None and stripped is not None and stripped[0] == texts[1]:
@@ -506,8 +506,41 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{j}]")
 
 
-def _check_data_strings(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
-    """Reject private-use marker characters anywhere in the record; name the fields that spell a special token."""
+def _check_data_strings(example: Example, literals: re.Pattern[str] | None) -> tuple[tuple[str, ...], int]:
+    """Reject private-use marker characters anywhere in the record; name the fields that spell a
+    special token. Also the record's size as a template could print it (see MiniTemplate.render_pair):
+    its texts, 8 characters of quoting per text and 64 of keys per message, twice over for the
+    sentinels of a marked render."""
+    texts: list[str] = []
+    for message in example.messages:
+        texts += [message.content, *(v for v in (message.reasoning_content, message.name, message.tool_call_id) if v)]
+        _leaf_texts(message.tool_calls, texts)
+    _leaf_texts(example.tools, texts)
+    # one search over all of them (most records spell nothing): 43,000 searches and field names
+    # were a third of a Qwen3 reasoning sample's render
+    joined = "\0".join(texts)
+    size = 2 * (len(joined) + 8 * len(texts) + 64 * len(example.messages))
+    if _MARKERS.search(joined) is None and (literals is None or literals.search(joined) is None):
+        return (), size
+    return _spelled_fields(example, literals), size
+
+
+def _leaf_texts(value: Any, out: list[str]) -> None:
+    """Every key and leaf of nested lists and dicts as text, into `out`."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _leaf_texts(key, out)
+            _leaf_texts(item, out)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _leaf_texts(item, out)
+    elif value is not None:
+        out.append(str(value))
+
+
+def _spelled_fields(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
     spelled = []
     for where, text in data_strings(example):
         if _MARKERS.search(text):

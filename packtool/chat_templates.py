@@ -53,9 +53,11 @@ class ChatTemplate:
     # which engine renders samples that need a render, and why, for the build summary and the audit.
     fast: MiniTemplate | None = field(default=None, compare=False, repr=False)
     engine: str = "jinja2"
-    # A probe render looked inside a content (see sandbox.Tracked): no conversation reuses a render
-    # recipe, so every sample is rendered, by minijinja where it qualifies.
+    # A probe render looked inside a content (see sandbox.Tracked): minijinja renders the samples
+    # of no _shape (tools, calls, reasoning), where jinja2 would render twice.
     inspects_content: bool = False
+    # Shapes whose jinja2 render looked inside a content (no skeleton): minijinja renders them from then on.
+    inspecting_shapes: set[tuple[Any, ...]] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:

@@ -111,7 +111,10 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     inspected = False
     stripped = None  # _strip_markers of minijinja's marked render, when it supplies the texts
     plain_text = None
-    if marked_text is None and template.fast is not None and (shape is None or template.inspects_content):
+    # minijinja's two renders (marked and plain) pay where jinja2 would render twice too: a content
+    # was inspected. Elsewhere one jinja2 render, a skeleton or a recipe is as fast or faster.
+    inspecting = template.inspects_content if shape is None else shape in template.inspecting_shapes
+    if marked_text is None and template.fast is not None and inspecting:
         marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
         plain = [m.as_template_dict() for m in messages]
         texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools, size)
@@ -140,6 +143,8 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 if learned is not None:
                     template.skeletons[shape] = skeleton = learned
                     reusable = True
+            elif shape is not None and inspected and len(template.inspecting_shapes) < MAX_SKELETONS:
+                template.inspecting_shapes.add(shape)
         clean, contents, generations, literal_at = stripped or _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.

@@ -33,6 +33,7 @@ CHATML = (
 )
 # Looks inside the content (as Qwen3 does), so every sample is rendered, by minijinja where it qualifies.
 INSPECTING = (
+    "{% for tool in tools or [] %}{{ tool | tojson }}\n{% endfor %}"
     "{% for message in messages %}<|im_start|>{{ message.role }}\n"
     "{% if message.content.startswith('boom') %}{{ raise_exception('no boom in message ' ~ loop.index0) }}{% endif %}"
     "{{ message.content }}<|im_end|>\n{% endfor %}"
@@ -50,9 +51,14 @@ def both(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[
     return fast, slow
 
 
+# A record with tools has no render recipe: a template that inspects content renders it with minijinja.
+TOOLS = ({"type": "function", "function": {"name": "get_time", "parameters": {"properties": {"zone": {}}}}},)
+
+
 def chat(*contents: str) -> Example:
     roles = ("user", "assistant")
-    return Example("t:0", "src", "hash", messages=tuple(Message(roles[i % 2], c) for i, c in enumerate(contents)))
+    messages = tuple(Message(roles[i % 2], c) for i, c in enumerate(contents))
+    return Example("t:0", "src", "hash", messages=messages, tools=TOOLS)
 
 
 def outcome(example: Example, template: ChatTemplate) -> Any:
@@ -114,12 +120,13 @@ def test_without_minijinja_installed_jinja2_renders_and_says_so(tmp_path, monkey
 
 def test_the_templates_own_refusal_is_jinja2s_verdict(tmp_path, monkeypatch):
     fast, slow = both(INSPECTING, tmp_path, monkeypatch)
+    tried = _count_rendered(monkeypatch)
     example = chat("Hi", "boom, said the assistant")
-    assert fast.fast is not None and fast.fast.render([m.as_template_dict() for m in example.messages], None) is None
     assert outcome(example, fast) == outcome(example, slow)
     assert outcome(example, fast) == ("template_error", "template refused the sample: no boom in message 1")
     fine = chat("Hi", "Hello")
     assert outcome(fine, fast) == outcome(fine, slow) == render_chat(fine, slow, TrainPolicy())
+    assert tried == [3, 1]  # minijinja declined the refused sample twice and rendered the fine one
 
 
 def test_a_render_past_the_operation_limit_stops_with_jinja2s_message(tmp_path, monkeypatch):
@@ -129,8 +136,11 @@ def test_a_render_past_the_operation_limit_stops_with_jinja2s_message(tmp_path, 
     fast, slow = both(source, tmp_path, monkeypatch)
     assert fast.engine == "minijinja"
     example = chat(*["Hi", "Hello"] * 750)
-    assert outcome(example, fast) == outcome(example, slow)
-    assert outcome(example, fast)[0] == "template_limit" and "1,000,000 operations" in outcome(example, fast)[1]
+    tried = _count_rendered(monkeypatch)
+    verdict = outcome(example, fast)
+    assert verdict == outcome(example, slow)
+    assert verdict[0] == "template_limit" and "1,000,000 operations" in verdict[1]
+    assert tried == [1, 0]  # minijinja ran out of fuel; jinja2 decided
 
 
 def test_a_sample_too_large_for_minijinjas_size_bound_is_rendered_by_jinja2(tmp_path, monkeypatch):
@@ -139,9 +149,11 @@ def test_a_sample_too_large_for_minijinjas_size_bound_is_rendered_by_jinja2(tmp_
     # within jinja2's limit, past what minijinja may build for this template (its growth bound)
     long = "x" * (MAX_TEMPLATE_CHARS // fast.fast.growth)
     example = chat("Hi", long)
-    assert fast.fast.render([m.as_template_dict() for m in example.messages], None) is None
-    assert outcome(example, fast) == outcome(example, slow)
-    assert long in outcome(example, fast).text
+    tried = _count_rendered(monkeypatch)
+    rendered = outcome(example, fast)
+    assert rendered == outcome(example, slow)
+    assert long in rendered.text
+    assert tried == [1, 0]  # declined before rendering: growth x size is past MAX_TEMPLATE_CHARS
     # past jinja2's own limit: the same one-line reason either way
     over = chat("Hi " * (MAX_TEMPLATE_CHARS // 3), "Hello")
     assert outcome(over, fast) == outcome(over, slow)
@@ -168,22 +180,23 @@ def test_real_templates_render_every_real_row_the_same_with_either_engine(model,
                 assert outcome(example, fast) == outcome(example, slow), (file, example.id)
                 compared += 1
     assert compared > 5000
-    # every row with tools, calls or reasoning, and every row when the template inspects content
-    assert by_minijinja[0] > (5000 if fast.inspects_content else 50)
+    if fast.inspects_content:  # rows with tools, calls or reasoning, and rows of shapes jinja2 saw inspected
+        assert by_minijinja[1] > 300
 
 
 def _count_rendered(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many samples minijinja rendered (their marked and plain texts)."""
-    rendered = [0]
+    """[samples given to minijinja, samples it rendered (their marked and plain texts)]."""
+    counts = [0, 0]
     real = packtool.minijinja_engine.MiniTemplate.render_pair
 
     def counting(self, *args, **kwargs):
         texts = real(self, *args, **kwargs)
-        rendered[0] += texts is not None
+        counts[0] += 1
+        counts[1] += texts is not None
         return texts
 
     monkeypatch.setattr(packtool.minijinja_engine.MiniTemplate, "render_pair", counting)
-    return rendered
+    return counts
 
 
 def _shard_digests(output: Path) -> dict[str, str]:

@@ -772,10 +772,13 @@ def test_a_template_that_inspects_content_renders_twice_and_still_passes(minijin
     template = load_template("model", tokenizer.config)  # looks for '</think>' inside each assistant content
     assert template.inspects_content is minijinja  # the probe that finds out runs only to qualify minijinja
     calls = _count_renders(template, monkeypatch)
-    rendered = render_chat(CONVERSATION, template, TrainPolicy())
-    assert calls == [0 if minijinja else 2]  # the marked and the plain render, by minijinja or by jinja2
-    assert rendered.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
-    assert "11, and here is some code" in rendered.text
+    first = render_chat(CONVERSATION, template, TrainPolicy())
+    assert calls == [2]  # the marked and the plain render
+    again = render_chat(CONVERSATION, template, TrainPolicy())
+    assert calls == [2 if minijinja else 4]  # a shape seen inspected: minijinja renders it from then on
+    assert first == again
+    assert first.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
+    assert "11, and here is some code" in first.text
 
 
 # --- one render per conversation shape (render._Skeleton) ------------------------------------------

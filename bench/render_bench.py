@@ -5,7 +5,8 @@
 
 Each template is loaded twice, once per engine (PACKTOOL_JINJA2_ONLY=1 keeps jinja2 alone), and
 warmed by one untimed pass, so render recipes are learned as in a long build. A round then times
-one pass over a set with each engine, in alternating order; the table gives the median of the
+one pass over a set with each engine, in alternating order (a pass renders the set over and over
+to --per-pass samples, so a small set is not timed in milliseconds); the table gives the median of the
 per-sample times and the median of the per-round ratios (the machine is shared and noisy: a ratio
 is only taken between two passes of one round). Timed: render_chat for every chat sample, as the
 encode stage calls it (rejected samples included: they cost a render too).
@@ -65,14 +66,16 @@ def templates(model: str) -> dict[str, ChatTemplate]:
     return {"jinja2": slow, "minijinja": fast}
 
 
-def render_pass(samples: list[Example], template: ChatTemplate) -> float:
-    """Microseconds per sample for one pass."""
+def render_pass(samples: list[Example], template: ChatTemplate, per_pass: int = 0) -> float:
+    """Microseconds per sample for one pass over the samples, repeated to at least per_pass renders."""
     policy = TrainPolicy()
+    repeats = max(1, -(-per_pass // len(samples)))
     start = time.perf_counter()
-    for example in samples:
-        with contextlib.suppress(RecordError):
-            render_chat(example, template, policy)
-    return (time.perf_counter() - start) / len(samples) * 1e6
+    for _ in range(repeats):
+        for example in samples:
+            with contextlib.suppress(RecordError):
+                render_chat(example, template, policy)
+    return (time.perf_counter() - start) / (repeats * len(samples)) * 1e6
 
 
 def main() -> None:
@@ -80,6 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--sets", default=",".join(SETS))
+    parser.add_argument("--per-pass", type=int, default=1000, help="samples rendered per timed pass, at least")
     args = parser.parse_args()
     data = {name: examples(name) for name in args.sets.split(",")}
     print(f"{'model':<13} {'set':<10} {'samples':>7} {'jinja2 us':>10} {'minijinja us':>13} {'speed-up':>9}  engine")
@@ -93,7 +97,7 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = ("jinja2", "minijinja") if round_ % 2 == 0 else ("minijinja", "jinja2")
                 for engine in order:
-                    times[engine].append(render_pass(samples, engines[engine]))
+                    times[engine].append(render_pass(samples, engines[engine], args.per_pass))
                 ratios.append(times["jinja2"][-1] / times["minijinja"][-1])
             print(
                 f"{model:<13} {name:<10} {len(samples):>7} {statistics.median(times['jinja2']):>10.1f} "

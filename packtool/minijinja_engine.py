@@ -2,15 +2,15 @@
 
 A template that looks inside message contents (Qwen3 splits `</think>` out of every assistant turn)
 cannot reuse a render recipe, so each of its samples is rendered twice (marked and plain, see
-packtool.render) in the jinja2 sandbox: 2 x 65-210 us for Qwen3. minijinja (a compiled Jinja engine,
-the optional extra `packtool[minijinja]`) renders the same template about ten times faster.
+packtool.render) in the jinja2 sandbox. minijinja (a compiled Jinja engine, the optional extra
+`packtool[minijinja]`) renders the same template about ten times faster (bench/render_bench.py).
 
 It is used for a template only when all of this holds, checked once at load (`qualify`):
 
 1. minijinja is installed;
 2. the template uses only constructs whose values cannot outgrow the data (`_SizeBound`): no macros,
-   recursive loops, `*`, `**`, `%`, range, set blocks, `{% generation %}`, and no value that grows
-   from one loop iteration to the next; every value it builds is then at most `growth` times the
+   recursive loops, `*`, `**`, range, set blocks, `{% generation %}`, and no value that grows from
+   one loop iteration to the next; every value it builds is then at most `growth` times the
    record's strings and the template's own text;
 3. the probe conversations render byte-identically in both engines, marked and plain.
 
@@ -38,11 +38,12 @@ try:
 except ImportError:  # the optional extra: jinja2 renders every template
     minijinja = None
 
-# Filters and str methods a qualifying template may use, with how large their result can be
-# relative to their input (see _SizeBound): 1 copies at most the input, 0 returns a scalar.
+# Filters and str methods a qualifying template may use (see _SizeBound): those whose result is at
+# most their input, and those that return a scalar. Others (escape, indent, center, format, replace,
+# wordwrap, ...) can outgrow their input and keep a template on jinja2.
 _SAME_SIZE_FILTERS = frozenset(
     {"trim", "string", "lower", "upper", "title", "capitalize", "first", "last", "reverse", "list", "unique", "sort"}
-    | {"items", "dictsort", "selectattr", "rejectattr", "select", "reject", "safe", "e", "escape"}
+    | {"items", "dictsort", "selectattr", "rejectattr", "select", "reject", "safe"}
 )
 _SCALAR_FILTERS = frozenset({"length", "count", "int", "float", "abs", "bool"})
 _SAME_SIZE_METHODS = frozenset({"strip", "lstrip", "rstrip", "lower", "upper", "title", "capitalize", "split"})
@@ -297,7 +298,10 @@ _PRINTED: contextvars.ContextVar[list[int]] = contextvars.ContextVar("packtool_m
 
 def _count_printed(value: Any) -> Any:
     printed = _PRINTED.get()
-    printed[0] += len(value) if isinstance(value, str) else 32  # a number or none prints a few characters
+    if isinstance(value, str):
+        printed[0] += len(value)
+    else:  # a number or none prints a few characters; a list or mapping its items
+        printed[0] += 32 if value is None or isinstance(value, int | float) else len(str(value))
     if printed[0] > MAX_TEMPLATE_CHARS:
         raise _Overflow
     return value

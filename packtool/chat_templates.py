@@ -310,4 +310,7 @@ def _with_minijinja(
                     expected = None
                 if fast.render(conversation, tools, add_generation_prompt=prompt) != expected:
                     return replace(template, engine="jinja2 (minijinja prints other text on a probe conversation)")
-    return replace(template, fast=fast, engine="minijinja", inspects_content=inspects)
+    # minijinja pays where jinja2 renders twice: a template that never inspects content keeps jinja2
+    # (one render, then render recipes) unless a shape of its data turns out to inspect (render_chat)
+    engine = "minijinja" if inspects else "jinja2 (it does not inspect content; minijinja qualifies)"
+    return replace(template, fast=fast, engine=engine, inspects_content=inspects)

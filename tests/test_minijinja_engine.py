@@ -171,7 +171,10 @@ def test_real_templates_render_every_real_row_the_same_with_either_engine(model,
     fast = load_template("model", tokenizer_config, {"date": "2026-01-01"})
     monkeypatch.setenv(JINJA2_ONLY, "1")
     slow = load_template("model", tokenizer_config, {"date": "2026-01-01"})
-    assert fast.engine == "minijinja" and slow.fast is None
+    assert fast.fast is not None and slow.fast is None
+    assert fast.engine == (
+        "minijinja" if model in ("qwen3", "llama-3.2") else "jinja2 (it does not inspect content; minijinja qualifies)"
+    )
     by_minijinja = _count_rendered(monkeypatch)
     compared = 0
     for file, fmt, limit in DATASETS:
@@ -197,6 +200,39 @@ def _count_rendered(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(packtool.minijinja_engine.MiniTemplate, "render_pair", counting)
     return counts
+
+
+def test_build_and_audit_say_which_engine_renders_the_template(tmp_path, write_config, write_jsonl, monkeypatch):
+    from click.testing import CliRunner
+    from support import QUICKSTART
+
+    from packtool.cli import main
+
+    template = tmp_path / "inspecting.jinja"
+    template.write_text(INSPECTING, encoding="utf-8")
+    rows = [
+        {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Hello"}]}
+        for i in range(3)
+    ]
+    config = write_config(
+        {
+            "sources": [{"name": "chat", "path": str(write_jsonl(rows)), "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "template": str(template),
+            "capacity": 256,
+            "output": str(tmp_path / "out"),
+            "cache": str(tmp_path / "cache"),
+        }
+    )
+    monkeypatch.setattr(packtool.builder.encode, "_STAGES", {})
+    built = CliRunner().invoke(main, ["build", str(config)])
+    assert built.exit_code == 0, built.output
+    assert "template inspecting.jinja rendered by minijinja\n" in built.output
+    audited = CliRunner().invoke(main, ["audit", str(config)])
+    assert "template inspecting.jinja (rendered by minijinja)" in audited.output
+    monkeypatch.setenv(JINJA2_ONLY, "1")
+    audited = CliRunner().invoke(main, ["audit", str(config)])
+    assert f"template inspecting.jinja (rendered by jinja2 ({JINJA2_ONLY}=1))" in audited.output
 
 
 def _shard_digests(output: Path) -> dict[str, str]:

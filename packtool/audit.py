@@ -58,6 +58,8 @@ class AuditReport:
     checks: tuple[Check, ...]
     # (sample id, check name, the sample token by token or why it could not be tokenized)
     first_failure: tuple[str, str, str] | None = None
+    # which engine renders the samples that need a render, and why jinja2 when minijinja is not used
+    template_engine: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -269,6 +271,7 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
         rows=rows,
         checks=tuple(state.checks),
         first_failure=first,
+        template_engine=template.engine if template else None,
     )
 
 
@@ -755,7 +758,9 @@ def format_audit(report: AuditReport) -> str:
     """The report as `packtool audit` prints it."""
     width = max((len(c.name) for c in report.checks), default=10)
     out = [
-        f"audit of {report.config_file}: template {report.template}, tokenizer {report.tokenizer}, "
+        f"audit of {report.config_file}: template {report.template}"
+        + (f" (rendered by {report.template_engine})" if report.template_engine else "")
+        + f", tokenizer {report.tokenizer}, "
         f"first {report.rows} rows per source",
         "",
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,14 +20,18 @@ from jinja2.sandbox import SecurityError
 
 from packtool.config import BuildConfig, bundled_folder
 from packtool.errors import PacktoolError, TemplateRaised
+from packtool.minijinja_engine import MiniTemplate, NotQualified, qualify
 from packtool.records import literal_pattern
-from packtool.sandbox import BUDGET, Budget, TemplateLimit, make_environment
+from packtool.sandbox import BUDGET, Budget, TemplateLimit, Tracked, close_mark, make_environment, open_mark
 
 # End-of-turn markers of the common chat formats; the template's eos_token is added to these.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
 # Fixed so that templates calling strftime_now (Llama 3.x prints "Today Date") render the same
 # text on every run; override with template_vars.date (ISO) or date_string.
 DEFAULT_DATE = "2026-01-01"
+# Set to 1 to render every template with jinja2 alone (shard bytes are the same either way; the
+# tests build both ways, and a worker process inherits the choice).
+JINJA2_ONLY = "PACKTOOL_JINJA2_ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,15 @@ class ChatTemplate:
     # the cache, so it is not named here, which would make the two modules import each other). Shared
     # by a copy that only adds generation_header: the rendered text does not depend on it.
     skeletons: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+    # The same template compiled by minijinja where it prints jinja2's bytes (packtool.minijinja_engine),
+    # which engine renders samples that need a render, and why, for the build summary and the audit.
+    fast: MiniTemplate | None = field(default=None, compare=False, repr=False)
+    engine: str = "jinja2"
+    # A probe render looked inside a content (see sandbox.Tracked): minijinja renders the samples
+    # of no _shape (tools, calls, reasoning), where jinja2 would render twice.
+    inspects_content: bool = False
+    # Shapes whose jinja2 render looked inside a content (no skeleton): minijinja renders them from then on.
+    inspecting_shapes: set[tuple[Any, ...]] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:
@@ -141,14 +155,15 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
         source, name = path.read_text(encoding="utf-8"), spec
     env = make_environment()
     try:
-        _refuse_other_files(env.parse(source), name)
+        tree = env.parse(source)
+        _refuse_other_files(tree, name)
         compiled = env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         raise PacktoolError(f"template {name!r} line {exc.lineno}: {exc.message}") from None
 
     variables = dict(variables or {})
     date = _dt.date.fromisoformat(str(variables.pop("date", DEFAULT_DATE)))
-    compiled.globals["strftime_now"] = lambda fmt: date.strftime(fmt)
+    compiled.globals["strftime_now"] = strftime_now = lambda fmt: date.strftime(fmt)
     specials = special_token_strings(tokenizer_config)
     added = tokenizer_config.get("added_tokens_decoder") or {}
     template = ChatTemplate(
@@ -165,7 +180,8 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
             ]
         ),
     )
-    return _with_generation_header(template)
+    template = _with_generation_header(template)
+    return _with_minijinja(template, tree, strftime_now, env.globals["raise_exception"])
 
 
 def _refuse_other_files(tree: nodes.Template, name: str) -> None:
@@ -210,3 +226,91 @@ def _with_generation_header(template: ChatTemplate) -> ChatTemplate:
         header = opened[len(closed) :]
         return replace(template, generation_header=header)
     return template
+
+
+# Conversations both engines must print byte for byte before minijinja renders a template: roles,
+# system prompts, whitespace around contents, reasoning in both spellings, tools, calls and results.
+_PROBES: tuple[tuple[list[dict[str, Any]], list[dict[str, Any]] | None], ...] = (
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}], None),
+    (
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": " What is 2+2?\n"},
+            {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+            {"role": "user", "content": "And 3+3?"},
+            {"role": "assistant", "content": "6", "reasoning_content": "Three and three."},
+        ],
+        None,
+    ),
+    (
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+                ],
+            },
+            {"role": "tool", "content": '{"temp": 21}', "name": "get_weather", "tool_call_id": "call0"},
+            {"role": "assistant", "content": "21 degrees."},
+        ],
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                },
+            }
+        ],
+    ),
+)
+
+
+def _marked_probe(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probe as render_chat marks it: each content core between its message's sentinels."""
+    marked = []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        core = content.strip()
+        if core:
+            lead = content[: len(content) - len(content.lstrip())]
+            content = Tracked(f"{lead}{open_mark(i)}{core}{close_mark(i)}{content[len(lead) + len(core) :]}")
+        marked.append({**message, "content": content})
+    return marked
+
+
+def _with_minijinja(
+    template: ChatTemplate, tree: nodes.Template, strftime_now: Any, raise_exception: Any
+) -> ChatTemplate:
+    """The template with minijinja as its engine when it qualifies (packtool.minijinja_engine) and
+    prints exactly jinja2's text on every probe, marked and plain, with and without the generation
+    prompt; where jinja2 refuses a probe, minijinja must refuse it too (and jinja2 then decides)."""
+    inspects = False
+    if os.environ.get(JINJA2_ONLY) == "1":
+        return replace(template, engine=f"jinja2 ({JINJA2_ONLY}=1)")
+    if template.has_generation_blocks:
+        return replace(template, engine="jinja2 (minijinja: {% generation %} blocks are packtool's own tag)")
+    try:
+        fast = qualify(
+            template.source, tree, {**template.special_tokens, **template.variables}, strftime_now, raise_exception
+        )
+    except NotQualified as exc:
+        return replace(template, engine=f"jinja2 (minijinja: {exc})")
+    for messages, tools in _PROBES:
+        for conversation in (messages, _marked_probe(messages)):
+            for prompt in (False, True):
+                try:
+                    expected: str | None
+                    expected, spent = template.render_tracked(conversation, tools, add_generation_prompt=prompt)
+                    inspects = inspects or spent.inspected
+                except (TemplateRaised, TemplateLimit, jinja2.TemplateError, PacktoolError):
+                    expected = None
+                if fast.render(conversation, tools, add_generation_prompt=prompt) != expected:
+                    return replace(template, engine="jinja2 (minijinja prints other text on a probe conversation)")
+    # minijinja pays where jinja2 renders twice: a template that never inspects content keeps jinja2
+    # (one render, then render recipes) unless a shape of its data turns out to inspect (render_chat)
+    engine = "minijinja" if inspects else "jinja2 (it does not inspect content; minijinja qualifies)"
+    return replace(template, fast=fast, engine=engine, inspects_content=inspects)

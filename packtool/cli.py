@@ -91,6 +91,7 @@ def build(
         packtool build configs/quickstart.yaml -o out/try --max-samples 100 --set sources.chat.weight=2
     """
     from packtool.builder import build as run_build
+    from packtool.builder.encode import stages_for
     from packtool.builder.executors import describe_workers
     from packtool.builder.progress import BarProgress, Progress
     from packtool.config import load_config, resolve_config_path
@@ -142,6 +143,9 @@ def build(
         click.echo(
             f"ran as {describe_workers(settings.run.workers, settings.run.executor)} on {usable_cores()} usable core(s)"
         )
+        template = stages_for(settings).template  # loaded by the build in this process, not again
+        if template is not None:
+            click.echo(f"template {template.name} rendered by {template.engine}")
         click.echo(f"per source, per reason and per length: packtool stats {settings.run.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -35,24 +36,23 @@ from packtool.chat_templates import ChatTemplate, special_token_strings
 from packtool.config import TrainPolicy
 from packtool.errors import RecordError, TemplateRaised
 from packtool.records import Example, Message, Rendered, Span
-from packtool.sandbox import GENERATION_CLOSE, GENERATION_OPEN, MAX_TEMPLATE_CHARS, TemplateLimit, Tracked
+from packtool.sandbox import (
+    GENERATION_CLOSE,
+    GENERATION_OPEN,
+    MARK_BASE,
+    MAX_TEMPLATE_CHARS,
+    TemplateLimit,
+    Tracked,
+    close_mark,
+    open_mark,
+)
 
-# Plane-16 private-use characters: never meaningful text, and removed before tokenization.
-_MARK_BASE = 0x100000
 # Put in front of every special-token literal a record brings (a user typing `<|im_end|>`, a tool
 # description spelling `<|im_start|>system`): its rendered position tells encode what to escape and
 # tells the mask which end markers are data, not structure.
 _LITERAL = chr(0x10FFF2)
-_MAX_MESSAGES = (0x10FFF0 - _MARK_BASE) // 2
+_MAX_MESSAGES = (0x10FFF0 - MARK_BASE) // 2
 _MARKERS = re.compile("[\U00100000-\U0010ffff]")
-
-
-def open_mark(index: int) -> str:
-    return chr(_MARK_BASE + 2 * index)
-
-
-def close_mark(index: int) -> str:
-    return chr(_MARK_BASE + 2 * index + 1)
 
 
 def trained_messages(messages: tuple[Message, ...], policy: TrainPolicy) -> list[bool]:
@@ -87,7 +87,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     messages = example.messages
     if len(messages) > _MAX_MESSAGES:
         raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
-    literal_fields = _check_data_strings(example, template.literals)
+    literal_fields, size = _check_data_strings(example, template.literals)
     trained = trained_messages(messages, policy)
     for i, message in enumerate(messages):
         if trained[i] and message.role == "assistant" and not message.content.strip() and not message.tool_calls:
@@ -110,6 +110,21 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     marked_text = skeleton.fill(messages) if skeleton is not None else None
     reusable = marked_text is not None  # this render follows a skeleton: a recipe can be learned from it
     inspected = False
+    stripped = None  # _strip_markers of minijinja's marked render, when it supplies the texts
+    plain_text = None
+    # minijinja's two renders (marked and plain) pay where jinja2 would render twice too: a content
+    # was inspected. Elsewhere one jinja2 render, a skeleton or a recipe is as fast or faster.
+    inspecting = template.inspects_content if shape is None else shape in template.inspecting_shapes
+    if marked_text is None and template.fast is not None and inspecting:
+        marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
+        plain = [m.as_template_dict() for m in messages]
+        texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools, size)
+        stripped = _strip_markers(texts[0]) if texts is not None else None
+        # minijinja supplies only texts jinja2 would accept: anything else, jinja2 renders and judges
+        if texts is not None and stripped is not None and stripped[0] == texts[1]:
+            marked_text, plain_text = texts
+        else:
+            stripped = None
     with _template_verdicts(template.name):
         if marked_text is None:
             marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
@@ -129,10 +144,12 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 if learned is not None:
                     template.skeletons[shape] = skeleton = learned
                     reusable = True
-        clean, contents, generations, literal_at = _strip_markers(marked_text)
+            elif shape is not None and inspected and len(template.inspecting_shapes) < MAX_SKELETONS:
+                template.inspecting_shapes.add(shape)
+        clean, contents, generations, literal_at = stripped or _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
-        text = plain_render() if inspected or literals is not None else clean
+        text = plain_text if plain_text is not None else plain_render() if inspected or literals is not None else clean
     if clean != text:
         raise RecordError(
             "the template rewrites message content (trims, splits, reorders or branches on it), so its "
@@ -252,7 +269,7 @@ class _Skeleton:
         copies: list[int] = []
         start, opened = 0, -1
         for match in _MESSAGE_MARKS.finditer(marked):
-            index, is_close = divmod(ord(match.group()) - _MARK_BASE, 2)
+            index, is_close = divmod(ord(match.group()) - MARK_BASE, 2)
             if index >= len(cores):
                 return None
             if not is_close and opened < 0:
@@ -495,8 +512,33 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{j}]")
 
 
-def _check_data_strings(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
-    """Reject private-use marker characters anywhere in the record; name the fields that spell a special token."""
+def _check_data_strings(example: Example, literals: re.Pattern[str] | None) -> tuple[tuple[str, ...], int]:
+    """Reject private-use marker characters anywhere in the record; name the fields that spell a
+    special token. Also the record's size as a template could print it (see MiniTemplate.render_pair):
+    its texts as JSON and 64 characters of keys per message, twice over for the sentinels of a
+    marked render."""
+    # One search over the whole record written as JSON (most records spell nothing): a search per
+    # string, with its field name, was a third of a Qwen3 reasoning sample's render. JSON leaves
+    # every character as it is but quotes, backslashes and control characters, which no searched
+    # pattern holds (else each string is searched on its own).
+    strings = [[m.content, m.reasoning_content, m.name, m.tool_call_id, m.tool_calls] for m in example.messages]
+    joined = json.dumps([strings, example.tools], ensure_ascii=False, default=str)
+    size = 2 * (len(joined) + 64 * len(example.messages))
+    if _MARKERS.search(joined) is None and (
+        literals is None or (_survives_json(literals.pattern) and literals.search(joined) is None)
+    ):
+        return (), size
+    return _spelled_fields(example, literals), size
+
+
+@functools.cache
+def _survives_json(pattern: str) -> bool:
+    """Whether the literals of a literal_pattern are written by JSON as they are (no quote,
+    backslash or control character in them)."""
+    return '"' not in pattern and "\\\\" not in pattern and not any(ord(c) < 0x20 for c in pattern)
+
+
+def _spelled_fields(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
     spelled = []
     for where, text in data_strings(example):
         if _MARKERS.search(text):
@@ -559,7 +601,7 @@ def _strip_markers(
                 generations.append((gen_start, length))
             gen_start = None
         else:
-            index, is_close = divmod(ord(char) - _MARK_BASE, 2)
+            index, is_close = divmod(ord(char) - MARK_BASE, 2)
             if is_close:
                 if index in opened:
                     contents.setdefault(index, []).append((opened.pop(index), length))

@@ -27,7 +27,20 @@ from markupsafe import Markup
 
 from packtool.errors import TemplateRaised
 
-# Plane-16 private-use characters (above the message marks of packtool.render) that wrap what a
+# Plane-16 private-use characters: never meaningful text, and removed before tokenization. Message
+# i's content is wrapped in open_mark(i) and close_mark(i) for a marked render (packtool.render).
+MARK_BASE = 0x100000
+
+
+def open_mark(index: int) -> str:
+    return chr(MARK_BASE + 2 * index)
+
+
+def close_mark(index: int) -> str:
+    return chr(MARK_BASE + 2 * index + 1)
+
+
+# Plane-16 private-use characters (above the message marks) that wrap what a
 # `{% generation %}` block prints in a marked render.
 GENERATION_OPEN = chr(0x10FFF0)
 GENERATION_CLOSE = chr(0x10FFF1)

@@ -30,6 +30,8 @@ def quickstart_build(tmp_path_factory) -> Path:
     assert "token efficiency" in result.output
     # workers: auto (the default) says what it picked for this machine
     assert describe_workers(auto_workers(usable_cores())) in result.output
+    # ChatML never looks inside a content: one jinja2 render per shape, then render recipes
+    assert "template model rendered by jinja2 (" in result.output
     return out
 
 

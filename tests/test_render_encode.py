@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
-from packtool.chat_templates import load_template
+from packtool.chat_templates import JINJA2_ONLY, load_template
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
@@ -799,14 +799,24 @@ def test_a_template_that_only_copies_content_renders_once(monkeypatch):
     assert rendered.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
 
 
-def test_a_template_that_inspects_content_renders_twice_and_still_passes(monkeypatch):
+@pytest.mark.parametrize("minijinja", [True, False])
+def test_a_template_that_inspects_content_renders_twice_and_still_passes(minijinja, monkeypatch):
+    if minijinja:
+        pytest.importorskip("minijinja")
+    else:
+        monkeypatch.setenv(JINJA2_ONLY, "1")
     folder = shared("tokenizers", "qwen3")
     tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
     template = load_template("model", tokenizer.config)  # looks for '</think>' inside each assistant content
+    assert template.inspects_content is minijinja  # the probe that finds out runs only to qualify minijinja
     calls = _count_renders(template, monkeypatch)
-    rendered = render_chat(CONVERSATION, template, TrainPolicy())
-    assert calls == [2]
-    assert "11, and here is some code" in rendered.text
+    first = render_chat(CONVERSATION, template, TrainPolicy())
+    assert calls == [2]  # the marked and the plain render
+    again = render_chat(CONVERSATION, template, TrainPolicy())
+    assert calls == [2 if minijinja else 4]  # a shape seen inspected: minijinja renders it from then on
+    assert first == again
+    assert first.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
+    assert "11, and here is some code" in first.text
 
 
 # --- one render per conversation shape (render._Skeleton) ------------------------------------------

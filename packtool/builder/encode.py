@@ -32,7 +32,7 @@ import pyarrow as pa
 from packtool.adapters import Parsed
 from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
 from packtool.builder.cache import TokenCache, file_sha256, publish_file, seal_report
-from packtool.builder.store import PartitionWriter, SegmentRole
+from packtool.builder.store import PartitionWriter, SegmentRole, stored_rows
 from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
@@ -79,6 +79,11 @@ class EncodeItem:
     share: float = 1.0  # of the file's lines or rows: what progress counts for this item
     content: str = ""  # RowRange.content: in the key; the summary compares it with the last build's
     rows: int | None = None  # the file's lines or rows, where counted (RowRange.rows)
+    offset: int | None = None  # RowRange.offset and size: the bytes `content` hashes (JSON Lines)
+    size: int | None = None
+    # The entry of this range at an earlier build, when the range was then the file's last and may since have
+    # grown by appended lines: encode_item reuses its rows if its bytes are the start of this range's.
+    grown_from: str | None = None
 
     @property
     def bytes(self) -> int:
@@ -98,6 +103,9 @@ class RowRange:
     end: int | None
     content: str
     rows: int | None = None  # the file's lines or rows, where counted (None: read whole, not counted)
+    # JSON Lines only: where the range's bytes start in the file and how many there are (what `content` hashes)
+    offset: int | None = None
+    size: int | None = None
 
 
 def row_ranges(file: str, max_samples: int | None) -> list[RowRange]:
@@ -146,6 +154,7 @@ def _json_lines_ranges(file: str) -> list[RowRange]:
             return []
         handle.seek(0)
         digests, digest, lines, last = [], hashlib.sha256(), 0, b""
+        bounds, read = [0], 0  # byte offsets at which the ranges start, then the file's size
         while block := handle.read(1 << 20):
             newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             # the line counts at which a range closes inside this block, as offsets just past their newline
@@ -155,15 +164,20 @@ def _json_lines_ranges(file: str) -> list[RowRange]:
                 past = int(newlines[count - lines - 1]) + 1
                 digest.update(block[cut:past])
                 digests.append(digest.hexdigest())
+                bounds.append(read + past)
                 digest, cut = hashlib.sha256(), past
             digest.update(block[cut:])
-            lines, last = lines + len(newlines), block[-1:]
+            lines, last, read = lines + len(newlines), block[-1:], read + len(block)
     lines += last not in (b"\n", b"")
     if lines > len(digests) * RANGE_ROWS or not digests:  # lines after the last closed range (or one range in all)
         digests.append(digest.hexdigest())
+        bounds.append(read)
     n = len(digests)
     return [
-        RowRange(i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, lines) for i, d in enumerate(digests)
+        RowRange(
+            i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, lines, bounds[i], bounds[i + 1] - bounds[i]
+        )
+        for i, d in enumerate(digests)
     ]
 
 
@@ -173,6 +187,46 @@ class EncodeResult:
     reused: bool
     failure: str | None = None  # the one-line message for on_error: fail
     repaired: str | None = None  # why the cache entry found was not reused (it was encoded again)
+    carried: int = 0  # records taken from the entry of the range before it grew (EncodeItem.grown_from), not encoded
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The first lines of a range that grew, as encoded at an earlier build: that entry's report and partition."""
+
+    report: dict[str, Any]
+    partition: Path
+    lines: int  # lines of the file it covers, from the range's first
+
+    @property
+    def records(self) -> int:
+        return int(self.report["read"])
+
+
+def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
+    """The entry of `item.grown_from`, when it is as written and the bytes it was encoded from are this
+    range's first bytes up to a newline; None otherwise (the whole range is encoded).
+
+    Every line of JSON Lines gives its records alone (its location is FILE:LINE, its outcome depends on
+    its bytes only), so the rows of those lines are the rows a whole encode of the grown range would
+    write first, and the records after them continue at the entry's record count."""
+    if item.grown_from is None or item.offset is None or item.size is None:
+        return None
+    report, _ = cache.check(item.grown_from)  # a damaged entry is not used (the range is encoded whole)
+    if report is None:
+        return None
+    size, content = report.get("content_bytes"), report.get("content_sha256")
+    if not isinstance(size, int) or not 0 < size < item.size or not isinstance(content, str):
+        return None
+    if any(reject.get("reason") == "unreadable_file" for reject in report["rejects"]):
+        return None  # a read that broke part way stopped there: the lines after it were never encoded
+    with open(item.file, "rb") as handle:
+        handle.seek(item.offset)
+        prefix = handle.read(size)
+    # the earlier last line must have been whole: a line that had no newline may since have grown
+    if not prefix.endswith(b"\n") or hashlib.sha256(prefix).hexdigest() != content:
+        return None
+    return Carried(report, cache.partition(item.grown_from), prefix.count(b"\n"))
 
 
 @dataclass(frozen=True)
@@ -403,6 +457,9 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         # the entry was written under on_error: skip; under fail its first bad record stops the build
         bad = [r for r in cached["rejects"] if "message" in r]
         return EncodeResult(item.key, reused=True, failure=bad[0]["message"] if bad and item.stop_at_bad else None)
+    carried = carried_prefix(item, cache)
+    if carried is not None and item.stop_at_bad and (bad := [r for r in carried.report["rejects"] if "message" in r]):
+        return EncodeResult(item.key, reused=False, failure=bad[0]["message"])
     source = next(s for s in item.config.sources if s.name == item.source)
     stages = stages_for(item.config)
     final = cache.partition(item.key)
@@ -411,14 +468,23 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     try:
         writer = PartitionWriter(temporary, source.name)
         try:
-            for ordinal, outcome in enumerate(_outcomes(item, stages, source)):
+            if carried is not None:
+                for row in stored_rows(carried.partition):
+                    writer.append(*row)
+                report.counts = Counts.from_report(carried.report, carried.records, 0)
+                report.rejects = list(carried.report["rejects"])
+            first = carried.records if carried is not None else 0
+            skip = carried.lines if carried is not None else 0
+            for ordinal, outcome in enumerate(_outcomes(item, stages, source, skip), start=first):
                 failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
                 if failure is not None:
                     return EncodeResult(item.key, reused=False, failure=failure)
         finally:
             writer.close()
         report.samples, report.tokens = writer.rows, writer.tokens
-        sealed = seal_report(report.as_dict(), item.key, temporary)
+        # what a later build checks before it reuses this entry's rows for the range grown (carried_prefix)
+        content = {"content_sha256": item.content, "content_bytes": item.size} if item.size is not None else {}
+        sealed = seal_report({**report.as_dict(), **content}, item.key, temporary)
         publish_file(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)  # a full disk or a failure leaves no temporary behind
@@ -429,10 +495,10 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         publish_file(report_temporary, report_path)  # last: the entry is complete
     finally:
         report_temporary.unlink(missing_ok=True)
-    return EncodeResult(item.key, reused=False, repaired=damaged)
+    return EncodeResult(item.key, reused=False, repaired=damaged, carried=carried.records if carried else 0)
 
 
-def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig) -> Iterator[Outcome]:
+def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int = 0) -> Iterator[Outcome]:
     """The outcomes of the item's records in order, PREPARE_THREADS chunks prepared at once.
 
         thread 1:  render k (GIL) | encode k (Rust, no GIL) | check k (GIL) | render k+3 ...
@@ -443,7 +509,7 @@ def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig) -> Iterato
     The tokenizer releases the GIL, so one process keeps a core busy with Python while another
     tokenizes. Chunks are yielded in input order, so the partition's bytes do not depend on timing.
     """
-    records = islice(read_file(source, item.file, item.start, item.end), item.stop)
+    records = islice(read_file(source, item.file, item.start + skip, item.end), item.stop)
     chunks = _chunks(records, ENCODE_BATCH)
     with _tokenizer_threads_off(), ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="packtool-encode") as pool:
         pending: deque[Future[list[Outcome]]] = deque()

@@ -15,6 +15,7 @@ from support import QUICKSTART
 import packtool.builder.encode as encode_phase
 from packtool.builder import Built, build
 from packtool.config import load_config
+from packtool.errors import PacktoolError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,13 +32,14 @@ def _write(path: Path, rows: range) -> None:
     path.write_text("".join(_line(i) for i in rows), encoding="utf-8")
 
 
-def _build(folder: Path, output: str, *, use_cache: bool = True) -> Built:
+def _build(folder: Path, output: str, *, use_cache: bool = True, **settings: str) -> Built:
     raw = {
         "sources": [{"name": "chat", "path": "data/*.jsonl", "format": "messages"}],
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "capacity": 128,
         "output": output,
         "rows_per_shard": 4,
+        **settings,
     }
     (folder / "config.json").write_text(json.dumps(raw), encoding="utf-8")
     return build(load_config(folder / "config.json", workers="1"), use_cache=use_cache)
@@ -67,10 +69,88 @@ def test_appended_rows_reencode_only_the_last_range_and_the_new_ones(data):
         handle.write("".join(_line(i) for i in range(30, 43)))  # the last range fills up (24-32), 32-40, 40-43 are new
     again = _build(data, "out")
     assert (again.encode_items, again.encode_reused) == (6, 3)
-    assert (again.records.records, again.records.records_reencoded) == (43, 8 + 8 + 3)
+    # the grown range 24-32 takes its first six rows from its earlier entry: only the 13 new rows are encoded
+    assert (again.records.records, again.records.records_reencoded) == (43, 2 + 8 + 3)
     assert again.records.why == ("data/a.jsonl grew by 13 rows",)
-    assert again.records.describe() == "24 of 43 records reused; re-encoded 19 (data/a.jsonl grew by 13 rows)"
+    assert again.records.describe() == "30 of 43 records reused; re-encoded 13 (data/a.jsonl grew by 13 rows)"
     _same_as_fresh(data)
+
+
+def _append(file: Path, rows: range) -> None:
+    with file.open("a", encoding="utf-8") as handle:
+        handle.write("".join(_line(i) for i in rows))
+
+
+def _entry(cache: Path, key: str) -> tuple[bytes, bytes]:
+    folder = cache / "tokens" / key[:2]
+    return (folder / f"{key}.arrow").read_bytes(), (folder / f"{key}.json").read_bytes()
+
+
+def _keys(cache: Path) -> set[str]:
+    return {p.stem for p in (cache / "tokens").glob("*/*.arrow")}
+
+
+def test_a_grown_range_writes_the_entry_a_whole_encode_writes(data):
+    _append(data / "data" / "a.jsonl", range(30, 35))  # 24-30 grows to 24-32, then 32-35
+    assert _build(data, "out").records.records_reencoded == 5
+    _build(data, "apart", cache="apart-cache")  # a cache of its own: every range encoded whole
+    assert len(_keys(data / "apart-cache")) == 5
+    for key in _keys(data / "apart-cache"):  # partitions and sealed reports, byte for byte, 24-32 included
+        assert _entry(data / ".packtool-cache", key) == _entry(data / "apart-cache", key)
+
+
+def test_appending_twice_carries_the_grown_range_over_again(data):
+    _append(data / "data" / "a.jsonl", range(30, 31))  # 24-31
+    assert _build(data, "out").records.records_reencoded == 1
+    _append(data / "data" / "a.jsonl", range(31, 34))  # 24-32 (one new row), 32-34
+    again = _build(data, "out")
+    assert (again.records.records_reencoded, again.records.why) == (3, ("data/a.jsonl grew by 3 rows",))
+    _same_as_fresh(data)
+
+
+def test_a_changed_row_in_the_grown_range_reencodes_it_whole(data):
+    lines = (data / "data" / "a.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[25] = _line(99)  # in the last range, which also grows
+    (data / "data" / "a.jsonl").write_text("".join(lines + [_line(i) for i in range(30, 33)]), encoding="utf-8")
+    again = _build(data, "out")
+    assert again.records.records_reencoded == 8 + 1  # 24-32 whole (its first bytes are not the entry's), 32-33
+    _same_as_fresh(data)
+
+
+def test_a_last_line_without_newline_is_not_carried_over(data):
+    file = data / "data" / "a.jsonl"
+    file.write_bytes(file.read_bytes().rstrip(b"\n"))
+    assert _build(data, "out").records.records_reencoded == 6  # its bytes changed: the range is encoded again
+    file.write_bytes(file.read_bytes() + b"\n" + _line(30).encode())  # the last line may have grown: not carried
+    assert _build(data, "out").records.records_reencoded == 7
+    _same_as_fresh(data)
+
+
+def test_a_damaged_earlier_entry_is_not_carried_over(data):
+    cache = data / ".packtool-cache"
+    (last,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[1])["read"] == 6]  # rows 24-30
+    partition = cache / "tokens" / last[:2] / f"{last}.arrow"
+    partition.write_bytes(partition.read_bytes()[:-8] + bytes(8))  # its sha256 no longer matches its report
+    _append(data / "data" / "a.jsonl", range(30, 32))
+    again = _build(data, "out")
+    assert again.records.records_reencoded == 8  # the whole grown range, 24-32
+    _same_as_fresh(data)
+
+
+def test_rejects_in_a_carried_range_keep_their_place(tmp_path, monkeypatch):
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / "a.jsonl"
+    bad = json.dumps({"messages": 5}) + "\n"  # not a list: a reject
+    file.write_text(_line(0) + bad + "\n" + _line(3), encoding="utf-8")  # a blank line too
+    assert _build(tmp_path, "out", on_error="skip").records.records == 3
+    file.write_text(file.read_text(encoding="utf-8") + bad + _line(5), encoding="utf-8")
+    with pytest.raises(PacktoolError, match=r"data/a.jsonl:2\b"):  # under fail, the carried bad record stops it
+        _build(tmp_path, "failed", on_error="fail")
+    again = _build(tmp_path, "out", on_error="skip")
+    assert (again.records.records, again.records.records_reencoded) == (5, 2)
+    _build(tmp_path, "fresh", use_cache=False, on_error="skip")
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")  # rejects.jsonl with its locations and order
 
 
 def test_a_changed_row_reencodes_only_its_range(data):

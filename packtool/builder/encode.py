@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.adapters import Parsed
+from packtool.arrow import content_digest
 from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
 from packtool.builder.cache import TokenCache, file_sha256, publish_file, seal_report
 from packtool.builder.store import PartitionWriter, SegmentRole, stored_rows
@@ -94,10 +95,9 @@ class EncodeItem:
 class RowRange:
     """Positions start..end of one input file (end None: to the end) and the sha256 of what decides its samples.
 
-    For plain JSON Lines, `content` hashes the bytes of the range's own lines, so rows appended to a file
-    change only its last range and add new ones. Parquet, Arrow, compressed files and JSON arrays have no
-    cheap per-range hash: every range of those carries the whole file's sha256, and any change re-encodes
-    the whole file."""
+    `content` hashes the range's own rows: the bytes of its lines for plain JSON Lines, the values of its
+    rows for Parquet and Arrow (arrow.content_digest), so rows appended to a file change only its last
+    range and add new ones. Compressed files and JSON arrays are one range, keyed by the whole file's sha256."""
 
     start: int
     end: int | None
@@ -108,12 +108,15 @@ class RowRange:
     size: int | None = None
 
 
+TABLE_KINDS = ("parquet", "arrow_file", "arrow_stream")
+
+
 def row_ranges(file: str, max_samples: int | None) -> list[RowRange]:
     """How one input file splits into encode work items, as positions for `read_file` and their content hash.
 
-    A plain JSON Lines file of L lines (blank lines included) or a Parquet file of L rows splits at fixed
-    multiples of RANGE_ROWS, so that all workers share one large file and appended rows only change the
-    last range or add new ones:
+    A plain JSON Lines file of L lines (blank lines included) or a Parquet or Arrow file of L rows splits at
+    fixed multiples of RANGE_ROWS, so that all workers share one large file and appended rows only change
+    the last range or add new ones:
 
         lines  0 ........ R | R ........ 2R | ... | (n-1)R ........ end
                item 0         item 1                item n-1 (end: None)
@@ -121,27 +124,71 @@ def row_ranges(file: str, max_samples: int | None) -> list[RowRange]:
     Locations and ids come from the file and the line or row, so they do not depend on the split, and the
     partitions are read back in item order, so the plan and the shards do not either. Compressed files and
     JSON arrays are read from their first byte whatever the range, and a source with max_samples counts
-    records across the file: those stay one item.
+    records across the file: those stay one item. So does a table that breaks while it is hashed: its
+    read says where.
     """
     try:
         kind = sniff(file)
-        if kind == "text" and max_samples is None and (ranges := _json_lines_ranges(file)):
+        if max_samples is None and kind == "text" and (ranges := _json_lines_ranges(file)):
             return ranges
-        positions = _parquet_rows(file) if kind == "parquet" and max_samples is None else 0
-        whole_file = file_sha256(file)
+        if max_samples is None and kind in TABLE_KINDS:
+            return _table_ranges(file, kind)
     except (OSError, pa.ArrowException):
-        return [RowRange(0, None, "unreadable")]  # the read reports it, once
-    n = -(-positions // RANGE_ROWS)
-    if n <= 1:
-        return [RowRange(0, None, whole_file, positions or None)]
-    ends: list[int | None] = [(i + 1) * RANGE_ROWS for i in range(n - 1)]
-    return [RowRange(i * RANGE_ROWS, end, whole_file, positions) for i, end in enumerate([*ends, None])]
+        pass  # keyed by its bytes below, or unreadable; the read reports the problem, once
+    try:
+        return [RowRange(0, None, file_sha256(file))]
+    except OSError:
+        return [RowRange(0, None, "unreadable")]
 
 
-def _parquet_rows(file: str) -> int:
-    import pyarrow.parquet as pq
+def _table_ranges(file: str, kind: str) -> list[RowRange]:
+    """The ranges of a Parquet or Arrow file, each hashed over the names, types and values of its own rows.
 
-    return int(pq.ParquetFile(file).metadata.num_rows)
+    The rows of one range are put together before they are hashed, so neither the file's row groups or
+    batches nor its compression change a range's hash: a file written again with rows appended keeps the
+    hash of every full range before them. One range's rows are in memory at a time."""
+    digests: list[str] = []
+    pending: list[pa.RecordBatch] = []
+    held = rows = 0
+    schema, batches = _table_batches(file, kind)
+    for batch in batches:
+        rows += batch.num_rows
+        while batch.num_rows:
+            taken = batch.slice(0, RANGE_ROWS - held)
+            pending.append(taken)
+            held += taken.num_rows
+            batch = batch.slice(taken.num_rows)
+            if held == RANGE_ROWS:
+                digests.append(_rows_digest(schema, pending))
+                pending, held = [], 0
+    if held or not digests:  # rows after the last full range (or one range in all)
+        digests.append(_rows_digest(schema, pending))
+    n = len(digests)
+    return [
+        RowRange(i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, rows) for i, d in enumerate(digests)
+    ]
+
+
+def _table_batches(file: str, kind: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(file)
+        return parquet.schema_arrow, parquet.iter_batches(batch_size=RANGE_ROWS)
+    source = pa.memory_map(file)
+    if kind == "arrow_stream":
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, iter(stream)
+    reader = pa.ipc.open_file(source)
+    return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+
+
+def _rows_digest(schema: pa.Schema, batches: list[pa.RecordBatch]) -> str:
+    digest = hashlib.sha256()
+    table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+    for column_field, column in zip(table.schema, table.columns):
+        content_digest(column.combine_chunks(), digest, column_field)
+    return digest.hexdigest()
 
 
 def _json_lines_ranges(file: str) -> list[RowRange]:

@@ -92,10 +92,7 @@ def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, An
     if grew:  # the previous last range took appended rows: growth, not a change
         changed = [r for r in changed if str(r.start) != last_start]
     parts = [f"grew by {rows - before_rows:,} rows"] if grew and rows is not None and before_rows is not None else []
-    if len(ranges) > 1 and len({r.content for r in ranges}) == 1:  # keyed by the whole file (see RowRange)
-        parts += ["re-encoded whole: this format has no per-range hash"] if changed or grew else []
-    else:
-        parts += [_lines(r) for r in changed]
+    parts += [_lines(r) for r in changed]
     if not parts:
         same = all(before.get(str(r.start)) == r.content for r in redone)
         parts = ["changed" if not same else "was not in the cache for these settings"]

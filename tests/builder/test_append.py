@@ -193,23 +193,44 @@ def test_ranges_hash_their_own_lines(data):
     assert [(r.start, r.end, r.rows) for r in encode_phase.row_ranges(str(file), None)] == [(0, 8, 16), (8, None, 16)]
 
 
-def test_a_grown_parquet_file_is_reencoded_whole_and_says_why(tmp_path, monkeypatch):
+def _write_table(path: Path, rows: list[list[dict]], how: str) -> None:
+    """The rows as Parquet or Arrow, laid out differently each time (row groups, batches, compression)."""
+    table = pa.table({"messages": rows})
+    if how == "parquet":
+        pq.write_table(table, path, row_group_size=3 + len(rows) % 5, compression="zstd" if len(rows) % 2 else "snappy")
+        return
+    new = pa.ipc.new_stream if how == "arrow_stream" else pa.ipc.new_file
+    with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=2 + len(rows) % 7):
+            writer.write_batch(batch)
+
+
+@pytest.mark.parametrize("how", ["parquet", "arrow_stream", "arrow_file"])
+def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_path, monkeypatch, how):
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
-    config = {
-        "sources": [{"name": "chat", "path": "data/a.parquet", "format": "messages"}],
-        "tokenizer": str(QUICKSTART / "tokenizer"),
-        "capacity": 128,
-        "output": "out",
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    file = tmp_path / "data" / "a.table"
 
-    def write_and_build(n: int) -> Built:
-        rows = [json.loads(_line(i))["messages"] for i in range(n)]
-        pq.write_table(pa.table({"messages": rows}), tmp_path / "data" / "a.parquet")
-        return build(load_config(tmp_path / "config.json", workers="1"))
+    def write_and_build(rows: list[list[dict]], output: str = "out", use_cache: bool = True) -> Built:
+        _write_table(file, rows, how)
+        config = {
+            "sources": [{"name": "chat", "path": "data/a.table", "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 128,
+            "output": output,
+        }
+        (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        return build(load_config(tmp_path / "config.json", workers="1"), use_cache=use_cache)
 
-    assert write_and_build(20).encode_items == 3
-    again = write_and_build(22)  # no cheap per-range hash: every range's key holds the whole file's sha256
-    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (3, 0, 22)
-    assert again.records.why == ("data/a.parquet grew by 2 rows, re-encoded whole: this format has no per-range hash",)
+    rows = [json.loads(_line(i))["messages"] for i in range(30)]
+    assert write_and_build(rows[:20]).encode_items == 3  # 0-8, 8-16, 16-20
+    again = write_and_build(rows)  # another layout, the same first 16 rows: 0-8 and 8-16 are reused
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (4, 2, 8 + 6)
+    assert again.records.why == ("data/a.table grew by 10 rows",)
+    write_and_build(rows, "fresh", use_cache=False)
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")
+
+    rows[10] = json.loads(_line(99))["messages"]  # a changed row: its range alone
+    changed = write_and_build(rows)
+    assert (changed.encode_reused, changed.records.records_reencoded) == (3, 8)
+    assert changed.records.why == ("data/a.table changed in rows 9-16",)

@@ -213,6 +213,7 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
                         row_range.rows,
                         row_range.offset,
                         row_range.size,
+                        row_range.unit,
                         grown_from,
                     )
                 )

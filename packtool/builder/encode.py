@@ -80,10 +80,11 @@ class EncodeItem:
     share: float = 1.0  # of the file's lines or rows: what progress counts for this item
     content: str = ""  # RowRange.content: in the key; the summary compares it with the last build's
     rows: int | None = None  # the file's lines or rows, where counted (RowRange.rows)
-    offset: int | None = None  # RowRange.offset and size: the bytes `content` hashes (JSON Lines)
+    offset: int | None = None  # RowRange.offset, size, unit: what `content` hashes
     size: int | None = None
+    unit: str | None = None
     # The entry of this range at an earlier build, when the range was then the file's last and may since have
-    # grown by appended lines: encode_item reuses its rows if its bytes are the start of this range's.
+    # grown by appended lines or rows: encode_item reuses its rows if what they came from starts this range.
     grown_from: str | None = None
 
     @property
@@ -103,9 +104,10 @@ class RowRange:
     end: int | None
     content: str
     rows: int | None = None  # the file's lines or rows, where counted (None: read whole, not counted)
-    # JSON Lines only: where the range's bytes start in the file and how many there are (what `content` hashes)
+    # What `content` hashes: `size` bytes from byte `offset` (JSON Lines), or `size` rows from `start` (tables)
     offset: int | None = None
     size: int | None = None
+    unit: str | None = None  # "bytes", "rows"; None: the whole file
 
 
 TABLE_KINDS = ("parquet", "arrow_file", "arrow_stream")
@@ -165,8 +167,23 @@ def _table_ranges(file: str, kind: str) -> list[RowRange]:
         digests.append(_rows_digest(schema, pending))
     n = len(digests)
     return [
-        RowRange(i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, rows) for i, d in enumerate(digests)
+        RowRange(i * RANGE_ROWS, end, d, rows, None, (end or rows) - i * RANGE_ROWS, "rows")
+        for i, (end, d) in enumerate(zip([(i + 1) * RANGE_ROWS for i in range(n - 1)] + [None], digests))
     ]
+
+
+def _table_rows_digest(file: str, start: int, stop: int) -> str:
+    """The content hash of rows start..stop of a Parquet or Arrow file, as _table_ranges gives a range's."""
+    schema, batches = _table_batches(file, sniff(file))
+    pending, row = [], 0
+    for batch in batches:
+        if row >= stop:
+            break
+        if row + batch.num_rows > start:
+            lo = max(start - row, 0)
+            pending.append(batch.slice(lo, min(stop - row, batch.num_rows) - lo))
+        row += batch.num_rows
+    return _rows_digest(schema, pending)
 
 
 def _table_batches(file: str, kind: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
@@ -222,7 +239,13 @@ def _json_lines_ranges(file: str) -> list[RowRange]:
     n = len(digests)
     return [
         RowRange(
-            i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, lines, bounds[i], bounds[i + 1] - bounds[i]
+            i * RANGE_ROWS,
+            (i + 1) * RANGE_ROWS if i < n - 1 else None,
+            d,
+            lines,
+            bounds[i],
+            bounds[i + 1] - bounds[i],
+            "bytes",
         )
         for i, d in enumerate(digests)
     ]
@@ -239,11 +262,12 @@ class EncodeResult:
 
 @dataclass(frozen=True)
 class Carried:
-    """The first lines of a range that grew, as encoded at an earlier build: that entry's report and partition."""
+    """The first lines or rows of a range that grew, as encoded at an earlier build: that entry's report and
+    partition."""
 
     report: dict[str, Any]
     partition: Path
-    lines: int  # lines of the file it covers, from the range's first
+    lines: int  # lines or rows of the file it covers, from the range's first
 
     @property
     def records(self) -> int:
@@ -251,24 +275,28 @@ class Carried:
 
 
 def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
-    """The entry of `item.grown_from`, when it is as written and the bytes it was encoded from are this
-    range's first bytes up to a newline; None otherwise (the whole range is encoded).
+    """The entry of `item.grown_from`, when it is as written and what it was encoded from starts this range:
+    its bytes, up to a newline, for JSON Lines; its rows' values for Parquet and Arrow. None otherwise (the
+    whole range is encoded).
 
-    Every line of JSON Lines gives its records alone (its location is FILE:LINE, its outcome depends on
-    its bytes only), so the rows of those lines are the rows a whole encode of the grown range would
-    write first, and the records after them continue at the entry's record count."""
-    if item.grown_from is None or item.offset is None or item.size is None:
+    Each line or row gives its records alone (its location is FILE:N, its outcome depends on its content
+    only), so the rows of those lines are the rows a whole encode of the grown range would write first,
+    and the records after them continue at the entry's record count."""
+    if item.grown_from is None or item.size is None:
         return None
     report, _ = cache.check(item.grown_from)  # a damaged entry is not used (the range is encoded whole)
-    if report is None:
+    if report is None or report.get("content_unit") != item.unit:
         return None
-    size, content = report.get("content_bytes"), report.get("content_sha256")
+    size, content = report.get("content_size"), report.get("content_sha256")
     if not isinstance(size, int) or not 0 < size < item.size or not isinstance(content, str):
         return None
     if any(reject.get("reason") == "unreadable_file" for reject in report["rejects"]):
         return None  # a read that broke part way stopped there: the lines after it were never encoded
+    if item.unit == "rows":
+        same = _table_rows_digest(item.file, item.start, item.start + size) == content
+        return Carried(report, cache.partition(item.grown_from), size) if same else None
     with open(item.file, "rb") as handle:
-        handle.seek(item.offset)
+        handle.seek(item.offset or 0)
         prefix = handle.read(size)
     # the earlier last line must have been whole: a line that had no newline may since have grown
     if not prefix.endswith(b"\n") or hashlib.sha256(prefix).hexdigest() != content:
@@ -530,7 +558,8 @@ def encode_item(item: EncodeItem) -> EncodeResult:
             writer.close()
         report.samples, report.tokens = writer.rows, writer.tokens
         # what a later build checks before it reuses this entry's rows for the range grown (carried_prefix)
-        content = {"content_sha256": item.content, "content_bytes": item.size} if item.size is not None else {}
+        content = {"content_sha256": item.content, "content_size": item.size, "content_unit": item.unit}
+        content = content if item.unit is not None else {}
         sealed = seal_report({**report.as_dict(), **content}, item.key, temporary)
         publish_file(temporary, final)
     finally:

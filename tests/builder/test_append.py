@@ -224,8 +224,9 @@ def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_
 
     rows = [json.loads(_line(i))["messages"] for i in range(30)]
     assert write_and_build(rows[:20]).encode_items == 3  # 0-8, 8-16, 16-20
-    again = write_and_build(rows)  # another layout, the same first 16 rows: 0-8 and 8-16 are reused
-    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (4, 2, 8 + 6)
+    # another layout, the same first 20 rows: 0-8 and 8-16 are reused, 16-24 starts with the rows of 16-20
+    again = write_and_build(rows)
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (4, 2, 4 + 6)
     assert again.records.why == ("data/a.table grew by 10 rows",)
     write_and_build(rows, "fresh", use_cache=False)
     assert _files(tmp_path / "out") == _files(tmp_path / "fresh")

@@ -152,7 +152,7 @@ def _table_ranges(file: str, kind: str) -> list[RowRange]:
     digests: list[str] = []
     pending: list[pa.RecordBatch] = []
     held = rows = 0
-    schema, batches = _table_batches(file, kind)
+    schema, batches, _ = _table_batches(file, kind)
     for batch in batches:
         rows += batch.num_rows
         while batch.num_rows:
@@ -174,8 +174,8 @@ def _table_ranges(file: str, kind: str) -> list[RowRange]:
 
 def _table_rows_digest(file: str, start: int, stop: int) -> str:
     """The content hash of rows start..stop of a Parquet or Arrow file, as _table_ranges gives a range's."""
-    schema, batches = _table_batches(file, sniff(file))
-    pending, row = [], 0
+    schema, batches, row = _table_batches(file, sniff(file), start)
+    pending = []
     for batch in batches:
         if row >= stop:
             break
@@ -186,18 +186,25 @@ def _table_rows_digest(file: str, start: int, stop: int) -> str:
     return _rows_digest(schema, pending)
 
 
-def _table_batches(file: str, kind: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+def _table_batches(file: str, kind: str, start: int = 0) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int]:
+    """The file's schema, its batches from one that holds row `start` on, and the first row of that batch.
+    Parquet row groups wholly before `start` are never decoded."""
     if kind == "parquet":
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(file)
-        return parquet.schema_arrow, parquet.iter_batches(batch_size=RANGE_ROWS)
+        sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+        first = row = 0
+        while first < len(sizes) - 1 and row + sizes[first] <= start:
+            row, first = row + sizes[first], first + 1
+        groups = list(range(first, len(sizes)))
+        return parquet.schema_arrow, parquet.iter_batches(batch_size=RANGE_ROWS, row_groups=groups), row
     source = pa.memory_map(file)
     if kind == "arrow_stream":
         stream = pa.ipc.open_stream(source)
-        return stream.schema, iter(stream)
+        return stream.schema, iter(stream), 0
     reader = pa.ipc.open_file(source)
-    return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches)), 0
 
 
 def _rows_digest(schema: pa.Schema, batches: list[pa.RecordBatch]) -> str:

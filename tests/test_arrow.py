@@ -1,3 +1,4 @@
+import hashlib
 import math
 import os
 import subprocess
@@ -6,8 +7,6 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-
-import hashlib
 
 from packtool.arrow import (
     as_numpy,

@@ -99,6 +99,37 @@ def test_a_grown_range_writes_the_entry_a_whole_encode_writes(data):
         assert _entry(data / ".packtool-cache", key) == _entry(data / "apart-cache", key)
 
 
+def test_a_grown_range_of_groups_carries_their_roles_and_rewards(tmp_path, monkeypatch):
+    """Group rows (consecutive segments of one record, with kind, completion, reward) are carried as written."""
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / "a.jsonl"
+
+    def group(i: int) -> str:
+        rewards = {"rewards": [1.0, 0.5 * (i % 3)]} if i % 2 else {}
+        return json.dumps({"prompt": f"{i}+{i}?", "completions": [str(2 * i), "no"], **rewards}) + "\n"
+
+    def build_groups(output: str, cache: str) -> Built:
+        raw = {
+            "sources": [{"name": "rl", "path": "data/a.jsonl", "format": "group"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 128,
+            "output": output,
+            "cache": cache,
+        }
+        (tmp_path / "config.json").write_text(json.dumps(raw), encoding="utf-8")
+        return build(load_config(tmp_path / "config.json", workers="1"))
+
+    file.write_text("".join(group(i) for i in range(11)), encoding="utf-8")  # 0-8, 8-11
+    build_groups("out", "cache")
+    file.write_text("".join(group(i) for i in range(14)), encoding="utf-8")  # 8-14 starts with 8-11
+    assert build_groups("out", "cache").records.records_reencoded == 3
+    build_groups("apart", "apart-cache")
+    for key in _keys(tmp_path / "apart-cache"):
+        assert _entry(tmp_path / "cache", key) == _entry(tmp_path / "apart-cache", key)
+    assert _files(tmp_path / "out") == _files(tmp_path / "apart")
+
+
 def test_appending_twice_carries_the_grown_range_over_again(data):
     _append(data / "data" / "a.jsonl", range(30, 31))  # 24-31
     assert _build(data, "out").records.records_reencoded == 1

@@ -181,7 +181,7 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     for source in config.sources:
         settings = source_settings(source, config)
         for file in source_files(source):
-            ranges = row_ranges(file, source.max_samples)
+            ranges = row_ranges(file, source.max_samples, cache)
             label = file_label(source, file)
             key_of = partial(
                 encode_key,

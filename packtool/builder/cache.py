@@ -56,6 +56,7 @@ ENCODING_MODULES = (
     "packtool.builder.encode",
     "packtool.truncate",  # cuts a pair's or group's prompt before its rows are written (truncate_item)
     "packtool.builder.store",  # writes the partitions
+    "packtool.arrow",  # builds their columns; hashes the rows of Parquet and Arrow ranges
 )
 
 

@@ -14,6 +14,7 @@ from support import QUICKSTART
 
 import packtool.builder.encode as encode_phase
 from packtool.builder import Built, build
+from packtool.builder.cache import TokenCache
 from packtool.config import load_config
 from packtool.errors import PacktoolError
 
@@ -262,7 +263,29 @@ def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_
     write_and_build(rows, "fresh", use_cache=False)
     assert _files(tmp_path / "out") == _files(tmp_path / "fresh")
 
+    def unhashed(*args: object) -> str:
+        raise AssertionError("a table whose bytes are as at the last build is not hashed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(encode_phase, "_rows_digest", unhashed)  # its range hashes come from the cache
+        unchanged = write_and_build(rows)  # the same bytes again
+    assert unchanged.encode_reused == unchanged.encode_items == 4
+
     rows[10] = json.loads(_line(99))["messages"]  # a changed row: its range alone
     changed = write_and_build(rows)
     assert (changed.encode_reused, changed.records.records_reencoded) == (3, 8)
     assert changed.records.why == ("data/a.table changed in rows 9-16",)
+
+
+def test_remembered_table_hashes_are_checked(tmp_path, monkeypatch):
+    """A record of a table's range hashes is used only for the bytes it names and only as written."""
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    file, cache = tmp_path / "a.parquet", TokenCache(tmp_path / "cache")
+    _write_table(file, [json.loads(_line(i))["messages"] for i in range(20)], "parquet")
+    hashed = encode_phase.row_ranges(str(file), None)
+    assert encode_phase.row_ranges(str(file), None, cache) == hashed  # hashed, then recorded
+    (memo,) = (tmp_path / "cache" / "files").glob("*/*.json")
+    recorded = json.loads(memo.read_text())
+    memo.write_text(json.dumps({**recorded, "digests": ["0" * 64] * 3}))  # changed: its seal no longer holds
+    assert encode_phase.row_ranges(str(file), None, cache) == hashed
+    assert json.loads(memo.read_text()) == recorded  # recorded again as hashed

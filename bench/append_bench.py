@@ -2,12 +2,15 @@
 
     python bench/append_bench.py                      # 20 x quickstart, append 1% of the rows to chat.jsonl
     python bench/append_bench.py --range-rows 256     # smaller ranges: less of the last one is redone
+    python bench/append_bench.py --parquet            # chat as Parquet, written again with the rows appended
 
 Each quickstart file is written N times over into one file of a temp folder (chat.jsonl: 1,300 x N
 lines), the first build runs with a fresh cache, then 1% of all rows (copies of chat's first lines)
 are appended to chat.jsonl and the same build runs again. Both run in this process, `-j 1`, so that
---range-rows (RANGE_ROWS, set on the module) holds in the encode. The rebuild re-encodes the last,
-partial range of chat.jsonl and the appended rows; plan and emit run whole, as the plan is global.
+--range-rows (RANGE_ROWS, set on the module) holds in the encode. The rebuild encodes the appended
+rows only (the last range of chat.jsonl starts from its earlier entry); plan and emit run whole, as
+the plan is global. With --parquet, chat's rows are a Parquet file, written again whole with the rows
+appended (another row-group layout than the first).
 The last row checks that the rebuild's output equals a fresh --no-cache build byte for byte.
 """
 
@@ -31,15 +34,24 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 
-def _config(folder: Path, output: str) -> Path:
+def _config(folder: Path, output: str, chat: str) -> Path:
     raw = yaml.safe_load(QUICKSTART.read_text(encoding="utf-8"))
     for source in raw["sources"]:
         source["path"] = Path(source["path"]).name
+        source["path"] = chat if source["path"] == "chat.jsonl" else source["path"]
     raw["tokenizer"] = str(QUICKSTART.parent / raw["tokenizer"])
     raw["output"] = output
     path = folder / f"{output}.json"
     path.write_text(json.dumps(raw), encoding="utf-8")
     return path
+
+
+def _write_parquet(path: Path, lines: str, row_group_size: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in lines.splitlines() if line.strip()]
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
 
 
 def _timed(config: Path, *, use_cache: bool = True) -> tuple[float, Built]:
@@ -57,6 +69,7 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=20)
     parser.add_argument("--share", type=float, default=0.01, help="rows appended, as a share of all rows")
     parser.add_argument("--range-rows", type=int, default=encode_phase.RANGE_ROWS)
+    parser.add_argument("--parquet", action="store_true", help="chat's rows as Parquet, written again when grown")
     args = parser.parse_args()
     encode_phase.RANGE_ROWS = args.range_rows
     with tempfile.TemporaryDirectory(prefix="append-bench-") as tmp:
@@ -66,17 +79,21 @@ def main() -> int:
             text = (QUICKSTART.parent / source["path"]).read_text(encoding="utf-8")
             (folder / Path(source["path"]).name).write_text(text * args.copies, encoding="utf-8")
             rows += text.count("\n") * args.copies
-        first_s, first = _timed(_config(folder, "out"))
-        chat = folder / "chat.jsonl"
+        chat = folder / ("chat.parquet" if args.parquet else "chat.jsonl")
+        if args.parquet:
+            _write_parquet(chat, (folder / "chat.jsonl").read_text(encoding="utf-8"), row_group_size=10_000)
+        first_s, first = _timed(_config(folder, "out", chat.name))
         added = round(rows * args.share)
         head = (QUICKSTART.parent / "quickstart" / "chat.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-        with chat.open("a", encoding="utf-8") as handle:
+        with (folder / "chat.jsonl").open("a", encoding="utf-8") as handle:
             handle.write("".join(head[i % len(head)] for i in range(added)))
-        again_s, again = _timed(_config(folder, "out"))
-        _timed(_config(folder, "fresh"), use_cache=False)
+        if args.parquet:  # written again whole, in other row groups
+            _write_parquet(chat, (folder / "chat.jsonl").read_text(encoding="utf-8"), row_group_size=8_192)
+        again_s, again = _timed(_config(folder, "out", chat.name))
+        _timed(_config(folder, "fresh", chat.name), use_cache=False)
         same = _digest(folder / "out") == _digest(folder / "fresh")
 
-    print(f"{args.copies} x quickstart ({rows:,} rows), RANGE_ROWS {args.range_rows:,}, +{added:,} rows to chat.jsonl")
+    print(f"{args.copies} x quickstart ({rows:,} rows), RANGE_ROWS {args.range_rows:,}, +{added:,} rows to {chat.name}")
     print(f"{'build':<22} {'seconds':>8} {'records':>9} {'re-encoded':>11} {'share':>7}")
     for name, seconds, built in (("first (fresh cache)", first_s, first), ("after append", again_s, again)):
         r = built.records

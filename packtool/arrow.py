@@ -12,7 +12,9 @@ partition changes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence, Sized
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -89,3 +91,111 @@ def _narrowed(offsets: np.ndarray, dtype: type) -> np.ndarray:
     if dtype == np.int32 and len(offsets) and offsets[-1] > _INT32_MAX:
         raise OverflowError(f"{offsets[-1]:,} values do not fit the 32-bit offsets of one Arrow list or string column")
     return offsets.astype(dtype, copy=False)
+
+
+def content_digest(array: pa.Array, digest: Any, field: pa.Field | None = None) -> None:
+    """Feed `digest` (a hashlib object) with the values `array` holds and nothing of how they are laid out.
+
+    Equal values give equal bytes whatever the chunking, slicing, dictionary encoding or bytes left in
+    null slots (which Arrow leaves undefined); different values or types never do. Per array:
+
+        type (_label)  length  validity bits, then by type:
+        fixed width     the values, null slots as zeros
+        string, binary  the lengths (null: 0), the bytes of the values that are not null
+        list            the lengths (null: 0), then the items of the lists that are not null
+        struct          each field by name (and metadata), with the struct's nulls as its own
+        other           the values as JSON text (exact, at Python's pace)
+    Read from the buffers, not through to_numpy or scalars (see the module docstring). `field`: the
+    column's, whose name and metadata come first.
+    """
+    if field is not None:
+        digest.update(f"column {_named(field)}\n".encode())
+    kind = array.type
+    if isinstance(kind, pa.BaseExtensionType):
+        digest.update(f"extension {kind.extension_name}\n".encode())
+        content_digest(array.storage, digest)
+        return
+    if pa.types.is_dictionary(kind):
+        content_digest(array.dictionary_decode(), digest)
+        return
+    n, buffers = len(array), array.buffers()
+    valid = _bits(buffers[0], array.offset, n) if buffers[0] is not None and array.null_count else np.ones(n, bool)
+    label = _label(kind)
+    digest.update(f"{label} {n}\n".encode() + np.packbits(valid).tobytes())
+    if pa.types.is_struct(kind):
+        for i, child in enumerate(array.flatten()):  # flatten: a null struct's fields are null
+            digest.update(f"field {_named(kind.field(i))}\n".encode())
+            content_digest(child, digest)
+    elif pa.types.is_null(kind):
+        return
+    elif pa.types.is_boolean(kind):
+        digest.update(np.packbits(_bits(buffers[1], array.offset, n) & valid).tobytes())
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        import pyarrow.compute as pc
+
+        if pa.types.is_fixed_size_list(kind):
+            lengths = np.full(n, kind.list_size, dtype=np.int64) * valid
+        else:
+            lengths = np.diff(_offsets(array, buffers[1])) * valid
+        digest.update(lengths.tobytes())
+        content_digest(pc.list_flatten(array), digest)  # the items of the lists that are not null, in order
+    elif _is_binary(kind):
+        offsets = _offsets(array, buffers[1])
+        spans = np.diff(offsets)
+        digest.update((spans * valid).tobytes())
+        data = memoryview(buffers[2] or b"")
+        if not spans[~valid].any():
+            digest.update(data[offsets[0] : offsets[-1]] if n else b"")
+        else:  # null slots that span bytes: only the values count
+            digest.update(b"".join(data[offsets[i] : offsets[i + 1]] for i in np.flatnonzero(valid)))
+    elif (pa.types.is_primitive(kind) and kind.bit_width % 8 == 0) or pa.types.is_fixed_size_binary(kind):
+        width = kind.byte_width
+        values = np.frombuffer(buffers[1], dtype=np.uint8)[array.offset * width : (array.offset + n) * width]
+        values = values.reshape(n, width).copy()
+        values[~valid] = 0
+        digest.update(values.tobytes())
+    else:  # views, maps, unions: exact through Python values
+        digest.update(json.dumps(array.to_pylist(), ensure_ascii=False, default=repr).encode())
+
+
+def _label(kind: pa.DataType) -> str:
+    """The type as far as the values go: not its children (hashed on their own), nor its offsets' width,
+    nor a list's item name (`item`, or Parquet's `element`)."""
+    if pa.types.is_struct(kind):
+        return "struct"
+    if pa.types.is_fixed_size_list(kind):
+        return f"fixed_size_list {kind.list_size} {_named(kind.value_field, name=False)}"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"list {_named(kind.value_field, name=False)}"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "string"
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return "binary"
+    return str(kind)
+
+
+def _named(field: pa.Field, *, name: bool = True) -> str:
+    """A field's name and metadata (which may say how its cells are read: the arrow.json extension)."""
+    metadata = sorted((field.metadata or {}).items())
+    return f"{field.name if name else ''} {metadata}"
+
+
+def _bits(buffer: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """Arrow's little-endian bit buffer as booleans, positions offset..offset+n."""
+    return np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")[offset : offset + n].astype(bool)
+
+
+def _offsets(array: pa.Array, buffer: pa.Buffer) -> np.ndarray:
+    wide = pa.types.is_large_list(array.type) or pa.types.is_large_string(array.type)
+    wide = wide or pa.types.is_large_binary(array.type)
+    offsets = np.frombuffer(buffer, dtype=np.int64 if wide else np.int32)
+    return offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or (pa.types.is_large_binary(kind))
+    )

@@ -1,3 +1,4 @@
+import hashlib
 import math
 import os
 import subprocess
@@ -7,7 +8,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from packtool.arrow import as_numpy, list_parts, number_lists, numbers, offsets_of, string_lists, strings
+from packtool.arrow import (
+    as_numpy,
+    content_digest,
+    list_parts,
+    number_lists,
+    numbers,
+    offsets_of,
+    string_lists,
+    strings,
+)
 
 
 @pytest.mark.parametrize(
@@ -112,3 +122,65 @@ def test_build_and_commands_never_import_pandas(tmp_path):
     # the trap works: a process that asks for pandas is recorded
     subprocess.run([sys.executable, "-c", "import pyarrow as pa; pa.array([1])"], env=env, check=True)
     assert log.exists()
+
+
+def _digest(array: pa.Array) -> str:
+    digest = hashlib.sha256()
+    content_digest(array, digest)
+    return digest.hexdigest()
+
+
+MESSAGES = [
+    [{"role": "user", "content": "hi", "n": 3}, {"role": "assistant", "content": None, "n": None}],
+    None,
+    [],
+    [{"role": "user", "content": "é\u00a0x", "n": -1}],
+]
+
+
+def test_content_digest_depends_on_values_not_layout():
+    whole = pa.array(MESSAGES * 3)
+    assert _digest(whole.slice(4, 4)) == _digest(pa.array(MESSAGES))  # a slice: offsets not from 0
+    large = pa.array(MESSAGES, pa.large_list(whole.type.value_type))  # wider offsets, same values
+    assert _digest(large) == _digest(pa.array(MESSAGES))
+    words = pa.array(["a", None, "bc", "a"])
+    assert _digest(words.dictionary_encode()) == _digest(words)
+    # a null slot's bytes are undefined in Arrow: garbage there changes nothing
+    clean = pa.array([1, None, 3], pa.int64())
+    garbage = pa.Array.from_buffers(
+        pa.int64(), 3, [clean.buffers()[0], pa.py_buffer(np.array([1, 99, 3], np.int64).tobytes())], null_count=1
+    )
+    assert _digest(garbage) == _digest(clean)
+    text = pa.Array.from_buffers(  # a null string that spans bytes
+        pa.string(),
+        2,
+        [clean.buffers()[0], pa.py_buffer(np.array([0, 1, 4], np.int32).tobytes()), pa.py_buffer(b"axyz")],
+        null_count=1,
+    )
+    assert _digest(text) == _digest(pa.array(["a", None]))
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (pa.array(["ab", "c"]), pa.array(["a", "bc"])),  # same bytes, other split
+        (pa.array(["a", None]), pa.array(["a", ""])),
+        (pa.array(["a"]), pa.array([b"a"])),  # str and bytes read differently
+        (pa.array([1, 0]), pa.array([1, None])),
+        (pa.array([True, False]), pa.array([True, None])),
+        (pa.array([[1], [2, 3]]), pa.array([[1, 2], [3]])),
+        (pa.array([{"a": 1}]), pa.array([{"b": 1}])),  # a field's name
+        (pa.array([{"a": None}, None]), pa.array([{"a": None}, {"a": None}])),
+        (pa.array([1.5]), pa.array([1.25])),
+    ],
+)
+def test_content_digest_tells_different_values_apart(one, other):
+    assert _digest(one) != _digest(other)
+
+
+def test_content_digest_names_a_fields_metadata():
+    """reading parses a field marked as arrow.json by its metadata: a mark is part of the content."""
+    marked = pa.field("x", pa.string(), metadata={b"ARROW:extension:name": b"arrow.json"})
+    kind = pa.struct([marked])
+    plain = pa.array([{"x": "1"}], pa.struct([pa.field("x", pa.string())]))
+    assert _digest(pa.array([{"x": "1"}], kind)) != _digest(plain)

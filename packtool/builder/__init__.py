@@ -21,6 +21,7 @@ import signal
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from packtool.builder.plan import make_plan, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
 from packtool.builder.publish import Staging
-from packtool.builder.reencoded import Reencoded, reencoded
+from packtool.builder.reencoded import Reencoded, last_range, reencoded
 from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
 from packtool.format import REJECTS
@@ -112,21 +113,21 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
     items = _encode_items(config, stages, cache)
     with make_executor(config.run.executor, config.run.workers, config.run.ray_address) as executor:
-        encode_reused, reused = 0, []
+        encode_reused, results = 0, []
         repaired = []  # what was found changed since it was written, and redone
         with progress.phase("encode", sum(item.bytes for item in items), "B") as bar:
             for done, (item, result) in enumerate(zip(items, executor.map(encode_item, items)), start=1):
                 if result.failure is not None:
                     raise PacktoolError(result.failure)
                 encode_reused += result.reused
-                reused.append(result.reused)
+                results.append(result)
                 repaired += [result.repaired] if result.repaired else []
                 bar.update(item.bytes)
                 _kill_hook("encode", done)
         nodes = {"encode": dict(executor.nodes)}
 
         partitions = [_partition(item, cache) for item in items]
-        records = reencoded(config, cache, items, reused, partitions)
+        records = reencoded(config, cache, items, results, partitions)
         key = plan_key(config, [p.key for p in partitions])
         if dry_run:
             # an interrupted build's staged work stays untouched; the preview's plan goes with it
@@ -180,16 +181,21 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     for source in config.sources:
         settings = source_settings(source, config)
         for file in source_files(source):
-            ranges = row_ranges(file, source.max_samples)
+            ranges = row_ranges(file, source.max_samples, cache)
+            label = file_label(source, file)
+            key_of = partial(
+                encode_key,
+                file=label,
+                tokenizer_hash=tokenizer_hash,
+                template_hash=template_hash,
+                settings=settings,
+            )
+            last = last_range(cache, source.name, label)
             for row_range in ranges:
-                key = encode_key(
-                    content=row_range.content,
-                    start=row_range.start,
-                    file=file_label(source, file),
-                    tokenizer_hash=tokenizer_hash,
-                    template_hash=template_hash,
-                    settings=settings,
-                )
+                key = key_of(content=row_range.content, start=row_range.start)
+                grown_from = None  # the file's last range at the last build, since grown: its entry may hold
+                if last is not None and last[0] == row_range.start and last[1] != row_range.content:  # our first rows
+                    grown_from = key_of(content=last[1], start=last[0])
                 stop_at_bad = config.outcome.on_error == "fail"
                 items.append(
                     EncodeItem(
@@ -205,6 +211,10 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
                         1 / len(ranges),
                         row_range.content,
                         row_range.rows,
+                        row_range.offset,
+                        row_range.size,
+                        row_range.unit,
+                        grown_from,
                     )
                 )
     return items

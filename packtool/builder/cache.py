@@ -5,10 +5,11 @@
     CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see builder.encode)
     CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
                                       {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
-    CACHE/files/ab/abcdef....json     per input file, its ranges at the last build (for the summary only)
+    CACHE/files/ab/abcdef....json     per input file, its ranges at the last build (builder.reencoded)
 
-An entry's key hashes the bytes of its row range of the input file (JSON Lines; the whole file for other
-formats, see builder.encode.RowRange) and where the range starts, the tokenizer and template by content, the source's
+An entry's key hashes the content of its row range of the input file (the bytes of JSON Lines lines, the
+values of Parquet and Arrow rows; the whole file for other formats, see builder.encode.RowRange) and where
+the range starts, the tokenizer and template by content, the source's
 render/tokenize settings and the code that encodes, so a stale entry is never looked up. Entries
 are write-once: written under a temporary name and renamed, report last, so two builds sharing a
 cache write identical bytes to the same name and a reader sees an entry whole or not at all.
@@ -45,7 +46,8 @@ from packtool.config import (
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
-# 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config sections
+# 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config sections,
+# Parquet and Arrow ranges keyed by their rows, and a report says what its content hash covered (builder.encode.carried_prefix)
 CACHE_VERSION = 4
 CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
@@ -62,6 +64,7 @@ ENCODING_MODULES = (
     "packtool.builder.encode",
     "packtool.truncate",  # cuts a pair's or group's prompt before its rows are written (truncate_item)
     "packtool.builder.store",  # writes the partitions
+    "packtool.arrow",  # builds their columns; hashes the rows of Parquet and Arrow ranges
 )
 
 

@@ -30,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.adapters import Parsed
+from packtool.arrow import content_digest
 from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
-from packtool.builder.cache import TokenCache, file_sha256, publish_file, seal_report
-from packtool.builder.store import PartitionWriter, SegmentRole
+from packtool.builder.cache import TokenCache, entry_digest, file_sha256, publish_file, seal_report
+from packtool.builder.store import PartitionWriter, SegmentRole, stored_rows
 from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json, item_fit_parts, keyed_parts
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
@@ -79,6 +80,12 @@ class EncodeItem:
     share: float = 1.0  # of the file's lines or rows: what progress counts for this item
     content: str = ""  # RowRange.content: in the key; the summary compares it with the last build's
     rows: int | None = None  # the file's lines or rows, where counted (RowRange.rows)
+    offset: int | None = None  # RowRange.offset, size, unit: what `content` hashes
+    size: int | None = None
+    unit: str | None = None
+    # The entry of this range at an earlier build, when the range was then the file's last and may since have
+    # grown by appended lines or rows: encode_item reuses its rows if what they came from starts this range.
+    grown_from: str | None = None
 
     @property
     def bytes(self) -> int:
@@ -89,23 +96,29 @@ class EncodeItem:
 class RowRange:
     """Positions start..end of one input file (end None: to the end) and the sha256 of what decides its samples.
 
-    For plain JSON Lines, `content` hashes the bytes of the range's own lines, so rows appended to a file
-    change only its last range and add new ones. Parquet, Arrow, compressed files and JSON arrays have no
-    cheap per-range hash: every range of those carries the whole file's sha256, and any change re-encodes
-    the whole file."""
+    `content` hashes the range's own rows: the bytes of its lines for plain JSON Lines, the values of its
+    rows for Parquet and Arrow (arrow.content_digest), so rows appended to a file change only its last
+    range and add new ones. Compressed files and JSON arrays are one range, keyed by the whole file's sha256."""
 
     start: int
     end: int | None
     content: str
     rows: int | None = None  # the file's lines or rows, where counted (None: read whole, not counted)
+    # What `content` hashes: `size` bytes from byte `offset` (JSON Lines), or `size` rows from `start` (tables)
+    offset: int | None = None
+    size: int | None = None
+    unit: str | None = None  # "bytes", "rows"; None: the whole file
 
 
-def row_ranges(file: str, max_samples: int | None) -> list[RowRange]:
+TABLE_KINDS = ("parquet", "arrow_file", "arrow_stream")
+
+
+def row_ranges(file: str, max_samples: int | None, cache: TokenCache | None = None) -> list[RowRange]:
     """How one input file splits into encode work items, as positions for `read_file` and their content hash.
 
-    A plain JSON Lines file of L lines (blank lines included) or a Parquet file of L rows splits at fixed
-    multiples of RANGE_ROWS, so that all workers share one large file and appended rows only change the
-    last range or add new ones:
+    A plain JSON Lines file of L lines (blank lines included) or a Parquet or Arrow file of L rows splits at
+    fixed multiples of RANGE_ROWS, so that all workers share one large file and appended rows only change
+    the last range or add new ones:
 
         lines  0 ........ R | R ........ 2R | ... | (n-1)R ........ end
                item 0         item 1                item n-1 (end: None)
@@ -113,27 +126,139 @@ def row_ranges(file: str, max_samples: int | None) -> list[RowRange]:
     Locations and ids come from the file and the line or row, so they do not depend on the split, and the
     partitions are read back in item order, so the plan and the shards do not either. Compressed files and
     JSON arrays are read from their first byte whatever the range, and a source with max_samples counts
-    records across the file: those stay one item.
+    records across the file: those stay one item. So does a table that breaks while it is hashed: its
+    read says where. A table's range hashes are remembered in `cache`, by the file's sha256 (_remembered).
     """
     try:
         kind = sniff(file)
-        if kind == "text" and max_samples is None and (ranges := _json_lines_ranges(file)):
+        if max_samples is None and kind == "text" and (ranges := _json_lines_ranges(file)):
             return ranges
-        positions = _parquet_rows(file) if kind == "parquet" and max_samples is None else 0
-        whole_file = file_sha256(file)
+        if max_samples is None and kind in TABLE_KINDS:
+            return _table_ranges(file, kind, cache)
     except (OSError, pa.ArrowException):
-        return [RowRange(0, None, "unreadable")]  # the read reports it, once
-    n = -(-positions // RANGE_ROWS)
-    if n <= 1:
-        return [RowRange(0, None, whole_file, positions or None)]
-    ends: list[int | None] = [(i + 1) * RANGE_ROWS for i in range(n - 1)]
-    return [RowRange(i * RANGE_ROWS, end, whole_file, positions) for i, end in enumerate([*ends, None])]
+        pass  # keyed by its bytes below, or unreadable; the read reports the problem, once
+    try:
+        return [RowRange(0, None, file_sha256(file))]
+    except OSError:
+        return [RowRange(0, None, "unreadable")]
 
 
-def _parquet_rows(file: str) -> int:
-    import pyarrow.parquet as pq
+def _table_ranges(file: str, kind: str, cache: TokenCache | None) -> list[RowRange]:
+    """The ranges of a Parquet or Arrow file, each hashed over the names, types and values of its own rows.
 
-    return int(pq.ParquetFile(file).metadata.num_rows)
+    The rows of one range are put together before they are hashed, so neither the file's row groups or
+    batches nor its compression change a range's hash: a file written again with rows appended keeps the
+    hash of every full range before them. One range's rows are in memory at a time. Decoding and hashing
+    cost ~11 us a row (20 x quickstart chat as Parquet), so a file whose bytes are as at an earlier build
+    takes that build's hashes from the cache instead (reading its bytes: ~1 GB/s)."""
+    whole = file_sha256(file)
+    remembered = _remembered(cache, whole) if cache is not None else None
+    if remembered is not None:
+        return _ranges_of(*remembered)
+    digests: list[str] = []
+    pending: list[pa.RecordBatch] = []
+    held = rows = 0
+    schema, batches, _ = _table_batches(file, kind)
+    for batch in batches:
+        rows += batch.num_rows
+        while batch.num_rows:
+            taken = batch.slice(0, RANGE_ROWS - held)
+            pending.append(taken)
+            held += taken.num_rows
+            batch = batch.slice(taken.num_rows)
+            if held == RANGE_ROWS:
+                digests.append(_rows_digest(schema, pending))
+                pending, held = [], 0
+    if held or not digests:  # rows after the last full range (or one range in all)
+        digests.append(_rows_digest(schema, pending))
+    if cache is not None:
+        _remember(cache, whole, digests, rows)
+    return _ranges_of(digests, rows)
+
+
+def _ranges_of(digests: list[str], rows: int) -> list[RowRange]:
+    n = len(digests)
+    return [
+        RowRange(i * RANGE_ROWS, end, d, rows, None, (end or rows) - i * RANGE_ROWS, "rows")
+        for i, (end, d) in enumerate(zip([(i + 1) * RANGE_ROWS for i in range(n - 1)] + [None], digests))
+    ]
+
+
+def _memo(cache: TokenCache, whole: str) -> Path:
+    name = hashlib.sha256(canonical_json(["table ranges", whole, RANGE_ROWS]).encode()).hexdigest()
+    return cache.root / "files" / name[:2] / f"{name}.json"
+
+
+def _remembered(cache: TokenCache, whole: str) -> tuple[list[str], int] | None:
+    """The range hashes and rows recorded for a table of sha256 `whole` at RANGE_ROWS; None when there are
+    none, or the record is not as written (its seal) or not for these bytes."""
+    try:
+        memo = json.loads(_memo(cache, whole).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(memo, dict) or memo.get("entry_sha256") != entry_digest(memo):
+        return None
+    digests, rows = memo.get("digests"), memo.get("rows")
+    if [memo.get("file_sha256"), memo.get("range_rows")] != [whole, RANGE_ROWS] or not isinstance(rows, int):
+        return None
+    return (digests, rows) if isinstance(digests, list) and all(isinstance(d, str) for d in digests) else None
+
+
+def _remember(cache: TokenCache, whole: str, digests: list[str], rows: int) -> None:
+    memo = {"file_sha256": whole, "range_rows": RANGE_ROWS, "digests": digests, "rows": rows}
+    path = _memo(cache, whole)
+    try:
+        temporary = cache.temporary(path)
+        try:
+            temporary.write_text(json.dumps({**memo, "entry_sha256": entry_digest(memo)}), encoding="utf-8")
+            publish_file(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+    except OSError:
+        pass  # unrecorded, the next build hashes the rows again; a full disk stops this one at its first entry
+
+
+def _table_rows_digest(file: str, start: int, stop: int) -> str:
+    """The content hash of rows start..stop of a Parquet or Arrow file, as _table_ranges gives a range's."""
+    schema, batches, row = _table_batches(file, sniff(file), start)
+    pending = []
+    for batch in batches:
+        if row >= stop:
+            break
+        if row + batch.num_rows > start:
+            lo = max(start - row, 0)
+            pending.append(batch.slice(lo, min(stop - row, batch.num_rows) - lo))
+        row += batch.num_rows
+    return _rows_digest(schema, pending)
+
+
+def _table_batches(file: str, kind: str, start: int = 0) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int]:
+    """The file's schema, its batches from one that holds row `start` on, and the first row of that batch.
+    Parquet row groups wholly before `start` are never decoded."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(file)
+        sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+        first = row = 0
+        while first < len(sizes) - 1 and row + sizes[first] <= start:
+            row, first = row + sizes[first], first + 1
+        groups = list(range(first, len(sizes)))
+        return parquet.schema_arrow, parquet.iter_batches(batch_size=RANGE_ROWS, row_groups=groups), row
+    source = pa.memory_map(file)
+    if kind == "arrow_stream":
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, iter(stream), 0
+    reader = pa.ipc.open_file(source)
+    return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches)), 0
+
+
+def _rows_digest(schema: pa.Schema, batches: list[pa.RecordBatch]) -> str:
+    digest = hashlib.sha256()
+    table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+    for column_field, column in zip(table.schema, table.columns):
+        content_digest(column.combine_chunks(), digest, column_field)
+    return digest.hexdigest()
 
 
 def _json_lines_ranges(file: str) -> list[RowRange]:
@@ -146,6 +271,7 @@ def _json_lines_ranges(file: str) -> list[RowRange]:
             return []
         handle.seek(0)
         digests, digest, lines, last = [], hashlib.sha256(), 0, b""
+        bounds, read = [0], 0  # byte offsets at which the ranges start, then the file's size
         while block := handle.read(1 << 20):
             newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             # the line counts at which a range closes inside this block, as offsets just past their newline
@@ -155,15 +281,26 @@ def _json_lines_ranges(file: str) -> list[RowRange]:
                 past = int(newlines[count - lines - 1]) + 1
                 digest.update(block[cut:past])
                 digests.append(digest.hexdigest())
+                bounds.append(read + past)
                 digest, cut = hashlib.sha256(), past
             digest.update(block[cut:])
-            lines, last = lines + len(newlines), block[-1:]
+            lines, last, read = lines + len(newlines), block[-1:], read + len(block)
     lines += last not in (b"\n", b"")
     if lines > len(digests) * RANGE_ROWS or not digests:  # lines after the last closed range (or one range in all)
         digests.append(digest.hexdigest())
+        bounds.append(read)
     n = len(digests)
     return [
-        RowRange(i * RANGE_ROWS, (i + 1) * RANGE_ROWS if i < n - 1 else None, d, lines) for i, d in enumerate(digests)
+        RowRange(
+            i * RANGE_ROWS,
+            (i + 1) * RANGE_ROWS if i < n - 1 else None,
+            d,
+            lines,
+            bounds[i],
+            bounds[i + 1] - bounds[i],
+            "bytes",
+        )
+        for i, d in enumerate(digests)
     ]
 
 
@@ -173,6 +310,51 @@ class EncodeResult:
     reused: bool
     failure: str | None = None  # the one-line message for on_error: fail
     repaired: str | None = None  # why the cache entry found was not reused (it was encoded again)
+    carried: int = 0  # records taken from the entry of the range before it grew (EncodeItem.grown_from), not encoded
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The first lines or rows of a range that grew, as encoded at an earlier build: that entry's report and
+    partition."""
+
+    report: dict[str, Any]
+    partition: Path
+    lines: int  # lines or rows of the file it covers, from the range's first
+
+    @property
+    def records(self) -> int:
+        return int(self.report["read"])
+
+
+def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
+    """The entry of `item.grown_from`, when it is as written and what it was encoded from starts this range:
+    its bytes, up to a newline, for JSON Lines; its rows' values for Parquet and Arrow. None otherwise (the
+    whole range is encoded).
+
+    Each line or row gives its records alone (its location is FILE:N, its outcome depends on its content
+    only), so the rows of those lines are the rows a whole encode of the grown range would write first,
+    and the records after them continue at the entry's record count."""
+    if item.grown_from is None or item.size is None:
+        return None
+    report, _ = cache.check(item.grown_from)  # a damaged entry is not used (the range is encoded whole)
+    if report is None or report.get("content_unit") != item.unit:
+        return None
+    size, content = report.get("content_size"), report.get("content_sha256")
+    if not isinstance(size, int) or not 0 < size < item.size or not isinstance(content, str):
+        return None
+    if any(reject.get("reason") == "unreadable_file" for reject in report["rejects"]):
+        return None  # a read that broke part way stopped there: the lines after it were never encoded
+    if item.unit == "rows":
+        same = _table_rows_digest(item.file, item.start, item.start + size) == content
+        return Carried(report, cache.partition(item.grown_from), size) if same else None
+    with open(item.file, "rb") as handle:
+        handle.seek(item.offset or 0)
+        prefix = handle.read(size)
+    # the earlier last line must have been whole: a line that had no newline may since have grown
+    if not prefix.endswith(b"\n") or hashlib.sha256(prefix).hexdigest() != content:
+        return None
+    return Carried(report, cache.partition(item.grown_from), prefix.count(b"\n"))
 
 
 @dataclass(frozen=True)
@@ -401,6 +583,9 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         # the entry was written under on_error: skip; under fail its first bad record stops the build
         bad = [r for r in cached["rejects"] if "message" in r]
         return EncodeResult(item.key, reused=True, failure=bad[0]["message"] if bad and item.stop_at_bad else None)
+    carried = carried_prefix(item, cache)
+    if carried is not None and item.stop_at_bad and (bad := [r for r in carried.report["rejects"] if "message" in r]):
+        return EncodeResult(item.key, reused=False, failure=bad[0]["message"])
     source = next(s for s in item.config.sources if s.name == item.source)
     stages = stages_for(item.config)
     final = cache.partition(item.key)
@@ -409,14 +594,24 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     try:
         writer = PartitionWriter(temporary, source.name)
         try:
-            for ordinal, outcome in enumerate(_outcomes(item, stages, source)):
+            if carried is not None:
+                for row in stored_rows(carried.partition):
+                    writer.append(*row)
+                report.counts = Counts.from_report(carried.report, carried.records, 0)
+                report.rejects = list(carried.report["rejects"])
+            first = carried.records if carried is not None else 0
+            skip = carried.lines if carried is not None else 0
+            for ordinal, outcome in enumerate(_outcomes(item, stages, source, skip), start=first):
                 failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
                 if failure is not None:
                     return EncodeResult(item.key, reused=False, failure=failure)
         finally:
             writer.close()
         report.samples, report.tokens = writer.rows, writer.tokens
-        sealed = seal_report(report.as_dict(), item.key, temporary)
+        # what a later build checks before it reuses this entry's rows for the range grown (carried_prefix)
+        content = {"content_sha256": item.content, "content_size": item.size, "content_unit": item.unit}
+        content = content if item.unit is not None else {}
+        sealed = seal_report({**report.as_dict(), **content}, item.key, temporary)
         publish_file(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)  # a full disk or a failure leaves no temporary behind
@@ -427,10 +622,10 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         publish_file(report_temporary, report_path)  # last: the entry is complete
     finally:
         report_temporary.unlink(missing_ok=True)
-    return EncodeResult(item.key, reused=False, repaired=damaged)
+    return EncodeResult(item.key, reused=False, repaired=damaged, carried=carried.records if carried else 0)
 
 
-def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig) -> Iterator[Outcome]:
+def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int = 0) -> Iterator[Outcome]:
     """The outcomes of the item's records in order, PREPARE_THREADS chunks prepared at once.
 
         thread 1:  render k (GIL) | encode k (Rust, no GIL) | check k (GIL) | render k+3 ...
@@ -441,7 +636,7 @@ def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig) -> Iterato
     The tokenizer releases the GIL, so one process keeps a core busy with Python while another
     tokenizes. Chunks are yielded in input order, so the partition's bytes do not depend on timing.
     """
-    records = islice(read_file(source, item.file, item.start, item.end), item.stop)
+    records = islice(read_file(source, item.file, item.start + skip, item.end), item.stop)
     chunks = _chunks(records, ENCODE_BATCH)
     with _tokenizer_threads_off(), ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="packtool-encode") as pool:
         pending: deque[Future[list[Outcome]]] = deque()

@@ -3,9 +3,11 @@
     CACHE/files/ab/abcdef....json    per source and file label: its rows and (start, content) per range
                                      at the last build that used this cache; sealed like a report
 
-The index decides nothing about the bytes a build writes (the keys do that); it only lets the summary
-say "chat.jsonl grew by 312 rows" instead of "8 ranges re-encoded". One that is missing, unreadable or
-fails its seal counts as no index: the file is then reported as new to the cache.
+The index decides nothing about the bytes a build writes (the keys do that). It lets the summary say
+"chat.jsonl grew by 312 rows" instead of "8 ranges re-encoded", and it names the entry of the file's last
+range, whose rows a range that grew by appended lines may start with (`last_range`; encode checks that
+entry and the file's bytes before it takes any row, see builder.encode.carried_prefix). One that is
+missing, unreadable or fails its seal counts as no index: the file is then reported as new to the cache.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.builder.cache import TokenCache, entry_digest, publish_file
-from packtool.builder.encode import EncodeItem
+from packtool.builder.encode import EncodeItem, EncodeResult
 from packtool.builder.plan import Partition
 from packtool.config import BuildConfig
 from packtool.sources import file_label
@@ -46,11 +48,18 @@ class Reencoded:
 
 
 def reencoded(
-    config: BuildConfig, cache: TokenCache, items: Sequence[EncodeItem], reused: Sequence[bool], parts: list[Partition]
+    config: BuildConfig,
+    cache: TokenCache,
+    items: Sequence[EncodeItem],
+    results: Sequence[EncodeResult],
+    parts: list[Partition],
 ) -> Reencoded:
-    """Count the records and say per file why its ranges were encoded again; then record this build's ranges."""
+    """Count the records and say per file why its ranges were encoded again; then record this build's ranges.
+
+    A range that grew re-encodes only the records after those it carried over from its earlier entry."""
     records = sum(int(p.report["read"]) for p in parts)
-    redone = sum(int(p.report["read"]) for p, again in zip(parts, reused) if not again)
+    redone = sum(int(p.report["read"]) - r.carried for p, r in zip(parts, results) if not r.reused)
+    reused = [r.reused for r in results]
     why = []
     for (source, label), file_items in _by_file(config, items).items():
         flags = [reused[i] for i, _ in file_items]
@@ -83,10 +92,7 @@ def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, An
     if grew:  # the previous last range took appended rows: growth, not a change
         changed = [r for r in changed if str(r.start) != last_start]
     parts = [f"grew by {rows - before_rows:,} rows"] if grew and rows is not None and before_rows is not None else []
-    if len(ranges) > 1 and len({r.content for r in ranges}) == 1:  # keyed by the whole file (see RowRange)
-        parts += ["re-encoded whole: this format has no per-range hash"] if changed or grew else []
-    else:
-        parts += [_lines(r) for r in changed]
+    parts += [_lines(r) for r in changed]
     if not parts:
         same = all(before.get(str(r.start)) == r.content for r in redone)
         parts = ["changed" if not same else "was not in the cache for these settings"]
@@ -96,6 +102,15 @@ def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, An
 def _lines(item: EncodeItem) -> str:
     end = item.end if item.end is not None else item.rows
     return f"changed in rows {item.start + 1:,}-{end:,}" if end is not None else "changed"
+
+
+def last_range(cache: TokenCache, source: str, label: str) -> tuple[int, str] | None:
+    """(start, content) of the file's last range at the last build that used this cache; None if unknown."""
+    previous = _load(cache, source, label)
+    if previous is None or not previous["ranges"]:
+        return None
+    start, content = previous["ranges"][-1]
+    return int(start), str(content)
 
 
 def _index(cache: TokenCache, source: str, label: str) -> Path:

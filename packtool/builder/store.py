@@ -22,6 +22,7 @@ three token columns and the provenance strings.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -171,6 +172,45 @@ def _n_targets(targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     starts = offsets[:-1][offsets[1:] > offsets[:-1]]
     counts[offsets[1:] > offsets[:-1]] -= targets[starts]
     return counts.astype(np.int32)
+
+
+StoredRow = tuple[Tokenized, str, int, bool, SegmentRole]  # PartitionWriter.append's arguments
+
+
+def stored_rows(path: Path) -> Iterator[StoredRow]:
+    """Every row of a partition as the arguments that wrote it, so that appending them writes the same rows.
+
+    Columns become Python lists a batch at a time (one conversion per column, not per cell)."""
+    with pa.OSFile(str(path), "rb") as handle:
+        reader = pa.ipc.open_file(handle)
+        source = (reader.schema.metadata or {}).get(b"packtool.source", b"").decode()
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            offsets = as_numpy(batch.column("input_ids").offsets)
+            tokens = {name: as_numpy(batch.column(name).values) for name in _TOKEN_COLUMNS}
+            cells = {name: batch.column(name).to_pylist() for name in _ROW_COLUMNS}
+            for r in range(batch.num_rows):
+                start, end = offsets[r], offsets[r + 1]
+                sample = Tokenized(
+                    example_id=cells["example_id"][r],
+                    source=source,
+                    sample_hash=cells["sample_hash"][r],
+                    input_ids=tokens["input_ids"][start:end],
+                    targets=tokens["targets"][start:end].view(bool),
+                    roles=tokens["roles"][start:end],
+                    message_index=tokens["message_index"][start:end],
+                    message_roles=tuple(cells["message_roles"][r]),
+                    structured_messages=frozenset(cells["structured"][r]),
+                )
+                role = SegmentRole(cells["kind"][r], cells["completion"][r], cells["reward"][r], cells["advantage"][r])
+                yield sample, cells["location"][r], cells["ordinal"][r], bool(cells["special_literal"][r]), role
+
+
+_TOKEN_COLUMNS = ("input_ids", "targets", "roles", "message_index")
+_ROW_COLUMNS = (
+    *("example_id", "sample_hash", "location", "ordinal", "special_literal", "message_roles", "structured"),
+    *("kind", "completion", "reward", "advantage"),
+)
 
 
 class PartitionReader:

@@ -14,7 +14,9 @@ from support import QUICKSTART
 
 import packtool.builder.encode as encode_phase
 from packtool.builder import Built, build
+from packtool.builder.cache import TokenCache
 from packtool.config import load_config
+from packtool.errors import PacktoolError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,13 +33,14 @@ def _write(path: Path, rows: range) -> None:
     path.write_text("".join(_line(i) for i in rows), encoding="utf-8")
 
 
-def _build(folder: Path, output: str, *, use_cache: bool = True) -> Built:
+def _build(folder: Path, output: str, *, use_cache: bool = True, **settings: str) -> Built:
     raw = {
         "sources": [{"name": "chat", "path": "data/*.jsonl", "format": "messages"}],
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "capacity": 128,
         "output": output,
         "rows_per_shard": 4,
+        **settings,
     }
     (folder / "config.json").write_text(json.dumps(raw), encoding="utf-8")
     return build(load_config(folder / "config.json", workers="1"), use_cache=use_cache)
@@ -67,10 +70,119 @@ def test_appended_rows_reencode_only_the_last_range_and_the_new_ones(data):
         handle.write("".join(_line(i) for i in range(30, 43)))  # the last range fills up (24-32), 32-40, 40-43 are new
     again = _build(data, "out")
     assert (again.encode_items, again.encode_reused) == (6, 3)
-    assert (again.records.records, again.records.records_reencoded) == (43, 8 + 8 + 3)
+    # the grown range 24-32 takes its first six rows from its earlier entry: only the 13 new rows are encoded
+    assert (again.records.records, again.records.records_reencoded) == (43, 2 + 8 + 3)
     assert again.records.why == ("data/a.jsonl grew by 13 rows",)
-    assert again.records.describe() == "24 of 43 records reused; re-encoded 19 (data/a.jsonl grew by 13 rows)"
+    assert again.records.describe() == "30 of 43 records reused; re-encoded 13 (data/a.jsonl grew by 13 rows)"
     _same_as_fresh(data)
+
+
+def _append(file: Path, rows: range) -> None:
+    with file.open("a", encoding="utf-8") as handle:
+        handle.write("".join(_line(i) for i in rows))
+
+
+def _entry(cache: Path, key: str) -> tuple[bytes, bytes]:
+    folder = cache / "tokens" / key[:2]
+    return (folder / f"{key}.arrow").read_bytes(), (folder / f"{key}.json").read_bytes()
+
+
+def _keys(cache: Path) -> set[str]:
+    return {p.stem for p in (cache / "tokens").glob("*/*.arrow")}
+
+
+def test_a_grown_range_writes_the_entry_a_whole_encode_writes(data):
+    _append(data / "data" / "a.jsonl", range(30, 35))  # 24-30 grows to 24-32, then 32-35
+    assert _build(data, "out").records.records_reencoded == 5
+    _build(data, "apart", cache="apart-cache")  # a cache of its own: every range encoded whole
+    assert len(_keys(data / "apart-cache")) == 5
+    for key in _keys(data / "apart-cache"):  # partitions and sealed reports, byte for byte, 24-32 included
+        assert _entry(data / ".packtool-cache", key) == _entry(data / "apart-cache", key)
+
+
+def test_a_grown_range_of_groups_carries_their_roles_and_rewards(tmp_path, monkeypatch):
+    """Group rows (consecutive segments of one record, with kind, completion, reward) are carried as written."""
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / "a.jsonl"
+
+    def group(i: int) -> str:
+        rewards = {"rewards": [1.0, 0.5 * (i % 3)]} if i % 2 else {}
+        return json.dumps({"prompt": f"{i}+{i}?", "completions": [str(2 * i), "no"], **rewards}) + "\n"
+
+    def build_groups(output: str, cache: str) -> Built:
+        raw = {
+            "sources": [{"name": "rl", "path": "data/a.jsonl", "format": "group"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 128,
+            "output": output,
+            "cache": cache,
+        }
+        (tmp_path / "config.json").write_text(json.dumps(raw), encoding="utf-8")
+        return build(load_config(tmp_path / "config.json", workers="1"))
+
+    file.write_text("".join(group(i) for i in range(11)), encoding="utf-8")  # 0-8, 8-11
+    build_groups("out", "cache")
+    file.write_text("".join(group(i) for i in range(14)), encoding="utf-8")  # 8-14 starts with 8-11
+    assert build_groups("out", "cache").records.records_reencoded == 3
+    build_groups("apart", "apart-cache")
+    for key in _keys(tmp_path / "apart-cache"):
+        assert _entry(tmp_path / "cache", key) == _entry(tmp_path / "apart-cache", key)
+    assert _files(tmp_path / "out") == _files(tmp_path / "apart")
+
+
+def test_appending_twice_carries_the_grown_range_over_again(data):
+    _append(data / "data" / "a.jsonl", range(30, 31))  # 24-31
+    assert _build(data, "out").records.records_reencoded == 1
+    _append(data / "data" / "a.jsonl", range(31, 34))  # 24-32 (one new row), 32-34
+    again = _build(data, "out")
+    assert (again.records.records_reencoded, again.records.why) == (3, ("data/a.jsonl grew by 3 rows",))
+    _same_as_fresh(data)
+
+
+def test_a_changed_row_in_the_grown_range_reencodes_it_whole(data):
+    lines = (data / "data" / "a.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[25] = _line(99)  # in the last range, which also grows
+    (data / "data" / "a.jsonl").write_text("".join(lines + [_line(i) for i in range(30, 33)]), encoding="utf-8")
+    again = _build(data, "out")
+    assert again.records.records_reencoded == 8 + 1  # 24-32 whole (its first bytes are not the entry's), 32-33
+    _same_as_fresh(data)
+
+
+def test_a_last_line_without_newline_is_not_carried_over(data):
+    file = data / "data" / "a.jsonl"
+    file.write_bytes(file.read_bytes().rstrip(b"\n"))
+    assert _build(data, "out").records.records_reencoded == 6  # its bytes changed: the range is encoded again
+    file.write_bytes(file.read_bytes() + b"\n" + _line(30).encode())  # the last line may have grown: not carried
+    assert _build(data, "out").records.records_reencoded == 7
+    _same_as_fresh(data)
+
+
+def test_a_damaged_earlier_entry_is_not_carried_over(data):
+    cache = data / ".packtool-cache"
+    (last,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[1])["read"] == 6]  # rows 24-30
+    partition = cache / "tokens" / last[:2] / f"{last}.arrow"
+    partition.write_bytes(partition.read_bytes()[:-8] + bytes(8))  # its sha256 no longer matches its report
+    _append(data / "data" / "a.jsonl", range(30, 32))
+    again = _build(data, "out")
+    assert again.records.records_reencoded == 8  # the whole grown range, 24-32
+    _same_as_fresh(data)
+
+
+def test_rejects_in_a_carried_range_keep_their_place(tmp_path, monkeypatch):
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / "a.jsonl"
+    bad = json.dumps({"messages": 5}) + "\n"  # not a list: a reject
+    file.write_text(_line(0) + bad + "\n" + _line(3), encoding="utf-8")  # a blank line too
+    assert _build(tmp_path, "out", on_error="skip").records.records == 3
+    file.write_text(file.read_text(encoding="utf-8") + bad + _line(5), encoding="utf-8")
+    with pytest.raises(PacktoolError, match=r"data/a.jsonl:2\b"):  # under fail, the carried bad record stops it
+        _build(tmp_path, "failed", on_error="fail")
+    again = _build(tmp_path, "out", on_error="skip")
+    assert (again.records.records, again.records.records_reencoded) == (5, 2)
+    _build(tmp_path, "fresh", use_cache=False, on_error="skip")
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")  # rejects.jsonl with its locations and order
 
 
 def test_a_changed_row_reencodes_only_its_range(data):
@@ -113,23 +225,67 @@ def test_ranges_hash_their_own_lines(data):
     assert [(r.start, r.end, r.rows) for r in encode_phase.row_ranges(str(file), None)] == [(0, 8, 16), (8, None, 16)]
 
 
-def test_a_grown_parquet_file_is_reencoded_whole_and_says_why(tmp_path, monkeypatch):
+def _write_table(path: Path, rows: list[list[dict]], how: str) -> None:
+    """The rows as Parquet or Arrow, laid out differently each time (row groups, batches, compression)."""
+    table = pa.table({"messages": rows})
+    if how == "parquet":
+        pq.write_table(table, path, row_group_size=3 + len(rows) % 5, compression="zstd" if len(rows) % 2 else "snappy")
+        return
+    new = pa.ipc.new_stream if how == "arrow_stream" else pa.ipc.new_file
+    with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=2 + len(rows) % 7):
+            writer.write_batch(batch)
+
+
+@pytest.mark.parametrize("how", ["parquet", "arrow_stream", "arrow_file"])
+def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_path, monkeypatch, how):
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
-    config = {
-        "sources": [{"name": "chat", "path": "data/a.parquet", "format": "messages"}],
-        "tokenizer": str(QUICKSTART / "tokenizer"),
-        "capacity": 128,
-        "output": "out",
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    file = tmp_path / "data" / "a.table"
 
-    def write_and_build(n: int) -> Built:
-        rows = [json.loads(_line(i))["messages"] for i in range(n)]
-        pq.write_table(pa.table({"messages": rows}), tmp_path / "data" / "a.parquet")
-        return build(load_config(tmp_path / "config.json", workers="1"))
+    def write_and_build(rows: list[list[dict]], output: str = "out", use_cache: bool = True) -> Built:
+        _write_table(file, rows, how)
+        config = {
+            "sources": [{"name": "chat", "path": "data/a.table", "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 128,
+            "output": output,
+        }
+        (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        return build(load_config(tmp_path / "config.json", workers="1"), use_cache=use_cache)
 
-    assert write_and_build(20).encode_items == 3
-    again = write_and_build(22)  # no cheap per-range hash: every range's key holds the whole file's sha256
-    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (3, 0, 22)
-    assert again.records.why == ("data/a.parquet grew by 2 rows, re-encoded whole: this format has no per-range hash",)
+    rows = [json.loads(_line(i))["messages"] for i in range(30)]
+    assert write_and_build(rows[:20]).encode_items == 3  # 0-8, 8-16, 16-20
+    # another layout, the same first 20 rows: 0-8 and 8-16 are reused, 16-24 starts with the rows of 16-20
+    again = write_and_build(rows)
+    assert (again.encode_items, again.encode_reused, again.records.records_reencoded) == (4, 2, 4 + 6)
+    assert again.records.why == ("data/a.table grew by 10 rows",)
+    write_and_build(rows, "fresh", use_cache=False)
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")
+
+    def unhashed(*args: object) -> str:
+        raise AssertionError("a table whose bytes are as at the last build is not hashed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(encode_phase, "_rows_digest", unhashed)  # its range hashes come from the cache
+        unchanged = write_and_build(rows)  # the same bytes again
+    assert unchanged.encode_reused == unchanged.encode_items == 4
+
+    rows[10] = json.loads(_line(99))["messages"]  # a changed row: its range alone
+    changed = write_and_build(rows)
+    assert (changed.encode_reused, changed.records.records_reencoded) == (3, 8)
+    assert changed.records.why == ("data/a.table changed in rows 9-16",)
+
+
+def test_remembered_table_hashes_are_checked(tmp_path, monkeypatch):
+    """A record of a table's range hashes is used only for the bytes it names and only as written."""
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    file, cache = tmp_path / "a.parquet", TokenCache(tmp_path / "cache")
+    _write_table(file, [json.loads(_line(i))["messages"] for i in range(20)], "parquet")
+    hashed = encode_phase.row_ranges(str(file), None)
+    assert encode_phase.row_ranges(str(file), None, cache) == hashed  # hashed, then recorded
+    (memo,) = (tmp_path / "cache" / "files").glob("*/*.json")
+    recorded = json.loads(memo.read_text())
+    memo.write_text(json.dumps({**recorded, "digests": ["0" * 64] * 3}))  # changed: its seal no longer holds
+    assert encode_phase.row_ranges(str(file), None, cache) == hashed
+    assert json.loads(memo.read_text()) == recorded  # recorded again as hashed

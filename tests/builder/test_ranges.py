@@ -48,7 +48,7 @@ def _outputs(folder: Path) -> dict[str, object]:
 @pytest.fixture
 def inputs(tmp_path: Path) -> Path:
     """A JSON Lines file with blank lines, a line that is not JSON and a record without messages;
-    a Parquet file of three row groups."""
+    a Parquet file of three row groups; an Arrow stream of batches of 5 rows."""
     lines = [json.dumps(r) for r in _rows(40)]
     lines[3] = ""
     lines[11] = "{not json"
@@ -57,6 +57,10 @@ def inputs(tmp_path: Path) -> Path:
     (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     table = pa.table({"messages": [r["messages"] for r in _rows(25)]})
     pq.write_table(table, tmp_path / "chat.parquet", row_group_size=10)
+    stream = pa.table({"messages": [r["messages"] for r in _rows(18)]})
+    with pa.OSFile(str(tmp_path / "chat.arrow"), "wb") as sink, pa.ipc.new_stream(sink, stream.schema) as writer:
+        for batch in stream.to_batches(max_chunksize=5):
+            writer.write_batch(batch)
     return tmp_path
 
 
@@ -65,6 +69,7 @@ def _config(folder: Path, output: str, workers: str):
         "sources": [
             {"name": "lines", "path": "chat.jsonl", "format": "messages"},
             {"name": "rows", "path": "chat.parquet", "format": "messages"},
+            {"name": "stream", "path": "chat.arrow", "format": "messages"},
         ],
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "capacity": 128,
@@ -85,6 +90,7 @@ def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
     assert _spans(inputs / "chat.jsonl") == [(0, 7), (7, 14), (14, 21), (21, 28), (28, 35), (35, None)]
     assert _spans(inputs / "chat.parquet") == [(0, 7), (7, 14), (14, 21), (21, None)]
+    assert _spans(inputs / "chat.arrow") == [(0, 7), (7, 14), (14, None)]  # ranges cut across its batches
     assert _spans(inputs / "chat.jsonl", 10) == [(0, None)]  # max_samples counts records across the file
     (inputs / "array.json").write_text(json.dumps(_rows(20)), encoding="utf-8")
     assert _spans(inputs / "array.json") == [(0, None)]  # parsed whole whatever the range
@@ -93,10 +99,10 @@ def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
 
 def test_a_split_file_writes_the_same_bytes_as_one_item(inputs, monkeypatch):
     whole = build(_config(inputs, "whole", "1"), use_cache=False)
-    assert whole.encode_items == 2
+    assert whole.encode_items == 3
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
     split = build(_config(inputs, "split", "1"), use_cache=False)
-    assert split.encode_items == 6 + 4
+    assert split.encode_items == 6 + 4 + 3
     parallel = build(_config(inputs, "parallel", "2"), use_cache=False)
     rejects = [json.loads(line) for line in (inputs / "split" / "rejects.jsonl").read_text().splitlines()]
     assert [r["location"] for r in rejects] == ["chat.jsonl:12", "chat.jsonl:18"]  # lines, not range offsets
@@ -109,8 +115,8 @@ def test_a_rebuild_reuses_every_range_from_the_cache(inputs, monkeypatch):
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
     config = _config(inputs, "out", "1")
     first = build(config)
-    assert (first.encode_items, first.encode_reused) == (10, 0)
+    assert (first.encode_items, first.encode_reused) == (13, 0)
     before = _outputs(inputs / "out")
     again = build(config)
-    assert again.encode_reused == again.encode_items == 10
+    assert again.encode_reused == again.encode_items == 13
     assert _outputs(inputs / "out") == before

@@ -46,8 +46,9 @@ from packtool.config import (
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
-# 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config sections,
-# Parquet and Arrow ranges keyed by their rows, and a report says what its content hash covered (builder.encode.carried_prefix)
+# 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config
+# sections, Parquet and Arrow ranges keyed by their rows, and a report says what its content hash covered
+# (builder.encode.carried_prefix)
 CACHE_VERSION = 4
 CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)

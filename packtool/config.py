@@ -745,7 +745,7 @@ def _interleave(mixing: dict, mix_by: str, sources: tuple[SourceConfig, ...], p:
     quota_units = {s.quota.unit for s in sources if s.quota is not None}
     stated = mix_by if mix_by != "multiplier" else next(iter(quota_units)) if len(quota_units) == 1 else "tokens"
     unit = p.take(raw, "unit", str, "mixing.interleave", stated, choices=MIX_UNITS)
-    return Interleaving(window, tolerance, unit) if window is not None else None
+    return Interleaving(window, tolerance, unit) if window is not None and window >= 1 else None
 
 
 def _check_interleave(config: BuildConfig, window: int, p: _Problems) -> None:

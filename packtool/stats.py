@@ -103,12 +103,12 @@ def window_mix(amounts: np.ndarray, window: int) -> WindowMix:
     total = amounts.sum(axis=0)
     share = total / total.sum() if total.sum() else np.zeros_like(total)
     windows = len(amounts) // window
-    per_window = amounts[: windows * window].reshape(windows, window, -1).sum(axis=1)
+    if not windows:
+        return WindowMix(window, 0, share, np.zeros_like(share), np.zeros(len(share), np.int64))
+    per_window = amounts[: windows * window].reshape(windows, window, amounts.shape[1]).sum(axis=1)
     sizes = per_window.sum(axis=1, keepdims=True)
     shares = np.divide(per_window, sizes, out=np.zeros_like(per_window), where=sizes > 0)
     gaps = np.abs(shares - share)
-    if not windows:
-        return WindowMix(window, 0, share, np.zeros_like(share), np.zeros(len(share), np.int64))
     return WindowMix(window, windows, share, gaps.max(axis=0), gaps.argmax(axis=0))
 
 

@@ -303,3 +303,42 @@ def test_three_real_sources_interleave_within_the_tolerance(tmp_path, write_conf
     narrow = {**raw, "output": str(tmp_path / "narrow"), "mixing": {"interleave": {"window": 8, "tolerance": 0.05}}}
     with pytest.raises(BuildError, match=r"off its share 0\.\d+ of target_tokens in window"):
         build(load_config(write_config(narrow, "narrow.yaml")))
+
+
+def test_the_trace_of_every_step_shows_the_mix_the_loader_trained(three_sources, tmp_path):
+    """Balanced steps of K packs on 2 ranks over two epochs: `packtool trace` lists the packs each step of
+    the loader read, and the step's mix (StepTrace.mix) is within the tolerance."""
+    from packtool.lineage import TraceSettings, trace_step
+    from packtool.loader.dataset import packed_steps
+
+    window, tolerance = 8, 0.12
+    build(three_sources(mixing={"by": "tokens", "interleave": {"window": window, "tolerance": tolerance}}))
+    folder = tmp_path / "out"
+    options = {"token_budget": 512, "balance": "attention", "packs_per_step": window}
+    stats = read_manifest(folder).raw["stats"]
+    share = {name: entry["token_share"] for name, entry in stats["sources"].items()}
+    total = stats["packs"]
+    ranks = [PackedDataset(folder, rank=r, world_size=2, seed=4, **options) for r in range(2)]
+    loader: dict[int, list[str]] = {}
+    step0 = 0
+    for epoch in range(2):
+        counts = []
+        for ds in ranks:
+            ds.set_epoch(epoch)
+            steps = list(packed_steps(ds))
+            counts.append(len(steps))
+            for s, micro_batches in enumerate(steps):
+                loader.setdefault(step0 + s, []).extend(h for mb in micro_batches for h in mb.pack_hashes)
+        step0 += counts[0]
+    settings = TraceSettings(world_size=2, seed=4, epochs=2, **options)
+    for step, packs in loader.items():
+        trace = trace_step(folder, step, settings)
+        assert sorted(p.pack_hash for mb in trace.micro_batches for p in mb.packs) == sorted(packs)
+        if len(packs) < window:  # the partial window, trained last in every epoch, is not held to the mix
+            windows, partial = divmod(total, window)
+            assert len(packs) == partial and step % (windows + 1) == windows  # each epoch's last step
+            continue
+        mix = trace.mix()
+        tokens = sum(entry["tokens"] for entry in mix.values())
+        for name, entry in mix.items():
+            assert abs(entry["tokens"] / tokens - share[name]) <= tolerance + 1e-6, (step, name)

@@ -6,6 +6,7 @@
                                                  (pieces go to PLAN/pieces.arrow, ref = -(k + 1))
         no target                            -> dropped.no_targets
     kept segments --mixing (repeat_plan)--> (ref, repeat) --plan_packs / plan_groups / plan_stream--> packs
+    packs --mixing.interleave (interleave_order, checked by stats.window_mix)--> the same packs in windows of K
 
 Pairs and groups (format: preference | group) arrive fitted to one pack by encode, as consecutive
 rows of one record; the plan keeps them whole: an item is a record's rows (a plain sample is an

@@ -35,6 +35,7 @@ import yaml
 
 from packtool import hub
 from packtool.errors import ConfigError, PacktoolError
+from packtool.format import MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
 from packtool.workers import EXECUTORS, WORKERS_CHOICES, count_workers
@@ -128,6 +129,9 @@ class Quota:
     amount: int
 
 
+DEFAULT_INTERLEAVE_TOLERANCE = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class SourcePlan:
     """What the plan reads of one source (`sources[]` weight, truncation, group, dedup, quota): in the plan key."""
@@ -215,6 +219,7 @@ class Mixing:
     """`mixing:`; the manifest's `mixing` adds each source's weight (and quota)."""
 
     by: str = "multiplier"  # multiplier | samples | tokens: how source weights are read
+    interleave: Interleaving | None = None  # windows of packs that each hold the mix
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +479,8 @@ TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 TRUNCATION_KEYS = {"strategy", "fallback", "items"}
 PACKING_KEYS = {"strategy", "max_segments", "shuffle", "group_by"}
 OVERFLOW_KEYS = {"mode", "capacity"}
-MIXING_KEYS = {"by"}
+MIXING_KEYS = {"by", "interleave"}
+INTERLEAVE_KEYS = {"window", "tolerance", "unit"}
 VALIDATION_KEYS = {"share", "samples"}
 # Every mapping of the config and the keys it takes, by its path as docs/config.md writes it.
 KEYS = {
@@ -483,6 +489,7 @@ KEYS = {
     "packing": PACKING_KEYS,
     "overflow": OVERFLOW_KEYS,
     "mixing": MIXING_KEYS,
+    "mixing.interleave": INTERLEAVE_KEYS,
     "validation": VALIDATION_KEYS,
     "sources[]": SOURCE_KEYS,
     "sources[].train": TRAIN_KEYS,
@@ -818,7 +825,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         truncation=Truncation(truncation, fallback, items or "left"),
         packing=Packing(packing, max_segments, shuffle, group_by),
         overflow=Overflow(overflow, overflow_capacity),
-        mixing=Mixing(mix_by),
+        mixing=Mixing(mix_by, _interleave(mixing_raw, mix_by, sources, p)),
         validation=Validation(validation_share, validation_samples),
         shards=Shards(rows_per_shard, row_group_rows),
         seed=seed,
@@ -831,6 +838,8 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         p.add("overflow", "stream mode cuts documents into windows itself; an overflow bucket does not apply")
     if config.packing.strategy == "stream" and any(s.format != "text" for s in sources):
         p.add("packing", "'stream' (documents visible to each other) is only for format: text sources")
+    if config.mixing.interleave is not None:
+        _check_interleave(config, config.mixing.interleave.window, p)
     if p.items:
         raise ConfigError(config_file, p.items)
     return config
@@ -849,6 +858,46 @@ def _template_vars(values: dict, p: _Problems) -> dict[str, Any]:
     if values.get("date_string") is not None and not isinstance(values["date_string"], str):
         p.add("template_vars.date_string", f"expected a string, got {values['date_string']!r}")
     return values
+
+
+def _interleave(mixing: dict, mix_by: str, sources: tuple[SourceConfig, ...], p: _Problems) -> Interleaving | None:
+    """`mixing.interleave: {window: K, tolerance: 0.05, unit: tokens}`; the unit defaults to the one the mix is
+    stated in: mixing.by samples or tokens, else the quotas' one unit, else tokens."""
+    raw = p.take(mixing, "interleave", dict, "mixing", None)
+    if raw is None:
+        return None
+    p.unknown_keys(raw, INTERLEAVE_KEYS, "mixing.interleave")
+    window = p.take(raw, "window", int, "mixing.interleave", None, required=True)
+    p.number("mixing.interleave.window", window, 1, 10_000_000, "packs per window")
+    tolerance = p.take(raw, "tolerance", float, "mixing.interleave", DEFAULT_INTERLEAVE_TOLERANCE)
+    p.number("mixing.interleave.tolerance", tolerance, 0.0, 1.0, "the largest gap between a window's share and the mix")
+    quota_units = {s.plan.quota.unit for s in sources if s.plan.quota is not None}
+    stated = mix_by if mix_by != "multiplier" else next(iter(quota_units)) if len(quota_units) == 1 else "tokens"
+    unit = p.take(raw, "unit", str, "mixing.interleave", stated, choices=MIX_UNITS)
+    return Interleaving(window, tolerance, unit) if window is not None and window >= 1 else None
+
+
+def _check_interleave(config: BuildConfig, window: int, p: _Problems) -> None:
+    """What interleaving needs: packs it may reorder, and row groups the loader can shuffle whole windows inside."""
+    if config.packing.strategy in ("stream", "sequential"):
+        p.add(
+            "mixing.interleave",
+            f"packing {config.packing.strategy!r} keeps its own pack order; use bfd, ffd or histogram",
+        )
+    items = [s.name for s in config.sources if s.format in ITEM_FORMATS]
+    if items:
+        p.add("mixing.interleave", f"not available with pair or group sources ({', '.join(items)})")
+    for key, rows in (
+        ("row_group_rows", config.shards.row_group_rows),
+        ("rows_per_shard", config.shards.rows_per_shard),
+    ):
+        if rows % window:
+            fit = max(window, rows // window * window)
+            p.add(
+                "mixing.interleave.window",
+                f"{window} must divide {key} {rows} (the loader shuffles whole windows inside a row group); "
+                f"set {key}: {fit}",
+            )
 
 
 def _validation(value: Any, p: _Problems) -> tuple[float | None, int | None]:

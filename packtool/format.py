@@ -224,6 +224,24 @@ class ShardEntry:
     sha256: str
 
 
+# The units a mix is stated in, and so the unit of an interleaved window's shares.
+MIX_UNITS = ("samples", "tokens", "target_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Interleaving:
+    """`mixing.interleave` of a build: packs ordered so every window of `window` consecutive packs holds each
+    source's share of the whole build, in `unit`, within `tolerance` (absolute: 0.05 lets a 0.25 share be
+    0.20 to 0.30). Full windows only: the last packs % window packs are a partial window, trained last."""
+
+    window: int
+    tolerance: float
+    unit: str  # MIX_UNITS
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"window": self.window, "tolerance": self.tolerance, "unit": self.unit}
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """manifest.json of one output folder, checked (`problems`) before anything reads a field.
@@ -284,6 +302,12 @@ class Manifest:
     @property
     def stream(self) -> bool:
         return self.raw.get("mode", "packed") == "stream"
+
+    @property
+    def interleave(self) -> Interleaving | None:
+        """The build's interleaving (None: packs in any order hold no promise about windows)."""
+        raw = self.raw.get("mixing", {}).get("interleave")
+        return None if raw is None else Interleaving(int(raw["window"]), float(raw["tolerance"]), str(raw["unit"]))
 
     @property
     def pad_id(self) -> int:
@@ -456,6 +480,19 @@ def manifest_problems(manifest: Any) -> list[str]:
     for key in ("stats", "config", "tokenizer", "mixing", "conventions", "truncation", "packing"):
         if not isinstance(manifest.get(key, {}), dict):
             problems.append(f"'{key}' must be an object, got {manifest.get(key)!r:.80}")
+    interleave = manifest.get("mixing", {}).get("interleave") if isinstance(manifest.get("mixing"), dict) else None
+    if interleave is not None and not (
+        isinstance(interleave, dict)
+        and _is_count(interleave.get("window"))
+        and interleave["window"] > 0
+        and isinstance(interleave.get("tolerance"), (int, float))
+        and not isinstance(interleave.get("tolerance"), bool)
+        and interleave.get("unit") in MIX_UNITS
+    ):
+        problems.append(
+            f"mixing.interleave must be {{window: a positive count, tolerance: a number, unit: one of "
+            f"{', '.join(MIX_UNITS)}}}, got {interleave!r:.80}"
+        )
     tokenizer = manifest.get("tokenizer", {})
     if isinstance(tokenizer, dict):
         for key in ("pad_token_id", "vocab_size"):

@@ -286,7 +286,7 @@ class _Run:
         first_step = s.first_step
         for epoch in range(s.epoch, s.epochs):
             start = s.position if epoch == s.epoch else 0
-            order = epoch_order(self.unit_rows, s.seed, epoch, s.shuffle)
+            order = epoch_order(self.unit_rows, s.seed, epoch, s.shuffle, ds.window)
             try:
                 plan = plan_epoch(self.unit_rows, order, start, options, ds._per_pack)
             except PacktoolError as err:

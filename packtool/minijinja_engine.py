@@ -36,7 +36,7 @@ from packtool.sandbox import MAX_TEMPLATE_CHARS, MAX_TEMPLATE_OPERATIONS, Templa
 try:
     import minijinja
 except ImportError:  # the optional extra: jinja2 renders every template
-    minijinja = None
+    minijinja = None  # type: ignore[assignment]  # the module or None: checked before any use
 
 # Filters and str methods a qualifying template may use (see _SizeBound): those whose result is at
 # most their input, and those that return a scalar. Others (escape, indent, center, format, replace,
@@ -328,8 +328,8 @@ def qualify(
         finalizer=_count_printed,
     )
     environment.add_filter("tojson", _checked_tojson)
-    environment.add_function("raise_exception", raise_exception)
-    environment.add_function("strftime_now", strftime_now)
+    environment.add_global("raise_exception", raise_exception)
+    environment.add_global("strftime_now", strftime_now)
     try:
         environment.add_template("t", source)
     except Exception as exc:  # minijinja's parser refuses what jinja2 accepted

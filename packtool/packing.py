@@ -296,10 +296,10 @@ def _grouped(order: np.ndarray, pack_of: np.ndarray, n_packs: int) -> PackPlan:
 
 
 def _shuffled(plan: PackPlan, seed: int) -> PackPlan:
-    return _reordered(plan, np.random.default_rng(seed).permutation(plan.n_packs))
+    return reordered(plan, np.random.default_rng(seed).permutation(plan.n_packs))
 
 
-def _reordered(plan: PackPlan, perm: np.ndarray) -> PackPlan:
+def reordered(plan: PackPlan, perm: np.ndarray) -> PackPlan:
     """The same packs, pack perm[i] moved to position i."""
     sizes = plan.segments()[perm]
     offsets = np.zeros(plan.n_packs + 1, dtype=np.int64)

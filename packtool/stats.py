@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from packtool.arrow import list_parts
 from packtool.config import ITEM_FORMATS
 from packtool.errors import PackFormatError, PacktoolError
-from packtool.format import KIND_CODES, Manifest, attn_cost_of_lengths, first_broken_pack
+from packtool.format import KIND_CODES, Interleaving, Manifest, attn_cost_of_lengths, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.shards import read_columns, shard_metadata
 from packtool.terminal import shown
@@ -29,6 +30,8 @@ KIND_COLUMNS = ["segment_kinds", "segment_groups"]  # schema v2 (pairs and group
 # Sixteen equal bins up to capacity: fine enough to see where a source's mass sits relative to the
 # pack, coarse enough to print as one terminal line per bin. Everything longer falls in one more bin.
 LENGTH_BINS = 16
+# Shares are float ratios: a window exactly at the tolerance must not fail on the last bit of a division.
+WINDOW_SLACK = 1e-9
 
 
 def length_bin_edges(capacity: int) -> list[int]:
@@ -75,6 +78,40 @@ def length_summary(lengths: np.ndarray, capacity: int) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class WindowMix:
+    """How far the windows of `window` consecutive packs stray from the mix, per source (columns of `amounts`)."""
+
+    window: int
+    windows: int  # full windows; the last packs % window packs are a partial window, not measured
+    share: np.ndarray  # float [sources]: each source's share of the whole order
+    deviation: np.ndarray  # float [sources]: the largest |window share - share| over the full windows
+    worst: np.ndarray  # int [sources]: the window where it is (window w = packs [w*window, (w+1)*window))
+
+
+def window_mix(amounts: np.ndarray, window: int) -> WindowMix:
+    """Each full window's share of every source against the source's share of the whole order.
+
+    amounts [packs, sources] in the mix's unit (samples, tokens or target tokens), packs in order; a
+    pack holding segments of several sources adds to several columns. Window 2:
+
+        amounts  [[4, 0], [0, 4], [6, 2], [2, 0], [3, 3]]   shares of the whole: 15/24, 9/24
+        windows  [4, 4] -> 0.50   [8, 2] -> 0.80            pack 4 is a partial window (not measured)
+        deviation [0.175, 0.175] (0.80 - 0.625 in window 1), worst [1, 1]
+    """
+    amounts = np.asarray(amounts, dtype=np.float64).reshape(len(amounts), -1)
+    total = amounts.sum(axis=0)
+    share = total / total.sum() if total.sum() else np.zeros_like(total)
+    windows = len(amounts) // window
+    if not windows:
+        return WindowMix(window, 0, share, np.zeros_like(share), np.zeros(len(share), np.int64))
+    per_window = amounts[: windows * window].reshape(windows, window, amounts.shape[1]).sum(axis=1)
+    sizes = per_window.sum(axis=1, keepdims=True)
+    shares = np.divide(per_window, sizes, out=np.zeros_like(per_window), where=sizes > 0)
+    gaps = np.abs(shares - share)
+    return WindowMix(window, windows, share, gaps.max(axis=0), gaps.argmax(axis=0))
+
+
 def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
     capacity = _capacity(shards, manifest)
     packs = tokens = targets = 0
@@ -86,6 +123,8 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
     )
     document_lengths: dict[str, list[np.ndarray]] = defaultdict(list)
     kinds = KindTally()
+    interleave = manifest.interleave if manifest is not None else None
+    documents = _Documents()  # per document: its pack, source and amounts (for the interleave windows)
     for shard in shards:
         table = read_columns(shard, STAT_COLUMNS, KIND_COLUMNS)
         v2 = "segment_kinds" in table.column_names
@@ -100,6 +139,7 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
                     f"{shard} row {broken}: {name} is not 0, increasing, ..., the pack's length: a damaged shard "
                     "(`packtool verify` names every broken row)"
                 )
+        first_pack = packs
         packs += table.num_rows
         tokens += len(labels)
         pack_lengths.append(np.diff(label_offsets))
@@ -131,6 +171,9 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
             entry["targets"] += int(doc_targets[mine].sum())
             entry["repeats"] += int(repeated[mine].sum())
             document_lengths[name].append(doc_lengths[mine])
+        if interleave is not None:
+            pack_of = first_pack + np.repeat(np.arange(table.num_rows), np.diff(doc_offsets) - 1)
+            documents.add(pack_of, sources, doc_lengths, doc_targets)
         if v2:
             _, segment_kinds = list_parts(table.column("segment_kinds"))
             _, segment_groups = list_parts(table.column("segment_groups"))
@@ -178,6 +221,8 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
         },
         "attention": attention_slots(lengths, pack_fill),
     }
+    if interleave is not None:
+        stats["interleave"] = interleave_stats(documents.amounts(packs, interleave.unit), interleave)
     if kinds.seen:  # schema v2 only: a v1 output's stats keep their keys
         stats["kinds"] = kinds.as_dict()
     if manifest is not None:
@@ -192,6 +237,58 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
         if items:
             stats["item_sources"] = items
     return stats
+
+
+class _Documents:
+    """The documents of an output's packs in pack order: enough to total each pack's mix in any unit."""
+
+    def __init__(self) -> None:
+        self.pack: list[np.ndarray] = []
+        self.source: list[str] = []
+        self.tokens: list[np.ndarray] = []
+        self.targets: list[np.ndarray] = []
+
+    def add(self, pack: np.ndarray, source: list[str], tokens: np.ndarray, targets: np.ndarray) -> None:
+        self.pack.append(pack)
+        self.source += source
+        self.tokens.append(tokens)
+        self.targets.append(targets)
+
+    def amounts(self, packs: int, unit: str) -> tuple[list[str], np.ndarray]:
+        """(source names, sorted; amounts [packs, sources] in `unit`: samples, tokens or target_tokens)."""
+        names = sorted(set(self.source))
+        code = {name: i for i, name in enumerate(names)}
+        sources = np.fromiter((code[n] for n in self.source), dtype=np.int64, count=len(self.source))
+        pack = _joined(self.pack)
+        per_unit = {"samples": np.ones(len(pack), np.int64), "tokens": _joined(self.tokens)}
+        values = per_unit.get(unit, _joined(self.targets))
+        amounts = np.zeros((packs, len(names)), dtype=np.int64)
+        np.add.at(amounts, (pack, sources), values)
+        return names, amounts
+
+
+def interleave_stats(named: tuple[list[str], np.ndarray], interleave: Interleaving) -> dict[str, Any]:
+    """The `interleave` block of stats: each source's share, its worst full window and that window's gap."""
+    names, amounts = named
+    mix = window_mix(amounts, interleave.window)
+    worst = float(mix.deviation.max(initial=0.0))
+    return {
+        "window": interleave.window,
+        "tolerance": interleave.tolerance,
+        "unit": interleave.unit,
+        "windows": mix.windows,
+        "partial_window_packs": len(amounts) - mix.windows * interleave.window,
+        "worst_deviation": round(worst, 6),
+        "within_tolerance": worst <= interleave.tolerance + WINDOW_SLACK,
+        "sources": {
+            name: {
+                "share": round(float(mix.share[i]), 6),
+                "worst_deviation": round(float(mix.deviation[i]), 6),
+                "worst_window": int(mix.worst[i]),
+            }
+            for i, name in enumerate(names)
+        },
+    }
 
 
 class KindTally:
@@ -339,6 +436,8 @@ def format_stats(stats: dict[str, Any]) -> str:
             realized = (stats.get("sources") or {}).get(name, {}).get(unit, 0)
             amount = f"{quota.get('amount'):,} {shown(quota.get('unit'))}"
             lines.append(f"  quota {shown(name)}: {amount}, realized {realized:,}")
+    if "interleave" in stats:
+        lines += ["", *format_interleave(stats["interleave"])]
     if "lengths" in stats:
         lines += ["", *format_lengths(stats["lengths"], stats.get("item_sources", []))]
     att = stats["attention"]
@@ -353,6 +452,27 @@ def format_stats(stats: dict[str, Any]) -> str:
         "  (flat counts cross-sample pairs)",
     ]
     return "\n".join(lines)
+
+
+def format_interleave(block: dict[str, Any]) -> list[str]:
+    """Each source's worst window against the mix (the `interleave` block of `summarize`):
+
+    interleave: windows of 8 packs, shares of tokens within 0.05: worst 0.0312, within (40 windows; 3 packs after)
+      source                  share  worst gap  window
+      chat                   0.6012     0.0312      17
+    """
+    verdict = "within" if block["within_tolerance"] else "OUTSIDE the tolerance"
+    lines = [
+        f"interleave: windows of {block['window']:,} packs, shares of {shown(block['unit'])} within "
+        f"{block['tolerance']}: worst {block['worst_deviation']:.4f}, {verdict} ({block['windows']:,} windows; "
+        f"{block['partial_window_packs']:,} packs after)",
+        f"  {'source':<20} {'share':>7} {'worst gap':>10} {'window':>7}",
+    ]
+    for name, entry in block["sources"].items():
+        lines.append(
+            f"  {shown(name):<20} {entry['share']:>7.4f} {entry['worst_deviation']:>10.4f} {entry['worst_window']:>7,}"
+        )
+    return lines
 
 
 BAR_WIDTH = 40

@@ -6,6 +6,7 @@
                                                  (pieces go to PLAN/pieces.arrow, ref = -(k + 1))
         no target                            -> dropped.no_targets
     kept segments --mixing (repeat_plan)--> (ref, repeat) --plan_packs / plan_groups / plan_stream--> packs
+    packs --mixing.interleave (interleave_order, checked by stats.window_mix)--> the same packs in windows of K
 
 Pairs and groups (format: preference | group) arrive fitted to one pack by encode, as consecutive
 rows of one record; the plan keeps them whole: an item is a record's rows (a plain sample is an
@@ -32,14 +33,23 @@ import numpy as np
 import packtool
 from packtool.builder.accounting import Counts
 from packtool.builder.cache import code_fingerprint
-from packtool.builder.mixing import quota_plan, repeat_plan, source_multipliers, source_quotas, source_seed, splitmix64
+from packtool.builder.mixing import (
+    interleave_order,
+    quota_plan,
+    repeat_plan,
+    source_multipliers,
+    source_quotas,
+    source_seed,
+    splitmix64,
+)
 from packtool.builder.plan_files import PIECES_FILE, PLAN_FILE, FolderPlan, Partition, Plan, load_plan, write_plan
 from packtool.builder.store import PartitionReader, PartitionWriter
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, keyed_parts, section_data
 from packtool.errors import BuildError
-from packtool.format import SEGMENTS_SCHEMA_VERSION
-from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream
+from packtool.format import SEGMENTS_SCHEMA_VERSION, Interleaving
+from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
+from packtool.stats import WINDOW_SLACK, window_mix
 from packtool.truncate import truncate
 
 
@@ -346,7 +356,7 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
     unit_amounts = {"tokens": length, "target_tokens": fitted.targets[main]}
     refs, repeats, lens, srcs = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)], []
     srcs.append(np.zeros(0, np.int16))
-    sizes, kinds = [np.zeros(0, np.int64)], [np.zeros(0, np.int8)]
+    sizes, kinds, targets = [np.zeros(0, np.int64)], [np.zeros(0, np.int8)], [np.zeros(0, np.int64)]
     for i, name in enumerate(names):
         mine = np.flatnonzero(item_source == i)
         if name in quotas:
@@ -364,6 +374,7 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
         srcs.append(np.full(len(segments), i, dtype=np.int16))
         sizes.append(size)
         kinds.append(fitted.kind[main][segments])
+        targets.append(fitted.targets[main][segments])
         counts[name].segments += len(segments)
     seg_ref, seg_len, seg_src = np.concatenate(refs), np.concatenate(lens), np.concatenate(srcs)
     item_sizes, seg_kind = np.concatenate(sizes), np.concatenate(kinds)
@@ -371,9 +382,43 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
         layout: PackPlan | StreamPlan = plan_stream(seg_len, config.capacity)
     elif (seg_kind == KIND_CODES["single"]).all():
         layout = _layout(config, seg_len, seg_src, config.capacity)  # no pair or group: exactly the v1 plan
+        if config.mixing.interleave is not None:
+            per_unit = {"samples": np.ones(len(seg_len), np.int64), "tokens": seg_len}
+            amount = per_unit.get(config.mixing.interleave.unit, np.concatenate(targets))
+            layout = _interleaved(config, config.mixing.interleave, layout, amount, seg_src)
     else:
         return _item_folder(config, seg_ref, np.concatenate(repeats), seg_len, seg_src, seg_kind, item_sizes)
     return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), seg_len, layout)
+
+
+def _interleaved(
+    config: BuildConfig, interleave: Interleaving, layout: PackPlan, amount: np.ndarray, source: np.ndarray
+) -> PackPlan:
+    """The packs in `interleave_order`, after packing (so packing keeps its efficiency): a pack holding several
+    sources counts each segment for its own source. A build whose windows cannot hold the mix within the
+    tolerance fails here, before a shard is written, naming the source and the window."""
+    names = [s.name for s in config.sources]
+    pack = np.repeat(np.arange(layout.n_packs), layout.segments())
+    amounts = np.zeros((layout.n_packs, len(names)), np.int64)
+    np.add.at(amounts, (pack, source[layout.members]), amount[layout.members])
+    order = interleave_order(amounts, interleave.window)
+    mix = window_mix(amounts[order], interleave.window)
+    where = f"{config.config_file}: mixing.interleave"
+    if mix.windows == 0:
+        raise BuildError(
+            f"{where}: window {interleave.window} > the build's {layout.n_packs} packs, so no whole window holds "
+            "the mix; lower mixing.interleave.window"
+        )
+    s = int(np.argmax(mix.deviation))
+    if mix.deviation[s] > interleave.tolerance + WINDOW_SLACK:
+        w = int(mix.worst[s])
+        raise BuildError(
+            f"{where}: source {names[s]!r} is {mix.deviation[s]:.4f} off its share {mix.share[s]:.4f} of "
+            f"{interleave.unit} in window {w} (packs {w * interleave.window}..{(w + 1) * interleave.window - 1}) "
+            f"> tolerance {interleave.tolerance}; raise mixing.interleave.window (more packs per window even out "
+            "large packs and small sources) or the tolerance"
+        )
+    return reordered(layout, order)
 
 
 def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitted:

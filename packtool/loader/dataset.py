@@ -236,6 +236,12 @@ class PackedDataset(IterableDataset):
         return self.manifest.pad_id
 
     @property
+    def window(self) -> int:
+        """Packs the epoch order keeps together: an interleaved build's window (mixing.interleave), else 1."""
+        interleave = self.manifest.interleave
+        return 1 if interleave is None else interleave.window
+
+    @property
     def total_packs(self) -> int:
         return sum(u.rows for u in self.units)
 
@@ -378,7 +384,7 @@ class PackedDataset(IterableDataset):
             if self._plan is not None and self._plan[0][0] == self.epoch:
                 order = self._plan[1]  # same epoch, later position: the order stands, only the rest is re-planned
             else:
-                order = epoch_order([u.rows for u in self.units], self.seed, self.epoch, self.shuffle)
+                order = epoch_order([u.rows for u in self.units], self.seed, self.epoch, self.shuffle, self.window)
             plan = plan_epoch([u.rows for u in self.units], order, self.position, self.plan_options, self._per_pack)
             self._plan = (key, order, plan)
             if plan.dropped and self._logged_epoch != self.epoch and get_worker_info() is None:

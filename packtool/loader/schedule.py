@@ -56,13 +56,50 @@ class EpochOrder:
     row: np.ndarray  # int64 [N]
 
 
-def epoch_order(unit_rows: Sequence[int], seed: int, epoch: int, shuffle: bool) -> EpochOrder:
+def epoch_order(unit_rows: Sequence[int], seed: int, epoch: int, shuffle: bool, window: int = 1) -> EpochOrder:
+    """The epoch's global order; `window` > 1 (an interleaved build, see `window_order`) moves whole windows."""
+    if window > 1 and shuffle:
+        return window_order(unit_rows, seed, epoch, window)
     units = np.random.default_rng([seed, epoch]).permutation(len(unit_rows)) if shuffle else np.arange(len(unit_rows))
     rows = [
         np.random.default_rng([seed, epoch, int(u)]).permutation(unit_rows[u]) if shuffle else np.arange(unit_rows[u])
         for u in units
     ]
     unit = np.repeat(units.astype(np.int64), [unit_rows[u] for u in units])
+    row = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+    return EpochOrder(unit, row)
+
+
+def window_order(unit_rows: Sequence[int], seed: int, epoch: int, window: int) -> EpochOrder:
+    """An interleaved build's epoch: the build's windows of `window` consecutive packs stay whole, so every
+    window the build measured (its share of each source) is one window of global positions [jK, (j+1)K).
+
+    The build makes every row group hold whole windows (window divides row_group_rows and rows_per_shard),
+    all but the last, which may end with the build's partial window. So: row groups in a seeded order with
+    that last one kept last; inside a row group, its windows in a seeded order and each window's packs in a
+    seeded order (a window's mix does not depend on the order of its packs). K = 2:
+
+        units (rows)        u0 (4: windows a b)   u1 (4: c d)   u2 (3: e + 1 partial)
+        seeded units        u1 u0 | u2 last
+        windows, packs      d1 d0 c0 c1 | a1 a0 b0 b1 | e0 e1 p0
+    """
+    partial = [u for u, rows in enumerate(unit_rows) if rows % window]
+    if partial and partial != [len(unit_rows) - 1]:
+        raise DatasetError(
+            f"the manifest says windows of {window} packs, but row group {partial[0]} holds {unit_rows[partial[0]]} "
+            "packs (not whole windows): the shards do not match the manifest; rebuild the output"
+        )
+    shuffled = np.random.default_rng([seed, epoch]).permutation(len(unit_rows))
+    units = np.array([u for u in shuffled if u not in partial] + partial, dtype=np.int64)
+    rows = []
+    for u in units.tolist():
+        rng = np.random.default_rng([seed, epoch, u])
+        full = unit_rows[u] // window
+        starts = rng.permutation(full) * window
+        inside = rng.permuted(np.tile(np.arange(window), (full, 1)), axis=1)
+        tail = full * window + rng.permutation(unit_rows[u] - full * window)
+        rows.append(np.concatenate([(starts[:, None] + inside).ravel(), tail]))
+    unit = np.repeat(units, [unit_rows[u] for u in units])
     row = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
     return EpochOrder(unit, row)
 

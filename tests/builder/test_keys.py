@@ -52,6 +52,9 @@ ROWS: dict[str, tuple[str, str]] = {
     "overflow.mode": ("plan", "bucket"),
     "overflow.capacity": ("plan", "4096"),
     "mixing.by": ("plan", "tokens"),
+    "mixing.interleave.window": ("plan", "8"),
+    "mixing.interleave.tolerance": ("plan", "0.1"),
+    "mixing.interleave.unit": ("plan", "samples"),
     "seed": ("plan", "7"),
     "rows_per_shard": ("plan", "50"),
     "row_group_rows": ("plan", "16"),
@@ -90,7 +93,11 @@ ROWS: dict[str, tuple[str, str]] = {
 }
 MOVES = {"encode": (True, True), "plan": (False, True), "run": (False, False)}
 # what a setting needs beside it, set on both sides of the comparison
-NEEDS = {"ray_address": ["executor=ray"]}
+NEEDS = {
+    "ray_address": ["executor=ray"],
+    "mixing.interleave.tolerance": ["mixing.interleave={window: 8}"],
+    "mixing.interleave.unit": ["mixing.interleave={window: 8}"],
+}
 BASE = ["packing={strategy: bfd}"]  # the quickstart's `packing: bfd`, written as a mapping to set its keys
 
 

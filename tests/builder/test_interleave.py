@@ -229,7 +229,7 @@ def test_the_unit_defaults_to_the_mix_s(three_sources, settings, unit):
     by = {"by": settings["by"]} if "by" in settings else {}
     interleave = {"window": 4, **({"unit": settings["unit"]} if "unit" in settings else {})}
     config = three_sources(mixing={**by, "interleave": interleave})
-    assert config.interleave == Interleaving(4, 0.05, unit)
+    assert config.mixing.interleave == Interleaving(4, 0.05, unit)
 
 
 def test_the_unit_of_quotas_is_the_default(tmp_path, write_config, write_jsonl):
@@ -237,7 +237,7 @@ def test_the_unit_of_quotas_is_the_default(tmp_path, write_config, write_jsonl):
     source = {"name": "a", "path": str(data), "format": "text", "quota": {"target_tokens": 10}}
     raw = {"sources": [source], "tokenizer": str(QUICKSTART / "tokenizer"), "capacity": 64, "output": "out"}
     config = load_config(write_config({**raw, "mixing": {"interleave": {"window": 4}}}))
-    assert config.interleave == Interleaving(4, 0.05, "target_tokens")
+    assert config.mixing.interleave == Interleaving(4, 0.05, "target_tokens")
 
 
 def test_stats_prints_each_source_s_worst_window(three_sources, tmp_path):

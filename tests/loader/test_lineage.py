@@ -8,12 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from support import REPO
 
 pytest.importorskip("torch")
 from click.testing import CliRunner
 
 from packtool import lineage
 from packtool.cli import main
+from packtool.config import parse_config
 from packtool.lineage import (
     TraceError,
     TraceSettings,
@@ -289,3 +292,24 @@ def test_a_real_trainer_checkpoint_is_traced(quickstart_build, tmp_path):
         assert [
             [q.pack_hash for q in mb.packs] for mb in trace_step(quickstart_build, s, anchored).micro_batches
         ] == steps[s]
+
+
+def test_the_readme_lineage_examples_are_what_the_commands_print(quickstart_build):
+    """The README's trace commands, run on the quickstart build, print the lines it shows; its mixing block
+    is a valid config with quotas and interleaving."""
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("## What did step N train on", 1)[1]
+    blocks = section.split("```")
+    commands = [line.split()[2:] for line in blocks[1].strip().splitlines()]
+    printed = "".join(CliRunner().invoke(main, ["trace", str(quickstart_build), *c[1:]]).output for c in commands)
+    shown = [line for line in blocks[3].strip().splitlines() if line != "..."]
+    assert shown and all(line in printed.splitlines() for line in shown), printed
+
+    raw = yaml.safe_load(blocks[5].removeprefix("yaml\n"))
+    for source in raw["sources"]:
+        source["path"] = str(REPO / "configs" / "quickstart" / "chat.jsonl")
+    config = parse_config(
+        {**raw, "tokenizer": str(REPO / "configs/quickstart/tokenizer"), "capacity": 1024, "output": "out"},
+        base_dir=REPO,
+    )
+    assert [s.plan.quota.amount for s in config.sources] == [2_000_000, 500_000]
+    assert config.mixing.interleave is not None and config.mixing.interleave.window == 8

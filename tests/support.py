@@ -20,6 +20,22 @@ def shared(*parts: str) -> Path:
     return path
 
 
+def three_real_sources(quotas: dict[str, dict[str, int]]) -> list[dict]:
+    """Sources of a real three-source mix, each with its quota: code alpaca (down-sampled), a small chat set
+    (up-sampled) and c4 split into whole-pack documents."""
+    sources = [
+        {"name": "code", "path": str(shared("datasets", "code_alpaca_2k.json")), "format": "alpaca"},
+        {"name": "chat", "path": str(shared("datasets", "fastchat_dummy_conversation.json")), "format": "sharegpt"},
+        {
+            "name": "web",
+            "path": str(shared("datasets", "llamafactory_c4_demo.jsonl")),
+            "format": "text",
+            "truncation": "split",
+        },
+    ]
+    return [{**source, "quota": quotas[source["name"]]} for source in sources]
+
+
 def ctrl_c_reaches_child() -> None:
     """`preexec_fn` for a subprocess a test interrupts with SIGINT, as Ctrl-C in a terminal would.
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import QUICKSTART, shared
+from support import QUICKSTART, shared, three_real_sources
 
 from packtool.builder import build
 from packtool.builder.mixing import interleave_order
@@ -270,18 +270,9 @@ def test_a_manifest_with_a_broken_interleave_is_one_line(three_sources, tmp_path
 
 def test_three_real_sources_interleave_within_the_tolerance(tmp_path, write_config):
     """Quotas in target tokens on three real sources (one split into whole-pack documents), windows of 32."""
-    sources = [
-        {"name": "code", "path": str(shared("datasets", "code_alpaca_2k.json")), "format": "alpaca"},
-        {"name": "chat", "path": str(shared("datasets", "fastchat_dummy_conversation.json")), "format": "sharegpt"},
-        {
-            "name": "web",
-            "path": str(shared("datasets", "llamafactory_c4_demo.jsonl")),
-            "format": "text",
-            "truncation": "split",
-        },
-    ]
-    for source, quota in zip(sources, (40_000, 150_000, 90_000), strict=True):
-        source["quota"] = {"target_tokens": quota}
+    sources = three_real_sources(
+        {"code": {"target_tokens": 40_000}, "chat": {"target_tokens": 150_000}, "web": {"target_tokens": 90_000}}
+    )
     raw = {
         "sources": sources,
         "tokenizer": str(shared("tokenizers", "qwen2.5")),

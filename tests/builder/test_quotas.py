@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import shared
+from support import shared, three_real_sources
 
 from packtool.builder import build
 from packtool.builder.mixing import quota_plan
@@ -68,19 +68,7 @@ def test_three_real_sources_meet_their_quotas(tmp_path, write_config):
         "chat": Quota("target_tokens", 150_000),
         "web": Quota("tokens", 90_000),
     }
-    sources = [
-        {"name": "code", "path": str(shared("datasets", "code_alpaca_2k.json")), "format": "alpaca"},
-        {"name": "chat", "path": str(shared("datasets", "fastchat_dummy_conversation.json")), "format": "sharegpt"},
-        {
-            "name": "web",
-            "path": str(shared("datasets", "llamafactory_c4_demo.jsonl")),
-            "format": "text",
-            "truncation": "split",
-        },
-    ]
-    for source in sources:
-        quota = quotas[source["name"]]
-        source["quota"] = {quota.unit: quota.amount}
+    sources = three_real_sources({name: {quota.unit: quota.amount} for name, quota in quotas.items()})
     raw = {
         "sources": sources,
         "tokenizer": str(shared("tokenizers", "qwen2.5")),

@@ -28,7 +28,7 @@ from tokenizers import Encoding, Tokenizer, pre_tokenizers
 
 from packtool.config import TokenizerConfig
 from packtool.errors import PacktoolError, RecordError
-from packtool.records import ROLE_CODES, Rendered, Tokenized, literal_pattern
+from packtool.records import ROLE_CODES, Rendered, Tokenized, literal_pattern, spells_literal
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,9 @@ def has_special_literal(rendered: Rendered, tokenizer: TextTokenizer) -> bool:
         return True
     pattern = tokenizer.special_literals
     text = rendered.text
-    return pattern is not None and any(pattern.search(text, start, end) for start, end in rendered.content_ranges)
+    return pattern is not None and any(
+        spells_literal(pattern, text, start, end) for start, end in rendered.content_ranges
+    )
 
 
 def escaped_ranges(rendered: Rendered, tokenizer: TextTokenizer) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ happens instead of as a wrong label three stages later.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,30 @@ def literal_pattern(literals: Iterable[str]) -> re.Pattern[str] | None:
         return None
     first = "".join(sorted({re.escape(t[0]) for t in ordered}))
     return re.compile(f"(?=[{first}])(?:{'|'.join(re.escape(t) for t in ordered)})")
+
+
+def spells_literal(pattern: re.Pattern[str], text: str, start: int = 0, end: int | None = None) -> bool:
+    """Whether text[start:end] holds a literal of a literal_pattern.
+
+    A text holding none of the literals' first characters spells none, and str.find runs at memchr
+    speed where the regex steps through every position: looking for those characters first takes
+    the search off most records (alpaca contents with Qwen2.5: 4.5 -> 0.6 us).
+    """
+    end = len(text) if end is None else end
+    # keyed by the pattern's text: a str keeps its hash, a compiled pattern hashes its whole program
+    for first in _literal_starts(pattern.pattern):
+        if text.find(first, start, end) >= 0:
+            return pattern.search(text, start, end) is not None
+    return False
+
+
+@functools.cache
+def _literal_starts(pattern: str) -> tuple[str, ...]:
+    """The first characters of a literal_pattern's literals, read back from its leading class."""
+    head = re.match(r"\(\?=\[((?:\\.|[^\]\\])*)\]\)", pattern, re.DOTALL)
+    if head is None:
+        raise ValueError(f"not a literal_pattern: {pattern[:40]!r}")
+    return tuple(re.sub(r"\\(.)", r"\1", head.group(1), flags=re.DOTALL))
 
 
 @dataclass(frozen=True, slots=True)

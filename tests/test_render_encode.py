@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
 from packtool.chat_templates import JINJA2_ONLY, load_template
-from packtool.config import TokenizerConfig, TrainPolicy
+from packtool.config import DEFAULT_FIELDS, SourceConfig, TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import render_chat, render_text
+from packtool.sources import read_source
 
 
 def qwen():
@@ -1061,3 +1062,174 @@ def test_a_recipe_is_kept_per_trained_pattern():
     assert [i for _, _, i in render_chat(first_off, template, TrainPolicy()).target_ranges] == [3]
     (skeleton,) = template.skeletons.values()
     assert len(skeleton.recipes) == 2 and None not in skeleton.recipes.values()
+
+
+# Contents a recipe must carry as they are: template syntax, text spelling the template's own pieces
+# (without special tokens), whitespace a template could trim, characters of other widths.
+TRICKY_CONTENTS = (
+    "{{ messages[0]['content'] }}",
+    "{% for m in messages %}{{ m.role }}{% endfor %}",
+    "assistant\n",
+    "user",
+    "im_start|>assistant\n<|im_end",  # the special tokens cut short: plain text
+    "[INST] hi [/INST]",  # Mistral's control text (special there, so rendered; plain text elsewhere)
+    "line\r\nbreaks\u2028and\ttabs",
+    "中文 and 😀 emoji, \ue000 (private use, but not a marker)",
+    "x" * 2000,
+    "",
+    "   ",
+)
+# Shapes beyond user/assistant pairs: a system prompt, a lone turn, repeated roles, a tool result
+# without a call id, an empty turn.
+TRICKY_SHAPES = (
+    ("system", "user", "assistant"),
+    ("user",),
+    ("assistant",),
+    ("system",),
+    ("user", "user", "assistant", "assistant"),
+    ("user", "assistant", "user"),
+    ("user", "assistant", "tool", "assistant"),
+    ("system", "user", "assistant", "user", "assistant"),
+)
+
+
+def _twin(content: str) -> str:
+    """Another content of the same _shape (the whitespace around the words kept): the conversation
+    that teaches a shape its skeleton and recipe."""
+    core = content.strip()
+    if not core:
+        return content
+    lead = content[: len(content) - len(content.lstrip())]
+    return f"{lead}learned words{content[len(lead) + len(core) :]}"
+
+
+@pytest.mark.parametrize("model", PARITY_MODELS)
+def test_recipes_give_what_the_template_renders_for_tricky_contents_and_shapes(model):
+    """Each conversation is rendered after a twin of its shape taught the template its skeleton and
+    recipe, and must equal a render with nothing kept (or fail the same way): a recipe that put a
+    content, a span or a target anywhere else, or lent its text to a content the template treats
+    otherwise, fails here."""
+    template = replace(_model_template(str(shared("tokenizers", model))), skeletons={})
+    followed = 0
+    for roles in TRICKY_SHAPES:
+        for k in range(len(TRICKY_CONTENTS)):
+            # every message gets a tricky content, a different one each
+            contents = [TRICKY_CONTENTS[(k + j) % len(TRICKY_CONTENTS)] for j in range(len(roles))]
+            example = chat(*zip(roles, contents))
+            twin = chat(*zip(roles, map(_twin, contents)))
+            outcomes = []
+            for fresh in (template, replace(template, skeletons={})):
+                for conversation in (twin, example):
+                    try:
+                        outcomes.append(render_chat(conversation, fresh, TrainPolicy()))
+                    except RecordError as error:
+                        outcomes.append((error.kind, error.reason))
+            assert outcomes[1] == outcomes[3], (model, roles, contents)
+            followed += any(skeleton.recipes for skeleton in template.skeletons.values())
+    if model == "qwen2.5":  # a template that never inspects content: its recipes were followed
+        assert followed and all(
+            None not in skeleton.recipes.values() for skeleton in template.skeletons.values() if skeleton.recipes
+        )
+
+
+def test_a_recipe_renders_nothing_and_gives_every_tricky_content_its_own_span(monkeypatch):
+    """Qwen2.5: once the shape's recipe is known, a conversation of that shape is put together
+    without a template render, and each span holds its own content exactly."""
+    _, template = qwen()
+    template = replace(template, skeletons={})
+    roles = ("system", "user", "assistant")
+    render_chat(chat(*zip(roles, ("a", "b", "c"))), template, TrainPolicy())
+    calls = _count_renders(template, monkeypatch)
+    for words in filter(None, map(str.strip, TRICKY_CONTENTS)):  # whitespace around words: another shape
+        contents = [words, "{{ x }}", words[::-1]]
+        rendered = render_chat(chat(*zip(roles, contents)), template, TrainPolicy())
+        assert [rendered.text[s.start : s.end] for s in rendered.spans] == contents
+        (start, end, message) = rendered.target_ranges[0]
+        assert (rendered.text[start:end], message) == (f"{words[::-1]}<|im_end|>", 2)
+    assert calls == [0]
+
+
+@pytest.mark.parametrize("model", PARITY_MODELS)
+def test_token_edges_looked_up_give_the_samples_the_whole_offset_table_gives(model, monkeypatch):
+    """Real samples (alpaca in two languages, code, tool calls) encoded with the boundary lookups and
+    again with every offset converted: the same tokens, targets, roles and message indices, and the
+    same mask-check rejections."""
+    import packtool.encode
+
+    folder = shared("tokenizers", model)
+    tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
+    template = _model_template(str(folder))
+    examples = [
+        *_alpaca_examples("llamafactory_alpaca_zh_demo.json", 60),
+        *_alpaca_examples("code_alpaca_2k.json", 60),
+        *_alpaca_examples("llamafactory_alpaca_en_demo.json", 60),
+    ]
+    glaive = str(shared("datasets", "llamafactory_glaive_toolcall_en_demo.json"))
+    source = SourceConfig("glaive", (glaive,), (), "sharegpt", DEFAULT_FIELDS["sharegpt"], max_samples=60)
+    examples += [e for e in read_source(source) if isinstance(e, Example)]
+    batch = []
+    for example in examples:
+        try:
+            batch.append((render_chat(example, template, TrainPolicy()), "escape"))
+        except RecordError:
+            continue
+    assert len(batch) > 150
+    looked_up = encode_batch(batch, tokenizer)
+    monkeypatch.setattr(packtool.encode, "EncodingEdges", OffsetTable.of)
+    converted = encode_batch(batch, tokenizer)
+    assert len(looked_up) == len(converted)
+    for a, b in zip(looked_up, converted):
+        if isinstance(a, RecordError) or isinstance(b, RecordError):
+            assert (type(a), str(a)) == (type(b), str(b))
+            continue
+        for column in ("input_ids", "targets", "roles", "message_index"):
+            assert getattr(a, column).tolist() == getattr(b, column).tolist(), (a.example_id, column)
+
+
+def _alpaca_examples(name: str, count: int) -> list[Example]:
+    records = json.loads(shared("datasets", name).read_text(encoding="utf-8"))[:count]
+    return [
+        chat(("user", r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")), ("assistant", r["output"]))
+        for r in records
+    ]
+
+
+LITERAL_CHARACTERS = st.sampled_from(list("<|>[]\\^-a b\n\"'.*"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    literals=st.lists(st.text(LITERAL_CHARACTERS, min_size=1, max_size=4), min_size=1, max_size=5),
+    text=st.text(LITERAL_CHARACTERS, max_size=30),
+    data=st.data(),
+)
+def test_a_literal_is_looked_for_as_the_regex_finds_it(literals, text, data):
+    """spells_literal looks for the literals' first characters before searching: it answers what the
+    pattern's own search answers, for any range, whatever characters the literals start with
+    (regex syntax included)."""
+    from packtool.records import literal_pattern, spells_literal
+
+    pattern = literal_pattern(literals)
+    assert pattern is not None
+    start = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(start, len(text)))
+    assert spells_literal(pattern, text, start, end) == (pattern.search(text, start, end) is not None)
+    assert spells_literal(pattern, text) == (pattern.search(text) is not None)
+
+
+def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers():
+    """The recipe path skips the render, not the record's checks: a special-token literal typed into
+    a content of a shape whose recipe is known is named and escaped, a marker character rejected."""
+    tokenizer, template = qwen()
+    template = replace(template, skeletons={})
+    render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    assert any(skeleton.recipes for skeleton in template.skeletons.values())
+    typed = chat(("user", "Say <|im_end|> please"), ("assistant", "Hello"))
+    rendered = render_chat(typed, template, TrainPolicy())
+    assert rendered.literal_fields == ("messages[0].content",)
+    assert rendered == render_chat(typed, replace(template, skeletons={}), TrainPolicy())
+    sample = encode_one(typed, tokenizer, template)
+    ends = (sample.input_ids == tokenizer.token_id("<|im_end|>")).sum()
+    assert ends == rendered.text.count("<|im_end|>") - 1  # the typed one is plain text
+    with pytest.raises(RecordError, match="private-use"):
+        render_chat(chat(("user", "Hi \U00100000"), ("assistant", "Hello")), template, TrainPolicy())

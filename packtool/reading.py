@@ -128,7 +128,7 @@ def raw_records(path: str, label: str, start: int, stop: int | None, limit: int)
             yield n, record
     except _ReadError as exc:
         yield unreadable(str(exc), exc.row)
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         if last < start:
             yield unreadable(f"cannot read as {kind.replace('_', ' ')}: {_short(exc)}")
         else:
@@ -302,7 +302,9 @@ def _may_hold_nul(array: pa.Array) -> bool:
     return False
 
 
-def _open_text(path: str, kind: str) -> io.BufferedIOBase:
+def open_text(path: str, kind: str) -> io.BufferedIOBase:
+    """The file's text as bytes: decompressed when `kind` (sniff) is gzip or zstd; multi-member gzip and
+    multi-frame zstd (files concatenated with `cat`) read whole."""
     if kind == "gzip":
         import gzip
 
@@ -322,7 +324,7 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
     A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
     `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
     """
-    with _open_text(path, kind) as handle:
+    with open_text(path, kind) as handle:
         read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
         head = [read_line()]
         if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
@@ -342,11 +344,14 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
             )
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
-        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), start, stop):
+        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), stop):
             if len(line) > limit and not line.endswith(b"\n"):
+                # passed over whole before `start` too: a line is counted once however long, so the
+                # lines of a range that starts past it (RANGE_ROWS, a carried prefix) keep their numbers
                 size = len(line) + _skip_line(handle)
-                yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
-            elif not line.isspace():  # no copy, unlike strip(); the reads never yield b""
+                if index >= start:
+                    yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
+            elif index >= start and not line.isspace():  # no copy, unlike strip(); the reads never yield b""
                 yield index + 1, _parse_line(line, label, index + 1)
 
 
@@ -517,4 +522,4 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, ValueError, pa.ArrowException, zlib.error, zstandard.ZstdError)
 
 
-_READ_ERRORS = _read_errors()
+READ_ERRORS = _read_errors()

@@ -41,7 +41,7 @@ from packtool.builder.cache import (
     publish_file,
     seal_report,
 )
-from packtool.builder.store import PartitionWriter, SegmentRole, stored_rows
+from packtool.builder.store import PartitionWriter, SegmentRole
 from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json, item_fit_parts, keyed_parts
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
@@ -664,8 +664,7 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         writer = PartitionWriter(temporary, source.name)
         try:
             if carried is not None:
-                for row in stored_rows(carried.partition):
-                    writer.append(*row)
+                writer.extend(carried.partition)
                 report.counts = Counts.from_report(carried.report, carried.records, 0)
                 report.rejects = list(carried.report["rejects"])
             first = carried.records if carried is not None else 0

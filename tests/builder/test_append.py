@@ -16,6 +16,7 @@ import zstandard
 from support import QUICKSTART
 
 import packtool.builder.encode as encode_phase
+import packtool.builder.store as store
 from packtool.builder import Built, build
 from packtool.builder.cache import TokenCache
 from packtool.config import load_config
@@ -324,6 +325,7 @@ def _text(rows: range) -> bytes:
 def packed(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Compress]:
     """30 rows in data/a.jsonl.gz (or .zst), built once: one encode item, whatever RANGE_ROWS."""
     monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(store, "BATCH_ROWS", 4)  # a carried entry's full batches are copied whole (extend)
     suffix, compress = COMPRESSORS[request.param]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / f"a.jsonl{suffix}").write_bytes(compress(_text(range(30)), 3))

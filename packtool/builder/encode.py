@@ -404,6 +404,8 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
 
 @dataclass(frozen=True)
 class TextPrefix:
+    """What carried_prefix checks of the first bytes of a range's text against its earlier entry."""
+
     sha256: str
     lines: int  # newlines in it
     whole_lines: bool  # it ends with a newline

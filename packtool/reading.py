@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -310,12 +311,73 @@ def open_text(path: str, kind: str) -> io.BufferedIOBase:
 
         return gzip.open(path, "rb")
     if kind == "zstd":
+        # the decompression reader has no readline; a buffer over it gives line iteration
+        return io.BufferedReader(_ZstdText(path))
+    return open(path, "rb")
+
+
+class _ZstdText(io.RawIOBase):
+    """The text of a zstd file, frame after frame. python-zstandard's stream reader ends quietly where a file
+    cut short ends inside a frame (the lines before the cut would be all the file seemed to hold); at its
+    end the frames are walked by their headers, and one that the file does not hold whole raises ZstdError,
+    so the read reports the file as damaged after its last line, as it does a gzip file cut short."""
+
+    def __init__(self, path: str):
         import zstandard
 
-        # the decompression reader has no readline; a buffer over it gives line iteration
-        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with the buffer
-        return io.BufferedReader(reader)
-    return open(path, "rb")
+        self._path = path
+        self._reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with this reader
+        self._ended = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        read = 0 if self._ended else self._reader.readinto(buffer)
+        if read == 0 and not self._ended:
+            import zstandard
+
+            if not _whole_frames(self._path):
+                raise zstandard.ZstdError("the file ends inside a zstd frame (cut short?)")
+            self._ended = True
+        return read
+
+    def close(self) -> None:
+        self._reader.close()
+        super().close()
+
+
+_SKIPPABLE = range(0x184D2A50, 0x184D2A60)  # magic numbers of skippable frames: their size follows
+
+
+def _whole_frames(path: str) -> bool:
+    """Whether a zstd file ends where a frame ends (RFC 8878), reading only frame and block headers."""
+    import zstandard
+
+    with open(path, "rb") as handle:
+        size, at = os.fstat(handle.fileno()).st_size, 0
+        while at < size:
+            handle.seek(at)
+            head = handle.read(18)  # the magic number and the longest frame header
+            if int.from_bytes(head[:4], "little") in _SKIPPABLE:
+                at += 8 + int.from_bytes(head[4:8], "little")
+                continue
+            try:
+                checksum = zstandard.get_frame_parameters(head).has_checksum
+                at += zstandard.frame_header_size(head)
+            except zstandard.ZstdError:
+                return False
+            last = False
+            while not last:
+                handle.seek(at)
+                header = handle.read(3)  # Last_Block (1 bit), Block_Type (2), Block_Size (21), little-endian
+                if len(header) < 3:
+                    return False
+                block = int.from_bytes(header, "little")
+                last, kind, length = bool(block & 1), (block >> 1) & 3, block >> 3
+                at += 3 + (1 if kind == 1 else length)  # an RLE block holds one byte, repeated
+            at += 4 * checksum
+    return at == size
 
 
 def _text_records(path: str, kind: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from packtool.builder import Built, build
 from packtool.builder.cache import TokenCache
 from packtool.config import load_config
 from packtool.errors import PacktoolError
+from packtool.reading import open_text
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -381,19 +384,29 @@ def test_a_changed_line_reencodes_the_compressed_file(packed):
     _same_as_fresh(folder, "data/a.jsonl.*")
 
 
-def test_a_damaged_compressed_tail_is_reported_and_never_carried(packed):
+def _outcome(folder: Path, output: str, **settings: object) -> str:
+    """The one-line error of a build of data/a.jsonl.*, or the hashes of what it wrote."""
+    try:
+        _build(folder, output, path="data/a.jsonl.*", **settings)
+    except PacktoolError as error:
+        return str(error)
+    return json.dumps(_files(folder / output))
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_a_damaged_compressed_tail_is_reported_and_never_carried(packed, damage):
     folder, compress = packed
     file = _compressed(folder)
-    before = file.read_bytes()
-    member = compress(_text(range(30, 43)), 3)
+    before, member = file.read_bytes(), compress(_text(range(30, 43)), 3)
     damaged = bytearray(member)
-    damaged[len(damaged) // 2] ^= 0xFF  # gzip: a bad CRC or deflate block; zstd: corrupted data
+    if damage == "corrupt":
+        damaged[len(damaged) // 2] ^= 0xFF  # gzip: a bad CRC or deflate block; zstd: corrupted data
+    else:
+        del damaged[len(damaged) // 2 :]  # an append cut short
     file.write_bytes(before + bytes(damaged))
-    with pytest.raises(PacktoolError, match=rf"data/{file.name}:31\b.*damaged after line 30") as raised:
-        _build(folder, "out", path="data/a.jsonl.*")
-    with pytest.raises(PacktoolError) as fresh:
-        _build(folder, "fresh", use_cache=False, path="data/a.jsonl.*")
-    assert str(raised.value) == str(fresh.value)  # reported as a build without the cache reports it
+    reported = _outcome(folder, "out")
+    assert reported == _outcome(folder, "fresh", use_cache=False)  # as a build without the cache reads it
+    assert re.search(rf"data/{file.name}:\d+\b.*damaged after line \d+", reported)
     skipped = _build(folder, "out", path="data/a.jsonl.*", on_error="skip")
     assert skipped.records.records_reencoded == skipped.records.records  # keyed by its bytes: no carried rows
     file.write_bytes(before + member)  # repaired: the broken read's entry is not carried over either
@@ -415,3 +428,36 @@ def test_a_long_line_before_a_carried_compressed_prefix_keeps_the_line_numbers(p
     assert (again.records.records, again.records.records_reencoded) == (33, 3)  # lines 31-33, not 29-33
     _build(folder, "fresh", use_cache=False, path="data/a.jsonl.*", on_error="skip", max_record_bytes=1024)
     assert _files(folder / "out") == _files(folder / "fresh")
+
+
+def _zstd_files(text: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """Ways of writing zstd: name -> (the file's bytes, the text they hold)."""
+    streamed = io.BytesIO()
+    with zstandard.ZstdCompressor(write_content_size=False).stream_writer(streamed, closefd=False) as writer:
+        for at in range(0, len(text), 7777):
+            writer.write(text[at : at + 7777])
+    skippable = (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"notes"
+    one = zstandard.ZstdCompressor().compress(text)
+    return {
+        "one frame": (one, text),
+        "checksum": (zstandard.ZstdCompressor(write_checksum=True, level=19).compress(text), text),
+        "streamed, no content size": (streamed.getvalue(), text),
+        "frames joined with cat": (one + zstandard.ZstdCompressor(threads=2).compress(text) + one, text * 3),
+        "a skippable frame first": (skippable + one, text),
+        "an RLE block": (zstandard.ZstdCompressor().compress(b"\n" * 300_000), b"\n" * 300_000),
+        "an empty frame": (zstandard.ZstdCompressor().compress(b""), b""),
+    }
+
+
+def test_a_zstd_file_is_read_whole_and_one_cut_short_is_reported(tmp_path):
+    """The frames are walked by their headers at the end of the text: every way of writing zstd reads whole,
+    and a file cut anywhere inside a frame raises what the read reports (the stream reader alone ends quietly)."""
+    file = tmp_path / "a.jsonl.zst"
+    for data, text in _zstd_files(_text(range(3000))).values():
+        file.write_bytes(data)
+        with open_text(str(file), "zstd") as handle:
+            assert handle.read() == text
+        for cut in sorted({1, 4, len(data) // 2, len(data) - 5}):
+            file.write_bytes(data[: len(data) - cut])
+            with pytest.raises(zstandard.ZstdError), open_text(str(file), "zstd") as handle:
+                handle.read()

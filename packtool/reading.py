@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -128,7 +129,7 @@ def raw_records(path: str, label: str, start: int, stop: int | None, limit: int)
             yield n, record
     except _ReadError as exc:
         yield unreadable(str(exc), exc.row)
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         if last < start:
             yield unreadable(f"cannot read as {kind.replace('_', ' ')}: {_short(exc)}")
         else:
@@ -302,18 +303,81 @@ def _may_hold_nul(array: pa.Array) -> bool:
     return False
 
 
-def _open_text(path: str, kind: str) -> io.BufferedIOBase:
+def open_text(path: str, kind: str) -> io.BufferedIOBase:
+    """The file's text as bytes: decompressed when `kind` (sniff) is gzip or zstd; multi-member gzip and
+    multi-frame zstd (files concatenated with `cat`) read whole."""
     if kind == "gzip":
         import gzip
 
         return gzip.open(path, "rb")
     if kind == "zstd":
+        # the decompression reader has no readline; a buffer over it gives line iteration
+        return io.BufferedReader(_ZstdText(path))
+    return open(path, "rb")
+
+
+class _ZstdText(io.RawIOBase):
+    """The text of a zstd file, frame after frame. python-zstandard's stream reader ends quietly where a file
+    cut short ends inside a frame (the lines before the cut would be all the file seemed to hold); at its
+    end the frames are walked by their headers, and one that the file does not hold whole raises ZstdError,
+    so the read reports the file as damaged after its last line, as it does a gzip file cut short."""
+
+    def __init__(self, path: str):
         import zstandard
 
-        # the decompression reader has no readline; a buffer over it gives line iteration
-        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with the buffer
-        return io.BufferedReader(reader)
-    return open(path, "rb")
+        self._path = path
+        self._reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115 - closed with this reader
+        self._ended = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        read = 0 if self._ended else self._reader.readinto(buffer)
+        if read == 0 and not self._ended:
+            import zstandard
+
+            if not _whole_frames(self._path):
+                raise zstandard.ZstdError("the file ends inside a zstd frame (cut short?)")
+            self._ended = True
+        return read
+
+    def close(self) -> None:
+        self._reader.close()
+        super().close()
+
+
+_SKIPPABLE = range(0x184D2A50, 0x184D2A60)  # magic numbers of skippable frames: their size follows
+
+
+def _whole_frames(path: str) -> bool:
+    """Whether a zstd file ends where a frame ends (RFC 8878), reading only frame and block headers."""
+    import zstandard
+
+    with open(path, "rb") as handle:
+        size, at = os.fstat(handle.fileno()).st_size, 0
+        while at < size:
+            handle.seek(at)
+            head = handle.read(18)  # the magic number and the longest frame header
+            if int.from_bytes(head[:4], "little") in _SKIPPABLE:
+                at += 8 + int.from_bytes(head[4:8], "little")
+                continue
+            try:
+                checksum = zstandard.get_frame_parameters(head).has_checksum
+                at += zstandard.frame_header_size(head)
+            except zstandard.ZstdError:
+                return False
+            last = False
+            while not last:
+                handle.seek(at)
+                header = handle.read(3)  # Last_Block (1 bit), Block_Type (2), Block_Size (21), little-endian
+                if len(header) < 3:
+                    return False
+                block = int.from_bytes(header, "little")
+                last, kind, length = bool(block & 1), (block >> 1) & 3, block >> 3
+                at += 3 + (1 if kind == 1 else length)  # an RLE block holds one byte, repeated
+            at += 4 * checksum
+    return at == size
 
 
 def _text_records(path: str, kind: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
@@ -322,7 +386,7 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
     A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
     `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
     """
-    with _open_text(path, kind) as handle:
+    with open_text(path, kind) as handle:
         read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
         head = [read_line()]
         if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
@@ -342,11 +406,14 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
             )
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
-        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), start, stop):
+        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), stop):
             if len(line) > limit and not line.endswith(b"\n"):
+                # passed over whole before `start` too: a line is counted once however long, so the
+                # lines of a range that starts past it (RANGE_ROWS, a carried prefix) keep their numbers
                 size = len(line) + _skip_line(handle)
-                yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
-            elif not line.isspace():  # no copy, unlike strip(); the reads never yield b""
+                if index >= start:
+                    yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
+            elif index >= start and not line.isspace():  # no copy, unlike strip(); the reads never yield b""
                 yield index + 1, _parse_line(line, label, index + 1)
 
 
@@ -517,4 +584,4 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, ValueError, pa.ArrowException, zlib.error, zstandard.ZstdError)
 
 
-_READ_ERRORS = _read_errors()
+READ_ERRORS = _read_errors()

@@ -8,7 +8,8 @@
     CACHE/files/ab/abcdef....json     per input file, its ranges at the last build (builder.reencoded)
 
 An entry's key hashes the content of its row range of the input file (the bytes of JSON Lines lines, the
-values of Parquet and Arrow rows; the whole file for other formats, see builder.encode.RowRange) and where
+values of Parquet and Arrow rows, the decompressed text of compressed JSON Lines; the whole file for JSON
+arrays, see builder.encode.RowRange) and where
 the range starts, the tokenizer and template by content, the source's
 render/tokenize settings and the code that encodes, so a stale entry is never looked up. Entries
 are write-once: written under a temporary name and renamed, report last, so two builds sharing a

@@ -19,10 +19,11 @@ import hashlib
 import json
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from itertools import islice
+from dataclasses import astuple, dataclass, field, replace
+from functools import partial
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,22 @@ import pyarrow as pa
 from packtool.adapters import Parsed
 from packtool.arrow import content_digest
 from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
-from packtool.builder.cache import TokenCache, entry_digest, file_sha256, publish_file, seal_report
-from packtool.builder.store import PartitionWriter, SegmentRole, stored_rows
+from packtool.builder.cache import (
+    TokenCache,
+    code_fingerprint,
+    entry_digest,
+    file_sha256,
+    publish_file,
+    seal_report,
+)
+from packtool.builder.store import PartitionWriter, SegmentRole
 from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json, item_fit_parts, keyed_parts
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
 from packtool.format import REJECTS
 from packtool.packing_items import KIND_CODES
-from packtool.reading import BOM, sniff
+from packtool.reading import BOM, READ_ERRORS, open_text, sniff
 from packtool.records import (
     CompletionGroup,
     Messages,
@@ -98,19 +106,23 @@ class RowRange:
 
     `content` hashes the range's own rows: the bytes of its lines for plain JSON Lines, the values of its
     rows for Parquet and Arrow (arrow.content_digest), so rows appended to a file change only its last
-    range and add new ones. Compressed files and JSON arrays are one range, keyed by the whole file's sha256."""
+    range and add new ones. Compressed JSON Lines are one range, hashed over the decompressed text (so
+    another compression of the same lines keeps the hash, and lines appended to it extend what it
+    hashed); JSON arrays are one range, keyed by the whole file's sha256."""
 
     start: int
     end: int | None
     content: str
     rows: int | None = None  # the file's lines or rows, where counted (None: read whole, not counted)
-    # What `content` hashes: `size` bytes from byte `offset` (JSON Lines), or `size` rows from `start` (tables)
+    # What `content` hashes: `size` bytes of the file's text (decompressed) from byte `offset` (JSON Lines), or
+    # `size` rows from `start` (tables)
     offset: int | None = None
     size: int | None = None
     unit: str | None = None  # "bytes", "rows"; None: the whole file
 
 
 TABLE_KINDS = ("parquet", "arrow_file", "arrow_stream")
+COMPRESSED_KINDS = ("gzip", "zstd")  # what packtool.reading decompresses
 
 
 def row_ranges(file: str, max_samples: int | None, cache: TokenCache | None = None) -> list[RowRange]:
@@ -126,16 +138,20 @@ def row_ranges(file: str, max_samples: int | None, cache: TokenCache | None = No
     Locations and ids come from the file and the line or row, so they do not depend on the split, and the
     partitions are read back in item order, so the plan and the shards do not either. Compressed files and
     JSON arrays are read from their first byte whatever the range, and a source with max_samples counts
-    records across the file: those stay one item. So does a table that breaks while it is hashed: its
-    read says where. A table's range hashes are remembered in `cache`, by the file's sha256 (_remembered).
+    records across the file: those stay one item (compressed JSON Lines hashed over their text,
+    _compressed_ranges). So does a file that breaks while it is hashed (a damaged table or compressed
+    stream), keyed by its bytes: its read says where. The ranges of a table or a compressed file are
+    remembered in `cache`, by the file's sha256 (_remembered).
     """
     try:
         kind = sniff(file)
-        if max_samples is None and kind == "text" and (ranges := _json_lines_ranges(file)):
+        if max_samples is None and kind == "text" and (ranges := _json_lines_ranges(file, kind)):
             return ranges
+        if max_samples is None and kind in COMPRESSED_KINDS:
+            return _remembered_ranges(file, cache, partial(_compressed_ranges, file, kind))
         if max_samples is None and kind in TABLE_KINDS:
-            return _table_ranges(file, kind, cache)
-    except (OSError, pa.ArrowException):
+            return _remembered_ranges(file, cache, lambda _: _table_ranges(file, kind))
+    except READ_ERRORS:
         pass  # keyed by its bytes below, or unreadable; the read reports the problem, once
     try:
         return [RowRange(0, None, file_sha256(file))]
@@ -143,18 +159,14 @@ def row_ranges(file: str, max_samples: int | None, cache: TokenCache | None = No
         return [RowRange(0, None, "unreadable")]
 
 
-def _table_ranges(file: str, kind: str, cache: TokenCache | None) -> list[RowRange]:
+def _table_ranges(file: str, kind: str) -> list[RowRange]:
     """The ranges of a Parquet or Arrow file, each hashed over the names, types and values of its own rows.
 
     The rows of one range are put together before they are hashed, so neither the file's row groups or
     batches nor its compression change a range's hash: a file written again with rows appended keeps the
     hash of every full range before them. One range's rows are in memory at a time. Decoding and hashing
     cost ~11 us a row (20 x quickstart chat as Parquet), so a file whose bytes are as at an earlier build
-    takes that build's hashes from the cache instead (reading its bytes: ~1 GB/s)."""
-    whole = file_sha256(file)
-    remembered = _remembered(cache, whole) if cache is not None else None
-    if remembered is not None:
-        return _ranges_of(*remembered)
+    takes that build's hashes from the cache instead (_remembered_ranges; reading its bytes: ~1 GB/s)."""
     digests: list[str] = []
     pending: list[pa.RecordBatch] = []
     held = rows = 0
@@ -171,9 +183,13 @@ def _table_ranges(file: str, kind: str, cache: TokenCache | None) -> list[RowRan
                 pending, held = [], 0
     if held or not digests:  # rows after the last full range (or one range in all)
         digests.append(_rows_digest(schema, pending))
-    if cache is not None:
-        _remember(cache, whole, digests, rows)
     return _ranges_of(digests, rows)
+
+
+def _compressed_ranges(file: str, kind: str, whole: str) -> list[RowRange]:
+    """A gzip or zstd file of sha256 `whole`: JSON Lines are one range hashed over their decompressed text
+    (_json_lines_ranges), anything else (a JSON array) one range keyed by the file's bytes."""
+    return _json_lines_ranges(file, kind) or [RowRange(0, None, whole)]
 
 
 def _ranges_of(digests: list[str], rows: int) -> list[RowRange]:
@@ -184,28 +200,56 @@ def _ranges_of(digests: list[str], rows: int) -> list[RowRange]:
     ]
 
 
+def _remembered_ranges(
+    file: str, cache: TokenCache | None, ranges_of: Callable[[str], list[RowRange]]
+) -> list[RowRange]:
+    """`ranges_of(the file's sha256)`, or the ranges recorded in `cache` for a file of these bytes at an earlier
+    build: reading the bytes (~1 GB/s) costs less than decoding a table's rows or decompressing a file."""
+    whole = file_sha256(file)
+    remembered = _remembered(cache, whole) if cache is not None else None
+    if remembered is not None:
+        return remembered
+    ranges = ranges_of(whole)
+    if cache is not None:
+        _remember(cache, whole, ranges)
+    return ranges
+
+
 def _memo(cache: TokenCache, whole: str) -> Path:
-    name = hashlib.sha256(canonical_json(["table ranges", whole, RANGE_ROWS]).encode()).hexdigest()
+    name = hashlib.sha256(canonical_json(["file ranges", whole, RANGE_ROWS, code_fingerprint()]).encode()).hexdigest()
     return cache.root / "files" / name[:2] / f"{name}.json"
 
 
-def _remembered(cache: TokenCache, whole: str) -> tuple[list[str], int] | None:
-    """The range hashes and rows recorded for a table of sha256 `whole` at RANGE_ROWS; None when there are
-    none, or the record is not as written (its seal) or not for these bytes."""
+_RANGE_FIELDS = (int, int | None, str, int | None, int | None, int | None, str | None)  # RowRange's, in order
+
+
+def _remembered(cache: TokenCache, whole: str) -> list[RowRange] | None:
+    """The ranges recorded for a file of sha256 `whole` at RANGE_ROWS by this code; None when there are none,
+    or the record is not as written (its seal) or not for these bytes."""
     try:
         memo = json.loads(_memo(cache, whole).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(memo, dict) or memo.get("entry_sha256") != entry_digest(memo):
         return None
-    digests, rows = memo.get("digests"), memo.get("rows")
-    if [memo.get("file_sha256"), memo.get("range_rows")] != [whole, RANGE_ROWS] or not isinstance(rows, int):
+    if [memo.get("file_sha256"), memo.get("range_rows"), memo.get("code")] != [whole, RANGE_ROWS, code_fingerprint()]:
         return None
-    return (digests, rows) if isinstance(digests, list) and all(isinstance(d, str) for d in digests) else None
+    ranges = memo.get("ranges")
+    if not isinstance(ranges, list) or not ranges:
+        return None
+    sound = all(
+        isinstance(r, list) and len(r) == len(_RANGE_FIELDS) and all(map(isinstance, r, _RANGE_FIELDS)) for r in ranges
+    )
+    return [RowRange(*r) for r in ranges] if sound else None
 
 
-def _remember(cache: TokenCache, whole: str, digests: list[str], rows: int) -> None:
-    memo = {"file_sha256": whole, "range_rows": RANGE_ROWS, "digests": digests, "rows": rows}
+def _remember(cache: TokenCache, whole: str, ranges: list[RowRange]) -> None:
+    memo = {
+        "file_sha256": whole,
+        "range_rows": RANGE_ROWS,
+        "code": code_fingerprint(),
+        "ranges": [list(astuple(r)) for r in ranges],
+    }
     path = _memo(cache, whole)
     try:
         temporary = cache.temporary(path)
@@ -261,23 +305,26 @@ def _rows_digest(schema: pa.Schema, batches: list[pa.RecordBatch]) -> str:
     return digest.hexdigest()
 
 
-def _json_lines_ranges(file: str) -> list[RowRange]:
-    """The ranges of a plain JSON Lines file, each hashed over its own lines; [] for anything else
-    (a JSON array is parsed whole). One pass: newlines are found per block with numpy."""
-    with open(file, "rb") as handle:
+def _json_lines_ranges(file: str, kind: str) -> list[RowRange]:
+    """The ranges of a JSON Lines file, each hashed over its own lines; [] for anything else (a JSON array
+    is parsed whole). A plain file closes a range every RANGE_ROWS lines; a compressed one (kind gzip or
+    zstd) is one range over its decompressed text, since reading one from the middle would decompress it
+    from its first byte. One pass over the text, as the reader gets it: newlines are found per block with
+    numpy. Raises READ_ERRORS when the text cannot be read to its end (the read then reports where)."""
+    split = kind == "text"
+    with open_text(file, kind) as handle:
         head = handle.read(1 << 16)
         first = head.removeprefix(BOM).lstrip()
         if not first.startswith(b"{") or first.split(b"\n", 1)[0].strip() == b"{":
             return []
-        handle.seek(0)
         digests, digest, lines, last = [], hashlib.sha256(), 0, b""
-        bounds, read = [0], 0  # byte offsets at which the ranges start, then the file's size
-        while block := handle.read(1 << 20):
+        bounds, read = [0], 0  # offsets in the text at which the ranges start, then the text's size
+        for block in chain([head], iter(partial(handle.read, 1 << 20), b"")):
             newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             # the line counts at which a range closes inside this block, as offsets just past their newline
-            closing = np.arange(-(-(lines + 1) // RANGE_ROWS) * RANGE_ROWS, lines + len(newlines) + 1, RANGE_ROWS)
+            closing = range(-(-(lines + 1) // RANGE_ROWS) * RANGE_ROWS, lines + len(newlines) + 1, RANGE_ROWS)
             cut = 0
-            for count in closing.tolist():
+            for count in closing if split else ():
                 past = int(newlines[count - lines - 1]) + 1
                 digest.update(block[cut:past])
                 digests.append(digest.hexdigest())
@@ -329,8 +376,8 @@ class Carried:
 
 def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
     """The entry of `item.grown_from`, when it is as written and what it was encoded from starts this range:
-    its bytes, up to a newline, for JSON Lines; its rows' values for Parquet and Arrow. None otherwise (the
-    whole range is encoded).
+    its bytes, up to a newline, for JSON Lines (decompressed, for a compressed file); its rows' values for
+    Parquet and Arrow. None otherwise (the whole range is encoded).
 
     Each line or row gives its records alone (its location is FILE:N, its outcome depends on its content
     only), so the rows of those lines are the rows a whole encode of the grown range would write first,
@@ -348,13 +395,37 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
     if item.unit == "rows":
         same = _table_rows_digest(item.file, item.start, item.start + size) == content
         return Carried(report, cache.partition(item.grown_from), size) if same else None
-    with open(item.file, "rb") as handle:
-        handle.seek(item.offset or 0)
-        prefix = handle.read(size)
+    prefix = _text_prefix(item.file, item.offset or 0, size)
     # the earlier last line must have been whole: a line that had no newline may since have grown
-    if not prefix.endswith(b"\n") or hashlib.sha256(prefix).hexdigest() != content:
+    if prefix is None or not prefix.whole_lines or prefix.sha256 != content:
         return None
-    return Carried(report, cache.partition(item.grown_from), prefix.count(b"\n"))
+    return Carried(report, cache.partition(item.grown_from), prefix.lines)
+
+
+@dataclass(frozen=True)
+class TextPrefix:
+    """What carried_prefix checks of the first bytes of a range's text against its earlier entry."""
+
+    sha256: str
+    lines: int  # newlines in it
+    whole_lines: bool  # it ends with a newline
+
+
+def _text_prefix(file: str, offset: int, size: int) -> TextPrefix | None:
+    """`size` bytes of the file's text from byte `offset` (decompressed, for a compressed file; read in blocks,
+    as a compressed file's prefix is all of its earlier text); None when the text ends before them or breaks
+    (the read reports where)."""
+    digest, lines, last, left = hashlib.sha256(), 0, b"", size
+    try:
+        with open_text(file, sniff(file)) as handle:
+            if offset:  # a range of a plain file; a compressed file is one range, from its first byte
+                handle.seek(offset)
+            while left and (block := handle.read(min(left, 1 << 20))):
+                digest.update(block)
+                lines, last, left = lines + block.count(b"\n"), block[-1:], left - len(block)
+    except READ_ERRORS:
+        return None
+    return TextPrefix(digest.hexdigest(), lines, last == b"\n") if not left else None
 
 
 @dataclass(frozen=True)
@@ -595,8 +666,7 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         writer = PartitionWriter(temporary, source.name)
         try:
             if carried is not None:
-                for row in stored_rows(carried.partition):
-                    writer.append(*row)
+                writer.extend(carried.partition)
                 report.counts = Counts.from_report(carried.report, carried.records, 0)
                 report.rejects = list(carried.report["rejects"])
             first = carried.records if carried is not None else 0

@@ -152,6 +152,26 @@ class PartitionWriter:
         self._writer.write_batch(pa.record_batch([arrays[name] for name in self._schema.names], schema=self._schema))
         self._pending = []
 
+    def extend(self, partition: Path) -> None:
+        """Append every row of another partition (what a grown range carries over from its earlier entry) as
+        appending them one by one would. While no row is pending, a full batch is written as it was read, with
+        no Python per row: an Arrow IPC batch read and written again keeps its bytes, which are the bytes this
+        writer builds from the same rows (a grown compressed file carries all its earlier rows over, ~27 us a
+        row one by one: 0.7 s of 20 x quickstart chat)."""
+        with pa.OSFile(str(partition), "rb") as handle:
+            reader = pa.ipc.open_file(handle)
+            source = _source_of(reader.schema)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                if self._pending or batch.num_rows != BATCH_ROWS:
+                    for row in _stored_rows(batch, source):
+                        self.append(*row)
+                    continue
+                self._writer.write_batch(batch)
+                offsets = batch.column("input_ids").offsets
+                self.rows += batch.num_rows
+                self.tokens += offsets[-1].as_py() - offsets[0].as_py()
+
     def close(self) -> None:
         if self._sink.closed:
             return
@@ -177,33 +197,31 @@ def _n_targets(targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 StoredRow = tuple[Tokenized, str, int, bool, SegmentRole]  # PartitionWriter.append's arguments
 
 
-def stored_rows(path: Path) -> Iterator[StoredRow]:
-    """Every row of a partition as the arguments that wrote it, so that appending them writes the same rows.
+def _source_of(schema: pa.Schema) -> str:
+    return (schema.metadata or {}).get(b"packtool.source", b"").decode()
 
-    Columns become Python lists a batch at a time (one conversion per column, not per cell)."""
-    with pa.OSFile(str(path), "rb") as handle:
-        reader = pa.ipc.open_file(handle)
-        source = (reader.schema.metadata or {}).get(b"packtool.source", b"").decode()
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            offsets = as_numpy(batch.column("input_ids").offsets)
-            tokens = {name: as_numpy(batch.column(name).values) for name in _TOKEN_COLUMNS}
-            cells = {name: batch.column(name).to_pylist() for name in _ROW_COLUMNS}
-            for r in range(batch.num_rows):
-                start, end = offsets[r], offsets[r + 1]
-                sample = Tokenized(
-                    example_id=cells["example_id"][r],
-                    source=source,
-                    sample_hash=cells["sample_hash"][r],
-                    input_ids=tokens["input_ids"][start:end],
-                    targets=tokens["targets"][start:end].view(bool),
-                    roles=tokens["roles"][start:end],
-                    message_index=tokens["message_index"][start:end],
-                    message_roles=tuple(cells["message_roles"][r]),
-                    structured_messages=frozenset(cells["structured"][r]),
-                )
-                role = SegmentRole(cells["kind"][r], cells["completion"][r], cells["reward"][r], cells["advantage"][r])
-                yield sample, cells["location"][r], cells["ordinal"][r], bool(cells["special_literal"][r]), role
+
+def _stored_rows(batch: pa.RecordBatch, source: str) -> Iterator[StoredRow]:
+    """Every row of a partition's batch as the arguments that wrote it, so that appending them writes the same
+    rows. Columns become Python lists once per batch (one conversion per column, not per cell)."""
+    offsets = as_numpy(batch.column("input_ids").offsets)
+    tokens = {name: as_numpy(batch.column(name).values) for name in _TOKEN_COLUMNS}
+    cells = {name: batch.column(name).to_pylist() for name in _ROW_COLUMNS}
+    for r in range(batch.num_rows):
+        start, end = offsets[r], offsets[r + 1]
+        sample = Tokenized(
+            example_id=cells["example_id"][r],
+            source=source,
+            sample_hash=cells["sample_hash"][r],
+            input_ids=tokens["input_ids"][start:end],
+            targets=tokens["targets"][start:end].view(bool),
+            roles=tokens["roles"][start:end],
+            message_index=tokens["message_index"][start:end],
+            message_roles=tuple(cells["message_roles"][r]),
+            structured_messages=frozenset(cells["structured"][r]),
+        )
+        role = SegmentRole(cells["kind"][r], cells["completion"][r], cells["reward"][r], cells["advantage"][r])
+        yield sample, cells["location"][r], cells["ordinal"][r], bool(cells["special_literal"][r]), role
 
 
 _TOKEN_COLUMNS = ("input_ids", "targets", "roles", "message_index")

@@ -3,20 +3,27 @@ only itself, and the result equals a fresh build of the same data byte for byte.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 from support import QUICKSTART
 
 import packtool.builder.encode as encode_phase
+import packtool.builder.store as store
 from packtool.builder import Built, build
 from packtool.builder.cache import TokenCache
 from packtool.config import load_config
 from packtool.errors import PacktoolError
+from packtool.reading import open_text
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,9 +40,11 @@ def _write(path: Path, rows: range) -> None:
     path.write_text("".join(_line(i) for i in rows), encoding="utf-8")
 
 
-def _build(folder: Path, output: str, *, use_cache: bool = True, **settings: str) -> Built:
+def _build(
+    folder: Path, output: str, *, use_cache: bool = True, path: str = "data/*.jsonl", **settings: object
+) -> Built:
     raw = {
-        "sources": [{"name": "chat", "path": "data/*.jsonl", "format": "messages"}],
+        "sources": [{"name": "chat", "path": path, "format": "messages"}],
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "capacity": 128,
         "output": output,
@@ -60,8 +69,8 @@ def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _same_as_fresh(folder: Path) -> None:
-    _build(folder, "fresh", use_cache=False)
+def _same_as_fresh(folder: Path, path: str = "data/*.jsonl") -> None:
+    _build(folder, "fresh", use_cache=False, path=path)
     assert _files(folder / "out") == _files(folder / "fresh")  # shards, manifest (plan_hash too), rejects
 
 
@@ -286,6 +295,169 @@ def test_remembered_table_hashes_are_checked(tmp_path, monkeypatch):
     assert encode_phase.row_ranges(str(file), None, cache) == hashed  # hashed, then recorded
     (memo,) = (tmp_path / "cache" / "files").glob("*/*.json")
     recorded = json.loads(memo.read_text())
-    memo.write_text(json.dumps({**recorded, "digests": ["0" * 64] * 3}))  # changed: its seal no longer holds
+    memo.write_text(json.dumps({**recorded, "ranges": recorded["ranges"][:1]}))  # changed: its seal no longer holds
     assert encode_phase.row_ranges(str(file), None, cache) == hashed
     assert json.loads(memo.read_text()) == recorded  # recorded again as hashed
+
+
+def test_a_line_over_max_record_bytes_keeps_the_numbers_of_the_ranges_after_it(data):
+    """A line read in pieces (it is over max_record_bytes) counts as one line for the ranges that start past it."""
+    lines = (data / "data" / "a.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2] = json.dumps({"messages": [{"role": "user", "content": "x" * 3000}]}) + "\n"  # 3 pieces of 1,025 bytes
+    (data / "data" / "a.jsonl").write_text("".join(lines), encoding="utf-8")
+    again = _build(data, "out", on_error="skip", max_record_bytes=1024)
+    assert again.records.records == 30  # not 30 + 2 (each range after it started two lines early)
+    rejects = [json.loads(line) for line in (data / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["location"], r["reason"]) for r in rejects] == [("data/a.jsonl:3", "record_too_large")]
+
+
+# -- compressed JSON Lines: one range each, keyed by the decompressed text -----------------------------------
+
+Compress = Callable[[bytes, int], bytes]
+COMPRESSORS: dict[str, tuple[str, Compress]] = {
+    "gzip": (".gz", lambda text, level: gzip.compress(text, compresslevel=level, mtime=level)),
+    "zstd": (".zst", lambda text, level: zstandard.ZstdCompressor(level=level).compress(text)),
+}
+
+
+def _text(rows: range) -> bytes:
+    return "".join(_line(i) for i in rows).encode()
+
+
+@pytest.fixture(params=sorted(COMPRESSORS))
+def packed(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Compress]:
+    """30 rows in data/a.jsonl.gz (or .zst), built once: one encode item, whatever RANGE_ROWS."""
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(store, "BATCH_ROWS", 4)  # a carried entry's full batches are copied whole (extend)
+    suffix, compress = COMPRESSORS[request.param]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"a.jsonl{suffix}").write_bytes(compress(_text(range(30)), 3))
+    first = _build(tmp_path, "out", path="data/a.jsonl.*")
+    assert (first.encode_items, first.encode_reused, first.records.records) == (1, 0, 30)
+    return tmp_path, compress
+
+
+def _compressed(folder: Path) -> Path:
+    (file,) = (folder / "data").glob("a.jsonl.*")
+    return file
+
+
+@pytest.mark.parametrize("how", ["concatenated", "recompressed"])
+def test_a_compressed_file_that_grew_reencodes_only_its_new_rows(packed, how):
+    folder, compress = packed
+    file = _compressed(folder)
+    if how == "concatenated":  # cat more.jsonl.gz >> a.jsonl.gz: a second gzip member or zstd frame
+        file.write_bytes(file.read_bytes() + compress(_text(range(30, 43)), 3))
+    else:  # written again whole, at another level
+        file.write_bytes(compress(_text(range(43)), 9))
+    again = _build(folder, "out", path="data/a.jsonl.*")
+    assert (again.encode_items, again.encode_reused) == (1, 0)
+    assert (again.records.records, again.records.records_reencoded) == (43, 13)
+    assert again.records.why == (f"data/{file.name} grew by 13 rows",)
+    _same_as_fresh(folder, "data/a.jsonl.*")
+    _build(folder, "apart", cache="apart-cache", path="data/a.jsonl.*")  # encoded whole: the same entry
+    (key,) = _keys(folder / "apart-cache")
+    assert _entry(folder / ".packtool-cache", key) == _entry(folder / "apart-cache", key)
+
+
+def test_a_recompressed_file_with_the_same_lines_reencodes_nothing(packed, monkeypatch):
+    folder, compress = packed
+    file = _compressed(folder)
+    file.write_bytes(compress(_text(range(30)), 9))  # other bytes (level, and gzip's header time), the same text
+    again = _build(folder, "out", path="data/a.jsonl.*")
+    assert (again.encode_reused, again.records.records_reencoded, again.records.why) == (1, 0, ())
+
+    def undecompressed(*args: object) -> object:
+        raise AssertionError("a compressed file whose bytes are as at the last build is not decompressed again")
+
+    monkeypatch.setattr(encode_phase, "open_text", undecompressed)  # its range comes from the cache
+    assert _build(folder, "out", path="data/a.jsonl.*").encode_reused == 1
+
+
+def test_a_changed_line_reencodes_the_compressed_file(packed):
+    folder, compress = packed
+    file = _compressed(folder)
+    file.write_bytes(compress(_text(range(29)) + _line(99).encode(), 3))
+    again = _build(folder, "out", path="data/a.jsonl.*")
+    assert (again.encode_reused, again.records.records_reencoded) == (0, 30)
+    assert again.records.why == (f"data/{file.name} changed in rows 1-30",)
+    _same_as_fresh(folder, "data/a.jsonl.*")
+
+
+def _outcome(folder: Path, output: str, **settings: object) -> str:
+    """The one-line error of a build of data/a.jsonl.*, or the hashes of what it wrote."""
+    try:
+        _build(folder, output, path="data/a.jsonl.*", **settings)
+    except PacktoolError as error:
+        return str(error)
+    return json.dumps(_files(folder / output))
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_a_damaged_compressed_tail_is_reported_and_never_carried(packed, damage):
+    folder, compress = packed
+    file = _compressed(folder)
+    before, member = file.read_bytes(), compress(_text(range(30, 43)), 3)
+    damaged = bytearray(member)
+    if damage == "corrupt":
+        damaged[len(damaged) // 2] ^= 0xFF  # gzip: a bad CRC or deflate block; zstd: corrupted data
+    else:
+        del damaged[len(damaged) // 2 :]  # an append cut short
+    file.write_bytes(before + bytes(damaged))
+    reported = _outcome(folder, "out")
+    assert reported == _outcome(folder, "fresh", use_cache=False)  # as a build without the cache reads it
+    assert re.search(rf"data/{file.name}:\d+\b.*damaged after line \d+", reported)
+    skipped = _build(folder, "out", path="data/a.jsonl.*", on_error="skip")
+    assert skipped.records.records_reencoded == skipped.records.records  # keyed by its bytes: no carried rows
+    file.write_bytes(before + member)  # repaired: the broken read's entry is not carried over either
+    again = _build(folder, "out", path="data/a.jsonl.*", on_error="skip")
+    assert (again.records.records, again.records.records_reencoded) == (43, 43)
+    _build(folder, "fresh", use_cache=False, path="data/a.jsonl.*", on_error="skip")
+    assert _files(folder / "out") == _files(folder / "fresh")
+
+
+def test_a_long_line_before_a_carried_compressed_prefix_keeps_the_line_numbers(packed):
+    folder, compress = packed
+    file = _compressed(folder)
+    long = json.dumps({"messages": [{"role": "user", "content": "x" * 3000}]}) + "\n"  # read in 3 pieces
+    text = _text(range(2)) + long.encode() + _text(range(3, 30))
+    file.write_bytes(compress(text, 3))
+    assert _build(folder, "out", path="data/a.jsonl.*", on_error="skip", max_record_bytes=1024).records.records == 30
+    file.write_bytes(compress(text + _text(range(30, 33)), 3))
+    again = _build(folder, "out", path="data/a.jsonl.*", on_error="skip", max_record_bytes=1024)
+    assert (again.records.records, again.records.records_reencoded) == (33, 3)  # lines 31-33, not 29-33
+    _build(folder, "fresh", use_cache=False, path="data/a.jsonl.*", on_error="skip", max_record_bytes=1024)
+    assert _files(folder / "out") == _files(folder / "fresh")
+
+
+def _zstd_files(text: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """Ways of writing zstd: name -> (the file's bytes, the text they hold)."""
+    streamed = io.BytesIO()
+    with zstandard.ZstdCompressor(write_content_size=False).stream_writer(streamed, closefd=False) as writer:
+        for at in range(0, len(text), 7777):
+            writer.write(text[at : at + 7777])
+    skippable = (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"notes"
+    one = zstandard.ZstdCompressor().compress(text)
+    return {
+        "one frame": (one, text),
+        "checksum": (zstandard.ZstdCompressor(write_checksum=True, level=19).compress(text), text),
+        "streamed, no content size": (streamed.getvalue(), text),
+        "frames joined with cat": (one + zstandard.ZstdCompressor(threads=2).compress(text) + one, text * 3),
+        "a skippable frame first": (skippable + one, text),
+        "an RLE block": (zstandard.ZstdCompressor().compress(b"\n" * 300_000), b"\n" * 300_000),
+        "an empty frame": (zstandard.ZstdCompressor().compress(b""), b""),
+    }
+
+
+def test_a_zstd_file_is_read_whole_and_one_cut_short_is_reported(tmp_path):
+    """The frames are walked by their headers at the end of the text: every way of writing zstd reads whole,
+    and a file cut anywhere inside a frame raises what the read reports (the stream reader alone ends quietly)."""
+    file = tmp_path / "a.jsonl.zst"
+    for data, text in _zstd_files(_text(range(3000))).values():
+        file.write_bytes(data)
+        with open_text(str(file), "zstd") as handle:
+            assert handle.read() == text
+        for cut in sorted({1, 4, len(data) // 2, len(data) - 5}):
+            file.write_bytes(data[: len(data) - cut])
+            with pytest.raises(zstandard.ZstdError), open_text(str(file), "zstd") as handle:
+                handle.read()

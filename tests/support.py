@@ -20,9 +20,9 @@ def shared(*parts: str) -> Path:
     return path
 
 
-def three_real_sources(quotas: dict[str, dict[str, int]]) -> list[dict]:
-    """Sources of a real three-source mix, each with its quota: code alpaca (down-sampled), a small chat set
-    (up-sampled) and c4 split into whole-pack documents."""
+def three_real_sources(quotas: dict[str, dict[str, int]], output: Path) -> dict:
+    """The config of a real three-source mix, each source with its quota: code alpaca (down-sampled), a small chat
+    set (up-sampled) and c4 split into whole-pack documents, on Qwen2.5 at capacity 1024."""
     sources = [
         {"name": "code", "path": str(shared("datasets", "code_alpaca_2k.json")), "format": "alpaca"},
         {"name": "chat", "path": str(shared("datasets", "fastchat_dummy_conversation.json")), "format": "sharegpt"},
@@ -33,7 +33,14 @@ def three_real_sources(quotas: dict[str, dict[str, int]]) -> list[dict]:
             "truncation": "split",
         },
     ]
-    return [{**source, "quota": quotas[source["name"]]} for source in sources]
+    return {
+        "sources": [{**source, "quota": quotas[source["name"]]} for source in sources],
+        "tokenizer": str(shared("tokenizers", "qwen2.5")),
+        "capacity": 1024,
+        "output": str(output),
+        "on_error": "skip",
+        "truncation": {"strategy": "turns", "fallback": "right"},
+    }
 
 
 def ctrl_c_reaches_child() -> None:

@@ -160,6 +160,24 @@ class TokenCache:
         final.parent.mkdir(parents=True, exist_ok=True)
         return fresh_temporary(final)
 
+    def write_sealed(self, path: Path, record: dict[str, Any]) -> None:
+        """A small record of the cache (a file's ranges, the last build's index), sealed and renamed into place."""
+        temporary = self.temporary(path)
+        try:
+            temporary.write_text(json.dumps({**record, "entry_sha256": entry_digest(record)}), encoding="utf-8")
+            publish_file(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    @staticmethod
+    def read_sealed(path: Path) -> dict[str, Any] | None:
+        """A record `write_sealed` wrote, as it was written; None when it is missing, unreadable or changed."""
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and record.get("entry_sha256") == entry_digest(record) else None
+
     def entries(self) -> list[dict[str, Any]]:
         """Every complete entry: key, source, file, samples and bytes on disk."""
         found = []

@@ -36,7 +36,6 @@ from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
 from packtool.builder.cache import (
     TokenCache,
     code_fingerprint,
-    entry_digest,
     file_sha256,
     publish_file,
     seal_report,
@@ -226,11 +225,8 @@ _RANGE_FIELDS = (int, int | None, str, int | None, int | None, int | None, str |
 def _remembered(cache: TokenCache, whole: str) -> list[RowRange] | None:
     """The ranges recorded for a file of sha256 `whole` at RANGE_ROWS by this code; None when there are none,
     or the record is not as written (its seal) or not for these bytes."""
-    try:
-        memo = json.loads(_memo(cache, whole).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(memo, dict) or memo.get("entry_sha256") != entry_digest(memo):
+    memo = cache.read_sealed(_memo(cache, whole))
+    if memo is None:
         return None
     if [memo.get("file_sha256"), memo.get("range_rows"), memo.get("code")] != [whole, RANGE_ROWS, code_fingerprint()]:
         return None
@@ -250,16 +246,9 @@ def _remember(cache: TokenCache, whole: str, ranges: list[RowRange]) -> None:
         "code": code_fingerprint(),
         "ranges": [list(astuple(r)) for r in ranges],
     }
-    path = _memo(cache, whole)
-    try:
-        temporary = cache.temporary(path)
-        try:
-            temporary.write_text(json.dumps({**memo, "entry_sha256": entry_digest(memo)}), encoding="utf-8")
-            publish_file(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
-    except OSError:
-        pass  # unrecorded, the next build hashes the rows again; a full disk stops this one at its first entry
+    # unrecorded on OSError: the next build hashes the rows again; a full disk stops this one at its first entry
+    with contextlib.suppress(OSError):
+        cache.write_sealed(_memo(cache, whole), memo)
 
 
 def _table_rows_digest(file: str, start: int, stop: int) -> str:

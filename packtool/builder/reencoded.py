@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.builder.cache import TokenCache, entry_digest, publish_file
+from packtool.builder.cache import TokenCache
 from packtool.builder.encode import EncodeItem, EncodeResult
 from packtool.builder.plan import Partition
 from packtool.config import BuildConfig
@@ -119,12 +119,8 @@ def _index(cache: TokenCache, source: str, label: str) -> Path:
 
 
 def _load(cache: TokenCache, source: str, label: str) -> dict[str, Any] | None:
-    try:
-        index = json.loads(_index(cache, source, label).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    sound = isinstance(index, dict) and index.get("entry_sha256") == entry_digest(index)
-    return index if sound and [index.get("source"), index.get("file")] == [source, label] else None
+    index = cache.read_sealed(_index(cache, source, label))
+    return index if index is not None and [index.get("source"), index.get("file")] == [source, label] else None
 
 
 def _store(cache: TokenCache, source: str, label: str, ranges: list[EncodeItem]) -> None:
@@ -134,10 +130,4 @@ def _store(cache: TokenCache, source: str, label: str, ranges: list[EncodeItem])
         "rows": ranges[0].rows,
         "ranges": [[str(r.start), r.content] for r in ranges],
     }
-    path = _index(cache, source, label)
-    temporary = cache.temporary(path)
-    try:
-        temporary.write_text(json.dumps({**index, "entry_sha256": entry_digest(index)}), encoding="utf-8")
-        publish_file(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    cache.write_sealed(_index(cache, source, label), index)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import QUICKSTART, shared, three_real_sources
+from support import QUICKSTART, three_real_sources
 
 from packtool.builder import build
 from packtool.builder.mixing import interleave_order
@@ -270,16 +270,11 @@ def test_a_manifest_with_a_broken_interleave_is_one_line(three_sources, tmp_path
 
 def test_three_real_sources_interleave_within_the_tolerance(tmp_path, write_config):
     """Quotas in target tokens on three real sources (one split into whole-pack documents), windows of 32."""
-    sources = three_real_sources(
-        {"code": {"target_tokens": 40_000}, "chat": {"target_tokens": 150_000}, "web": {"target_tokens": 90_000}}
+    raw = three_real_sources(
+        {"code": {"target_tokens": 40_000}, "chat": {"target_tokens": 150_000}, "web": {"target_tokens": 90_000}},
+        tmp_path / "out",
     )
-    raw = {
-        "sources": sources,
-        "tokenizer": str(shared("tokenizers", "qwen2.5")),
-        "capacity": 1024,
-        "output": str(tmp_path / "out"),
-        "on_error": "skip",
-        "truncation": {"strategy": "turns", "fallback": "right"},
+    raw |= {
         "rows_per_shard": 64,
         "row_group_rows": 32,
         "mixing": {"interleave": {"window": 32, "tolerance": 0.05}},

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import shared, three_real_sources
+from support import three_real_sources
 
 from packtool.builder import build
 from packtool.builder.mixing import quota_plan
@@ -68,15 +68,7 @@ def test_three_real_sources_meet_their_quotas(tmp_path, write_config):
         "chat": Quota("target_tokens", 150_000),
         "web": Quota("tokens", 90_000),
     }
-    sources = three_real_sources({name: {quota.unit: quota.amount} for name, quota in quotas.items()})
-    raw = {
-        "sources": sources,
-        "tokenizer": str(shared("tokenizers", "qwen2.5")),
-        "capacity": 1024,
-        "output": str(tmp_path / "out"),
-        "on_error": "skip",
-        "truncation": {"strategy": "turns", "fallback": "right"},
-    }
+    raw = three_real_sources({name: {quota.unit: quota.amount} for name, quota in quotas.items()}, tmp_path / "out")
     config = load_config(write_config(raw))
     manifest = build(config).manifest
     assert manifest["mixing"]["quotas"]["web"] == {"unit": "tokens", "amount": 90_000}

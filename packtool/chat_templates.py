@@ -10,6 +10,7 @@ import datetime as _dt
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from jinja2.sandbox import SecurityError
 
 from packtool.config import BuildConfig, bundled_folder
 from packtool.errors import PacktoolError, TemplateRaised
-from packtool.minijinja_engine import MiniTemplate, NotQualified, qualify
+from packtool.minijinja_engine import MINIJINJA_INSTALLED, MiniTemplate, NotQualified, qualify
 from packtool.records import literal_pattern
 from packtool.sandbox import BUDGET, Budget, TemplateLimit, Tracked, close_mark, make_environment, open_mark
 
@@ -282,13 +283,26 @@ def _marked_probe(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return marked
 
 
+def _probe_renders(template: ChatTemplate) -> Iterator[tuple[list[dict], list[dict] | None, bool, str | None, bool]]:
+    """jinja2's text of every probe, marked and plain, with and without the generation prompt (None where the
+    template refuses it), and whether that render inspected a content."""
+    for messages, tools in _PROBES:
+        for conversation in (messages, _marked_probe(messages)):
+            for prompt in (False, True):
+                try:
+                    text, spent = template.render_tracked(conversation, tools, add_generation_prompt=prompt)
+                except (TemplateRaised, TemplateLimit, jinja2.TemplateError, PacktoolError):
+                    yield conversation, tools, prompt, None, False
+                    continue
+                yield conversation, tools, prompt, text, spent.inspected
+
+
 def _with_minijinja(
     template: ChatTemplate, tree: nodes.Template, strftime_now: Any, raise_exception: Any
 ) -> ChatTemplate:
     """The template with minijinja as its engine when it qualifies (packtool.minijinja_engine) and
     prints exactly jinja2's text on every probe, marked and plain, with and without the generation
     prompt; where jinja2 refuses a probe, minijinja must refuse it too (and jinja2 then decides)."""
-    inspects = False
     if os.environ.get(JINJA2_ONLY) == "1":
         return replace(template, engine=f"jinja2 ({JINJA2_ONLY}=1)")
     if template.has_generation_blocks:
@@ -298,18 +312,14 @@ def _with_minijinja(
             template.source, tree, {**template.special_tokens, **template.variables}, strftime_now, raise_exception
         )
     except NotQualified as exc:
+        if not MINIJINJA_INSTALLED and not any(inspected for *_, inspected in _probe_renders(template)):
+            return replace(template, engine="jinja2 (it does not inspect content)")  # minijinja would not pay here
         return replace(template, engine=f"jinja2 (minijinja: {exc})")
-    for messages, tools in _PROBES:
-        for conversation in (messages, _marked_probe(messages)):
-            for prompt in (False, True):
-                try:
-                    expected: str | None
-                    expected, spent = template.render_tracked(conversation, tools, add_generation_prompt=prompt)
-                    inspects = inspects or spent.inspected
-                except (TemplateRaised, TemplateLimit, jinja2.TemplateError, PacktoolError):
-                    expected = None
-                if fast.render(conversation, tools, add_generation_prompt=prompt) != expected:
-                    return replace(template, engine="jinja2 (minijinja prints other text on a probe conversation)")
+    inspects = False
+    for conversation, tools, prompt, expected, inspected in _probe_renders(template):
+        inspects = inspects or inspected
+        if fast.render(conversation, tools, add_generation_prompt=prompt) != expected:
+            return replace(template, engine="jinja2 (minijinja prints other text on a probe conversation)")
     # minijinja pays where jinja2 renders twice: a template that never inspects content keeps jinja2
     # (one render, then render recipes) unless a shape of its data turns out to inspect (render_chat)
     engine = "minijinja" if inspects else "jinja2 (it does not inspect content; minijinja qualifies)"

@@ -37,6 +37,7 @@ try:
     import minijinja
 except ImportError:  # the optional extra: jinja2 renders every template
     minijinja = None  # type: ignore[assignment]  # the module or None: checked before any use
+MINIJINJA_INSTALLED = minijinja is not None
 
 # Filters and str methods a qualifying template may use (see _SizeBound): those whose result is at
 # most their input, and those that return a scalar. Others (escape, indent, center, format, replace,
@@ -316,7 +317,7 @@ def qualify(
 ) -> MiniTemplate:
     """The template compiled by minijinja, or NotQualified saying why jinja2 keeps it. The probe
     renders (comparing the two engines' texts) are the caller's: it has the renderer to compare with."""
-    if minijinja is None:
+    if not MINIJINJA_INSTALLED:
         raise NotQualified("minijinja is not installed (pip install 'packtool[minijinja]')")
     growth = _SizeBound(tree).growth()
     longest = _longest_literal(tree)

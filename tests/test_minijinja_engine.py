@@ -16,6 +16,7 @@ import pytest
 from support import SHARED_DATA, shared
 
 import packtool.builder.encode
+import packtool.chat_templates
 import packtool.minijinja_engine
 from packtool.builder import build
 from packtool.chat_templates import JINJA2_ONLY, ChatTemplate, load_template
@@ -113,7 +114,8 @@ def test_a_template_minijinja_prints_otherwise_on_a_probe_stays_on_jinja2(tmp_pa
 
 
 def test_without_minijinja_installed_jinja2_renders_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(packtool.minijinja_engine, "minijinja", None)
+    monkeypatch.setattr(packtool.minijinja_engine, "MINIJINJA_INSTALLED", False)
+    monkeypatch.setattr(packtool.chat_templates, "MINIJINJA_INSTALLED", False)
     fast, _ = both(INSPECTING, tmp_path, monkeypatch)
     assert fast.fast is None and "pip install 'packtool[minijinja]'" in fast.engine
 

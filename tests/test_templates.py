@@ -240,3 +240,27 @@ def test_plain_separator_is_a_template_variable(quickstart: TextTokenizer) -> No
     assert isinstance(result, Tokenized), result
     target_ids = result.input_ids[result.targets].tolist()
     assert quickstart.tokenizer.decode(target_ids, skip_special_tokens=False) == " Paris.<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    ("check", "engine"),
+    [
+        ("", "jinja2 (it does not inspect content)"),
+        ("{% if message.content.startswith('x') %}!{% endif %}", "jinja2 (minijinja: minijinja is not installed"),
+    ],
+)
+def test_without_minijinja_the_engine_names_the_extra_only_where_it_would_pay(tmp_path, monkeypatch, check, engine):
+    """A template that never looks inside a content gains nothing from minijinja: its summary line does not
+    send the user to install it; one that looks (as Qwen3's does) does."""
+    import packtool.chat_templates
+    import packtool.minijinja_engine
+
+    for module in (packtool.chat_templates, packtool.minijinja_engine):
+        monkeypatch.setattr(module, "MINIJINJA_INSTALLED", False)
+    monkeypatch.delenv(packtool.chat_templates.JINJA2_ONLY, raising=False)
+    path = tmp_path / "chat.jinja"
+    path.write_text(
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n" + check + "{{ message.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    assert load_template(str(path), {}).engine.startswith(engine)

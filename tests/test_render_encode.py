@@ -16,7 +16,7 @@ from packtool.config import DEFAULT_FIELDS, SourceConfig, TokenizerConfig, Train
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
-from packtool.render import render_chat, render_text
+from packtool.render import _printed_at, render_chat, render_text
 from packtool.sources import read_source
 
 
@@ -1233,3 +1233,26 @@ def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers()
     assert ends == rendered.text.count("<|im_end|>") - 1  # the typed one is plain text
     with pytest.raises(RecordError, match="private-use"):
         render_chat(chat(("user", "Hi \U00100000"), ("assistant", "Hello")), template, TrainPolicy())
+
+
+_PRINTABLE_VALUES = st.one_of(
+    st.text(alphabet=st.sampled_from('ab"\\é\n{} '), max_size=6), st.integers(-99, 99), st.booleans(), st.none()
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=_PRINTABLE_VALUES,
+    noise=st.text(alphabet=st.sampled_from('ab"\\é\n{}: '), max_size=30),
+    hint=st.integers(0, 40),
+)
+def test_a_printed_value_is_found_exactly_when_one_of_its_forms_is_in_the_text(value, noise, hint):
+    """_printed_at tries the value as it is first and alone: the verdict (printed or not) is still whether any
+    form a template may print (raw, JSON with or without escapes, Python) is in the text."""
+    forms = {str(value), json.dumps(value), json.dumps(value, ensure_ascii=False)}
+    if isinstance(value, str):
+        forms |= {form[1:-1] for form in forms if form.startswith('"')} | {repr(value)[1:-1]}
+    for text in (noise, noise + json.dumps(value) + noise, noise[:3] + str(value)):
+        at = _printed_at(value, text, hint)
+        assert (at >= 0) == any(form in text for form in forms)
+        assert at < 0 or any(text.startswith(form, at) for form in forms)

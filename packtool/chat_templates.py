@@ -23,7 +23,7 @@ from packtool.config import BuildConfig, bundled_folder
 from packtool.errors import PacktoolError, TemplateRaised
 from packtool.minijinja_engine import MINIJINJA_INSTALLED, MiniTemplate, NotQualified, qualify
 from packtool.records import literal_pattern
-from packtool.sandbox import BUDGET, Budget, TemplateLimit, Tracked, close_mark, make_environment, open_mark
+from packtool.sandbox import BUDGET, Budget, TemplateLimit, make_environment, marked_content
 
 # End-of-turn markers of the common chat formats; the template's eos_token is added to these.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
@@ -272,15 +272,7 @@ _PROBES: tuple[tuple[list[dict[str, Any]], list[dict[str, Any]] | None], ...] = 
 
 def _marked_probe(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The probe as render_chat marks it: each content core between its message's sentinels."""
-    marked = []
-    for i, message in enumerate(messages):
-        content = message["content"]
-        core = content.strip()
-        if core:
-            lead = content[: len(content) - len(content.lstrip())]
-            content = Tracked(f"{lead}{open_mark(i)}{core}{close_mark(i)}{content[len(lead) + len(core) :]}")
-        marked.append({**message, "content": content})
-    return marked
+    return [{**m, "content": marked_content(m["content"], i) or m["content"]} for i, m in enumerate(messages)]
 
 
 def _probe_renders(template: ChatTemplate) -> Iterator[tuple[list[dict], list[dict] | None, bool, str | None, bool]]:

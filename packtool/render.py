@@ -44,8 +44,8 @@ from packtool.sandbox import (
     MARK_BASE,
     MAX_TEMPLATE_CHARS,
     TemplateLimit,
-    Tracked,
     close_mark,
+    marked_content,
     open_mark,
 )
 
@@ -601,11 +601,9 @@ def _marked(message: Message, index: int, literals: re.Pattern[str] | None = Non
     templates that trim content still produce the same text. Special-token literals in any of its
     strings get the literal sentinel."""
     out = _mark_literals(message.as_template_dict(), literals)
-    core = message.content.strip()
-    if core:
-        lead = message.content[: len(message.content) - len(message.content.lstrip())]
-        trail = message.content[len(lead) + len(core) :]
-        out["content"] = Tracked(f"{lead}{open_mark(index)}{_mark_literals(core, literals)}{close_mark(index)}{trail}")
+    content = marked_content(message.content, index, lambda core: _mark_literals(core, literals))
+    if content is not None:
+        out["content"] = content
     return out
 
 

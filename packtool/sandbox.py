@@ -13,7 +13,7 @@ import contextvars
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,17 @@ def open_mark(index: int) -> str:
 
 def close_mark(index: int) -> str:
     return chr(MARK_BASE + 2 * index + 1)
+
+
+def marked_content(content: str, index: int, core_text: Callable[[str], str] = str) -> str | None:
+    """Message `index`'s content with its core (stripped) between the message's marks, as `core_text` gives
+    the core; whitespace around it stays outside, so templates that trim contents print the same text.
+    None for a content of whitespace only, which reaches the template as it is."""
+    core = content.strip()
+    if not core:
+        return None
+    lead = content[: len(content) - len(content.lstrip())]
+    return Tracked(f"{lead}{open_mark(index)}{core_text(core)}{close_mark(index)}{content[len(lead) + len(core) :]}")
 
 
 # Plane-16 private-use characters (above the message marks) that wrap what a

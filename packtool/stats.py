@@ -259,12 +259,21 @@ class _Documents:
         names = sorted(set(self.source))
         code = {name: i for i, name in enumerate(names)}
         sources = np.fromiter((code[n] for n in self.source), dtype=np.int64, count=len(self.source))
-        pack = _joined(self.pack)
-        per_unit = {"samples": np.ones(len(pack), np.int64), "tokens": _joined(self.tokens)}
-        values = per_unit.get(unit, _joined(self.targets))
-        amounts = np.zeros((packs, len(names)), dtype=np.int64)
-        np.add.at(amounts, (pack, sources), values)
+        amounts = mix_amounts(
+            _joined(self.pack), sources, unit, _joined(self.tokens), _joined(self.targets), (packs, len(names))
+        )
         return names, amounts
+
+
+def mix_amounts(
+    pack: np.ndarray, source: np.ndarray, unit: str, tokens: np.ndarray, targets: np.ndarray, shape: tuple[int, int]
+) -> np.ndarray:
+    """amounts [packs, sources]: each document's samples, tokens or target tokens (`unit`, MIX_UNITS) added to
+    its pack's column of its source (the build orders packs by them, stats measures its windows by them)."""
+    values = {"samples": np.ones(len(pack), np.int64), "tokens": tokens, "target_tokens": targets}[unit]
+    amounts = np.zeros(shape, dtype=np.int64)
+    np.add.at(amounts, (pack, source), values)
+    return amounts
 
 
 def interleave_stats(named: tuple[list[str], np.ndarray], interleave: Interleaving) -> dict[str, Any]:

@@ -640,12 +640,10 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     cache = TokenCache(Path(item.cache_root))
     cached, damaged = cache.check(item.key)  # a damaged entry is replaced below, as a new one is written
     if cached is not None:
-        # the entry was written under on_error: skip; under fail its first bad record stops the build
-        bad = [r for r in cached["rejects"] if "message" in r]
-        return EncodeResult(item.key, reused=True, failure=bad[0]["message"] if bad and item.stop_at_bad else None)
+        return EncodeResult(item.key, reused=True, failure=_stop_message(cached, item))
     carried = carried_prefix(item, cache)
-    if carried is not None and item.stop_at_bad and (bad := [r for r in carried.report["rejects"] if "message" in r]):
-        return EncodeResult(item.key, reused=False, failure=bad[0]["message"])
+    if carried is not None and (failure := _stop_message(carried.report, item)) is not None:
+        return EncodeResult(item.key, reused=False, failure=failure)
     source = next(s for s in item.config.sources if s.name == item.source)
     stages = stages_for(item.config)
     final = cache.partition(item.key)
@@ -682,6 +680,13 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     finally:
         report_temporary.unlink(missing_ok=True)
     return EncodeResult(item.key, reused=False, repaired=damaged, carried=carried.records if carried else 0)
+
+
+def _stop_message(report: dict[str, Any], item: EncodeItem) -> str | None:
+    """The message of the first bad record in an entry written under on_error: skip, when the item runs under
+    on_error: fail (that record stops the build); None otherwise. Only bad input carries a message."""
+    bad = (r["message"] for r in report["rejects"] if "message" in r)
+    return next(bad, None) if item.stop_at_bad else None
 
 
 def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int = 0) -> Iterator[Outcome]:

@@ -57,9 +57,8 @@ def write_outputs(
     published = Path(config.run.output)
     manifest = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
     manifest = {**manifest, **extra}
-    if (
-        config.mixing.interleave is not None
-    ):  # the main folder only: overflow and validation packs keep the packer's order
+    # the main folder only: overflow and validation packs keep the packer's order
+    if config.mixing.interleave is not None:
         manifest["mixing"]["interleave"] = config.mixing.interleave.as_dict()
     manifest["stats"] = summarize([out / s.file for s in infos[""]], Manifest.from_dict(manifest, out))
     return write_manifest(out, manifest)

@@ -49,7 +49,7 @@ from packtool.errors import BuildError
 from packtool.format import SEGMENTS_SCHEMA_VERSION, Interleaving
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
-from packtool.stats import WINDOW_SLACK, window_mix
+from packtool.stats import WINDOW_SLACK, mix_amounts, window_mix
 from packtool.truncate import truncate
 
 
@@ -383,24 +383,29 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
     elif (seg_kind == KIND_CODES["single"]).all():
         layout = _layout(config, seg_len, seg_src, config.capacity)  # no pair or group: exactly the v1 plan
         if config.mixing.interleave is not None:
-            per_unit = {"samples": np.ones(len(seg_len), np.int64), "tokens": seg_len}
-            amount = per_unit.get(config.mixing.interleave.unit, np.concatenate(targets))
-            layout = _interleaved(config, config.mixing.interleave, layout, amount, seg_src)
+            layout = _interleaved(config, config.mixing.interleave, layout, seg_len, np.concatenate(targets), seg_src)
     else:
         return _item_folder(config, seg_ref, np.concatenate(repeats), seg_len, seg_src, seg_kind, item_sizes)
     return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), seg_len, layout)
 
 
 def _interleaved(
-    config: BuildConfig, interleave: Interleaving, layout: PackPlan, amount: np.ndarray, source: np.ndarray
+    config: BuildConfig,
+    interleave: Interleaving,
+    layout: PackPlan,
+    tokens: np.ndarray,
+    targets: np.ndarray,
+    source: np.ndarray,
 ) -> PackPlan:
     """The packs in `interleave_order`, after packing (so packing keeps its efficiency): a pack holding several
     sources counts each segment for its own source. A build whose windows cannot hold the mix within the
     tolerance fails here, before a shard is written, naming the source and the window."""
     names = [s.name for s in config.sources]
     pack = np.repeat(np.arange(layout.n_packs), layout.segments())
-    amounts = np.zeros((layout.n_packs, len(names)), np.int64)
-    np.add.at(amounts, (pack, source[layout.members]), amount[layout.members])
+    members = layout.members
+    amounts = mix_amounts(
+        pack, source[members], interleave.unit, tokens[members], targets[members], (layout.n_packs, len(names))
+    )
     order = interleave_order(amounts, interleave.window)
     mix = window_mix(amounts[order], interleave.window)
     where = f"{config.config_file}: mixing.interleave"

@@ -238,7 +238,7 @@ class PartitionReader:
         self.path = path
         self._map = pa.memory_map(str(path), "r")
         reader = pa.ipc.open_file(self._map)
-        self.source = (reader.schema.metadata or {}).get(b"packtool.source", b"").decode()
+        self.source = _source_of(reader.schema)
         self._batches = [_Batch(reader.get_batch(i)) for i in range(reader.num_record_batches)]
         self.rows = sum(b.rows for b in self._batches)
 

@@ -269,8 +269,12 @@ class MiniTemplate:
         quoting, its keys), which the caller counts while checking them."""
         if self.growth * (self.fixed_size + size) > MAX_TEMPLATE_CHARS:
             return None
-        first = self._render(marked, marked_tools, False)
-        second = self._render(plain, plain_tools, False) if first is not None else None
+        memo = _TOJSON_MEMO.set({})  # the plain render writes the same tools and calls as the marked one
+        try:
+            first = self._render(marked, marked_tools, False)
+            second = self._render(plain, plain_tools, False) if first is not None else None
+        finally:
+            _TOJSON_MEMO.reset(memo)
         return None if first is None or second is None else (first, second)
 
     def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str | None:
@@ -339,8 +343,23 @@ def qualify(
     return MiniTemplate(environment, growth, fixed, context)
 
 
+# tojson's texts during one render_pair, by the identity of the value written and the filter's
+# arguments. minijinja hands a filter the caller's own Python objects, which no qualified template can
+# change (no mutating method is allowed), and each entry holds its value, so no other object can take
+# its id while the pair renders.
+_TOJSON_MEMO: contextvars.ContextVar[dict[tuple[int, str], tuple[Any, str]] | None] = contextvars.ContextVar(
+    "packtool_minijinja_tojson", default=None
+)
+
+
 def _checked_tojson(value: Any, **kwargs: Any) -> str:
+    memo = _TOJSON_MEMO.get()
+    key = (id(value), repr(sorted(kwargs.items())) if kwargs else "")
+    if memo is not None and (known := memo.get(key)) is not None and known[0] is value:
+        return known[1]
     text = _tojson(value, **kwargs)
     if len(text) > MAX_TEMPLATE_CHARS:
         raise TemplateLimit("tojson result")
+    if memo is not None:
+        memo[key] = (value, text)
     return text

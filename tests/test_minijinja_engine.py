@@ -97,6 +97,27 @@ def test_a_template_qualifies_for_minijinja_or_says_why_not(source, reason, tmp_
         assert fast.fast is None and fast.engine.startswith("jinja2 (minijinja") and reason in fast.engine
 
 
+def test_a_rendered_pair_writes_each_value_to_json_once_per_form(tmp_path, monkeypatch):
+    # the marked and the plain render print the same tools: serialized once, with each filter
+    # argument set apart, and nothing remembered from one pair to the next
+    source = INSPECTING.replace("{{ tool | tojson }}", "{{ tool | tojson }}{{ tool | tojson(indent=2) }}")
+    fast, slow = both(source, tmp_path, monkeypatch)
+    assert fast.engine == "minijinja"
+    written = []
+    real = packtool.minijinja_engine._tojson
+
+    def counted(value, **kwargs):
+        written.append(kwargs)
+        return real(value, **kwargs)
+
+    monkeypatch.setattr(packtool.minijinja_engine, "_tojson", counted)
+    example = chat("Hi", "Hello")
+    assert outcome(example, fast) == outcome(example, slow)
+    assert written == [{}, {"indent": 2}]
+    assert outcome(example, fast) == outcome(example, slow)
+    assert len(written) == 4
+
+
 def test_a_template_minijinja_prints_otherwise_on_a_probe_stays_on_jinja2(tmp_path, monkeypatch):
     # the two engines agree on every real template; a difference is simulated on the last probe render
     renders = []

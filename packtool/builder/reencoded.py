@@ -66,7 +66,8 @@ def reencoded(
         ranges = [item for _, item in file_items]
         if not all(flags):
             previous = _load(cache, source, label)
-            why.append(f"{label} {_reason(ranges, flags, previous)}")
+            damaged = any(results[i].repaired for i, _ in file_items)
+            why.append(f"{label} {_reason(ranges, flags, previous, damaged)}")
         _store(cache, source, label, ranges)
     return Reencoded(records, redone, tuple(why))
 
@@ -79,8 +80,9 @@ def _by_file(config: BuildConfig, items: Sequence[EncodeItem]) -> dict[tuple[str
     return grouped
 
 
-def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, Any] | None) -> str:
-    """Why a file's ranges that were not reused were encoded: new, grown, changed rows, or not in the cache."""
+def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, Any] | None, damaged: bool) -> str:
+    """Why a file's ranges that were not reused were encoded: new, grown, changed rows, a cache entry
+    damaged since it was written (`damaged`: the build's warning names it), or not in the cache."""
     if previous is None:
         return "is new to the cache"
     before = dict(previous["ranges"])
@@ -95,7 +97,10 @@ def _reason(ranges: list[EncodeItem], reused: list[bool], previous: dict[str, An
     parts += [_lines(r) for r in changed]
     if not parts:
         same = all(before.get(str(r.start)) == r.content for r in redone)
-        parts = ["changed" if not same else "was not in the cache for these settings"]
+        unchanged = (
+            "had a cache entry changed on disk since written" if damaged else "was not in the cache for these settings"
+        )
+        parts = ["changed" if not same else unchanged]
     return ", ".join(parts)
 
 

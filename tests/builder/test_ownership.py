@@ -297,9 +297,11 @@ def test_a_damaged_cache_entry_is_encoded_again_reported_and_never_used(inputs, 
             {"id": "x", "location": "a.jsonl:1", "reason": "bad_record", "detail": "", "ordinal": 0}
         )
         report.write_text(json.dumps(entry))
-    result = _build(config, "--capacity", "96")
+    result = CliRunner().invoke(main, ["build", str(config), "--capacity", "96"])  # with its summary
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     assert "warning: cache entry" in result.stderr and "written again" in result.stderr
+    # the summary says why the file was encoded again: not a change of the input or the settings
+    assert "had a cache entry changed on disk since written" in result.stdout, result.stdout
     fresh = build(load_config(config, output=str(inputs / "fresh"), capacity=96), use_cache=False)
     assert _digest(inputs / "out") == _digest(fresh.output) and verify(inputs / "out").ok
     again = _build(config, "--capacity", "96")

@@ -86,6 +86,24 @@ class Family:
     cpu_verdict: str = "pass"  # with model_inputs on eager/sdpa, no kernels: pass | leak | error
     positions_verdict: str = "pass"  # with restarting position_ids only (what the HF path fed before)
     gpu_route: str = ""  # what keeps documents apart on a GPU (docs table)
+    # (transformers release, verdict): cpu_verdict from that release on, where transformers changed
+    # what the layer does with packtool's inputs
+    cpu_verdict_since: tuple[str, str] | None = None
+
+    def cpu_verdict_for(self, transformers_version: str) -> str:
+        """The verdict with model_inputs on CPU under this transformers version."""
+        from packaging.version import Version  # a dependency of transformers, which the probe runs
+
+        since = self.cpu_verdict_since
+        return (
+            since[1] if since is not None and Version(transformers_version) >= Version(since[0]) else self.cpu_verdict
+        )
+
+    @property
+    def cpu_verdicts(self) -> str:
+        """cpu_verdict as the docs table gives it, with the release that changed it."""
+        since = self.cpu_verdict_since
+        return self.cpu_verdict if since is None else f"{self.cpu_verdict}; {since[1]} from transformers {since[0]}"
 
 
 _HYBRID = {"layer_types": ["linear_attention", "full_attention"]}
@@ -164,6 +182,8 @@ FAMILIES: dict[str, Family] = {
             cpu_verdict="leak",
             positions_verdict="leak",
             gpu_route="mamba-ssm + causal-conv1d read seq_idx",
+            # 5.25's torch fallback of causal_conv1d refuses seq_idx (as Bamba's mixers did) instead of ignoring it
+            cpu_verdict_since=("5.25", "error"),
         ),
     )
 }
@@ -268,7 +288,7 @@ def family_table() -> str:
         )
         kinds = ", ".join(dict.fromkeys(layer_kinds(config)))
         lines.append(
-            f"| {f.label} | `{f.key}` | {kinds} | {shown} | {f.cpu_verdict} | {f.positions_verdict} | pass "
+            f"| {f.label} | `{f.key}` | {kinds} | {shown} | {f.cpu_verdicts} | {f.positions_verdict} | pass "
             f"| {f.gpu_route} |"
         )
     return "\n".join(lines)

@@ -57,6 +57,13 @@ _MAX_MESSAGES = (0x10FFF0 - MARK_BASE) // 2
 _MARKERS = re.compile("[\U00100000-\U0010ffff]")
 
 
+def _holds_marker(text: str) -> bool:
+    """Whether text holds a plane-16 private-use character (what _MARKERS matches). In UTF-8 exactly
+    those code points start with the byte F4, and a byte search is ~17x faster than the regex over a
+    Qwen3 reasoning record's JSON (0.9 against 14.5 us); an ASCII text (a flag) holds none."""
+    return not text.isascii() and b"\xf4" in text.encode("utf-8", "surrogatepass")
+
+
 def trained_messages(messages: tuple[Message, ...], policy: TrainPolicy) -> list[bool]:
     """Which messages are targets: the role policy, `last` vs `all` turns, then the per-message override."""
     trained = [m.role in policy.roles and m.role != "tool" for m in messages]
@@ -536,8 +543,7 @@ def _check_data_strings(
     """
     if contents_only:
         if not any(
-            (not m.content.isascii() and _MARKERS.search(m.content) is not None)
-            or (literals is not None and spells_literal(literals, m.content))
+            _holds_marker(m.content) or (literals is not None and spells_literal(literals, m.content))
             for m in example.messages
         ):
             return (), None
@@ -547,7 +553,7 @@ def _check_data_strings(
     # every character as it is but quotes, backslashes and control characters, which no searched
     # pattern holds (else each string is searched on its own).
     joined = _record_json(example)
-    if _MARKERS.search(joined) is None and (
+    if not _holds_marker(joined) and (
         literals is None or (_survives_json(literals.pattern) and not spells_literal(literals, joined))
     ):
         return (), joined
@@ -576,7 +582,7 @@ def _survives_json(pattern: str) -> bool:
 def _spelled_fields(example: Example, literals: re.Pattern[str] | None) -> tuple[str, ...]:
     spelled = []
     for where, text in data_strings(example):
-        if _MARKERS.search(text):
+        if _holds_marker(text):
             raise RecordError("holds plane-16 private-use characters, which packtool reserves as markers", field=where)
         if literals is not None and literals.search(text):
             spelled.append(where)

@@ -16,7 +16,7 @@ from packtool.config import DEFAULT_FIELDS, SourceConfig, TokenizerConfig, Train
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
-from packtool.render import _printed_at, render_chat, render_text
+from packtool.render import _MARKERS, _holds_marker, _printed_at, render_chat, render_text
 from packtool.sources import read_source
 
 
@@ -1256,3 +1256,18 @@ def test_a_printed_value_is_found_exactly_when_one_of_its_forms_is_in_the_text(v
         at = _printed_at(value, text, hint)
         assert (at >= 0) == any(form in text for form in forms)
         assert at < 0 or any(text.startswith(form, at) for form in forms)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    text=st.text(
+        alphabet=st.one_of(
+            st.sampled_from("a\u00e9\u4e2d\U0001f600\U000fffff\U00100000\U0010fffd\U0010ffff"),
+            st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),  # lone surrogates, as JSON input may hold
+            st.characters(),
+        ),
+        max_size=40,
+    )
+)
+def test_a_marker_is_found_by_its_utf8_lead_byte_exactly_where_the_pattern_finds_one(text):
+    assert _holds_marker(text) == (_MARKERS.search(text) is not None)

@@ -5,8 +5,9 @@
     python bench/build_bench.py --scale [OPTIONS]     # bench/scale_bench.py: phases, memory, executors at scale
 
 The machine this runs on is shared and noisy, so no row is timed alone: each round runs every row
-of a set once, one after the other (floor, `-j 1`, `-j 2`, the peer), and a ratio is taken inside
-a round, between neighbours that saw the same machine. The table prints the median of those
+of a set once, one after the other (floor, `-j 1`, `-j 2`, the peer; each round starts one row later,
+so every row takes every place in turn), and a ratio is taken inside a round, between rows that saw
+the same machine. The table prints the median of those
 per-round ratios, never a ratio of medians.
 
 Sets (real files in ../shared/data, replicated to at least --min-tokens rendered tokens each):
@@ -245,8 +246,12 @@ def prepare(
 
 
 def run_rounds(rows: list[Row], rounds: int, folder: Path) -> None:
+    """Each round runs every row once, starting one row later than the round before: a row's place in
+    the round biases its time (two identical `-j 1` builds, fixed order, differed by 7-13% in three
+    runs), so every row takes every place in turn."""
     for round_ in range(rounds):
-        for row in rows:
+        start = round_ % len(rows)
+        for row in rows[start:] + rows[:start]:
             command, env = row.command, row.env
             if row.fresh_cache:
                 cache = folder / f"hf-cache-{round_}"

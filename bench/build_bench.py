@@ -31,10 +31,11 @@ Rows:
 
 Columns: wall seconds and CPU-seconds (user + system of the process and every child it waited
 for) as medians over rounds; `x floor` = floor seconds / row seconds and `x peer` = peer seconds /
-row seconds, medians of per-round ratios; `overhead` = row CPU-s / floor CPU-s - 1, the CPU a
-build spends on top of the tokenizer (median of per-round ratios). A last line per set gives the
-render cost per sample (single thread, in process), the number issue 22 tracks for templates
-that inspect content.
+row seconds, medians of per-round ratios, with `(rounds)` the lowest and highest per-round `x floor`
+(how far one round's machine moved it); `overhead` = row CPU-s / floor CPU-s - 1, the CPU a build
+spends on top of the tokenizer (median of per-round ratios). A last line per set gives the render
+cost per sample (single thread, in process), the number issue 22 tracks for templates that inspect
+content.
 """
 
 from __future__ import annotations
@@ -275,14 +276,20 @@ def print_table(bench: BenchSet, rows: list[Row], info: dict) -> None:
         f"\n{bench.name}: {len(bench.rows):,} rows x {info['copies']} = {info['samples']:,} samples, "
         f"{info['tokens']:,} tokens ({bench.tokenizer}, capacity {CAPACITY}), {len(floor.seconds)} rounds"
     )
-    print(f"{'row':<42} {'seconds':>8} {'CPU-s':>7} {'M tok/s':>8} {'x floor':>8} {'x peer':>7} {'overhead':>9}")
+    print(
+        f"{'row':<42} {'seconds':>8} {'CPU-s':>7} {'M tok/s':>8} {'x floor':>8} {'(rounds)':>11} {'x peer':>7} "
+        f"{'overhead':>9}"
+    )
     for row in rows:
         seconds, cpu = statistics.median(row.seconds), statistics.median(row.cpu)
         versus_peer = f"{per_round(peer.seconds, row.seconds):>7.2f}" if peer else f"{'-':>7}"
         overhead = f"{per_round(row.cpu, floor.cpu) - 1:>9.2f}" if row is not floor else f"{'-':>9}"
+        # the spread of the per-round ratios: how far one round's machine moved the median
+        ratios = [f / r for f, r in zip(floor.seconds, row.seconds)]
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if row is not floor else "-"
         print(
             f"{row.name:<42} {seconds:>8.2f} {cpu:>7.2f} {info['tokens'] / seconds / 1e6:>8.2f} "
-            f"{per_round(floor.seconds, row.seconds):>8.2f} {versus_peer} {overhead}"
+            f"{per_round(floor.seconds, row.seconds):>8.2f} {spread:>11} {versus_peer} {overhead}"
         )
     print(f"render (packtool, 1 thread, in process): {info['us_per_sample']:.0f} us per sample")
 

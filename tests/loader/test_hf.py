@@ -102,10 +102,11 @@ def hybrid_trainer(build, tmp_path, *, trl: bool = False, **collator):
         targs = trl_module.SFTConfig(
             **common, padding_free=True, max_length=None, dataset_kwargs={"skip_prepare_dataset": True}
         )
-        tokenizer = transformers.PreTrainedTokenizerFast(
-            tokenizer_file=str(trainer_dataset(build, targs).manifest.raw["tokenizer"]["file"]), pad_token="<pad>"
-        )
         packed = trainer_dataset(build, targs)
+        # the manifest names the tokenizer relative to the output folder (docs/format.md), not to the working one
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_file=str(packed.path / (packed.manifest.tokenizer_file or "")), pad_token="<pad>"
+        )
         return PackedSFTTrainer(model=model, args=targs, packed=packed, processing_class=tokenizer)
     collate = PackedCollator(model, **collator) if collator else None
     return PackedTrainer(model=model, args=args, train_dataset=trainer_dataset(build, args), data_collator=collate)

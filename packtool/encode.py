@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer, pre_tokenizers
+from tokenizers import Encoding, Tokenizer, models, pre_tokenizers
 
 from packtool.config import TokenizerConfig
 from packtool.errors import PacktoolError, RecordError
+from packtool.openings import KnownOpenings, Opening
 from packtool.records import ROLE_CODES, Rendered, Tokenized, literal_pattern, spells_literal
 
 
@@ -60,9 +61,15 @@ class TextTokenizer:
             return self.tokenizer
         return self._continuing(Tokenizer.from_str(self.tokenizer.to_str()))
 
+    @cached_property
+    def openings(self) -> KnownOpenings:
+        """The template openings tokenized once for this tokenizer (packtool.openings)."""
+        return KnownOpenings(self.tokenizer, enabled=not self._prepends_first())
+
     def _prepends_first(self) -> bool:
-        pre = json.loads(self.tokenizer.to_str()).get("pre_tokenizer") or {}
-        return pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first"
+        # the object, not tokenizer.json: writing a large vocabulary out and parsing it costs ~0.3 s
+        pre = self.tokenizer.pre_tokenizer
+        return isinstance(pre, pre_tokenizers.Metaspace) and pre.prepend_scheme == "first"
 
     def _continuing(self, tokenizer: Tokenizer) -> Tokenizer:
         if self._prepends_first():
@@ -139,7 +146,7 @@ def as_transformers_loads_it(tokenizer: Tokenizer, tokenizer_config: dict[str, A
     """
     if tokenizer_config.get("tokenizer_class") not in _METASPACE_CLASSES:
         return
-    if json.loads(tokenizer.to_str())["model"].get("type") != "BPE":
+    if not isinstance(tokenizer.model, models.BPE):
         return
     legacy = tokenizer_config.get("legacy") is True
     scheme = "never" if tokenizer_config.get("add_prefix_space") is False else "always" if legacy else "first"
@@ -229,12 +236,21 @@ def encode_batch(
     # A document's BOS is tokenized apart from its text, as the post-processor adds it to
     # tokenizer(text): a Metaspace tokenizer then prepends "▁" to the first word ("▁The", not "The").
     heads = [_document_head(batch[i][0]) for i in whole]
+    # A chat's template opening, where known, is not tokenized again (packtool.openings).
+    openings = [None if head else _opening(batch[i][0], tokenizer) for i, head in zip(whole, heads)]
     encodings = tokenizer.tokenizer.encode_batch(
-        [batch[i][0].text[head:] for i, head in zip(whole, heads)], add_special_tokens=False
+        [
+            batch[i][0].text[len(opening.text) if opening else head :]
+            for i, head, opening in zip(whole, heads, openings)
+        ],
+        add_special_tokens=False,
     )
-    for i, head, encoding in zip(whole, heads, encodings):
+    for i, head, opening, encoding in zip(whole, heads, openings, encodings):
         edges: TokenEdges
-        if head:
+        if opening is not None:
+            rest = np.fromiter(encoding.ids, dtype=np.int32, count=len(encoding))
+            ids, edges = np.concatenate([opening.ids, rest]), OpenedEdges(opening, EncodingEdges(encoding))
+        elif head:
             ids, offsets = _arrays(encoding, head)
             head_ids, head_offsets = _arrays(
                 tokenizer.tokenizer.encode(batch[i][0].text[:head], add_special_tokens=False), 0
@@ -246,6 +262,17 @@ def encode_batch(
     aligned = [r for r in results if isinstance(r, _Aligned)]
     labelled = iter(_labelled(aligned, tokenizer, add_bos, add_eos))
     return [next(labelled) if isinstance(r, _Aligned) else r for r in results if r is not None]
+
+
+def _opening(rendered: Rendered, tokenizer: TextTokenizer) -> Opening | None:
+    """The known opening the chat's text starts with, taken from the template's own text only: it ends
+    before the first character a message brought or a target holds."""
+    text = rendered.text
+    limit = min(
+        min((start for start, _ in rendered.content_ranges), default=len(text)),
+        min((start for start, _, _ in rendered.target_ranges), default=len(text)),
+    )
+    return tokenizer.openings.find(text, limit)
 
 
 def _document_head(rendered: Rendered) -> int:
@@ -295,6 +322,10 @@ class TokenEdges(Protocol):
         """The token's (first character, last character + 1)."""
         ...
 
+    def tokens_before(self, at: int) -> int:
+        """How many tokens start before character `at`."""
+        ...
+
 
 class OffsetTable:
     """Every token's offsets as arrays: for a text tokenized in pieces (escaped literals, a document's BOS)."""
@@ -314,6 +345,9 @@ class OffsetTable:
 
     def edges(self, token: int) -> tuple[int, int]:
         return int(self.starts[token]), int(self.ends[token])
+
+    def tokens_before(self, at: int) -> int:
+        return int(np.searchsorted(self.starts, at))
 
 
 # Tokens stepped over from char_to_token's answer before falling back to the whole table: more than
@@ -339,14 +373,14 @@ class EncodingEdges:
         self._table: OffsetTable | None = None
 
     def runs(self, ranges: list[tuple[int, int]]) -> list[list[int]]:
-        return [[self._tokens_before(start), self._tokens_before(end)] for start, end in ranges]
+        return [[self.tokens_before(start), self.tokens_before(end)] for start, end in ranges]
 
     def edges(self, token: int) -> tuple[int, int]:
         # None for a token without a place in the text (one a post-processor added): the table has (0, 0)
         found = self.encoding.token_to_chars(token)
         return found if found is not None else self.table().edges(token)
 
-    def _tokens_before(self, at: int) -> int:
+    def tokens_before(self, at: int) -> int:
         """How many tokens start before character `at` (searchsorted of the token starts)."""
         token = self.encoding.char_to_token(at)
         if token is None:
@@ -367,6 +401,31 @@ class EncodingEdges:
         if self._table is None:
             self._table = OffsetTable.of(self.encoding)
         return self._table
+
+
+class OpenedEdges:
+    """Token edges of a text encoded as a known opening plus the rest on its own (offsets of the rest
+    counted from the opening's end)."""
+
+    def __init__(self, opening: Opening, rest: TokenEdges):
+        self.opening = opening
+        self.rest = rest
+        self.length = len(opening.text)
+        self.count = len(opening.starts)
+
+    def runs(self, ranges: list[tuple[int, int]]) -> list[list[int]]:
+        return [[self.tokens_before(start), self.tokens_before(end)] for start, end in ranges]
+
+    def edges(self, token: int) -> tuple[int, int]:
+        if token < self.count:
+            return self.opening.starts[token], self.opening.ends[token]
+        start, end = self.rest.edges(token - self.count)
+        return start + self.length, end + self.length
+
+    def tokens_before(self, at: int) -> int:
+        if at <= self.length:
+            return self.opening.tokens_before(at)
+        return self.count + self.rest.tokens_before(at - self.length)
 
 
 def _crossing_token(

@@ -61,7 +61,9 @@ ENCODING_MODULES = (
     "packtool.sandbox",
     "packtool.chat_templates",
     "packtool.render",
+    "packtool.minijinja_engine",  # renders templates that inspect contents, where it prints jinja2's bytes
     "packtool.encode",
+    "packtool.openings",  # how much of a text the tokenizer sees again
     "packtool.records",
     "packtool.builder.encode",
     "packtool.truncate",  # cuts a pair's or group's prompt before its rows are written (truncate_item)

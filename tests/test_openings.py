@@ -1,0 +1,137 @@
+"""Known openings (packtool.openings): the template's opening tokenized once, never a token changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import shared
+
+import packtool.encode
+import packtool.openings
+from packtool.chat_templates import load_template
+from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
+from packtool.encode import encode_batch, load_tokenizer
+from packtool.errors import RecordError
+from packtool.openings import MAX_CANDIDATES, KnownOpenings, cut_tokens
+from packtool.records import Example, Message
+from packtool.render import render_chat
+from packtool.sources import read_source
+
+MODELS = ("qwen2.5", "qwen3", "llama-3.2", "mistral-nemo", "gemma-3", "phi-3-mini")
+
+
+def _tokenizer(model: str):
+    folder = shared("tokenizers", model)
+    return load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
+
+
+def _chat(*turns: tuple[str, str]) -> Example:
+    return Example("ex:0", "src", "hash", messages=tuple(Message(role, content) for role, content in turns))
+
+
+def _real_examples() -> list[Example]:
+    """Alpaca in two languages as chats, and glaive tool calls (tool lists printed in the system turn)."""
+    examples = []
+    for name in ("llamafactory_alpaca_zh_demo.json", "llamafactory_alpaca_en_demo.json"):
+        for record in json.loads(shared("datasets", name).read_text(encoding="utf-8"))[:60]:
+            prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+            examples.append(_chat(("user", prompt), ("assistant", record["output"])))
+    glaive = str(shared("datasets", "llamafactory_glaive_toolcall_en_demo.json"))
+    fields, roles = DEFAULT_FIELDS["sharegpt"], dict(DEFAULT_SHAREGPT_ROLES)
+    source = SourceConfig("glaive", (glaive,), (), "sharegpt", fields, roles, max_samples=80)
+    tools = [e for e in read_source(source) if isinstance(e, Example)]
+    assert len(tools) == 80
+    return examples + tools
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_known_openings_give_the_tokens_a_whole_encode_gives(model, monkeypatch):
+    """Real samples encoded with known openings and again each as one whole text: the same tokens,
+    targets, roles, message indices and mask-check rejections. Qwen2.5's default system prompt and
+    Llama 3.2's dated system header are openings; a glaive tool list printed by several records is
+    one too; Phi-3 (a first piece treated apart) uses none."""
+    tokenizer = _tokenizer(model)
+    template = load_template("model", tokenizer.config)
+    batch = []
+    for example in _real_examples():
+        try:
+            batch.append((render_chat(example, template, TrainPolicy()), "escape"))
+        except RecordError:
+            continue
+    assert len(batch) > 140
+    opened = encode_batch(batch, tokenizer)
+    known = tokenizer.openings._known
+    monkeypatch.setattr(packtool.encode, "_opening", lambda rendered, tokenizer: None)
+    whole = encode_batch(batch, tokenizer)
+    for a, b in zip(opened, whole, strict=True):
+        if isinstance(a, RecordError) or isinstance(b, RecordError):
+            assert (type(a), str(a)) == (type(b), str(b))
+            continue
+        for column in ("input_ids", "targets", "roles", "message_index"):
+            assert getattr(a, column).tolist() == getattr(b, column).tolist(), (a.example_id, column)
+    openings = {o.text for o in known}
+    if model == "qwen2.5":
+        assert any("You are Qwen, created by Alibaba Cloud." in text for text in openings)
+        assert any("<tools>" in text for text in openings)  # a tool list that several records print
+    if model == "llama-3.2":
+        assert any("Cutting Knowledge Date" in text for text in openings)
+    if model == "phi-3-mini":
+        assert tokenizer.openings._cut is None
+    ends = tuple(cut_tokens(tokenizer.tokenizer))
+    for opening in known:  # text before any message's content, ending with a cut token
+        assert len(opening.starts) >= packtool.openings.MIN_TOKENS and opening.text.endswith(ends)
+        for rendered, _ in batch:
+            if rendered.text.startswith(opening.text):
+                assert all(len(opening.text) <= start for start, _ in rendered.content_ranges)
+
+
+def test_a_cut_token_strips_nothing_after_it_and_is_part_of_no_longer_token():
+    """Phi-3's turn tokens swallow the next newline (rstrip): no opening ends with one."""
+    phi = cut_tokens(_tokenizer("phi-3-mini").tokenizer)
+    assert "<|end|>" not in phi and "<|user|>" not in phi and "<|assistant|>" not in phi
+    qwen = _tokenizer("qwen2.5").tokenizer
+    assert {"<|im_start|>", "<|im_end|>", "<tool_call>"} <= set(cut_tokens(qwen))
+    qwen.add_special_tokens(["<|im_start|>x"])  # <|im_start|> now starts a longer added token
+    assert "<|im_start|>" not in cut_tokens(qwen)
+
+
+def test_an_opening_that_changes_a_token_is_refused(monkeypatch):
+    """Phi-3 pre-tokenizes a text's first piece apart ("▁" in front of it). Forced on anyway, the proof
+    finds that the rest tokenized alone is not what it is after the opening, and refuses it for good."""
+    monkeypatch.setattr(packtool.openings, "MIN_TOKENS", 1)
+    tokenizer = _tokenizer("phi-3-mini")
+    openings = KnownOpenings(tokenizer.tokenizer, enabled=True)
+    text = "<s>Hello there"
+    assert openings.find(text, len(text)) is None  # seen once
+    assert openings.find(text, len(text)) is None  # seen twice: proven, and refused
+    assert openings._refused == {"<s>"} and openings._known == ()
+
+
+def test_an_opening_holding_record_data_is_never_proven_and_the_search_stops():
+    """Tool lists that differ per record make every candidate new: none is proven (a candidate is tried
+    on its second sighting), and after MAX_CANDIDATES no new one is looked for."""
+    tokenizer = _tokenizer("qwen2.5")
+    openings = KnownOpenings(tokenizer.tokenizer, enabled=True)
+    head = "<|im_start|>system\nYou may call these tools: {}<|im_end|>\n<|im_start|>"
+    for i in range(MAX_CANDIDATES + 10):
+        text = head.format(f"tool_{i}") + "user\nHi"
+        assert openings.find(text, len(text) - 2) is None
+    assert openings._known == () and len(openings._seen) == MAX_CANDIDATES
+    repeated = head.format("tool_0") + "user\nHi"
+    assert openings.find(repeated, len(repeated)) is None  # the search has stopped
+
+
+def test_an_opening_ends_before_the_limit_and_is_proven_on_its_second_sighting():
+    tokenizer = _tokenizer("qwen2.5")
+    openings = KnownOpenings(tokenizer.tokenizer, enabled=True)
+    system = "<|im_start|>system\nYou are a careful assistant who answers briefly.<|im_end|>\n<|im_start|>"
+    text = system + "user\nHi<|im_end|>\n<|im_start|>assistant\nHello"
+    assert openings.find(text, len(system) + 5) is None
+    opening = openings.find(text, len(system) + 5)
+    assert opening is not None and opening.text == system
+    ids = tokenizer.tokenizer.encode(system, add_special_tokens=False).ids
+    assert opening.ids.tolist() == ids and len(opening.starts) == len(ids)
+    # a limit inside the opening: only a shorter candidate would do, and it is new
+    assert openings.find(text, len(system) - 1) is None
+    assert openings.find(text, len(system)) is opening

@@ -265,14 +265,11 @@ def encode_batch(
 
 
 def _opening(rendered: Rendered, tokenizer: TextTokenizer) -> Opening | None:
-    """The known opening the chat's text starts with, taken from the template's own text only: it ends
-    before the first character a message brought or a target holds."""
-    text = rendered.text
-    limit = min(
-        min((start for start, _ in rendered.content_ranges), default=len(text)),
-        min((start for start, _, _ in rendered.target_ranges), default=len(text)),
-    )
-    return tokenizer.openings.find(text, limit)
+    """The known opening the chat's text starts with: it ends before a message's content, and never
+    after the first target starts."""
+    first_target = min((start for start, _, _ in rendered.target_ranges), default=len(rendered.text))
+    stops = sorted(start for start, _ in rendered.content_ranges if start < first_target)
+    return tokenizer.openings.find(rendered.text, [*stops, first_target])
 
 
 def _document_head(rendered: Rendered) -> int:

@@ -16,19 +16,21 @@ out for T before an opening is tried (cut_tokens):
     then no opening is used at all.
 Each opening is then proven on the sample it came from and a set of awkward continuations (spaces,
 newlines, every added token, byte-level and SentencePiece markers, CJK, an emoji) before any sample
-uses it, and refused for good if one differs. An opening only takes the template's own text: it ends
-before the first character that came from a message or is a target.
+uses it, and refused for good if one differs.
 
-A candidate is tried when it is seen a second time, so an opening that holds record data (a tool
-list printed in the system turn) costs one search per sample and no proof; after MAX_CANDIDATES
-distinct candidates no new one is looked for. None of this changes a token: it decides only how
-much text goes through the tokenizer again.
+Candidates end before a message's content (the last cut token before it), up to the first target:
+the template's own text, then that text with a system prompt many records share, and so on. A
+candidate is tried when it is seen a second time, so one that holds what differs per record (a
+user's prompt, a tool list) costs a search and no proof; after MAX_CANDIDATES distinct candidates no
+new one is looked for, and the known ones stay in use. None of this changes a token: it decides only
+how much text goes through the tokenizer again.
 """
 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,9 +40,9 @@ from packtool.records import literal_pattern
 
 # Fewer tokens than this are not worth the indirection (Qwen3's `<|im_start|>` alone: one token).
 MIN_TOKENS = 8
-# Distinct candidates looked at per tokenizer and process; a source whose openings hold record data
-# would otherwise be searched for its opening on every sample.
-MAX_CANDIDATES = 64
+# Distinct candidates looked at per tokenizer and process: a candidate holding a user's prompt is new
+# in every sample, and searching for candidates on every sample would cost ~1-10 us each.
+MAX_CANDIDATES = 256
 AWKWARD = ("", " ", "  x", "\n", "\n\n x", "\t\ty", "x", "Hello world", "Ġx", "▁x", "é", "你好", "😀", "12 345")
 
 
@@ -72,33 +74,38 @@ class KnownOpenings:
         self._refused: set[str] = set()
         self._lock = threading.Lock()
 
-    def find(self, text: str, limit: int) -> Opening | None:
-        """The longest known opening of `text` that ends at or before character `limit`; a candidate
-        seen before is proven (or refused) here first."""
+    def find(self, text: str, stops: Sequence[int]) -> Opening | None:
+        """The longest known opening of `text` that ends at or before the last of `stops`. Candidates end
+        with the last cut token at or before each stop (ascending character positions), and one seen
+        before is proven (or refused) here first, the longest first."""
+        limit = stops[-1] if stops else 0
         for opening in self._known:
             if len(opening.text) <= limit and text.startswith(opening.text):
                 return opening
         if self._cut is None or len(self._seen) >= MAX_CANDIDATES:
             return None
-        end = 0
-        for match in self._cut.finditer(text, 0, limit):
-            end = match.end()
-        candidate = text[:end]
-        if not end or candidate in self._refused:
-            return None
-        with self._lock:  # one thread proves a candidate; the others find it known or refused
-            known = next((o for o in self._known if o.text == candidate), None)
-            if known is not None or candidate in self._refused:
-                return known
-            if candidate not in self._seen:
-                self._seen.add(candidate)
-                return None
-            proven = self._proven(candidate, text[end:])
-            if proven is None:
-                self._refused.add(candidate)
-                return None
-            self._known = tuple(sorted((*self._known, proven), key=lambda o: len(o.text), reverse=True))
-            return proven
+        ends = [match.end() for match in self._cut.finditer(text, 0, limit)]
+        candidates = sorted({ends[i - 1] for stop in stops if (i := bisect_right(ends, stop))}, reverse=True)
+        for end in candidates:
+            candidate = text[:end]
+            if candidate in self._refused:
+                continue
+            with self._lock:  # one thread proves a candidate; the others find it known or refused
+                known = next((o for o in self._known if o.text == candidate), None)
+                if known is not None:
+                    return known
+                if candidate in self._refused:
+                    continue
+                if candidate not in self._seen:
+                    self._seen.add(candidate)
+                    continue
+                proven = self._proven(candidate, text[end:])
+                if proven is None:
+                    self._refused.add(candidate)
+                    continue
+                self._known = tuple(sorted((*self._known, proven), key=lambda o: len(o.text), reverse=True))
+                return proven
+        return None
 
     def _proven(self, candidate: str, rest: str) -> Opening | None:
         encoding = self.tokenizer.encode(candidate, add_special_tokens=False)

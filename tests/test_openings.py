@@ -79,11 +79,11 @@ def test_known_openings_give_the_tokens_a_whole_encode_gives(model, monkeypatch)
     if model == "phi-3-mini":
         assert tokenizer.openings._cut is None
     ends = tuple(cut_tokens(tokenizer.tokenizer))
-    for opening in known:  # text before any message's content, ending with a cut token
+    for opening in known:  # text before the first target, ending with a cut token
         assert len(opening.starts) >= packtool.openings.MIN_TOKENS and opening.text.endswith(ends)
         for rendered, _ in batch:
             if rendered.text.startswith(opening.text):
-                assert all(len(opening.text) <= start for start, _ in rendered.content_ranges)
+                assert all(len(opening.text) <= start for start, _, _ in rendered.target_ranges)
 
 
 def test_a_cut_token_strips_nothing_after_it_and_is_part_of_no_longer_token():
@@ -103,8 +103,8 @@ def test_an_opening_that_changes_a_token_is_refused(monkeypatch):
     tokenizer = _tokenizer("phi-3-mini")
     openings = KnownOpenings(tokenizer.tokenizer, enabled=True)
     text = "<s>Hello there"
-    assert openings.find(text, len(text)) is None  # seen once
-    assert openings.find(text, len(text)) is None  # seen twice: proven, and refused
+    assert openings.find(text, [len(text)]) is None  # seen once
+    assert openings.find(text, [len(text)]) is None  # seen twice: proven, and refused
     assert openings._refused == {"<s>"} and openings._known == ()
 
 
@@ -116,22 +116,44 @@ def test_an_opening_holding_record_data_is_never_proven_and_the_search_stops():
     head = "<|im_start|>system\nYou may call these tools: {}<|im_end|>\n<|im_start|>"
     for i in range(MAX_CANDIDATES + 10):
         text = head.format(f"tool_{i}") + "user\nHi"
-        assert openings.find(text, len(text) - 2) is None
+        assert openings.find(text, [len(text) - 2]) is None
     assert openings._known == () and len(openings._seen) == MAX_CANDIDATES
     repeated = head.format("tool_0") + "user\nHi"
-    assert openings.find(repeated, len(repeated)) is None  # the search has stopped
+    assert openings.find(repeated, [len(repeated)]) is None  # the search has stopped
 
 
-def test_an_opening_ends_before_the_limit_and_is_proven_on_its_second_sighting():
+def test_the_longest_candidate_seen_twice_is_proven_and_none_ends_after_the_last_stop():
     tokenizer = _tokenizer("qwen2.5")
     openings = KnownOpenings(tokenizer.tokenizer, enabled=True)
-    system = "<|im_start|>system\nYou are a careful assistant who answers briefly.<|im_end|>\n<|im_start|>"
+    template = "<|im_start|>system\n"
+    system = template + "You are a careful assistant who answers briefly.<|im_end|>\n<|im_start|>"
     text = system + "user\nHi<|im_end|>\n<|im_start|>assistant\nHello"
-    assert openings.find(text, len(system) + 5) is None
-    opening = openings.find(text, len(system) + 5)
+    stops = [len(template), len(system) + 5]  # the system prompt's content, the user's
+    assert openings.find(text, stops) is None
+    opening = openings.find(text, stops)
     assert opening is not None and opening.text == system
     ids = tokenizer.tokenizer.encode(system, add_special_tokens=False).ids
     assert opening.ids.tolist() == ids and len(opening.starts) == len(ids)
-    # a limit inside the opening: only a shorter candidate would do, and it is new
-    assert openings.find(text, len(system) - 1) is None
-    assert openings.find(text, len(system)) is opening
+    assert openings.find(text, [len(system) - 1]) is None  # only a shorter candidate would do
+    assert openings.find("<|im_start|>user\nHi", [12]) is None
+    assert openings.find(system + "user\nAnother question", [len(system) + 5]) is opening
+
+
+def test_a_system_prompt_shared_by_records_is_an_opening(monkeypatch):
+    """`sources[].system` (or a dataset's own fixed system message) gives every conversation the same
+    system turn: the opening takes it in, and the tokens are those of the whole text."""
+    tokenizer = _tokenizer("qwen2.5")
+    template = load_template("model", tokenizer.config)
+    system = "You are a terse assistant. Answer in one sentence, and never in lists."
+    questions = ["What is 2 + 2?", " Leading space?", "\nNewline first", "你好吗", "<|im_end|> typed"]
+    batch = [
+        (render_chat(_chat(("system", system), ("user", q), ("assistant", "Yes.")), template, TrainPolicy()), "keep")
+        for q in questions * 2
+    ]
+    opened = encode_batch(batch, tokenizer)
+    assert [system in o.text for o in tokenizer.openings._known] == [True]
+    monkeypatch.setattr(packtool.encode, "_opening", lambda rendered, tokenizer: None)
+    whole = encode_batch(batch, tokenizer)
+    for a, b in zip(opened, whole, strict=True):
+        assert a.input_ids.tolist() == b.input_ids.tolist() and a.targets.tolist() == b.targets.tolist()
+        assert a.roles.tolist() == b.roles.tolist() and a.message_index.tolist() == b.message_index.tolist()

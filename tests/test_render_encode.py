@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
 from packtool.chat_templates import JINJA2_ONLY, load_template
-from packtool.config import DEFAULT_FIELDS, SourceConfig, TokenizerConfig, TrainPolicy
+from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
@@ -1165,8 +1165,11 @@ def test_token_edges_looked_up_give_the_samples_the_whole_offset_table_gives(mod
         *_alpaca_examples("llamafactory_alpaca_en_demo.json", 60),
     ]
     glaive = str(shared("datasets", "llamafactory_glaive_toolcall_en_demo.json"))
-    source = SourceConfig("glaive", (glaive,), (), "sharegpt", DEFAULT_FIELDS["sharegpt"], max_samples=60)
-    examples += [e for e in read_source(source) if isinstance(e, Example)]
+    roles = dict(DEFAULT_SHAREGPT_ROLES)  # glaive's speakers are "human" and "gpt"
+    source = SourceConfig("glaive", (glaive,), (), "sharegpt", DEFAULT_FIELDS["sharegpt"], roles, max_samples=60)
+    tools = [e for e in read_source(source) if isinstance(e, Example)]
+    assert len(tools) == 60
+    examples += tools
     batch = []
     for example in examples:
         try:

@@ -265,11 +265,11 @@ def encode_batch(
 
 
 def _opening(rendered: Rendered, tokenizer: TextTokenizer) -> Opening | None:
-    """The known opening the chat's text starts with: it ends before a message's content, and never
-    after the first target starts."""
+    """The known opening the chat's text starts with: it ends before a message's content that comes
+    before the first target (or before the first target, where none does)."""
     first_target = min((start for start, _, _ in rendered.target_ranges), default=len(rendered.text))
-    stops = sorted(start for start, _ in rendered.content_ranges if start < first_target)
-    return tokenizer.openings.find(rendered.text, [*stops, first_target])
+    stops = sorted(start for start, _ in rendered.content_ranges if start < first_target) or [first_target]
+    return tokenizer.openings.find(rendered.text, stops)
 
 
 def _document_head(rendered: Rendered) -> int:

@@ -14,16 +14,17 @@ out for T before an opening is tried (cut_tokens):
   - T ends in a space or a word character (a `single_word` token after it sees another boundary);
   - the pre-tokenizer treats the text's first piece apart (Metaspace with prepend_scheme "first"):
     then no opening is used at all.
-Each opening is then proven on the sample it came from and a set of awkward continuations (spaces,
-newlines, every added token, byte-level and SentencePiece markers, CJK, an emoji) before any sample
-uses it, and refused for good if one differs.
+Before any sample uses an opening, T is proven on a set of awkward continuations (spaces, newlines,
+every added token, byte-level and SentencePiece markers, CJK, an emoji; once per token: what follows
+T cannot depend on what precedes it), and the opening on the start of the sample it came from. One
+that differs is refused for good.
 
-Candidates end before a message's content (the last cut token before it), up to the first target:
-the template's own text, then that text with a system prompt many records share, and so on. A
-candidate is tried when it is seen a second time, so one that holds what differs per record (a
-user's prompt, a tool list) costs a search and no proof; after MAX_CANDIDATES distinct candidates no
-new one is looked for, and the known ones stay in use. None of this changes a token: it decides only
-how much text goes through the tokenizer again.
+Candidates end before a message's content (the last cut token before it) that comes before the
+first target: the template's own text, that text with a system prompt or tool list many records
+share, the longest known one used. A candidate is tried when it is seen a second time, so one that
+holds what differs per record costs a search (~1-5 us) and no proof, and what is remembered stays
+bounded (MAX_REMEMBERED). None of this changes a token: it decides only how much text goes through
+the tokenizer again.
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from packtool.records import literal_pattern
 
 # Fewer tokens than this are not worth the indirection (Qwen3's `<|im_start|>` alone: one token).
 MIN_TOKENS = 8
-# Distinct candidates looked at per tokenizer and process: a candidate holding a user's prompt is new
-# in every sample, and searching for candidates on every sample would cost ~1-10 us each.
-MAX_CANDIDATES = 256
+# Candidates remembered per tokenizer and process: those seen once are forgotten together past this
+# many (a tool list that comes back within that many samples is still proven), and no more are proven
+# or refused once this many are.
+MAX_REMEMBERED = 4096
+REST_CHECKED = 256  # characters of the sample's own rest checked behind a new opening
 AWKWARD = ("", " ", "  x", "\n", "\n\n x", "\t\ty", "x", "Hello world", "Ġx", "▁x", "é", "你好", "😀", "12 345")
 
 
@@ -69,59 +72,78 @@ class KnownOpenings:
         self.tokenizer = tokenizer
         self._cut = literal_pattern(cut_tokens(tokenizer)) if enabled else None
         self._added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
-        self._known: tuple[Opening, ...] = ()  # longest first
-        self._seen: set[str] = set()  # candidates seen once
+        self._known: dict[str, Opening] = {}
+        self._seen: set[str] = set()  # candidates seen once (forgotten together past MAX_REMEMBERED)
         self._refused: set[str] = set()
+        self._tokens: dict[str, bool] = {}  # cut token -> proven on the awkward continuations
+        self._last: Opening | None = None  # most samples of a source share one opening
         self._lock = threading.Lock()
 
     def find(self, text: str, stops: Sequence[int]) -> Opening | None:
-        """The longest known opening of `text` that ends at or before the last of `stops`. Candidates end
-        with the last cut token at or before each stop (ascending character positions), and one seen
-        before is proven (or refused) here first, the longest first."""
+        """The longest known opening of `text` among the candidates that end with the last cut token at
+        or before each of `stops` (ascending character positions); a candidate seen before is proven
+        (or refused) here first."""
         limit = stops[-1] if stops else 0
-        for opening in self._known:
-            if len(opening.text) <= limit and text.startswith(opening.text):
-                return opening
-        if self._cut is None or len(self._seen) >= MAX_CANDIDATES:
+        last = self._last
+        if last is not None and len(last.text) <= limit and text.startswith(last.text):
+            return last
+        if self._cut is None:
             return None
-        ends = [match.end() for match in self._cut.finditer(text, 0, limit)]
-        candidates = sorted({ends[i - 1] for stop in stops if (i := bisect_right(ends, stop))}, reverse=True)
-        for end in candidates:
+        found = [(match.end(), match.group()) for match in self._cut.finditer(text, 0, limit)]
+        ends = [end for end, _ in found]
+        for end, token in sorted({found[i - 1] for stop in stops if (i := bisect_right(ends, stop))}, reverse=True):
             candidate = text[:end]
-            if candidate in self._refused:
-                continue
-            with self._lock:  # one thread proves a candidate; the others find it known or refused
-                known = next((o for o in self._known if o.text == candidate), None)
-                if known is not None:
-                    return known
-                if candidate in self._refused:
-                    continue
-                if candidate not in self._seen:
-                    self._seen.add(candidate)
-                    continue
-                proven = self._proven(candidate, text[end:])
-                if proven is None:
-                    self._refused.add(candidate)
-                    continue
-                self._known = tuple(sorted((*self._known, proven), key=lambda o: len(o.text), reverse=True))
-                return proven
+            opening = self._known.get(candidate) or self._sighted(candidate, token, text[end:])
+            if opening is not None:
+                self._last = opening
+                return opening
         return None
 
-    def _proven(self, candidate: str, rest: str) -> Opening | None:
+    def _sighted(self, candidate: str, token: str, rest: str) -> Opening | None:
+        """A candidate's first sighting is remembered, its second proves or refuses it."""
+        if candidate in self._refused:
+            return None
+        with self._lock:  # one thread proves a candidate; the others find it known or refused
+            if candidate in self._known or candidate in self._refused:
+                return self._known.get(candidate)
+            if candidate not in self._seen:
+                if len(self._seen) >= MAX_REMEMBERED:
+                    self._seen.clear()
+                self._seen.add(candidate)
+                return None
+            if len(self._known) + len(self._refused) >= MAX_REMEMBERED:
+                return None
+            proven = self._proven(candidate, token, rest)
+            if proven is None:
+                self._refused.add(candidate)
+            else:
+                self._known[candidate] = proven
+            return proven
+
+    def _proven(self, candidate: str, token: str, rest: str) -> Opening | None:
+        """The opening, where its cut token is proven and the sample's own start of the rest follows it as
+        it follows nothing; what comes after a cut token does not depend on the text before it (the
+        token's match ends every piece before it), so the awkward continuations run once per token."""
         encoding = self.tokenizer.encode(candidate, add_special_tokens=False)
         if len(encoding.ids) < MIN_TOKENS:
             return None
-        continuations = (rest, *AWKWARD, " ".join(self._added), "".join(self._added))
-        for continuation in continuations:
-            whole = self.tokenizer.encode(candidate + continuation, add_special_tokens=False)
-            alone = self.tokenizer.encode(continuation, add_special_tokens=False)
-            shift = len(candidate)
-            if whole.ids != encoding.ids + alone.ids or whole.offsets != encoding.offsets + [
-                (a + shift, b + shift) for a, b in alone.offsets
-            ]:
-                return None
+        if token not in self._tokens:
+            alone = self.tokenizer.encode(token, add_special_tokens=False)
+            continuations = (*AWKWARD, " ".join(self._added), "".join(self._added))
+            self._tokens[token] = all(self._cuts_cleanly(token, alone, c) for c in continuations)
+        if not (self._tokens[token] and self._cuts_cleanly(candidate, encoding, rest[:REST_CHECKED])):
+            return None
         starts, ends = zip(*encoding.offsets)
         return Opening(candidate, np.asarray(encoding.ids, dtype=np.int32), starts, ends)
+
+    def _cuts_cleanly(self, opening: str, encoding: Encoding, continuation: str) -> bool:
+        """tokens(opening + continuation) == tokens(opening) + tokens(continuation), offsets included."""
+        whole = self.tokenizer.encode(opening + continuation, add_special_tokens=False)
+        alone = self.tokenizer.encode(continuation, add_special_tokens=False)
+        shift = len(opening)
+        return whole.ids == encoding.ids + alone.ids and whole.offsets == encoding.offsets + [
+            (a + shift, b + shift) for a, b in alone.offsets
+        ]
 
 
 def cut_tokens(tokenizer: Tokenizer) -> list[str]:

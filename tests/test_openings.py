@@ -13,7 +13,7 @@ from packtool.chat_templates import load_template
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
 from packtool.encode import encode_batch, load_tokenizer
 from packtool.errors import RecordError
-from packtool.openings import MAX_CANDIDATES, KnownOpenings, cut_tokens
+from packtool.openings import KnownOpenings, cut_tokens
 from packtool.records import Example, Message
 from packtool.render import render_chat
 from packtool.sources import read_source
@@ -61,7 +61,7 @@ def test_known_openings_give_the_tokens_a_whole_encode_gives(model, monkeypatch)
             continue
     assert len(batch) > 140
     opened = encode_batch(batch, tokenizer)
-    known = tokenizer.openings._known
+    known = list(tokenizer.openings._known.values())
     monkeypatch.setattr(packtool.encode, "_opening", lambda rendered, tokenizer: None)
     whole = encode_batch(batch, tokenizer)
     for a, b in zip(opened, whole, strict=True):
@@ -105,21 +105,30 @@ def test_an_opening_that_changes_a_token_is_refused(monkeypatch):
     text = "<s>Hello there"
     assert openings.find(text, [len(text)]) is None  # seen once
     assert openings.find(text, [len(text)]) is None  # seen twice: proven, and refused
-    assert openings._refused == {"<s>"} and openings._known == ()
+    assert openings._refused == {"<s>"} and openings._known == {} and openings._tokens == {"<s>": False}
 
 
-def test_an_opening_holding_record_data_is_never_proven_and_the_search_stops():
+def test_an_opening_holding_record_data_is_never_proven_and_what_is_remembered_stays_bounded(monkeypatch):
     """Tool lists that differ per record make every candidate new: none is proven (a candidate is tried
-    on its second sighting), and after MAX_CANDIDATES no new one is looked for."""
+    on its second sighting), and candidates seen once are forgotten together past MAX_REMEMBERED. One
+    that comes back within that many is proven; past MAX_REMEMBERED proven or refused, none is tried."""
+    monkeypatch.setattr(packtool.openings, "MAX_REMEMBERED", 16)
     tokenizer = _tokenizer("qwen2.5")
     openings = KnownOpenings(tokenizer.tokenizer, enabled=True)
     head = "<|im_start|>system\nYou may call these tools: {}<|im_end|>\n<|im_start|>"
-    for i in range(MAX_CANDIDATES + 10):
-        text = head.format(f"tool_{i}") + "user\nHi"
-        assert openings.find(text, [len(text) - 2]) is None
-    assert openings._known == () and len(openings._seen) == MAX_CANDIDATES
-    repeated = head.format("tool_0") + "user\nHi"
-    assert openings.find(repeated, [len(repeated)]) is None  # the search has stopped
+
+    def text(i: int) -> str:
+        return head.format(f"tool_{i}") + "user\nHi"
+
+    for i in range(40):
+        assert openings.find(text(i), [len(text(i)) - 2]) is None
+        assert len(openings._seen) <= 16
+    assert openings._known == {} and openings._refused == set()
+    assert openings.find(text(39), [len(text(39)) - 2]).text == head.format("tool_39")  # came back
+    for i in range(40, 80):  # each seen twice in a row: proven until 16 are known or refused
+        openings.find(text(i), [len(text(i)) - 2])
+        openings.find(text(i), [len(text(i)) - 2])
+    assert len(openings._known) == 16 and openings.find(text(79), [len(text(79)) - 2]) is None
 
 
 def test_the_longest_candidate_seen_twice_is_proven_and_none_ends_after_the_last_stop():
@@ -151,7 +160,7 @@ def test_a_system_prompt_shared_by_records_is_an_opening(monkeypatch):
         for q in questions * 2
     ]
     opened = encode_batch(batch, tokenizer)
-    assert [system in o.text for o in tokenizer.openings._known] == [True]
+    assert [system in o.text for o in tokenizer.openings._known.values()] == [True]
     monkeypatch.setattr(packtool.encode, "_opening", lambda rendered, tokenizer: None)
     whole = encode_batch(batch, tokenizer)
     for a, b in zip(opened, whole, strict=True):

@@ -5,10 +5,10 @@
     python bench/build_bench.py --scale [OPTIONS]     # bench/scale_bench.py: phases, memory, executors at scale
 
 The machine this runs on is shared and noisy, so no row is timed alone: each round runs every row
-of a set once, one after the other (floor, `-j 1`, `-j 2`, the peer; each round starts one row later,
-so every row takes every place in turn), and a ratio is taken inside a round, between rows that saw
-the same machine. The table prints the median of those
-per-round ratios, never a ratio of medians.
+of a set once (`-j 1`, `-j 2`, the peer; each round starts one row later, so every row takes every
+place in turn), each next to a floor run of its own (the floor first in even rounds, second in odd
+ones), and `x floor` is taken within that pair, between two runs back to back that saw the same
+machine. The table prints the median of those per-pair ratios, never a ratio of medians.
 
 Sets (real files in ../shared/data, replicated to at least --min-tokens rendered tokens each):
 - alpaca: the alpaca en/zh and code_alpaca demos as `messages`, Qwen2.5 and its own template;
@@ -30,10 +30,10 @@ Rows:
   (bfd) and `to_parquet`, with a fresh datasets cache per run (a warm one skips tokenization).
 
 Columns: wall seconds and CPU-seconds (user + system of the process and every child it waited
-for) as medians over rounds; `x floor` = floor seconds / row seconds and `x peer` = peer seconds /
-row seconds, medians of per-round ratios, with `(rounds)` the lowest and highest per-round `x floor`
-(how far one round's machine moved it); `overhead` = row CPU-s / floor CPU-s - 1, the CPU a build
-spends on top of the tokenizer (median of per-round ratios). A last line per set gives the render
+for) as medians over rounds; `x floor` = floor seconds / row seconds, the median of per-pair ratios,
+with `(pairs)` the lowest and highest of them (how far one pair's machine moved it); `x peer` = peer
+seconds / row seconds, the median of per-round ratios; `overhead` = row CPU-s / floor CPU-s - 1, the
+CPU a build spends on top of the tokenizer (median of per-pair ratios). A last line per set gives the render
 cost per sample (single thread, in process), the number issue 22 tracks for templates that inspect
 content.
 """
@@ -168,6 +168,8 @@ class Row:
     reports_own_time: bool = False  # the floor: its stdout holds the seconds and CPU of the encode call
     seconds: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    floor_seconds: list[float] = field(default_factory=list)  # the floor run next to each of this row's runs
+    floor_cpu: list[float] = field(default_factory=list)
 
 
 def children_cpu() -> float:
@@ -247,22 +249,34 @@ def prepare(
 
 
 def run_rounds(rows: list[Row], rounds: int, folder: Path) -> None:
-    """Each round runs every row once, starting one row later than the round before: a row's place in
-    the round biases its time (two identical `-j 1` builds, fixed order, differed by 7-13% in three
-    runs), so every row takes every place in turn."""
+    """Each round runs every row once, starting one row later than the round before (a row's place in the
+    round biased its time: two identical `-j 1` builds, fixed order, differed by 7-13% in three runs), and
+    each row next to a floor run of its own, the floor first in even rounds and second in odd ones: the
+    machine's load moves within seconds, so a ratio is taken between two runs back to back."""
+    floor, others = rows[0], rows[1:]
     for round_ in range(rounds):
-        start = round_ % len(rows)
-        for row in rows[start:] + rows[:start]:
-            command, env = row.command, row.env
-            if row.fresh_cache:
-                cache = folder / f"hf-cache-{round_}"
-                command, env = [*command, str(cache), str(CAPACITY)], {**env, "HF_DATASETS_CACHE": str(cache)}
-            seconds, cpu, out = measure(command, env)
-            if row.reports_own_time:
-                own = json.loads(out)
-                seconds, cpu = own["seconds"], own["cpu"]
-            row.seconds.append(seconds)
-            row.cpu.append(cpu)
+        start = round_ % len(others)
+        for row in others[start:] + others[:start]:
+            pair = [floor, row] if round_ % 2 == 0 else [row, floor]
+            for run in pair:
+                seconds, cpu = _run(run, folder, round_)
+                run.seconds.append(seconds)
+                run.cpu.append(cpu)
+                if run is floor:
+                    row.floor_seconds.append(seconds)
+                    row.floor_cpu.append(cpu)
+
+
+def _run(row: Row, folder: Path, round_: int) -> tuple[float, float]:
+    command, env = row.command, row.env
+    if row.fresh_cache:
+        cache = folder / f"hf-cache-{round_}"
+        command, env = [*command, str(cache), str(CAPACITY)], {**env, "HF_DATASETS_CACHE": str(cache)}
+    seconds, cpu, out = measure(command, env)
+    if row.reports_own_time:
+        own = json.loads(out)
+        seconds, cpu = own["seconds"], own["cpu"]
+    return seconds, cpu
 
 
 def per_round(numerator: list[float], denominator: list[float]) -> float:
@@ -274,22 +288,28 @@ def print_table(bench: BenchSet, rows: list[Row], info: dict) -> None:
     peer = next((row for row in rows if row.fresh_cache), None)
     print(
         f"\n{bench.name}: {len(bench.rows):,} rows x {info['copies']} = {info['samples']:,} samples, "
-        f"{info['tokens']:,} tokens ({bench.tokenizer}, capacity {CAPACITY}), {len(floor.seconds)} rounds"
+        f"{info['tokens']:,} tokens ({bench.tokenizer}, capacity {CAPACITY}), {len(rows[1].seconds)} rounds"
     )
     print(
-        f"{'row':<42} {'seconds':>8} {'CPU-s':>7} {'M tok/s':>8} {'x floor':>8} {'(rounds)':>11} {'x peer':>7} "
+        f"{'row':<42} {'seconds':>8} {'CPU-s':>7} {'M tok/s':>8} {'x floor':>8} {'(pairs)':>11} {'x peer':>7} "
         f"{'overhead':>9}"
     )
     for row in rows:
         seconds, cpu = statistics.median(row.seconds), statistics.median(row.cpu)
         versus_peer = f"{per_round(peer.seconds, row.seconds):>7.2f}" if peer else f"{'-':>7}"
-        overhead = f"{per_round(row.cpu, floor.cpu) - 1:>9.2f}" if row is not floor else f"{'-':>9}"
-        # the spread of the per-round ratios: how far one round's machine moved the median
-        ratios = [f / r for f, r in zip(floor.seconds, row.seconds)]
-        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if row is not floor else "-"
+        if row is floor:  # its runs are the pairs' floors: next to the peer, the peer's
+            versus_peer = f"{per_round(peer.seconds, peer.floor_seconds):>7.2f}" if peer else f"{'-':>7}"
+            print(
+                f"{row.name:<42} {seconds:>8.2f} {cpu:>7.2f} {info['tokens'] / seconds / 1e6:>8.2f} {1:>8.2f}"
+                f" {'-':>11} {versus_peer} {'-':>9}"
+            )
+            continue
+        # the spread of the per-pair ratios: how far one pair's machine moved the median
+        ratios = [f / r for f, r in zip(row.floor_seconds, row.seconds)]
         print(
             f"{row.name:<42} {seconds:>8.2f} {cpu:>7.2f} {info['tokens'] / seconds / 1e6:>8.2f} "
-            f"{per_round(floor.seconds, row.seconds):>8.2f} {spread:>11} {versus_peer} {overhead}"
+            f"{statistics.median(ratios):>8.2f} {f'{min(ratios):.2f}-{max(ratios):.2f}':>11} {versus_peer} "
+            f"{per_round(row.cpu, row.floor_cpu) - 1:>9.2f}"
         )
     print(f"render (packtool, 1 thread, in process): {info['us_per_sample']:.0f} us per sample")
 

@@ -340,7 +340,7 @@ def main() -> None:
     if args.baseline is not None and not (args.baseline / "packtool" / "__init__.py").is_file():
         raise SystemExit(f"--baseline {args.baseline}: no packtool/__init__.py there")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"{cores} cores; ratios are medians of per-round ratios between rows run back to back")
+    print(f"{cores} cores; x floor and overhead: medians of per-pair ratios (each row beside a floor run of its own)")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:

@@ -20,6 +20,35 @@ def shared(*parts: str) -> Path:
     return path
 
 
+def rendered_batch(examples, template, policy: str = "escape") -> list:
+    """(Rendered, special-token policy) of every example the template renders; refused ones are left out."""
+    from packtool.config import TrainPolicy
+    from packtool.errors import RecordError
+    from packtool.render import render_chat
+
+    batch = []
+    for example in examples:
+        try:
+            batch.append((render_chat(example, template, TrainPolicy()), policy))
+        except RecordError:
+            continue
+    return batch
+
+
+def assert_same_samples(first: list, second: list) -> None:
+    """Two encodings of one batch: the same tokens, targets, roles and message indices per sample, and
+    the same rejections."""
+    from packtool.errors import RecordError
+
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        if isinstance(a, RecordError) or isinstance(b, RecordError):
+            assert (type(a), str(a)) == (type(b), str(b))
+            continue
+        for column in ("input_ids", "targets", "roles", "message_index"):
+            assert getattr(a, column).tolist() == getattr(b, column).tolist(), (a.example_id, column)
+
+
 def three_real_sources(quotas: dict[str, dict[str, int]], output: Path) -> dict:
     """The config of a real three-source mix, each source with its quota: code alpaca (down-sampled), a small chat
     set (up-sampled) and c4 split into whole-pack documents, on Qwen2.5 at capacity 1024."""

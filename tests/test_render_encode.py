@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import QUICKSTART, shared
+from support import QUICKSTART, assert_same_samples, rendered_batch, shared
 
 from packtool.chat_templates import JINJA2_ONLY, load_template
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
@@ -1170,23 +1170,11 @@ def test_token_edges_looked_up_give_the_samples_the_whole_offset_table_gives(mod
     tools = [e for e in read_source(source) if isinstance(e, Example)]
     assert len(tools) == 60
     examples += tools
-    batch = []
-    for example in examples:
-        try:
-            batch.append((render_chat(example, template, TrainPolicy()), "escape"))
-        except RecordError:
-            continue
+    batch = rendered_batch(examples, template)
     assert len(batch) > 150
     looked_up = encode_batch(batch, tokenizer)
     monkeypatch.setattr(packtool.encode, "EncodingEdges", OffsetTable.of)
-    converted = encode_batch(batch, tokenizer)
-    assert len(looked_up) == len(converted)
-    for a, b in zip(looked_up, converted):
-        if isinstance(a, RecordError) or isinstance(b, RecordError):
-            assert (type(a), str(a)) == (type(b), str(b))
-            continue
-        for column in ("input_ids", "targets", "roles", "message_index"):
-            assert getattr(a, column).tolist() == getattr(b, column).tolist(), (a.example_id, column)
+    assert_same_samples(looked_up, encode_batch(batch, tokenizer))
 
 
 def _alpaca_examples(name: str, count: int) -> list[Example]:

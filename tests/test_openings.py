@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import assert_same_samples, rendered_batch, shared
 
 import packtool.encode
@@ -151,3 +155,33 @@ def test_a_system_prompt_shared_by_records_is_an_opening(monkeypatch):
     assert [system in o.text for o in tokenizer.openings._known.values()] == [True]
     monkeypatch.setattr(packtool.encode, "_opening", lambda rendered, tokenizer: None)
     assert_same_samples(opened, encode_batch(batch, tokenizer))
+
+
+WORDS = st.text(alphabet=st.sampled_from(list('ab \n\t.<|>é中😀{}"\\▁Ġ')), max_size=12)
+TURN = st.tuples(st.sampled_from(["user", "assistant"]), st.sampled_from(["", " ", "\n", "  \n"]), WORDS)
+_TOKENIZERS: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@settings(max_examples=40, deadline=None)
+@given(
+    system=st.one_of(st.none(), WORDS),
+    conversations=st.lists(st.lists(TURN, min_size=1, max_size=3), min_size=1, max_size=4),
+    policy=st.sampled_from(["keep", "escape"]),
+)
+def test_openings_never_change_a_token(model, system, conversations, policy):
+    """Conversations with or without a shared system prompt (contents of spaces, newlines, control-token
+    pieces, Ġ and ▁, CJK, an emoji), each encoded twice so that its openings are proven: the samples
+    are those of the same batch encoded with openings off."""
+    if model not in _TOKENIZERS:
+        _TOKENIZERS[model] = _tokenizer(model)
+    tokenizer = _TOKENIZERS[model]
+    template = load_template("model", tokenizer.config)
+    head = (("system", system),) if system is not None else ()
+    examples = [
+        _chat(*head, *((role, f"{pad}{words}{pad[::-1]}") for role, pad, words in turns)) for turns in conversations
+    ]
+    batch = rendered_batch(examples * 2, template, policy)
+    closed = dataclasses.replace(tokenizer)  # the same tokenizer, with openings of its own: off
+    closed.__dict__["openings"] = KnownOpenings(tokenizer.tokenizer, enabled=False)
+    assert_same_samples(encode_batch(batch, tokenizer), encode_batch(batch, closed))

@@ -21,7 +21,8 @@ that differs is refused for good.
 
 Candidates end before a message's content (the last cut token before it) that comes before the
 first target: the template's own text, that text with a system prompt or tool list many records
-share, the longest known one used. A candidate is tried when it is seen a second time, so one that
+share. The opening used last is tried first (most samples of a source share one), then the longest
+known candidate. A candidate is tried when it is seen a second time, so one that
 holds what differs per record costs a search (~1-5 us) and no proof, and what is remembered stays
 bounded (MAX_REMEMBERED). None of this changes a token: it decides only how much text goes through
 the tokenizer again.
@@ -80,9 +81,9 @@ class KnownOpenings:
         self._lock = threading.Lock()
 
     def find(self, text: str, stops: Sequence[int]) -> Opening | None:
-        """The longest known opening of `text` among the candidates that end with the last cut token at
-        or before each of `stops` (ascending character positions); a candidate seen before is proven
-        (or refused) here first."""
+        """The opening used last where `text` starts with it within the last of `stops`, else the longest
+        known one among the candidates that end with the last cut token at or before each of `stops`
+        (ascending character positions); a candidate seen before is proven (or refused) here first."""
         limit = stops[-1] if stops else 0
         last = self._last
         if last is not None and len(last.text) <= limit and text.startswith(last.text):

@@ -296,9 +296,10 @@ def print_table(bench: BenchSet, rows: list[Row], info: dict) -> None:
     )
     for row in rows:
         seconds, cpu = statistics.median(row.seconds), statistics.median(row.cpu)
-        versus_peer = f"{per_round(peer.seconds, row.seconds):>7.2f}" if peer else f"{'-':>7}"
-        if row is floor:  # its runs are the pairs' floors: next to the peer, the peer's
-            versus_peer = f"{per_round(peer.seconds, peer.floor_seconds):>7.2f}" if peer else f"{'-':>7}"
+        # the floor's runs are the pairs' floors: against the peer, those of the peer's own pairs
+        own = peer.floor_seconds if row is floor and peer else row.seconds
+        versus_peer = f"{per_round(peer.seconds, own):>7.2f}" if peer else f"{'-':>7}"
+        if row is floor:
             print(
                 f"{row.name:<42} {seconds:>8.2f} {cpu:>7.2f} {info['tokens'] / seconds / 1e6:>8.2f} {1:>8.2f}"
                 f" {'-':>11} {versus_peer} {'-':>9}"

@@ -4,6 +4,7 @@ errors keep their type; no worker outlives the build, however the build ends."""
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import os
 import pickle
@@ -19,6 +20,7 @@ import pytest
 from support import ctrl_c_reaches_child
 
 from packtool.builder.executors import (
+    ITEM_COLLECTION_THRESHOLD,
     ITEMS_PER_WORKER,
     LOCAL_NODE,
     ProcessExecutor,
@@ -53,6 +55,10 @@ def fail_on_seven(x: int) -> int:
     if x == 7:
         raise RecordError("no 'messages' field", kind="bad_record", file="chat.jsonl", row=8, field="messages")
     return x
+
+
+def collector_threshold(x: int) -> tuple[int, ...]:
+    return gc.get_threshold()
 
 
 def die(x: int) -> int:
@@ -123,6 +129,22 @@ def test_serial_and_processes_give_the_same_results_in_item_order(processes):
     assert list(processes.map(square_later, range(40))) == expected
     assert processes.nodes[LOCAL_NODE] - before == 40
     assert list(processes.map(square_later, [])) == []
+
+
+def test_items_run_with_fewer_collections_and_the_setting_comes_back(processes):
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with make_executor("serial", 1) as serial:
+            assert list(serial.map(collector_threshold, [0])) == [(ITEM_COLLECTION_THRESHOLD, 10, 10)]
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0)  # a caller that switched the collector off keeps it off
+        with make_executor("serial", 1) as serial:
+            assert list(serial.map(collector_threshold, [0])) == [(0, 10, 10)]
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*saved)
+    assert {t[0] for t in processes.map(collector_threshold, range(4))} == {ITEM_COLLECTION_THRESHOLD}
 
 
 def _consumed_at_each_result(executor) -> list[tuple[int, int]]:

@@ -87,6 +87,14 @@ def list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarr
     return offsets, values
 
 
+def list_values(array: pa.ListArray | pa.LargeListArray) -> pa.Array:
+    """The values the rows of a list array hold, in order: `flatten()` without pyarrow.compute, which
+    flatten and combine_chunks import (~45 ms of a process that reads a shard)."""
+    offsets = array.offsets
+    start, end = offsets[0].as_py(), offsets[-1].as_py()
+    return array.values.slice(start, end - start)
+
+
 def _narrowed(offsets: np.ndarray, dtype: type) -> np.ndarray:
     if dtype == np.int32 and len(offsets) and offsets[-1] > _INT32_MAX:
         raise OverflowError(f"{offsets[-1]:,} values do not fit the 32-bit offsets of one Arrow list or string column")

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.arrow import number_lists, numbers, string_lists, strings
+from packtool.arrow import list_values, number_lists, numbers, string_lists, strings
 from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import (
     IGNORE_INDEX,
@@ -298,7 +298,8 @@ def read_group(path: Path, parquet: pq.ParquetFile, group: int | None, columns: 
             "is damaged, or was replaced while being read; rebuild it (`packtool verify` checks it)"
         ) from None
     for name, column in zip(table.column_names, table.columns):
-        if column.null_count or (pa.types.is_list(column.type) and column.combine_chunks().flatten().null_count):
+        listed = pa.types.is_list(column.type)
+        if column.null_count or (listed and any(list_values(chunk).null_count for chunk in column.chunks)):
             raise PackFormatError(f"{path}: null values in {name} (packtool never writes nulls): a damaged file")
     return table
 

@@ -12,6 +12,7 @@ from packtool.arrow import (
     as_numpy,
     content_digest,
     list_parts,
+    list_values,
     number_lists,
     numbers,
     offsets_of,
@@ -74,6 +75,33 @@ def test_list_parts_of_a_slice_and_of_chunks():
     assert offsets.tolist() == [0, 1, 4] and values.tolist() == [3, 4, 5, 6]
     offsets, values = list_parts(pa.chunked_array([array.slice(0, 1), array.slice(2)]))
     assert offsets.tolist() == [0, 2, 5] and values.tolist() == [1, 2, 4, 5, 6]
+
+
+@pytest.mark.parametrize("values", [[[1, 2], [3], [4, 5, 6]], [["a"], [], ["bc", "d"]]])
+def test_list_values_equal_flatten(values):
+    array = pa.array(values)
+    for part in (array, array.slice(1), array.slice(1, 1), array.slice(3), array.slice(0, 0)):
+        assert list_values(part).equals(part.flatten())
+
+
+def test_list_values_count_only_the_rows_nulls():
+    array = pa.array([["x"], [None], ["y"]])
+    assert list_values(array).null_count == 1
+    assert list_values(array.slice(2)).null_count == list_values(array.slice(0, 1)).null_count == 0
+
+
+def test_build_and_stats_never_import_pyarrow_compute(tmp_path):
+    """pyarrow.compute costs ~45 ms to import; a build of JSON Lines and its summary need none of it."""
+    script = (
+        "import sys; from packtool.cli import main; sys.argv = sys.argv[1:]\n"
+        "try: main()\n"
+        "except SystemExit as exit: assert not exit.code, exit.code\n"
+        "assert 'pyarrow.compute' not in sys.modules, 'pyarrow.compute imported'\n"
+    )
+    out = tmp_path / "out"
+    for command in (["build", "quickstart", "-o", str(out), "-j", "1", "--no-cache", "-q"], ["stats", str(out)]):
+        done = subprocess.run([sys.executable, "-c", script, "packtool", *command], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
 
 
 def test_as_numpy_is_a_view_of_the_arrow_buffer():

@@ -95,6 +95,11 @@ def list_values(array: pa.ListArray | pa.LargeListArray) -> pa.Array:
     return array.values.slice(start, end - start)
 
 
+def int32_offsets(offsets: np.ndarray) -> np.ndarray:
+    """List offsets as the 32 bits of a list column (not a large one), refusing what they cannot address."""
+    return _narrowed(np.asarray(offsets, dtype=np.int64), np.int32)
+
+
 def _narrowed(offsets: np.ndarray, dtype: type) -> np.ndarray:
     if dtype == np.int32 and len(offsets) and offsets[-1] > _INT32_MAX:
         raise OverflowError(f"{offsets[-1]:,} values do not fit the 32-bit offsets of one Arrow list or string column")

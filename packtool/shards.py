@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.arrow import list_values, number_lists, numbers, string_lists, strings
+from packtool.arrow import int32_offsets, list_values, lists, numbers, offsets_of, strings
 from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import (
     IGNORE_INDEX,
@@ -32,6 +32,8 @@ from packtool.format import (
     attn_cost,
     check_cu_seqlens,
     conventions,
+    cu_seqlens_problem,
+    first_broken_pack,
     pack_hash,
     read_manifest,
     sha256_file,
@@ -44,6 +46,7 @@ __all__ = [
     "REJECTS",
     "SCHEMA",
     "OutputPack",
+    "PackColumns",
     "ShardInfo",
     "conventions",
     "locate",
@@ -111,30 +114,139 @@ class OutputPack:
         return pack_hash(self.input_ids, self.labels, self.cu_seqlens)
 
 
-def _table(rows: list[OutputPack]) -> pa.Table:
-    def lists_of(name: str, dtype: type) -> pa.Array:
-        return number_lists([getattr(r, name) for r in rows], dtype)
+@dataclass(frozen=True, slots=True)
+class PackColumns:
+    """Packs laid end to end, as a shard's list columns hold them (docs/format.md has each column).
 
+    Pack i is tokens `token_offsets[i]:token_offsets[i + 1]` of input_ids, labels and token_roles;
+    its cu_seqlens (from 0) are `cu_seqlens[cu_offsets[i]:cu_offsets[i + 1]]`, its doc_cu_seqlens
+    likewise; its documents are `document_offsets[i]:document_offsets[i + 1]` of the per-document
+    columns, and `segments` (schema v2) holds one entry per attention segment, in order:
+
+        two packs of 3 + 2 and 4 tokens   token_offsets [0 5 9]   cu_seqlens [0 3 5 | 0 4]   cu_offsets [0 3 5]
+    """
+
+    token_offsets: np.ndarray
+    input_ids: np.ndarray
+    labels: np.ndarray
+    token_roles: np.ndarray
+    cu_offsets: np.ndarray
+    cu_seqlens: np.ndarray
+    doc_cu_offsets: np.ndarray
+    doc_cu_seqlens: np.ndarray
+    document_offsets: np.ndarray
+    sample_ids: list[str]
+    sample_hashes: list[str]
+    sample_repeats: np.ndarray
+    sources: list[str]
+    segments: SegmentColumns | None = None  # schema v2 only (builder.plan.shard_schema_version)
+
+    def __post_init__(self) -> None:
+        tokens = int(self.token_offsets[-1])
+        if not len(self.input_ids) == len(self.labels) == len(self.token_roles) == tokens:
+            raise ValueError("input_ids, labels and token_roles must have one entry per token")
+        for name, offsets, values in (
+            ("cu_seqlens", self.cu_offsets, self.cu_seqlens),
+            ("doc_cu_seqlens", self.doc_cu_offsets, self.doc_cu_seqlens),
+        ):
+            broken = first_broken_pack(self.token_offsets, self.token_offsets, offsets, values, None)
+            if broken >= 0:
+                start, end = offsets[broken], offsets[broken + 1]
+                problem = cu_seqlens_problem(values[start:end], int(np.diff(self.token_offsets)[broken]))
+                raise PackFormatError(f"pack {broken}: {name} {problem or 'misplaced'}")
+        documents = np.diff(self.document_offsets)
+        if not len(self.sample_ids) == len(self.sample_hashes) == len(self.sources) == len(self.sample_repeats):
+            raise ValueError("per-document columns differ in length")
+        if len(self.sample_ids) != self.document_offsets[-1] or (documents != np.diff(self.doc_cu_offsets) - 1).any():
+            raise ValueError("each pack needs one document per doc_cu_seqlens segment")
+        if self.segments is not None and len(self.segments.groups) != self.cu_offsets[-1] - self.packs:
+            raise ValueError("per-segment columns need one entry per attention segment")
+
+    @property
+    def packs(self) -> int:
+        return len(self.token_offsets) - 1
+
+    @classmethod
+    def of(cls, packs: list[OutputPack]) -> PackColumns:
+        """The packs laid end to end."""
+
+        def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+            return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+
+        segments = None
+        if packs and packs[0].segments is not None:
+            segments = SegmentColumns(
+                **{
+                    column.field: joined([getattr(p.segments, column.field) for p in packs], column.dtype)
+                    for column in V2_COLUMNS
+                }
+            )
+        return cls(
+            token_offsets=offsets_of([p.input_ids for p in packs], np.int64),
+            input_ids=joined([p.input_ids for p in packs], np.int32),
+            labels=joined([p.labels for p in packs], np.int32),
+            token_roles=joined([p.token_roles for p in packs], np.int8),
+            cu_offsets=offsets_of([p.cu_seqlens for p in packs], np.int64),
+            cu_seqlens=joined([p.cu_seqlens for p in packs], np.int32),
+            doc_cu_offsets=offsets_of([p.doc_cu_seqlens for p in packs], np.int64),
+            doc_cu_seqlens=joined([p.doc_cu_seqlens for p in packs], np.int32),
+            document_offsets=offsets_of([p.sample_ids for p in packs], np.int64),
+            sample_ids=[name for p in packs for name in p.sample_ids],
+            sample_hashes=[digest for p in packs for digest in p.sample_hashes],
+            sample_repeats=joined([np.asarray(p.sample_repeats) for p in packs], np.int32),
+            sources=[source for p in packs for source in p.sources],
+            segments=segments,
+        )
+
+    def n_targets(self) -> np.ndarray:
+        """Each pack's labels that are not -100."""
+        running = np.zeros(len(self.labels) + 1, dtype=np.int64)
+        np.cumsum(self.labels != IGNORE_INDEX, out=running[1:])
+        return np.diff(running[self.token_offsets])
+
+    def attn_cost(self) -> np.ndarray:
+        """Each pack's sum of squared attention segment lengths (format.attn_cost)."""
+        steps: np.ndarray = np.diff(self.cu_seqlens.astype(np.int64))
+        steps[self.cu_offsets[1:-1] - 1] = 0  # from one pack's last offset to the next pack's 0: no segment
+        running = np.zeros(len(self.cu_seqlens), dtype=np.int64)
+        np.cumsum(steps * steps, out=running[1:])
+        return running[self.cu_offsets[1:] - 1] - running[self.cu_offsets[:-1]]
+
+    def pack_hashes(self) -> list[str]:
+        tokens, cu = self.token_offsets.tolist(), self.cu_offsets.tolist()
+        return [
+            pack_hash(self.input_ids[a:b], self.labels[a:b], self.cu_seqlens[c:d])
+            for a, b, c, d in zip(tokens, tokens[1:], cu, cu[1:])
+        ]
+
+
+def _table(packs: PackColumns) -> pa.Table:
+    def lists_at(offsets: np.ndarray, values: pa.Array) -> pa.Array:
+        return lists(int32_offsets(offsets), values)
+
+    tokens, cu, documents = packs.token_offsets, packs.cu_offsets, packs.document_offsets
     columns = {
-        "input_ids": lists_of("input_ids", np.int32),
-        "labels": lists_of("labels", np.int32),
-        "cu_seqlens": lists_of("cu_seqlens", np.int32),
-        "doc_cu_seqlens": lists_of("doc_cu_seqlens", np.int32),
-        "token_roles": lists_of("token_roles", np.int8),
-        "sample_ids": string_lists([r.sample_ids for r in rows]),
-        "sample_hashes": string_lists([r.sample_hashes for r in rows]),
-        "sample_repeats": lists_of("sample_repeats", np.int32),
-        "sources": string_lists([r.sources for r in rows]),
-        "n_tokens": numbers([len(r.input_ids) for r in rows], np.int32),
-        "n_targets": numbers([r.n_targets for r in rows], np.int32),
-        "attn_cost": numbers([r.attn_cost for r in rows], np.int64),
-        "pack_hash": strings([r.pack_hash for r in rows]),
+        "input_ids": lists_at(tokens, numbers(packs.input_ids, np.int32)),
+        "labels": lists_at(tokens, numbers(packs.labels, np.int32)),
+        "cu_seqlens": lists_at(cu, numbers(packs.cu_seqlens, np.int32)),
+        "doc_cu_seqlens": lists_at(packs.doc_cu_offsets, numbers(packs.doc_cu_seqlens, np.int32)),
+        "token_roles": lists_at(tokens, numbers(packs.token_roles, np.int8)),
+        "sample_ids": lists_at(documents, strings(packs.sample_ids)),
+        "sample_hashes": lists_at(documents, strings(packs.sample_hashes)),
+        "sample_repeats": lists_at(documents, numbers(packs.sample_repeats, np.int32)),
+        "sources": lists_at(documents, strings(packs.sources)),
+        "n_tokens": numbers(np.diff(tokens), np.int32),
+        "n_targets": numbers(packs.n_targets(), np.int32),
+        "attn_cost": numbers(packs.attn_cost(), np.int64),
+        "pack_hash": strings(packs.pack_hashes()),
     }
     schema = SCHEMA
-    if rows and rows[0].segments is not None:
+    if packs.segments is not None:
         schema = SCHEMA_V2
+        segments = cu - np.arange(len(cu))  # a pack's attention segments: its offsets but one
         for column in V2_COLUMNS:
-            columns[column.name] = number_lists([getattr(r.segments, column.field) for r in rows], column.dtype)
+            values = numbers(getattr(packs.segments, column.field), column.dtype)
+            columns[column.name] = lists_at(segments, values)
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 
@@ -159,20 +271,20 @@ def write_shards(
         buffer.append(pack)
         if len(buffer) == rows_per_shard:
             path = folder / f"shard-{len(shards):05d}.parquet"
-            shards.append(write_shard(buffer, path, row_group_rows=row_group_rows, metadata=metadata))
+            shards.append(write_shard(PackColumns.of(buffer), path, row_group_rows=row_group_rows, metadata=metadata))
             buffer = []
     if buffer:
         path = folder / f"shard-{len(shards):05d}.parquet"
-        shards.append(write_shard(buffer, path, row_group_rows=row_group_rows, metadata=metadata))
+        shards.append(write_shard(PackColumns.of(buffer), path, row_group_rows=row_group_rows, metadata=metadata))
     return shards
 
 
 _PLAIN_COLUMNS = ("input_ids", "labels")
 
 
-def write_shard(rows: list[OutputPack], path: Path, *, row_group_rows: int, metadata: dict[str, str]) -> ShardInfo:
+def write_shard(packs: PackColumns, path: Path, *, row_group_rows: int, metadata: dict[str, str]) -> ShardInfo:
     """Write one shard under a temporary name and rename it: a shard on disk is always complete."""
-    table = _table(rows)
+    table = _table(packs)
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}}
     )
@@ -191,9 +303,9 @@ def write_shard(rows: list[OutputPack], path: Path, *, row_group_rows: int, meta
     os.replace(temporary, path)
     return ShardInfo(
         file=path.name,
-        rows=len(rows),
-        tokens=int(sum(len(r.input_ids) for r in rows)),
-        targets=int(sum(r.n_targets for r in rows)),
+        rows=packs.packs,
+        tokens=int(packs.token_offsets[-1]),
+        targets=int(packs.n_targets().sum()),
         bytes=path.stat().st_size,
         sha256=sha256_file(path),
     )

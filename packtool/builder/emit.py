@@ -1,7 +1,7 @@
 """Emit phase: one work item per output shard, gathering its packs from the token store.
 
     plan (packs as segment indices) --segment--> ref --> partition row or truncated piece
-        --> OutputPack (labels_for, cu_seqlens) --> STAGING/out/[overflow/]shard-NNNNN.parquet
+        --> PackColumns (a shard's packs end to end) --> STAGING/out/[overflow/]shard-NNNNN.parquet
         --> STAGING/done/[overflow-]shard-NNNNN.json   (its ShardInfo; written last: the shard is finished)
 
 A shard whose done file exists is not rewritten: the staging folder belongs to one plan key, so an
@@ -13,19 +13,21 @@ again and reported, never published.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 import packtool
+from packtool.arrow import int32_offsets
 from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, load_plan
-from packtool.builder.store import PartitionReader, StoredSample
+from packtool.builder.store import PartitionReader, SegmentRole, StoredParts
 from packtool.format import WHOLE, sha256_file, write_json_atomic
-from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
-from packtool.packing import StreamPlan
+from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths
+from packtool.packing import PackPlan, StreamPlan
 from packtool.records import ROLE_CODES
-from packtool.shards import OutputPack, SegmentColumns, ShardInfo, write_shard
+from packtool.shards import OutputPack, PackColumns, SegmentColumns, ShardInfo, write_shard
 
 
 @dataclass(frozen=True)
@@ -95,15 +97,9 @@ def emit_item(item: EmitItem) -> EmitResult:
     folder = next(f for f in plan.folders if f.name == item.folder)
     gather = _Gather(plan, folder)
     if isinstance(folder.layout, StreamPlan):
-        packs = [_stream_pack(gather, folder.layout, w) for w in range(item.first_pack, item.end_pack)]
+        packs = PackColumns.of([_stream_pack(gather, folder.layout, w) for w in range(item.first_pack, item.end_pack)])
     else:
-        layout = folder.layout
-        packs = []
-        for p in range(item.first_pack, item.end_pack):
-            members = layout.members[layout.offsets[p] : layout.offsets[p + 1]]
-            samples = [gather.get(int(k)) for k in members]
-            v2 = plan.schema_version != packtool.SCHEMA_VERSION
-            packs.append(_pack(samples, _segment_columns(gather, members, samples) if v2 else None))
+        packs = _packed(gather, folder.layout, item.first_pack, item.end_pack)
     metadata = {
         "packtool.version": packtool.__version__,
         "packtool.capacity": str(folder.capacity),
@@ -141,76 +137,154 @@ class _Gather:
         self.pieces = _reader(str(plan.folder / PIECES_FILE))
         self._piece_rows: np.ndarray | None = None
 
-    def get(self, k: int) -> StoredSample:
-        ref, repeat = int(self.folder.ref[k]), int(self.folder.repeat[k])
-        if ref >= 0:
-            p = int(np.searchsorted(self.bases, ref, side="right") - 1)
-            return _reader(self.plan.partitions[p].path).get(ref - int(self.bases[p]), repeat)
-        row = -ref - 1
+    @property
+    def piece_rows(self) -> np.ndarray:
+        """Each piece's ordinal: its sample's global row."""
         if self._piece_rows is None:
-            self._piece_rows = self.pieces.column("ordinal")  # a piece's ordinal: its sample's global row
-        g = int(self._piece_rows[row])
-        source = self.plan.partitions[int(np.searchsorted(self.bases, g, side="right") - 1)].source
-        return replace(self.pieces.get(row, repeat), source=source)
+            self._piece_rows = self.pieces.column("ordinal")
+        return self._piece_rows
 
-    def part(self, k: int) -> tuple[int, int]:
-        """(piece number, token offset in its sample) of segment k: (WHOLE, 0) for an uncut sample."""
-        ref = int(self.folder.ref[k])
-        if ref >= 0:
-            return WHOLE, 0
-        return int(self.plan.piece_numbers[-ref - 1]), int(self.plan.piece_offsets[-ref - 1])
+    def stored(self, ks: np.ndarray) -> Iterator[tuple[StoredParts, str]]:
+        """Per segment of `ks`, in order: its stored sample's parts and its source."""
+        refs = self.folder.ref[ks].astype(np.int64)
+        cut = refs < 0
+        owners = refs.copy()  # the global row whose partition names the source: a piece's is its sample's
+        if cut.any():
+            owners[cut] = self.piece_rows[-refs[cut] - 1]
+        partitions = np.searchsorted(self.bases, owners, side="right") - 1
+        rows = np.where(cut, -refs - 1, refs - self.bases[partitions])
+        for piece, p, row in zip(cut.tolist(), partitions.tolist(), rows.tolist()):
+            if piece:
+                yield self.pieces.parts(row), self.plan.partitions[p].source
+            else:
+                reader = _reader(self.plan.partitions[p].path)
+                yield reader.parts(row), reader.source
+
+    def segments(self, ks: np.ndarray) -> _Segments:
+        """Segments `ks` in order, their tokens laid end to end."""
+        input_ids, targets, roles, example_ids, sample_hashes, segment_roles, sources = [], [], [], [], [], [], []
+        for stored, source in self.stored(ks):
+            input_ids.append(stored.input_ids)
+            targets.append(stored.targets)
+            roles.append(stored.roles)
+            example_ids.append(stored.example_id)
+            sample_hashes.append(stored.sample_hash)
+            segment_roles.append(stored.role)
+            sources.append(source)
+        lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+        if (lengths <= 0).any():
+            raise ValueError(f"segment lengths must be positive, got {lengths.tolist()}")
+        refs = self.folder.ref[ks].astype(np.int64)
+        cut = refs < 0
+        parts = np.zeros((len(ks), 2), dtype=np.int32)
+        parts[:, 0] = WHOLE
+        parts[cut, 0], parts[cut, 1] = self.plan.piece_numbers[-refs[cut] - 1], self.plan.piece_offsets[-refs[cut] - 1]
+        return _Segments(
+            lengths=lengths,
+            input_ids=_joined(input_ids, np.int32),
+            targets=_joined(targets, bool),
+            roles=_joined(roles, np.int8),
+            example_ids=example_ids,
+            sample_hashes=sample_hashes,
+            sources=sources,
+            repeats=np.asarray(self.folder.repeat[ks], dtype=np.int32),
+            segment_roles=segment_roles,
+            groups=np.full(len(ks), -1, np.int64) if self.folder.group is None else self.folder.group[ks],
+            parts=parts,
+        )
 
 
-def _pack(members: list[StoredSample], segments: SegmentColumns | None) -> OutputPack:
-    """One pack; `segments` are its schema v2 per-segment columns (None in a v1 build)."""
-    ids = np.concatenate([m.input_ids for m in members])
-    targets = np.concatenate([m.targets for m in members])
-    cu = cu_seqlens_from_lengths([len(m) for m in members])
-    return OutputPack(
-        input_ids=ids,
-        labels=labels_for(ids, targets, cu),
-        cu_seqlens=cu,
-        doc_cu_seqlens=cu,
-        token_roles=np.concatenate([m.roles for m in members]),
-        sample_ids=[m.example_id for m in members],
-        sample_hashes=[m.sample_hash for m in members],
-        sample_repeats=[m.repeat for m in members],
-        sources=[m.source for m in members],
-        segments=segments,
+@dataclass(frozen=True, slots=True)
+class _Segments:
+    """Segments in order: per segment its length, sample and role; their tokens laid end to end."""
+
+    lengths: np.ndarray
+    input_ids: np.ndarray
+    targets: np.ndarray
+    roles: np.ndarray
+    example_ids: list[str]
+    sample_hashes: list[str]
+    sources: list[str]
+    repeats: np.ndarray
+    segment_roles: list[SegmentRole]
+    groups: np.ndarray
+    parts: np.ndarray  # [segments, 2]: piece number (WHOLE: uncut), token offset in its sample
+
+
+def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+
+def _packed(gather: _Gather, layout: PackPlan, first: int, end: int) -> PackColumns:
+    """Packs first..end of a packed folder: each segment is one document and one attention segment.
+
+    segments of 3, 2 | 4 tokens   starts [0 3 5 9]   packs' documents [0 2 3]
+    cu_seqlens [0 3 5 | 0 4]      labels -100 at tokens 0, 3, 5 (every segment start)
+    """
+    lo = int(layout.offsets[first])
+    documents = layout.offsets[first : end + 1].astype(np.int64) - lo
+    segments = gather.segments(layout.members[lo : int(layout.offsets[end])])
+    starts = np.zeros(len(segments.lengths) + 1, dtype=np.int64)
+    np.cumsum(segments.lengths, out=starts[1:])
+    token_offsets = starts[documents]
+    # pack i's cu_seqlens: starts[documents[i]..documents[i + 1]] less its first token
+    counts = np.diff(documents) + 1
+    cu_offsets = documents + np.arange(len(documents))
+    picked = np.arange(int(cu_offsets[-1])) - np.repeat(cu_offsets[:-1] - documents[:-1], counts)
+    cu = starts[picked] - np.repeat(token_offsets[:-1], counts)
+    labels = np.where(segments.targets, segments.input_ids, IGNORE_INDEX).astype(np.int32)
+    labels[starts[:-1]] = IGNORE_INDEX  # no sample's last token predicts the next sample's first
+    v2 = gather.plan.schema_version != packtool.SCHEMA_VERSION
+    return PackColumns(
+        token_offsets=token_offsets,
+        input_ids=segments.input_ids,
+        labels=labels,
+        token_roles=segments.roles,
+        cu_offsets=cu_offsets,
+        cu_seqlens=int32_offsets(cu),
+        doc_cu_offsets=cu_offsets,
+        doc_cu_seqlens=int32_offsets(cu),
+        document_offsets=documents,
+        sample_ids=segments.example_ids,
+        sample_hashes=segments.sample_hashes,
+        sample_repeats=segments.repeats,
+        sources=segments.sources,
+        segments=_segment_columns(segments) if v2 else None,
     )
 
 
-def _segment_columns(gather: _Gather, segments: np.ndarray, members: list[StoredSample]) -> SegmentColumns:
-    groups = np.full(len(segments), -1) if gather.folder.group is None else gather.folder.group[segments]
-    parts = np.array([gather.part(int(k)) for k in segments], dtype=np.int32).reshape(-1, 2)
+def _segment_columns(segments: _Segments) -> SegmentColumns:
+    roles = segments.segment_roles
     return SegmentColumns(
-        groups=np.asarray(groups, dtype=np.int64),
-        kinds=np.array([m.role.kind for m in members], dtype=np.int8),
-        completion_index=np.array([m.role.completion for m in members], dtype=np.int16),
-        rewards=np.array([m.role.reward for m in members], dtype=np.float64),
-        advantages=np.array([m.role.advantage for m in members], dtype=np.float64),
-        pieces=parts[:, 0],
-        piece_offsets=parts[:, 1],
+        groups=np.asarray(segments.groups, dtype=np.int64),
+        kinds=np.array([r.kind for r in roles], dtype=np.int8),
+        completion_index=np.array([r.completion for r in roles], dtype=np.int16),
+        rewards=np.array([r.reward for r in roles], dtype=np.float64),
+        advantages=np.array([r.advantage for r in roles], dtype=np.float64),
+        pieces=segments.parts[:, 0],
+        piece_offsets=segments.parts[:, 1],
     )
 
 
 def _stream_pack(gather: _Gather, plan: StreamPlan, window: int) -> OutputPack:
     """Continuous pretraining window: one attention segment; documents see each other."""
     a, b = plan.offsets[window], plan.offsets[window + 1]
+    ks = plan.samples[a:b]
     pieces = [
-        (gather.get(int(k)), int(st), int(en)) for k, st, en in zip(plan.samples[a:b], plan.starts[a:b], plan.ends[a:b])
+        (parts, source, st, en)
+        for (parts, source), st, en in zip(gather.stored(ks), plan.starts[a:b].tolist(), plan.ends[a:b].tolist())
     ]
-    ids = np.concatenate([s.input_ids[st:en] for s, st, en in pieces])
+    ids = np.concatenate([parts.input_ids[st:en] for parts, _, st, en in pieces])
     labels = ids.astype(np.int32).copy()
     labels[0] = IGNORE_INDEX  # a window's first token has no context inside the window
     return OutputPack(
         input_ids=ids,
         labels=labels,
         cu_seqlens=np.array([0, len(ids)], dtype=np.int32),
-        doc_cu_seqlens=cu_seqlens_from_lengths([en - st for _, st, en in pieces]),
+        doc_cu_seqlens=cu_seqlens_from_lengths([en - st for _, _, st, en in pieces]),
         token_roles=np.full(len(ids), ROLE_CODES["text"], dtype=np.int8),
-        sample_ids=[s.example_id for s, _, _ in pieces],
-        sample_hashes=[s.sample_hash for s, _, _ in pieces],
-        sample_repeats=[s.repeat for s, _, _ in pieces],
-        sources=[s.source for s, _, _ in pieces],
+        sample_ids=[parts.example_id for parts, _, _, _ in pieces],
+        sample_hashes=[parts.sample_hash for parts, _, _, _ in pieces],
+        sample_repeats=gather.folder.repeat[ks].tolist(),
+        sources=[source for _, source, _, _ in pieces],
     )

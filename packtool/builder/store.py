@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -88,6 +89,17 @@ class StoredSample:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+class StoredParts(NamedTuple):
+    """A StoredSample's fields that its partition holds (emit gathers these for every segment of a shard)."""
+
+    input_ids: np.ndarray
+    targets: np.ndarray
+    roles: np.ndarray
+    example_id: str
+    sample_hash: str
+    role: SegmentRole
 
 
 class PartitionWriter:
@@ -252,18 +264,21 @@ class PartitionReader:
         return [value for b in self._batches for value in b.batch.column(name).to_pylist()]
 
     def get(self, row: int, repeat: int = 0) -> StoredSample:
+        parts = self.parts(row)
+        return StoredSample(*parts[:5], source=self.source, repeat=repeat, role=parts.role)
+
+    def parts(self, row: int) -> StoredParts:
+        """What emit gathers of one row: its token columns as views of the map, its ids and its role."""
         batch = self._batches[row // BATCH_ROWS]
         r = row % BATCH_ROWS
         start, end = batch.offsets[r], batch.offsets[r + 1]
-        return StoredSample(
-            input_ids=batch.input_ids[start:end],
-            targets=batch.targets[start:end].view(bool),
-            roles=batch.roles[start:end],
-            example_id=batch.example_ids[r],
-            sample_hash=batch.sample_hashes[r],
-            source=self.source,
-            repeat=repeat,
-            role=SINGLE if batch.kind[r] == 0 else batch.role(r),
+        return StoredParts(
+            batch.input_ids[start:end],
+            batch.targets[start:end].view(bool),
+            batch.roles[start:end],
+            batch.example_ids[r],
+            batch.sample_hashes[r],
+            SINGLE if batch.kind[r] == 0 else batch.role(r),
         )
 
     def tokenized(self, row: int) -> Tokenized:

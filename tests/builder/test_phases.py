@@ -448,3 +448,13 @@ def test_raising_max_record_bytes_reencodes_and_keeps_the_record(tmp_path, write
     assert again.encode_reused == 0
     assert again.manifest["accounting"]["docs"]["rejected"] == {}
     assert again.manifest["accounting"]["docs"]["kept"] == 2
+
+
+def test_an_items_chunks_start_small_and_double_up_to_the_batch():
+    from packtool.builder.encode import FIRST_CHUNK, _chunks
+
+    records = list(range(2000))
+    chunks = list(_chunks(iter(records), 512))
+    assert FIRST_CHUNK == 64 and [len(c) for c in chunks] == [64, 128, 256, 512, 512, 512, 16]
+    assert [r for c in chunks for r in c] == records
+    assert [len(c) for c in _chunks(iter(records[:10]), 4)] == [4, 4, 2]

@@ -103,7 +103,9 @@ def sniff(path: str) -> str:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
 
 
-def raw_records(path: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
+def raw_records(
+    path: str, label: str, start: int, stop: int | None, limit: int, seek: tuple[int, int] | None = None
+) -> Iterator[Raw]:
     def unreadable(reason: str, row: int | None = None) -> Raw:
         return (row or 0), RecordError(reason, kind="unreadable_file", file=label, row=row)
 
@@ -121,7 +123,10 @@ def raw_records(path: str, label: str, start: int, stop: int | None, limit: int)
         "arrow_stream": partial(_arrow_rows, stream=True),
     }
     reader = readers.get(kind)
-    rows = _sized(reader(path, start, stop), limit) if reader else _text_records(path, kind, label, start, stop, limit)
+    if reader is not None:
+        rows = _sized(reader(path, start, stop), limit)
+    else:
+        rows = _text_records(path, kind, label, start, stop, limit, seek if kind == "text" else None)
     last = start - 1
     try:
         for n, record in rows:
@@ -380,11 +385,16 @@ def _whole_frames(path: str) -> bool:
     return at == size
 
 
-def _text_records(path: str, kind: str, label: str, start: int, stop: int | None, limit: int) -> Iterator[Raw]:
+def _text_records(
+    path: str, kind: str, label: str, start: int, stop: int | None, limit: int, seek: tuple[int, int] | None = None
+) -> Iterator[Raw]:
     """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed.
 
     A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
     `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
+    `seek` (byte offset, line index) says where line `index` of a plain JSON Lines file starts: the
+    lines before it are not read (a range of a large file; reading them cost every range after the first
+    a pass over all the lines before it). It is used where the byte before it ends a line.
     """
     with open_text(path, kind) as handle:
         read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
@@ -406,7 +416,11 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
             )
         if first.strip() == b"{":
             raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
-        for index, line in islice(enumerate(chain(head, iter(read_line, b""))), stop):
+        lines: Iterator[bytes] = chain(head, iter(read_line, b""))
+        at = 0  # the index of the next line
+        if seek is not None and _at_line_start(handle, seek[0]):
+            lines, at = iter(read_line, b""), seek[1]
+        for index, line in islice(enumerate(lines, start=at), None if stop is None else max(0, stop - at)):
             if len(line) > limit and not line.endswith(b"\n"):
                 # passed over whole before `start` too: a line is counted once however long, so the
                 # lines of a range that starts past it (RANGE_ROWS, a carried prefix) keep their numbers
@@ -415,6 +429,18 @@ def _text_records(path: str, kind: str, label: str, start: int, stop: int | None
                     yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
             elif index >= start and not line.isspace():  # no copy, unlike strip(); the reads never yield b""
                 yield index + 1, _parse_line(line, label, index + 1)
+
+
+def _at_line_start(handle: io.BufferedIOBase, offset: int) -> bool:
+    """Whether `offset` is past what was read and just after a newline; if so the handle is left there."""
+    here = handle.tell()
+    if offset <= here:
+        return False
+    handle.seek(offset - 1)
+    if handle.read(1) == b"\n":
+        return True
+    handle.seek(here)
+    return False
 
 
 def _skip_line(handle: io.BufferedIOBase) -> int:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -11,11 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import shared
 
+from packtool import reading
 from packtool.adapters import record_hash
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
 from packtool.format import read_manifest
-from packtool.reading import _suspect, _text_problem
+from packtool.reading import _suspect, _text_problem, raw_records
 from packtool.records import Message
 from packtool.sources import read_file, read_source, source_files
 
@@ -424,3 +426,40 @@ def test_large_rows_become_python_a_bounded_slice_at_a_time(tmp_path, monkeypatc
         assert [e.text for e in read_file(src, str(tmp_path / name), 2, 6)] == ranged == [t for _, t in whole[2:6]]
         monkeypatch.undo()
     assert whole[-1] == ("s.arrow:6", "row 6 xxxxxx")
+
+
+def _lines_file(path: Path) -> tuple[list[bytes], int]:
+    """JSON Lines with blank lines, a line over the size limit and one that is not JSON; the limit."""
+    lines = [json.dumps({"text": f"line {i}"}).encode() for i in range(60)]
+    lines[5], lines[21], lines[33] = b"", b"{not json", json.dumps({"text": "x" * 400}).encode()
+    lines[40] = b"   "
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return lines, 200
+
+
+@pytest.mark.parametrize(("line", "start", "stop"), [(10, 10, 30), (10, 14, None), (30, 30, 45), (34, 50, 60)])
+def test_a_seek_to_a_lines_offset_reads_what_a_scan_from_the_first_line_reads(tmp_path, line, start, stop):
+    lines, limit = _lines_file(tmp_path / "f.jsonl")
+    offset = sum(len(x) + 1 for x in lines[:line])
+    scan = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit))
+    seek = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit, (offset, line)))
+    assert [n for n, _ in seek] == [n for n, _ in scan] and [repr(r) for _, r in seek] == [repr(r) for _, r in scan]
+    # an offset inside a line (a file changed since it was split) is not trusted: the scan runs
+    moved = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit, (offset + 3, line)))
+    assert [n for n, _ in moved] == [n for n, _ in scan]
+
+
+def test_a_seek_reads_no_line_before_its_offset(tmp_path, monkeypatch):
+    lines, limit = _lines_file(tmp_path / "f.jsonl")
+    read: list[bytes] = []
+
+    class Counting(io.BufferedReader):
+        def readline(self, size: int = -1) -> bytes:
+            read.append(line := super().readline(size))
+            return line
+
+    monkeypatch.setattr(reading, "open_text", lambda path, kind: Counting(io.FileIO(path)))
+    offset = sum(len(x) + 1 for x in lines[:50])
+    records = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", 50, None, limit, (offset, 50)))
+    assert [n for n, _ in records] == list(range(51, 61))
+    assert len(read) <= 1 + 10 + 1  # the head, lines 50..59, the end

@@ -703,7 +703,8 @@ def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int 
     The tokenizer releases the GIL, so one process keeps a core busy with Python while another
     tokenizes. Chunks are yielded in input order, so the partition's bytes do not depend on timing.
     """
-    records = islice(read_file(source, item.file, item.start + skip, item.end), item.stop)
+    seek = (item.offset, item.start) if item.unit == "bytes" and item.offset else None  # where the range's text starts
+    records = islice(read_file(source, item.file, item.start + skip, item.end, seek), item.stop)
     chunks = _chunks(records, ENCODE_BATCH)
     with _tokenizer_threads_off(), ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="packtool-encode") as pool:
         pending: deque[Future[list[Outcome]]] = deque()

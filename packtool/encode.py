@@ -347,12 +347,22 @@ class OffsetTable:
         return int(np.searchsorted(self.starts, at))
 
 
+class _LookedUp:
+    """TokenEdges whose runs are one tokens_before lookup per boundary (a sample has a handful)."""
+
+    def runs(self, ranges: list[tuple[int, int]]) -> list[list[int]]:
+        return [[self.tokens_before(start), self.tokens_before(end)] for start, end in ranges]
+
+    def tokens_before(self, at: int) -> int:
+        raise NotImplementedError
+
+
 # Tokens stepped over from char_to_token's answer before falling back to the whole table: more than
 # one only where one character is several tokens (byte-level pieces of one CJK character).
 _LOOKUP_STEPS = 8
 
 
-class EncodingEdges:
+class EncodingEdges(_LookedUp):
     """One Encoding's token edges looked up where a mask boundary falls (char_to_token, then
     token_to_chars of the neighbours) instead of converting every offset: a sample has a handful
     of boundaries and hundreds of tokens (alpaca with Qwen2.5: 33-43 us per sample for the whole
@@ -368,9 +378,6 @@ class EncodingEdges:
         self.encoding = encoding
         self.count = len(encoding)
         self._table: OffsetTable | None = None
-
-    def runs(self, ranges: list[tuple[int, int]]) -> list[list[int]]:
-        return [[self.tokens_before(start), self.tokens_before(end)] for start, end in ranges]
 
     def edges(self, token: int) -> tuple[int, int]:
         # None for a token without a place in the text (one a post-processor added): the table has (0, 0)
@@ -400,7 +407,7 @@ class EncodingEdges:
         return self._table
 
 
-class OpenedEdges:
+class OpenedEdges(_LookedUp):
     """Token edges of a text encoded as a known opening plus the rest on its own (offsets of the rest
     counted from the opening's end)."""
 
@@ -409,9 +416,6 @@ class OpenedEdges:
         self.rest = rest
         self.length = len(opening.text)
         self.count = len(opening.starts)
-
-    def runs(self, ranges: list[tuple[int, int]]) -> list[list[int]]:
-        return [[self.tokens_before(start), self.tokens_before(end)] for start, end in ranges]
 
     def edges(self, token: int) -> tuple[int, int]:
         if token < self.count:

@@ -170,30 +170,27 @@ class PackColumns:
     def of(cls, packs: list[OutputPack]) -> PackColumns:
         """The packs laid end to end."""
 
-        def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-            return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
-
         segments = None
         if packs and packs[0].segments is not None:
             segments = SegmentColumns(
                 **{
-                    column.field: joined([getattr(p.segments, column.field) for p in packs], column.dtype)
+                    column.field: concatenated([getattr(p.segments, column.field) for p in packs], column.dtype)
                     for column in V2_COLUMNS
                 }
             )
         return cls(
             token_offsets=offsets_of([p.input_ids for p in packs], np.int64),
-            input_ids=joined([p.input_ids for p in packs], np.int32),
-            labels=joined([p.labels for p in packs], np.int32),
-            token_roles=joined([p.token_roles for p in packs], np.int8),
+            input_ids=concatenated([p.input_ids for p in packs], np.int32),
+            labels=concatenated([p.labels for p in packs], np.int32),
+            token_roles=concatenated([p.token_roles for p in packs], np.int8),
             cu_offsets=offsets_of([p.cu_seqlens for p in packs], np.int64),
-            cu_seqlens=joined([p.cu_seqlens for p in packs], np.int32),
+            cu_seqlens=concatenated([p.cu_seqlens for p in packs], np.int32),
             doc_cu_offsets=offsets_of([p.doc_cu_seqlens for p in packs], np.int64),
-            doc_cu_seqlens=joined([p.doc_cu_seqlens for p in packs], np.int32),
+            doc_cu_seqlens=concatenated([p.doc_cu_seqlens for p in packs], np.int32),
             document_offsets=offsets_of([p.sample_ids for p in packs], np.int64),
             sample_ids=[name for p in packs for name in p.sample_ids],
             sample_hashes=[digest for p in packs for digest in p.sample_hashes],
-            sample_repeats=joined([np.asarray(p.sample_repeats) for p in packs], np.int32),
+            sample_repeats=concatenated([np.asarray(p.sample_repeats) for p in packs], np.int32),
             sources=[source for p in packs for source in p.sources],
             segments=segments,
         )
@@ -218,6 +215,11 @@ class PackColumns:
             pack_hash(self.input_ids[a:b], self.labels[a:b], self.cu_seqlens[c:d])
             for a, b, c, d in zip(tokens, tokens[1:], cu, cu[1:])
         ]
+
+
+def concatenated(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    """The arrays end to end as `dtype` (no copy beyond the concatenation); an empty one for none."""
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
 
 def _table(packs: PackColumns) -> pa.Table:

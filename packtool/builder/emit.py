@@ -27,7 +27,7 @@ from packtool.format import WHOLE, sha256_file, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths
 from packtool.packing import PackPlan, StreamPlan
 from packtool.records import ROLE_CODES
-from packtool.shards import OutputPack, PackColumns, SegmentColumns, ShardInfo, write_shard
+from packtool.shards import OutputPack, PackColumns, SegmentColumns, ShardInfo, concatenated, write_shard
 
 
 @dataclass(frozen=True)
@@ -181,9 +181,9 @@ class _Gather:
         parts[cut, 0], parts[cut, 1] = self.plan.piece_numbers[-refs[cut] - 1], self.plan.piece_offsets[-refs[cut] - 1]
         return _Segments(
             lengths=lengths,
-            input_ids=_joined(input_ids, np.int32),
-            targets=_joined(targets, bool),
-            roles=_joined(roles, np.int8),
+            input_ids=concatenated(input_ids, np.int32),
+            targets=concatenated(targets, bool),
+            roles=concatenated(roles, np.int8),
             example_ids=example_ids,
             sample_hashes=sample_hashes,
             sources=sources,
@@ -209,10 +209,6 @@ class _Segments:
     segment_roles: list[SegmentRole]
     groups: np.ndarray
     parts: np.ndarray  # [segments, 2]: piece number (WHOLE: uncut), token offset in its sample
-
-
-def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
 
 
 def _packed(gather: _Gather, layout: PackPlan, first: int, end: int) -> PackColumns:

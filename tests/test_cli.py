@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -232,6 +233,41 @@ def test_worker_processes_write_the_same_bytes(quickstart_build, tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert _digest(parallel) == _digest(quickstart_build)
+
+
+# Started in every process (sitecustomize): records OPENBLAS_NUM_THREADS as it is when numpy is first imported.
+NUMPY_IMPORT_WATCH = """
+import os, sys
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            with open(os.environ["NUMPY_IMPORTS"], "a") as log:
+                log.write(f"{os.getpid()} {os.environ.get('OPENBLAS_NUM_THREADS', '-')}\\n")
+        return None
+
+sys.meta_path.insert(0, Watch())
+"""
+
+
+@pytest.mark.parametrize(("users", "expected"), [(None, "1"), ("3", "3")])
+def test_a_build_starts_numpy_with_one_blas_thread_unless_the_user_set_it(tmp_path, users, expected):
+    """OpenBLAS's idle threads spin ~0.1 CPU-s per process at numpy's import, and a build makes no BLAS call."""
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / "sitecustomize.py").write_text(NUMPY_IMPORT_WATCH)
+    log = tmp_path / "numpy-imports.log"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    path = [str(tmp_path / "watch"), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env |= {"PYTHONPATH": os.pathsep.join(path), "NUMPY_IMPORTS": str(log)}
+    env |= {"OPENBLAS_NUM_THREADS": users} if users else {}
+    out = tmp_path / "out"
+    command = ["build", "quickstart", "-o", str(out), "-j", "2", "--executor", "processes", "--no-cache", "-q"]
+    done = subprocess.run([sys.executable, "-m", "packtool", *command], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    seen = [line.split() for line in log.read_text().splitlines()]
+    assert len({pid for pid, _ in seen}) >= 2  # the build and at least one worker process
+    assert {threads for _, threads in seen} == {expected}
 
 
 @pytest.mark.parametrize(

@@ -148,7 +148,7 @@ def build(
         click.echo(
             f"\nencode: {built.records.describe()}; "
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
-            + (f"; {len(built.repaired)} changed on disk since written, redone" if built.repaired else "")
+            + (f"; {built.shards_repaired} changed on disk since written, redone" if built.shards_repaired else "")
         )
         click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.run.output}")
         # `workers: auto` (the default) decides by the cores: say what it decided

@@ -68,6 +68,7 @@ class Built:
     repaired: tuple[str, ...] = ()
     # the encode phase's records, those re-encoded, and why (per file)
     records: Reencoded = field(default_factory=Reencoded)
+    shards_repaired: int = 0  # staged shards among `repaired` (the rest are cache entries and the staged plan)
 
 
 def build(
@@ -153,11 +154,12 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         out = staging.out(key)
         emits = emit_items(plan, out, staging.done(key), config.shards.rows_per_shard, config.shards.row_group_rows)
         infos: dict[str, list[ShardInfo]] = {f.name: [] for f in plan.folders}
-        shards_reused = 0
+        shards_reused = shards_repaired = 0
         with progress.phase("emit", len(emits), "shards") as bar:
             for done, (emitted, outcome) in enumerate(zip(emits, executor.map(emit_item, emits)), start=1):
                 infos[emitted.folder].append(outcome.info)
                 shards_reused += outcome.reused
+                shards_repaired += bool(outcome.repaired)
                 repaired += [outcome.repaired] if outcome.repaired else []
                 bar.update(1)
                 _kill_hook("emit", done)
@@ -167,7 +169,16 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     manifest = write_outputs(config, stages, plan, out, infos)
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
     return Built(
-        manifest, staging.output, len(items), encode_reused, len(emits), shards_reused, nodes, tuple(repaired), records
+        manifest,
+        staging.output,
+        len(items),
+        encode_reused,
+        len(emits),
+        shards_reused,
+        nodes,
+        tuple(repaired),
+        records,
+        shards_repaired,
     )
 
 

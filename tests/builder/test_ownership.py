@@ -302,6 +302,7 @@ def test_a_damaged_cache_entry_is_encoded_again_reported_and_never_used(inputs, 
     assert "warning: cache entry" in result.stderr and "written again" in result.stderr
     # the summary says why the file was encoded again: not a change of the input or the settings
     assert "had a cache entry changed on disk since written" in result.stdout, result.stdout
+    assert "redone" not in result.stdout  # that clause counts staged shards, and none was changed
     fresh = build(load_config(config, output=str(inputs / "fresh"), capacity=96), use_cache=False)
     assert _digest(inputs / "out") == _digest(fresh.output) and verify(inputs / "out").ok
     again = _build(config, "--capacity", "96")

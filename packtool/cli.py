@@ -36,7 +36,8 @@ def _one_blas_thread() -> None:
 
     A build makes no BLAS call, but OpenBLAS starts a thread per core when numpy is imported and they
     spin before they sleep: ~0.1 CPU-s in every process, which a worker's start-up on 2 cores waits
-    behind (`-j 2` on 16k samples: 0.92x wall, 0.84-0.88x CPU with one thread). A user's own setting stays.
+    behind (`-j 2` on the 12k-sample alpaca bench: 0.91x wall, 0.88x CPU with one thread). A user's own
+    setting stays.
     """
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from packtool.errors import PacktoolError, WorkerError
 from packtool.workers import EXECUTORS, WORKERS_CHOICES, count_workers
@@ -248,14 +248,14 @@ def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
         try:
             task = conn.recv_bytes()
         except (EOFError, OSError):
-            return
+            _leave()
         try:
             unpacked = pickle.loads(task)
         except Exception as exc:
             conn.send(_outcome(_raise, exc))
             continue
         if unpacked is None:
-            return
+            _leave()
         number, fn, item = unpacked
         if fn is not None:
             current = (number, fn)
@@ -268,6 +268,17 @@ def _serve(conn: Connection, parent_pid: int, kernel_signal: bool) -> None:
         except Exception as exc:
             reply = pickle.dumps(_outcome(_raise, WorkerError(f"the result of a work item cannot be pickled: {exc}")))
         conn.send_bytes(reply)
+
+
+def _leave() -> NoReturn:
+    """End the worker without the interpreter's teardown. Every reply has been sent and every file a
+    work item wrote was closed and published inside it, so teardown would only free memory object by
+    object (the tokenizer, the templates, numpy and pyarrow): ~0.1 s that the parent's close() waited
+    for, after the last shard and before the manifest."""
+    with suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
 
 
 def _raise(exc: BaseException) -> None:

@@ -232,6 +232,39 @@ def test_a_worker_that_dies_is_reported_and_replaced(processes):
     assert list(processes.map(square_later, range(3))) == [0, 1, 4]
 
 
+# A worker's item that leaves work for its interpreter's teardown: a line written at exit, and output
+# still in the buffers.
+TEARDOWN = """
+import atexit, os, sys
+from pathlib import Path
+from packtool.builder.executors import ProcessExecutor
+
+def leave_work_for_teardown(path):
+    atexit.register(lambda: Path(path).write_text("the worker's interpreter was torn down"))
+    print("printed by the worker", end="")
+    return os.getpid()
+
+if __name__ == "__main__":
+    executor = ProcessExecutor(1)
+    list(executor.map(leave_work_for_teardown, [sys.argv[1]]))
+    worker = executor._pool[0].process
+    executor.close()
+    print("", worker.exitcode)
+"""
+
+
+def test_a_stopped_worker_exits_without_the_interpreter_teardown(tmp_path):
+    """The parent waits for its workers after the last shard: their teardown (freeing the tokenizer,
+    the templates, numpy, object by object) is skipped; what they printed still arrives."""
+    script, marker = tmp_path / "teardown.py", tmp_path / "torn-down"
+    script.write_text(TEARDOWN, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script), str(marker)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "printed by the worker 0\n"
+    assert not marker.exists()
+
+
 def test_a_closed_executor_refuses_work():
     executor = ProcessExecutor(2)
     executor.close()

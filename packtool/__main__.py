@@ -1,3 +1,3 @@
-from packtool.cli import main
+from packtool.cli import run
 
-main()
+run()

@@ -320,7 +320,7 @@ def open_text(path: str, kind: str) -> io.BufferedIOBase:
         return io.BufferedReader(_ZstdText(path))
     # 1 MiB reads: the reading thread gives up the GIL at every read and waits to take it back from the
     # encode threads; with 8 KiB reads that wait was ~0.25 s of a 12k-record build's reading thread
-    return open(path, "rb", buffering=1 << 20)
+    return io.BufferedReader(io.FileIO(path), buffer_size=1 << 20)
 
 
 class _ZstdText(io.RawIOBase):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -114,6 +115,15 @@ def _spend(n: int = 1) -> Budget:
 # content into a variable first does not hide a later inspection.
 
 _COPYING_METHODS = frozenset({"strip", "lstrip", "rstrip"})
+_CONTAINMENT = frozenset({"in", "notin"})  # jinja's names of the `in` and `not in` operators
+_ORDERINGS = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "gt": operator.gt,
+    "gteq": operator.ge,
+    "lt": operator.lt,
+    "lteq": operator.le,
+}
 _COPYING_FILTERS = frozenset({"trim", "string", "tojson"})
 
 
@@ -455,7 +465,20 @@ def _limited_filter(function: Any, name: str) -> Any:
 
 class _LimitedCodeGenerator(CodeGenerator):
     """Compiles every loop to iterate through `environment.counted` and every `~` through
-    `environment.joined`: the two ways a template spends time or memory without calling anything."""
+    `environment.joined`: the two ways a template spends time or memory without calling anything.
+    Comparisons with `in` or `not in` go through `environment.compared` (see there)."""
+
+    def visit_Compare(self, node: nodes.Compare, frame: Frame) -> None:
+        if not any(operand.op in _CONTAINMENT for operand in node.ops):
+            super().visit_Compare(node, frame)
+            return
+        # each later operand as a thunk: a chain evaluates it only while the comparisons hold
+        self.write("environment.compared(")
+        self.visit(node.expr, frame)
+        for operand in node.ops:
+            self.write(f", {operand.op!r}, lambda: ")
+            self.visit(operand.expr, frame)
+        self.write(")")
 
     def visit_For(self, node: nodes.For, frame: Frame) -> None:
         counted = nodes.EnvironmentAttribute("counted")
@@ -566,6 +589,26 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         return functools.update_wrapper(formatted, value)
 
     @staticmethod
+    def compared(left: Any, *chain: Any) -> Any:
+        """A comparison chain (`a in b`, `a < b not in c`) as Python evaluates it, where looking for
+        a content inside something is an inspection: `content in 'yes no'` runs the plain string's
+        own __contains__, which a Tracked content never sees (its sentinels would make every such
+        test false, and the render followed a branch that the plain content does not take)."""
+        result: Any = True
+        for op, right_of in zip(chain[::2], chain[1::2]):
+            right = right_of()
+            if op in _CONTAINMENT:
+                if isinstance(left, Tracked):
+                    _inspected()
+                result = (left in right) if op == "in" else (left not in right)
+            else:
+                result = _ORDERINGS[op](left, right)
+            if not result:
+                return result
+            left = right
+        return result
+
+    @staticmethod
     def counted(iterable: Any) -> Iterator[Any]:
         for item in iterable:
             _spend()
@@ -622,6 +665,11 @@ def _tojson(
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def _test_in(value: Any, seq: Any) -> bool:
+    """`value is in seq` (also `select('in', ...)`): a comparison like `value in seq`."""
+    return bool(LimitedSandbox.compared(value, "in", lambda: seq))
+
+
 def make_environment() -> LimitedSandbox:
     """The sandbox transformers renders chat templates in (untrusted templates cannot reach Python
     internals), with counted limits on time and memory."""
@@ -630,6 +678,7 @@ def make_environment() -> LimitedSandbox:
     )
     env.filters["tojson"] = _tojson
     env.filters = {name: _limited_filter(f, name) for name, f in env.filters.items()}
+    env.tests["in"] = _test_in
     env.globals["raise_exception"] = _raise_exception
     env.globals["lipsum"] = _lipsum
     return env

@@ -736,6 +736,12 @@ BRANCHES = {
     "joined_list_then_inspected": "([message.content] | join) | length > 5",
     "method_join_then_inspected": "(''.join([message.content])) | length > 5",
     "formatted": "('%s!' % message.content) | length > 6",
+    # a plain string's own `in`: str.__contains__ of the right operand, which a Tracked content never sees
+    "in_a_string": "message.content in 'Hello Bye'",
+    "not_in_a_string": "message.content not in 'Hello Bye'",
+    "in_a_chain": "'' < message.content in 'Hello Bye'",
+    "in_test": "message.content is in 'Hello Bye'",
+    "in_test_by_select": "(messages | selectattr('content', 'in', 'Hello Bye') | list) | length > 0",
 }
 
 
@@ -758,6 +764,24 @@ def test_a_template_that_branches_on_content_is_caught_with_one_render(how, tmp_
     with pytest.raises(RecordError) as caught:
         render_chat(example, template, TrainPolicy())
     assert caught.value.kind == "mask_check"
+
+
+@pytest.mark.parametrize(
+    ("expression", "printed"),
+    [
+        ("'a' in 'cat'", "True"),
+        ("'a' not in 'dog'", "True"),
+        ("1 < 2 in [2, 3]", "True"),
+        ("1 < 2 not in [2, 3]", "False"),
+        ("2 < 1 in raise_exception('evaluated past a false comparison')", "False"),  # a chain stops there
+        ("[1] in [[1], [2]] == true", "False"),  # ([1] in [[1], [2]]) and ([[1], [2]] == true)
+        ("'a' is in 'cat'", "True"),
+    ],
+)
+def test_comparisons_with_in_keep_their_python_meaning(expression, printed):
+    from packtool.sandbox import make_environment
+
+    assert make_environment().from_string("{{ " + expression + " }}").render() == printed
 
 
 def _count_renders(template, monkeypatch) -> list[int]:

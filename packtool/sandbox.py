@@ -211,6 +211,17 @@ def _holds_containers(values: Iterable[Any]) -> bool:
     return any(isinstance(value, list | tuple | dict) for value in values)
 
 
+# The sentinels around a marked content's core (open_mark, close_mark): the data holds none (render
+# rejects a record that does), so a string holding one was made from a content.
+_CONTENT_MARKS = re.compile(f"[{chr(MARK_BASE)}-{chr(ord(GENERATION_OPEN) - 1)}]")
+
+
+def _holds_content(result: Any) -> bool:
+    """Whether a string holds (part of) a marked content, however it was made: a filter or call given
+    a generator (`messages | map(attribute='content') | join`) has no container argument to show it."""
+    return isinstance(result, str) and not isinstance(result, Tracked) and _CONTENT_MARKS.search(result) is not None
+
+
 def _tainted(result: Any) -> Any:
     """A string made from values that may hold a marked content (`message | tojson`,
     `[content] | join`, a macro's output) stays tracked, so inspecting it later is noticed."""
@@ -458,7 +469,9 @@ def _limited_filter(function: Any, name: str) -> Any:
         _check_size(
             _expanded(result) if isinstance(result, list | tuple | dict) else _sized(result), f"the result of |{name}"
         )
-        return _tainted(result) if tracked or name == "tojson" or _holds_containers(args) else result
+        if tracked or name == "tojson" or _holds_containers(args) or _holds_content(result):
+            return _tainted(result)
+        return result
 
     return limited
 
@@ -537,7 +550,7 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             result = super().call(__context, __obj, *args, **kwargs)
             if isinstance(result, list | tuple | dict):  # dict(a=x, b=x), x.copy(): built like a literal
                 _check_size(_expanded(result), "a list or mapping a call returned")
-            return _tainted(result) if _holds_containers(args) else result
+            return _tainted(result) if _holds_containers(args) or _holds_content(result) else result
         budget.depth += 1
         try:
             if budget.depth > MAX_TEMPLATE_DEPTH:
@@ -665,6 +678,14 @@ def _tojson(
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def _test_sameas(value: Any, other: Any) -> bool:
+    """`value is sameas other`: identity, which a marked content (its own object) never shares with a
+    literal that the plain string might be (CPython shares short strings)."""
+    if isinstance(value, Tracked) or isinstance(other, Tracked):
+        _inspected()
+    return value is other
+
+
 def _test_in(value: Any, seq: Any) -> bool:
     """`value is in seq` (also `select('in', ...)`): a comparison like `value in seq`."""
     return bool(LimitedSandbox.compared(value, "in", lambda: seq))
@@ -679,6 +700,7 @@ def make_environment() -> LimitedSandbox:
     env.filters["tojson"] = _tojson
     env.filters = {name: _limited_filter(f, name) for name, f in env.filters.items()}
     env.tests["in"] = _test_in
+    env.tests["sameas"] = _test_sameas
     env.globals["raise_exception"] = _raise_exception
     env.globals["lipsum"] = _lipsum
     return env

@@ -742,6 +742,10 @@ BRANCHES = {
     "in_a_chain": "'' < message.content in 'Hello Bye'",
     "in_test": "message.content is in 'Hello Bye'",
     "in_test_by_select": "(messages | selectattr('content', 'in', 'Hello Bye') | list) | length > 0",
+    # a string joined from a generator of contents: no container argument shows where it came from
+    "joined_generator_then_compared": "messages | map(attribute='content') | join == 'HiHello'",
+    # identity: CPython shares the literal 'Hello' with an equal plain content, never with a marked one
+    "sameas": "message.content is sameas 'Hello'",
 }
 
 
@@ -764,6 +768,84 @@ def test_a_template_that_branches_on_content_is_caught_with_one_render(how, tmp_
     with pytest.raises(RecordError) as caught:
         render_chat(example, template, TrainPolicy())
     assert caught.value.kind == "mask_check"
+
+
+# Ways a template can read a content: each either counts as an inspection (the plain render is made and
+# compared) or cannot tell the marked content from the plain one. `C` is the assistant's content, "Hello".
+READINGS = [
+    "C == 'Hello'",
+    "'Hello' == C",
+    "C < 'I'",
+    "'I' > C",
+    "C in 'Hello Bye'",
+    "C not in 'Bye Hello'",
+    "'ell' in C",
+    "(C ~ '') == 'Hello'",
+    "(C + '') == 'Hello'",
+    "(C * 2) == 'HelloHello'",
+    "[C] == ['Hello']",
+    "C in {'Hello': 1}",
+    "C is sameas 'Hello'",
+    "C is lower",
+    "C is eq 'Hello'",
+    "C is lt 'I'",
+    "C is in 'Hello Bye'",
+    "C is string",
+    "C | length > 5",
+    "C | first == 'H'",
+    "C | lower == 'hello'",
+    "C | trim('H') == 'ello'",
+    "C | truncate(3) == 'Hello'",
+    "C | list | length > 5",
+    "C | reverse | join == 'olleH'",
+    "C | e == 'Hello'",
+    "C | string == 'Hello'",
+    "C | int == 0",
+    "C | unique | list | length == 4",
+    "C | sort | join == 'Hello'",
+    "C | map('upper') | join == 'HELLO'",
+    "C | trim == 'Hello'",
+    "C.startswith('H')",
+    "C.find('H') == 0",
+    "C.strip('H') == 'ello'",
+    "C.strip() == 'Hello'",
+    "C[0] == 'H'",
+    "C[1:] == 'ello'",
+    "('%s' % C) == 'Hello'",
+    "'{}'.format(C) == 'Hello'",
+    "namespace(a=C).a == 'Hello'",
+    "[C] | join == 'Hello'",
+    "[C] | select('equalto', 'Hello') | list | length == 1",
+    "(C | tojson) == '\"Hello\"'",
+    "range(C | length) | list | length > 5",
+    "messages | map(attribute='content') | join == 'HiHello'",
+    "'Hello' in messages | map(attribute='content')",
+    "messages | map(attribute='content') | list | string == \"['Hi', 'Hello']\"",
+    "messages | tojson | length > 10",
+    "messages | selectattr('content', 'equalto', 'Hello') | list | length == 1",
+    "messages | groupby('content') | list",
+    "(messages | sort(attribute='content') | first).content == 'Hello'",
+    "messages | map(attribute='content') | max == 'Hi'",
+    "messages | map(attribute='content') | map('length') | sum == 7",
+    "(messages[1] | dictsort | first | last) == 'Hello'",
+]
+
+
+@pytest.mark.parametrize("reading", READINGS)
+def test_no_reading_of_a_content_goes_unnoticed(reading, tmp_path):
+    from packtool.render import _marked, _strip_markers
+
+    condition = reading.replace("C", "message.content")
+    source = (
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+        "{% if message.role == 'assistant' and (" + condition + ") %}NOTE: {% endif %}"
+        "{{ message.content }}<|im_end|>\n{% endfor %}"
+    )
+    template = load_template(_template_file(tmp_path, source), {})
+    example = chat(("user", "Hi"), ("assistant", "Hello"))
+    plain = template.render([m.as_template_dict() for m in example.messages], None)
+    marked, spent = template.render_tracked([_marked(m, i) for i, m in enumerate(example.messages)], None, mark=True)
+    assert spent.inspected or _strip_markers(marked)[0] == plain
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from packtool.config import BuildConfig, bundled_folder
 from packtool.errors import PacktoolError, TemplateRaised
 from packtool.minijinja_engine import MINIJINJA_INSTALLED, MiniTemplate, NotQualified, qualify
 from packtool.records import literal_pattern
-from packtool.sandbox import BUDGET, Budget, TemplateLimit, make_environment, marked_content
+from packtool.sandbox import BUDGET, Budget, TemplateLimit, Tracked, make_environment, marked_content
 
 # End-of-turn markers of the common chat formats; the template's eos_token is added to these.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
@@ -57,8 +57,10 @@ class ChatTemplate:
     # A probe render looked inside a content (see sandbox.Tracked): minijinja renders the samples
     # of no _shape (tools, calls, reasoning), where jinja2 would render twice.
     inspects_content: bool = False
-    # Shapes whose jinja2 render looked inside a content (no skeleton): minijinja renders them from then on.
-    inspecting_shapes: set[tuple[Any, ...]] = field(default_factory=set, compare=False, repr=False)
+    # Shapes whose jinja2 render looked inside a content -> the skeletons learned from renders that only
+    # asked yes/no questions of contents, with the answers (render._ReadSkeletons); minijinja renders
+    # those of the shape that none of them fits, once jinja2 has had its tries.
+    inspecting_shapes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:
@@ -83,6 +85,7 @@ class ChatTemplate:
         """render(), and what the render spent: whether the template inspected a marked (Tracked)
         content string, the largest size it built."""
         budget = Budget()
+        budget.contents = {id(m["content"]): i for i, m in enumerate(messages) if isinstance(m.get("content"), Tracked)}
         token = BUDGET.set(budget)
         try:
             text = self.compiled.render(

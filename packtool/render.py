@@ -113,6 +113,10 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
 
     shape = shape if literals is None else None
     skeleton = template.skeletons.get(shape) if shape is not None else None
+    read = template.inspecting_shapes.get(shape) if shape is not None else None  # the shape looks inside contents
+    if read is not None:
+        skeleton = read.replaying(messages)
+    learned_reading = None  # a skeleton this render's questions and answers would give, kept once it checks out
     recipe_key = (tuple(trained), policy.end_of_turn, template.generation_header, template.has_generation_blocks)
     if skeleton is not None and skeleton.fits(cores):
         recipe = skeleton.recipes.get(recipe_key)
@@ -125,7 +129,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     plain_text = None
     # minijinja's two renders (marked and plain) pay where jinja2 would render twice too: a content
     # was inspected. Elsewhere one jinja2 render, a skeleton or a recipe is as fast or faster.
-    inspecting = template.inspects_content if shape is None else shape in template.inspecting_shapes
+    inspecting = template.inspects_content if shape is None else read is not None and read.tries >= MAX_READ_TRIES
     if marked_text is None and template.fast is not None and inspecting:
         marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
         plain = [m.as_template_dict() for m in messages]
@@ -156,8 +160,13 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                 if learned is not None:
                     template.skeletons[shape] = skeleton = learned
                     reusable = True
-            elif shape is not None and inspected and len(template.inspecting_shapes) < MAX_SKELETONS:
-                template.inspecting_shapes.add(shape)
+            elif shape is not None and inspected:
+                if read is None and len(template.inspecting_shapes) < MAX_SKELETONS:
+                    read = template.inspecting_shapes[shape] = _ReadSkeletons()
+                if read is not None:
+                    read.tries += 1
+                    if spent.readings is not None:  # every look was a question render can ask again
+                        learned_reading = _Skeleton.of(marked_text, messages, spent.peak, tuple(spent.readings))
         clean, contents, generations, literal_at = stripped or _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
@@ -218,6 +227,9 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         literal_ranges=literal_ranges,
         literal_fields=literal_fields,
     )
+    if learned_reading is not None and read is not None:  # the plain render agreed with the marked one
+        read.skeletons.append(learned_reading)
+        skeleton, reusable = learned_reading, True
     if reusable and skeleton is not None and recipe_key not in skeleton.recipes:
         skeleton.recipes[recipe_key] = _Recipe.of(skeleton, rendered, cores)
     return rendered
@@ -271,9 +283,14 @@ class _Skeleton:
     copies: tuple[int, ...]  # the message each content copy is of
     core_lengths: tuple[int, ...]  # per message, in the render that made it
     peak: int  # the largest size that render built
+    # The yes/no questions that render asked of contents, with its answers (sandbox.READINGS; see
+    # replays); empty for a template that never looked inside a content.
+    readings: tuple[tuple[int, str, tuple[Any, ...], bool], ...] = ()
 
     @classmethod
-    def of(cls, marked: str, messages: tuple[Message, ...], peak: int) -> _Skeleton | None:
+    def of(
+        cls, marked: str, messages: tuple[Message, ...], peak: int, readings: tuple[Any, ...] = ()
+    ) -> _Skeleton | None:
         """None when the render printed a content other than verbatim (a JSON-escaped copy)."""
         cores = [m.content.strip() for m in messages]
         literals: list[str] = []
@@ -295,10 +312,31 @@ class _Skeleton:
         if opened >= 0:
             return None
         literals.append(marked[start:])
-        return cls(tuple(literals), tuple(copies), tuple(map(len, cores)), peak)
+        return cls(tuple(literals), tuple(copies), tuple(map(len, cores)), peak, readings)
 
     # Trained-message pattern and target settings -> the recipe for them (None: this shape has none).
     recipes: dict[tuple[Any, ...], _Recipe | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def replays(self, messages: tuple[Message, ...]) -> bool:
+        """Whether both renders of these messages (marked and plain) would ask what this skeleton's render
+        asked and get its answers, and so run as it ran.
+
+        A render is a function of what it reads. Before its first question about a content, a render
+        of this shape reads what every conversation of the shape shares; given the same answer it goes
+        on the same way to the same next question; and it only copies contents otherwise (Tracked
+        noticed anything else, and no skeleton was kept). So a marked render given these answers prints
+        this skeleton with these contents, and a plain render given them runs the same course and prints
+        the same text without the sentinels: one render's text, as a skeleton without questions gives it.
+
+            Qwen3, assistant turn 1:  '</think>' in content -> False   (content "4", and "The sum is 4")
+        """
+        for index, method, arguments, answer in self.readings:
+            content = messages[index].content
+            marked = marked_content(content, index)
+            ask = getattr(str, method)
+            if marked is None or ask(content, *arguments) is not answer or ask(marked, *arguments) is not answer:
+                return False
+        return True
 
     def fits(self, cores: list[str]) -> bool:
         """Whether a render of messages with these content cores stays under MAX_TEMPLATE_CHARS (else it
@@ -314,6 +352,23 @@ class _Skeleton:
         for index, literal in zip(self.copies, self.literals[1:]):
             parts += (open_mark(index), cores[index], close_mark(index), literal)
         return "".join(parts)
+
+
+# Renders by jinja2 (which notes the questions) of a shape that looks inside its contents, before
+# minijinja renders the conversations of that shape that no skeleton learned from them fits: each
+# answer pattern (Qwen3: a content holding `</think>` or not) costs one such render.
+MAX_READ_TRIES = 16
+
+
+@dataclass(slots=True)
+class _ReadSkeletons:
+    """The skeletons of one shape whose template looks inside contents, one per pattern of answers."""
+
+    skeletons: list[_Skeleton] = field(default_factory=list)
+    tries: int = 0  # jinja2 renders of the shape so far
+
+    def replaying(self, messages: tuple[Message, ...]) -> _Skeleton | None:
+        return next((skeleton for skeleton in self.skeletons if skeleton.replays(messages)), None)
 
 
 # A place in the rendered text as (literal piece k, characters into it): contents sit between pieces.

@@ -77,6 +77,11 @@ class Budget:
     operations: int = 0
     depth: int = 0
     inspected: bool = False  # the template looked inside a marked content string (see Tracked)
+    # Each look inside a content as (message index, str method, arguments, result) while every one was a
+    # predicate on a content object as given (see _reading); None from the first look of any other kind.
+    readings: list[tuple[int, str, tuple[Any, ...], bool]] | None = field(default_factory=list)
+    # id of each marked content object the render was given -> its message index (see ChatTemplate.render_tracked)
+    contents: dict[int, int] = field(default_factory=dict)
     peak: int = 0  # the largest string or sequence size checked against MAX_TEMPLATE_CHARS (see _Skeleton)
     # id -> (container, its expanded size) for the lists, tuples and dicts this render met (see _expanded);
     # the container is held so that its id is not reused while the render runs
@@ -164,6 +169,7 @@ def _inspected() -> None:
     budget = BUDGET.get(None)
     if budget is not None:
         budget.inspected = True
+        budget.readings = None
 
 
 def _inspecting(name: str) -> Any:
@@ -175,6 +181,39 @@ def _inspecting(name: str) -> Any:
 
     inspecting.__name__ = name
     return inspecting
+
+
+# Looks inside a content that can be asked again of another conversation's content, marked and plain,
+# without a render (render._Skeleton.replays): a yes/no question with plain arguments, asked of a content
+# object the render was given (not of a string made from it: `content.strip().startswith(x)` is not
+# `content.startswith(x)`). Qwen3 asks `'</think>' in content` and `content.startswith('<tool_response>')`.
+READINGS = frozenset({"__contains__", "startswith", "endswith", "__eq__", "__ne__"})
+
+
+def _plain_argument(value: Any) -> bool:
+    if type(value) is tuple:
+        return all(_plain_argument(item) for item in value)
+    return type(value) in (str, int, bool) or value is None
+
+
+def _reading(name: str) -> Any:
+    method = getattr(str, name)
+
+    def reading(self: str, *args: Any, **kwargs: Any) -> Any:
+        budget = BUDGET.get(None)
+        if budget is None:
+            return method(self, *args, **kwargs)
+        budget.inspected = True
+        readings, budget.readings = budget.readings, None  # kept only if this look can be asked again
+        result = method(self, *args, **kwargs)
+        index = budget.contents.get(id(self))
+        if readings is not None and index is not None and not kwargs and _plain_argument(args) and type(result) is bool:
+            readings.append((index, name, args, result))
+            budget.readings = readings
+        return result
+
+    reading.__name__ = name
+    return reading
 
 
 for _name in sorted(vars(str)):
@@ -199,7 +238,7 @@ for _name in sorted(vars(str)):
         "maketrans",
         *_COPYING_METHODS,
     } and callable(getattr(str, _name)):
-        setattr(Tracked, _name, _inspecting(_name))
+        setattr(Tracked, _name, _reading(_name) if _name in READINGS else _inspecting(_name))
 Tracked.__hash__ = _inspecting("__hash__")  # type: ignore[method-assign]
 
 
@@ -542,10 +581,10 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             _check_method(owner, getattr(__obj, "__name__", ""), args, kwargs)
         # calls reach str.format past the method table (the sandbox formats itself), and any
         # function given a marked content may look at it
-        if (isinstance(owner, Tracked) and __obj.__name__ not in _COPYING_METHODS) or _is_tracked(
-            (*args, *kwargs.values())
+        if _is_tracked((*args, *kwargs.values())) or (
+            isinstance(owner, Tracked) and __obj.__name__ not in _COPYING_METHODS and __obj.__name__ not in READINGS
         ):
-            budget.inspected = True
+            _inspected()  # a reading (startswith, endswith) is noted by Tracked's own method, which runs next
         if not isinstance(__obj, Macro):
             result = super().call(__context, __obj, *args, **kwargs)
             if isinstance(result, list | tuple | dict):  # dict(a=x, b=x), x.copy(): built like a literal

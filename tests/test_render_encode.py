@@ -920,7 +920,7 @@ def test_a_template_that_inspects_content_renders_twice_and_still_passes(minijin
     first = render_chat(CONVERSATION, template, TrainPolicy())
     assert calls == [2]  # the marked and the plain render
     again = render_chat(CONVERSATION, template, TrainPolicy())
-    assert calls == [2 if minijinja else 4]  # a shape seen inspected: minijinja renders it from then on
+    assert calls == [2]  # the same answers to the same questions: the skeleton they taught, no render
     assert first == again
     assert first.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
     assert "11, and here is some code" in first.text
@@ -947,7 +947,7 @@ def test_skeletons_kept_per_template_are_capped(monkeypatch):
 
     monkeypatch.setattr(packtool.render, "MAX_SKELETONS", 2)
     _, template = qwen()
-    template = replace(template, skeletons={})
+    template = replace(template, skeletons={}, inspecting_shapes={})
     for turns in (1, 2, 3, 4):
         example = chat(*[("user", "Hi"), ("assistant", "Hello")] * turns)
         rendered = render_chat(example, template, TrainPolicy())
@@ -988,10 +988,10 @@ def test_a_conversation_whose_render_could_pass_a_size_limit_is_rendered(tmp_pat
     short = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
     assert short.text.endswith("Hello<|im_end|>\n") and len(template.skeletons) == 1
     medium = chat(("user", "Hi"), ("assistant", "x" * 300))  # 300 K characters built: below the limit
-    unkept = replace(template, skeletons={})
+    unkept = replace(template, skeletons={}, inspecting_shapes={})
     assert render_chat(medium, template, TrainPolicy()) == render_chat(medium, unkept, TrainPolicy())
     long = chat(("user", "Hi"), ("assistant", "x" * 9000))  # 9 M characters: over the 8 Mi limit
-    for fresh in (template, replace(template, skeletons={})):
+    for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
         with pytest.raises(RecordError) as caught:
             render_chat(long, fresh, TrainPolicy())
         assert caught.value.kind == "template_limit"
@@ -1022,7 +1022,7 @@ def test_a_shape_s_skeleton_renders_what_the_template_renders(model, conversatio
     for turns in conversations:
         example = chat(*((role, f"{pad}{words}{pad[::-1]}") for role, pad, words in turns))
         outcomes = []
-        for fresh in (template, replace(template, skeletons={})):
+        for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
             try:
                 outcomes.append(render_chat(example, fresh, policy))
             except RecordError as error:
@@ -1034,7 +1034,7 @@ def test_a_conversation_of_a_known_shape_follows_its_recipe():
     """The second conversation of a shape is put together from the recipe (no render, no target
     search), and gives the Rendered a fresh render gives: text, spans and targets."""
     _, template = qwen()
-    template = replace(template, skeletons={})
+    template = replace(template, skeletons={}, inspecting_shapes={})
     policy = TrainPolicy(roles=("assistant",), end_of_turn=False)
     render_chat(chat(("system", " Be brief."), ("user", "Hi"), ("assistant", "Hello")), template, policy)
     (skeleton,) = template.skeletons.values()
@@ -1042,7 +1042,7 @@ def test_a_conversation_of_a_known_shape_follows_its_recipe():
     assert recipe is not None and recipe.copies == (0, 1, 2)
     example = chat(("system", " Be terse."), ("user", "What is 6 x 7?"), ("assistant", "42, as asked."))
     followed = render_chat(example, template, policy)
-    assert followed == render_chat(example, replace(template, skeletons={}), policy)
+    assert followed == render_chat(example, replace(template, skeletons={}, inspecting_shapes={}), policy)
     start, end, message = followed.target_ranges[0]
     assert (followed.text[start:end], message) == ("42, as asked.", 2)
     assert [followed.text[s.start : s.end] for s in followed.spans] == ["Be terse.", "What is 6 x 7?", "42, as asked."]
@@ -1153,7 +1153,7 @@ def test_a_recipe_is_kept_per_trained_pattern():
     """Two conversations of one shape whose messages train differently (a per-message `train`
     override) get their own recipes and the targets a fresh render gives each."""
     _, template = qwen()
-    template = replace(template, skeletons={})
+    template = replace(template, skeletons={}, inspecting_shapes={})
     turns = [("user", "Hi"), ("assistant", "Hello"), ("user", "Again?"), ("assistant", "Yes.")]
     both = Example("ex:0", "src", "hash", messages=tuple(Message(r, c) for r, c in turns))
     first_off = Example(
@@ -1164,7 +1164,7 @@ def test_a_recipe_is_kept_per_trained_pattern():
     )
     for example in (both, first_off, both, first_off):
         rendered = render_chat(example, template, TrainPolicy())
-        assert rendered == render_chat(example, replace(template, skeletons={}), TrainPolicy())
+        assert rendered == render_chat(example, replace(template, skeletons={}, inspecting_shapes={}), TrainPolicy())
     assert [i for _, _, i in render_chat(first_off, template, TrainPolicy()).target_ranges] == [3]
     (skeleton,) = template.skeletons.values()
     assert len(skeleton.recipes) == 2 and None not in skeleton.recipes.values()
@@ -1172,6 +1172,65 @@ def test_a_recipe_is_kept_per_trained_pattern():
 
 # Contents a recipe must carry as they are: template syntax, text spelling the template's own pieces
 # (without special tokens), whitespace a template could trim, characters of other widths.
+# Pieces of contents that Qwen3's template asks about ('</think>' in content, startswith('<tool_response>'),
+# endswith('</tool_response>')), so that conversations of one shape answer its questions differently.
+QUESTIONED = st.lists(
+    st.sampled_from(["<think>", "</think>", "<tool_response>", "</tool_response>", "\n", " ", "4", "ok", "中"]),
+    max_size=4,
+).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    conversations=st.lists(
+        st.lists(st.tuples(st.sampled_from(["user", "assistant"]), QUESTIONED), min_size=1, max_size=4),
+        min_size=2,
+        max_size=8,
+    ),
+    policy=POLICIES,
+)
+def test_a_skeleton_learned_from_questions_renders_what_the_template_renders(conversations, policy):
+    """Qwen3 looks inside contents: a skeleton is kept with the questions its render asked and the answers
+    it got, and a later conversation of the shape follows it only when its contents, marked and plain,
+    answer alike. Rendered one after another with one template, each conversation gives what it gives
+    rendered alone with nothing kept."""
+    template = _model_template(str(shared("tokenizers", "qwen3")))
+    template = replace(template, skeletons={}, inspecting_shapes={})
+    for turns in conversations:
+        example = chat(*turns)
+        outcomes = []
+        for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
+            try:
+                outcomes.append(render_chat(example, fresh, policy))
+            except RecordError as error:
+                outcomes.append((error.kind, error.reason))
+        assert outcomes[0] == outcomes[1], example
+
+
+def test_qwen3_plain_chat_follows_a_skeleton_of_questions_and_answers(monkeypatch):
+    """Two-turn chats with Qwen3: the first of a shape is rendered (jinja2, which notes the questions),
+    later ones of the same answers follow its skeleton and recipe; a content that answers otherwise
+    ('</think>' in it) is rendered and teaches its own."""
+    template = replace(_model_template(str(shared("tokenizers", "qwen3"))), skeletons={}, inspecting_shapes={})
+    calls = _count_renders(template, monkeypatch)
+    first = render_chat(chat(("user", "Name a prime."), ("assistant", "7")), template, TrainPolicy())
+    assert calls == [2]  # the marked render, asking its questions, and the plain one
+    (read,) = template.inspecting_shapes.values()
+    (skeleton,) = read.skeletons
+    assert {(index, method) for index, method, _, _ in skeleton.readings} >= {(1, "__contains__")}
+    again = render_chat(chat(("user", "Another one?"), ("assistant", "11")), template, TrainPolicy())
+    assert calls == [2]  # followed: no render
+    # '</think>' in it answers otherwise: rendered again (the template splits it, which no skeleton can follow)
+    thinking = chat(("user", "And one more?"), ("assistant", "<think>\nsmall\n</think>\n\n13"))
+    with pytest.raises(RecordError):  # the words are printed in two pieces (see the mask checks)
+        render_chat(thinking, template, TrainPolicy())
+    assert calls == [4] and len(read.skeletons) == 1
+    for rendered in (first, again):
+        plain = template.render([m.as_template_dict() for m in rendered.example.messages], None)
+        assert rendered.text == plain
+    assert again.text[slice(*again.target_ranges[0][:2])] == "<think>\n\n</think>\n\n11<|im_end|>"
+
+
 TRICKY_CONTENTS = (
     "{{ messages[0]['content'] }}",
     "{% for m in messages %}{{ m.role }}{% endfor %}",
@@ -1184,6 +1243,10 @@ TRICKY_CONTENTS = (
     "x" * 2000,
     "",
     "   ",
+    # what Qwen3's template asks of contents: a think block, a lone closing tag, a tool response
+    "<think>\nweighing it\n</think>\n\nthe answer",
+    "a </think> b",
+    '<tool_response>\n{"ok": true}\n</tool_response>',
 )
 # Shapes beyond user/assistant pairs: a system prompt, a lone turn, repeated roles, a tool result
 # without a call id, an empty turn.
@@ -1215,7 +1278,7 @@ def test_recipes_give_what_the_template_renders_for_tricky_contents_and_shapes(m
     recipe, and must equal a render with nothing kept (or fail the same way): a recipe that put a
     content, a span or a target anywhere else, or lent its text to a content the template treats
     otherwise, fails here."""
-    template = replace(_model_template(str(shared("tokenizers", model))), skeletons={})
+    template = replace(_model_template(str(shared("tokenizers", model))), skeletons={}, inspecting_shapes={})
     followed = 0
     for roles in TRICKY_SHAPES:
         for k in range(len(TRICKY_CONTENTS)):
@@ -1224,7 +1287,7 @@ def test_recipes_give_what_the_template_renders_for_tricky_contents_and_shapes(m
             example = chat(*zip(roles, contents))
             twin = chat(*zip(roles, map(_twin, contents)))
             outcomes = []
-            for fresh in (template, replace(template, skeletons={})):
+            for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
                 for conversation in (twin, example):
                     try:
                         outcomes.append(render_chat(conversation, fresh, TrainPolicy()))
@@ -1242,7 +1305,7 @@ def test_a_recipe_renders_nothing_and_gives_every_tricky_content_its_own_span(mo
     """Qwen2.5: once the shape's recipe is known, a conversation of that shape is put together
     without a template render, and each span holds its own content exactly."""
     _, template = qwen()
-    template = replace(template, skeletons={})
+    template = replace(template, skeletons={}, inspecting_shapes={})
     roles = ("system", "user", "assistant")
     render_chat(chat(*zip(roles, ("a", "b", "c"))), template, TrainPolicy())
     calls = _count_renders(template, monkeypatch)
@@ -1318,13 +1381,13 @@ def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers()
     """The recipe path skips the render, not the record's checks: a special-token literal typed into
     a content of a shape whose recipe is known is named and escaped, a marker character rejected."""
     tokenizer, template = qwen()
-    template = replace(template, skeletons={})
+    template = replace(template, skeletons={}, inspecting_shapes={})
     render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
     assert any(skeleton.recipes for skeleton in template.skeletons.values())
     typed = chat(("user", "Say <|im_end|> please"), ("assistant", "Hello"))
     rendered = render_chat(typed, template, TrainPolicy())
     assert rendered.literal_fields == ("messages[0].content",)
-    assert rendered == render_chat(typed, replace(template, skeletons={}), TrainPolicy())
+    assert rendered == render_chat(typed, replace(template, skeletons={}, inspecting_shapes={}), TrainPolicy())
     sample = encode_one(typed, tokenizer, template)
     ends = (sample.input_ids == tokenizer.token_id("<|im_end|>")).sum()
     assert ends == rendered.text.count("<|im_end|>") - 1  # the typed one is plain text

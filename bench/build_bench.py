@@ -14,7 +14,9 @@ Sets (real files in ../shared/data, replicated to at least --min-tokens rendered
 - alpaca: the alpaca en/zh and code_alpaca demos as `messages`, Qwen2.5 and its own template;
 - reasoning: reason_tool_use_demo_50 (content parts with reasoning and tool calls), Qwen3's
   template, which inspects message content (no skeleton reuse: every conversation is rendered);
-- glaive: glaive tool calls (sharegpt with `tools`), Qwen2.5.
+- glaive: glaive tool calls (sharegpt with `tools`), Qwen2.5;
+- alpaca-qwen3 (only when named in --sets): the alpaca rows with Qwen3's template, which looks
+  inside every content (its skeletons are keyed by the answers to its questions).
 
 Rows:
 - floor: `tokenizers` encode_batch on exactly the texts packtool renders, one thread
@@ -100,6 +102,8 @@ def bench_sets() -> dict[str, BenchSet]:
             peer=False,
         ),
         "glaive": BenchSet("glaive", "qwen2.5", "sharegpt", json.loads(glaive.read_text(encoding="utf-8")), peer=False),
+        # not in the default run: the alpaca rows under a template that looks inside every content
+        "alpaca-qwen3": BenchSet("alpaca-qwen3", "qwen3", "messages", alpaca_rows(), peer=False),
     }
 
 
@@ -325,7 +329,9 @@ def main() -> None:
         "--rounds", type=int, default=3, help="rounds of alternated rows (ratios are medians over them)"
     )
     parser.add_argument("--min-tokens", type=float, default=1.5e6, help="rendered tokens per set, at least")
-    parser.add_argument("--sets", default="alpaca,reasoning,glaive", help="comma-separated: alpaca, reasoning, glaive")
+    parser.add_argument(
+        "--sets", default="alpaca,reasoning,glaive", help="comma-separated: alpaca, reasoning, glaive, alpaca-qwen3"
+    )
     parser.add_argument("--skip-peer", action="store_true", help="leave out the transformers/TRL pipeline")
     parser.add_argument(
         "--baseline", type=Path, help="a folder holding another packtool package: its -j 1 runs in the same rounds"

@@ -181,11 +181,15 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Wall seconds, CPU-seconds (the process and every child it waited for) and stdout of one run."""
+def measure(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, str]:
+    """Wall seconds, CPU-seconds (the process and every child it waited for) and stdout of one run.
+
+    `cwd` is the bench's work folder: `python -m` and `-c` put the working directory first on sys.path,
+    so run from the repository they import its `packtool` whatever PYTHONPATH says (a baseline row
+    run from there timed the current code)."""
     cpu = children_cpu()
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd, check=False)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
@@ -214,16 +218,16 @@ def prepare(
     env = {"PYTHONPATH": str(ROOT)}
     texts = folder / f"{bench.name}-texts.json"
     tokenizer_file = str(TOKENIZERS / bench.tokenizer / "tokenizer.json")
-    _, _, out = measure([sys.executable, "-c", RENDER, str(write_config(folder, bench, one)), str(texts)], env)
-    _, _, counted = measure([sys.executable, "-c", FLOOR, tokenizer_file, str(texts)], {})
+    _, _, out = measure([sys.executable, "-c", RENDER, str(write_config(folder, bench, one)), str(texts)], env, folder)
+    _, _, counted = measure([sys.executable, "-c", FLOOR, tokenizer_file, str(texts)], {}, folder)
     copies = max(1, int(-(-min_tokens // json.loads(counted)["tokens"])))
 
     data = folder / f"{bench.name}.jsonl"
     data.write_text(one.read_text(encoding="utf-8") * copies, encoding="utf-8")
     config = write_config(folder, bench, data)
-    _, _, out = measure([sys.executable, "-c", RENDER, str(config), str(texts)], env)
+    _, _, out = measure([sys.executable, "-c", RENDER, str(config), str(texts)], env, folder)
     info = {**json.loads(out), "copies": copies}
-    _, _, counted = measure([sys.executable, "-c", FLOOR, tokenizer_file, str(texts)], {})
+    _, _, counted = measure([sys.executable, "-c", FLOOR, tokenizer_file, str(texts)], {}, folder)
     info["tokens"] = json.loads(counted)["tokens"]
 
     build = [sys.executable, "-m", "packtool", "build", str(config), "-q", "--no-cache"]
@@ -244,8 +248,12 @@ def prepare(
         rows.append(
             Row("packtool build -j 1, baseline", [*build, "-j", "1"], {"PYTHONPATH": str(baseline), **compiled})
         )
-    for row in rows[1:]:  # compile each packtool once before the rounds
-        measure([sys.executable, "-c", "import packtool.cli, packtool.builder, packtool.stats"], row.env)
+    for row in rows[1:]:  # compile each packtool once before the rounds, and check which one each row runs
+        importing = "import packtool, packtool.cli, packtool.builder, packtool.stats; print(packtool.__file__)"
+        _, _, imported = measure([sys.executable, "-c", importing], row.env, folder)
+        expected = Path(row.env["PYTHONPATH"]).resolve()
+        if not Path(imported.strip()).resolve().is_relative_to(expected):
+            raise SystemExit(f"{row.name}: imports {imported.strip()}, not the packtool in {expected}")
     if bench.peer and not skip_peer:
         peer = [sys.executable, "-c", PEER, str(TOKENIZERS / bench.tokenizer), str(data), str(folder / "peer.parquet")]
         rows.append(Row("transformers + datasets.map(2) + TRL bfd", peer, {"HF_HUB_OFFLINE": "1"}, fresh_cache=True))
@@ -276,7 +284,7 @@ def _run(row: Row, folder: Path, round_: int) -> tuple[float, float]:
     if row.fresh_cache:
         cache = folder / f"hf-cache-{round_}"
         command, env = [*command, str(cache), str(CAPACITY)], {**env, "HF_DATASETS_CACHE": str(cache)}
-    seconds, cpu, out = measure(command, env)
+    seconds, cpu, out = measure(command, env, folder)
     if row.reports_own_time:
         own = json.loads(out)
         seconds, cpu = own["seconds"], own["cpu"]

@@ -1010,6 +1010,21 @@ POLICIES = st.builds(
 )
 
 
+def _rendered_or_rejected(example, template, policy):
+    try:
+        return render_chat(example, template, policy)
+    except RecordError as error:
+        return (error.kind, error.reason)
+
+
+def _assert_kept_renders_as_fresh(example, template, policy):
+    """A render through what `template` has kept (skeletons, recipes) equals a render with nothing kept,
+    or fails the same way."""
+    fresh = replace(template, skeletons={}, inspecting_shapes={})
+    kept = _rendered_or_rejected(example, template, policy)
+    assert kept == _rendered_or_rejected(example, fresh, policy), example
+
+
 @pytest.mark.parametrize("model", PARITY_MODELS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(conversations=st.lists(st.lists(TURN, min_size=1, max_size=4), min_size=2, max_size=6), policy=POLICIES)
@@ -1021,13 +1036,7 @@ def test_a_shape_s_skeleton_renders_what_the_template_renders(model, conversatio
     template = _model_template(str(folder))
     for turns in conversations:
         example = chat(*((role, f"{pad}{words}{pad[::-1]}") for role, pad, words in turns))
-        outcomes = []
-        for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
-            try:
-                outcomes.append(render_chat(example, fresh, policy))
-            except RecordError as error:
-                outcomes.append((error.kind, error.reason))
-        assert outcomes[0] == outcomes[1], example
+        _assert_kept_renders_as_fresh(example, template, policy)
 
 
 def test_a_conversation_of_a_known_shape_follows_its_recipe():
@@ -1198,13 +1207,7 @@ def test_a_skeleton_learned_from_questions_renders_what_the_template_renders(con
     template = replace(template, skeletons={}, inspecting_shapes={})
     for turns in conversations:
         example = chat(*turns)
-        outcomes = []
-        for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
-            try:
-                outcomes.append(render_chat(example, fresh, policy))
-            except RecordError as error:
-                outcomes.append((error.kind, error.reason))
-        assert outcomes[0] == outcomes[1], example
+        _assert_kept_renders_as_fresh(example, template, policy)
 
 
 def test_qwen3_plain_chat_follows_a_skeleton_of_questions_and_answers(monkeypatch):

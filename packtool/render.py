@@ -356,8 +356,9 @@ class _Skeleton:
 
 # Renders by jinja2 (which notes the questions) of a shape that looks inside its contents, before
 # minijinja renders the conversations of that shape that no skeleton learned from them fits: each
-# answer pattern (Qwen3: a content holding `</think>` or not) costs one such render.
-MAX_READ_TRIES = 16
+# answer pattern (Qwen3: a content holding `</think>` or not) costs one such render, and a template
+# whose looks are never questions pays this many jinja2 renders per shape where it paid one.
+MAX_READ_TRIES = 8
 
 
 @dataclass(slots=True)

@@ -623,8 +623,7 @@ def run() -> NoReturn:
     except OSError as error:
         if not _raised_by_echo(error):  # not the output's failure: a bug, with its traceback
             raise
-        with suppress(OSError):
-            print(f"Error: writing the output: {error.strerror or error}", file=sys.stderr)
+        _output_failed(error)
         status = 1
     others = [thread for thread in threading.enumerate() if thread is not threading.main_thread()]
     if any(thread.is_alive() and not thread.daemon for thread in others):
@@ -632,8 +631,7 @@ def run() -> NoReturn:
     atexit._run_exitfuncs()
     failure = _flush_output()
     if failure is not None:
-        with suppress(OSError):
-            print(f"Error: standard output: {failure.strerror or failure}", file=sys.stderr)
+        _output_failed(failure)
         status = status or 1
     with suppress(OSError):
         sys.stderr.flush()
@@ -653,6 +651,11 @@ def _raised_by_echo(error: OSError) -> bool:
     """Whether the error came from printing (a full disk under a redirect; click itself ends a closed
     pipe quietly with exit 1): every command prints through click.echo."""
     return any(frame.f_code is click.echo.__code__ for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def _output_failed(error: OSError) -> None:
+    with suppress(OSError):
+        print(f"Error: writing the output: {error.strerror or error}", file=sys.stderr)
 
 
 def _flush_output() -> OSError | None:

@@ -39,6 +39,7 @@ from packtool.config import TrainPolicy
 from packtool.errors import RecordError, TemplateRaised
 from packtool.records import Example, Message, Rendered, Span, spells_literal
 from packtool.sandbox import (
+    CONTENT_MARKS,
     GENERATION_CLOSE,
     GENERATION_OPEN,
     MARK_BASE,
@@ -257,7 +258,6 @@ def _shape(example: Example, cores: list[str]) -> tuple[tuple[str, str, str | No
 # Skeletons kept per template: real data has a few shapes (turn counts, whitespace habits); data
 # with many more (every conversation its own) must not grow memory without bound.
 MAX_SKELETONS = 4096
-_MESSAGE_MARKS = re.compile("[\U00100000-\U0010ffef]")
 # How much longer than its content a copy of it can get: tojson writes a character outside the
 # Basic Multilingual Plane as two \uXXXX escapes.
 _TOJSON_GROWTH = 12
@@ -296,7 +296,7 @@ class _Skeleton:
         literals: list[str] = []
         copies: list[int] = []
         start, opened = 0, -1
-        for match in _MESSAGE_MARKS.finditer(marked):
+        for match in CONTENT_MARKS.finditer(marked):
             index, is_close = divmod(ord(match.group()) - MARK_BASE, 2)
             if index >= len(cores):
                 return None

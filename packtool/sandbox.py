@@ -252,13 +252,13 @@ def _holds_containers(values: Iterable[Any]) -> bool:
 
 # The sentinels around a marked content's core (open_mark, close_mark): the data holds none (render
 # rejects a record that does), so a string holding one was made from a content.
-_CONTENT_MARKS = re.compile(f"[{chr(MARK_BASE)}-{chr(ord(GENERATION_OPEN) - 1)}]")
+CONTENT_MARKS = re.compile(f"[{chr(MARK_BASE)}-{chr(ord(GENERATION_OPEN) - 1)}]")
 
 
 def _holds_content(result: Any) -> bool:
     """Whether a string holds (part of) a marked content, however it was made: a filter or call given
     a generator (`messages | map(attribute='content') | join`) has no container argument to show it."""
-    return isinstance(result, str) and not isinstance(result, Tracked) and _CONTENT_MARKS.search(result) is not None
+    return isinstance(result, str) and not isinstance(result, Tracked) and CONTENT_MARKS.search(result) is not None
 
 
 def _tainted(result: Any) -> Any:

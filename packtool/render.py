@@ -826,16 +826,20 @@ def _end_of_turn(
     include: bool,
     skip: tuple[tuple[int, int], ...] = (),
 ) -> int | None:
-    found = []
+    """Where the first end marker in text[start:limit] starts (or ends, with `include`); None without one.
+    Markers starting in a `skip` range are data, not structure."""
+    first: tuple[int, str] | None = None
     for marker in markers:
-        at = text.find(marker, start, limit)
+        # once a marker is found, another one matters only if it starts no later
+        end = limit if first is None else min(limit, first[0] + len(marker))
+        at = text.find(marker, start, end)
         while at >= 0 and _in_any(at, skip):
-            at = text.find(marker, at + 1, limit)
-        if at >= 0:
-            found.append((at, marker))
-    if not found:
+            at = text.find(marker, at + 1, end)
+        if at >= 0 and (first is None or (at, marker) < first):
+            first = (at, marker)
+    if first is None:
         return None
-    at, marker = min(found)
+    at, marker = first
     return at + len(marker) if include else at
 
 

@@ -16,7 +16,7 @@ from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
-from packtool.render import _MARKERS, _holds_marker, _printed_at, render_chat, render_text
+from packtool.render import _MARKERS, _end_of_turn, _holds_marker, _printed_at, render_chat, render_text
 from packtool.sources import read_source
 
 
@@ -1363,13 +1363,13 @@ LITERAL_CHARACTERS = st.sampled_from(list("<|>[]\\^-a b\n\"'.*"))
 @settings(max_examples=300, deadline=None)
 @given(
     literals=st.lists(st.text(LITERAL_CHARACTERS, min_size=1, max_size=4), min_size=1, max_size=5),
-    text=st.text(LITERAL_CHARACTERS, max_size=30),
+    text=st.text(LITERAL_CHARACTERS, max_size=200),
     data=st.data(),
 )
 def test_a_literal_is_looked_for_as_the_regex_finds_it(literals, text, data):
-    """spells_literal looks for the literals' first characters before searching: it answers what the
-    pattern's own search answers, for any range, whatever characters the literals start with
-    (regex syntax included)."""
+    """spells_literal tries the pattern where the literals' first characters are, and past 32 such
+    places searches with the regex: it answers what the pattern's own search answers, for any range,
+    whatever characters the literals start with (regex syntax included)."""
     from packtool.records import literal_pattern, spells_literal
 
     pattern = literal_pattern(literals)
@@ -1378,6 +1378,38 @@ def test_a_literal_is_looked_for_as_the_regex_finds_it(literals, text, data):
     end = data.draw(st.integers(start, len(text)))
     assert spells_literal(pattern, text, start, end) == (pattern.search(text, start, end) is not None)
     assert spells_literal(pattern, text) == (pattern.search(text) is not None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(st.sampled_from(list("<|>ab")), max_size=40),
+    markers=st.lists(st.text(st.sampled_from(list("<|>ab")), min_size=1, max_size=3), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_the_end_of_a_turn_is_the_first_marker_outside_data(text, markers, data):
+    """_end_of_turn narrows its search once a marker is found; it answers what looking for every marker
+    over the whole range does: the earliest start outside the skipped ranges (ties: the smaller marker)."""
+    start = data.draw(st.integers(0, len(text)))
+    limit = data.draw(st.integers(start, len(text)))
+    skip = tuple(
+        (a, a + data.draw(st.integers(0, 5))) for a in data.draw(st.lists(st.integers(0, len(text)), max_size=3))
+    )
+    found = [
+        (at, marker)
+        for marker in markers
+        for at in range(start, limit - len(marker) + 1)
+        if text.startswith(marker, at) and not any(a <= at < b for a, b in skip)
+    ]
+    first = min(found, default=None)
+    for include in (False, True):
+        expected = None if first is None else first[0] + (len(first[1]) if include else 0)
+        assert _end_of_turn(text, start, limit, tuple(markers), include=include, skip=skip) == expected
+
+
+def test_markers_starting_at_the_same_place_end_the_turn_the_same_way_whichever_is_listed_first():
+    for markers in (("ab", "a"), ("a", "ab")):
+        assert _end_of_turn("xxab", 0, 4, markers, include=True) == 3
+    assert _end_of_turn("xxab", 0, 4, ("b", "ab"), include=False, skip=((2, 3),)) == 3
 
 
 def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers():

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.arrow import int32_offsets, list_values, lists, numbers, offsets_of, strings
+from packtool.arrow import int32_offsets, list_values, lists, numbers, offsets_of, strings, true_counts
 from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import (
     IGNORE_INDEX,
@@ -197,9 +197,7 @@ class PackColumns:
 
     def n_targets(self) -> np.ndarray:
         """Each pack's labels that are not -100."""
-        running = np.zeros(len(self.labels) + 1, dtype=np.int64)
-        np.cumsum(self.labels != IGNORE_INDEX, out=running[1:])
-        return np.diff(running[self.token_offsets])
+        return true_counts(self.labels != IGNORE_INDEX, self.token_offsets[:-1], self.token_offsets[1:])
 
     def attn_cost(self) -> np.ndarray:
         """Each pack's sum of squared attention segment lengths (format.attn_cost)."""

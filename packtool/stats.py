@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.arrow import list_parts, list_values
+from packtool.arrow import list_parts, list_values, true_counts
 from packtool.config import ITEM_FORMATS
 from packtool.errors import PackFormatError, PacktoolError
 from packtool.format import KIND_CODES, Interleaving, Manifest, attn_cost_of_lengths, first_broken_pack
@@ -150,10 +150,9 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
         bounds = docs.astype(np.int64) + pack_start
         inner = _inner(doc_offsets)
         doc_start, doc_end = bounds[inner - 1], bounds[inner]
-        running = np.zeros(len(labels) + 1, dtype=np.int64)
-        np.cumsum(labels != IGNORE_INDEX, out=running[1:])
-        targets += int(running[-1])
-        doc_lengths, doc_targets = doc_end - doc_start, running[doc_end] - running[doc_start]
+        trained = labels != IGNORE_INDEX
+        targets += int(np.count_nonzero(trained))
+        doc_lengths, doc_targets = doc_end - doc_start, true_counts(trained, doc_start, doc_end)
         sources = [name for chunk in table.column("sources").chunks for name in list_values(chunk).to_pylist()]
         repeated = list_parts(table.column("sample_repeats"))[1] > 0
         if not len(sources) == len(repeated) == len(doc_lengths):

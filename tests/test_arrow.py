@@ -18,6 +18,7 @@ from packtool.arrow import (
     offsets_of,
     string_lists,
     strings,
+    true_counts,
 )
 
 
@@ -212,3 +213,14 @@ def test_content_digest_names_a_fields_metadata():
     kind = pa.struct([marked])
     plain = pa.array([{"x": "1"}], pa.struct([pa.field("x", pa.string())]))
     assert _digest(pa.array([{"x": "1"}], kind)) != _digest(plain)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_true_counts_counts_each_range_as_a_slice_sum_would(seed):
+    """Empty ranges, ranges at either end, ranges that overlap or repeat, an all-false mask."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random(int(rng.integers(0, 300))) < (0.0 if seed == 0 else rng.random())
+    starts = rng.integers(0, len(mask) + 1, 40)
+    ends = np.minimum(starts + rng.integers(0, 50, 40), len(mask))
+    counts = true_counts(mask, starts, ends)
+    assert counts.tolist() == [int(mask[a:b].sum()) for a, b in zip(starts, ends)]

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrow import as_numpy, lists, number_lists, numbers, offsets_of, string_lists, strings
+from packtool.arrow import as_numpy, lists, number_lists, numbers, offsets_of, string_lists, strings, true_counts
 from packtool.records import Tokenized
 
 BATCH_ROWS = 4096  # samples per record batch: small enough to buffer, large enough to amortize headers
@@ -198,9 +198,7 @@ def _n_targets(targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     targets  [0 1 1 | 1 0 1 | ]     offsets [0 3 6 6]
     sums       2       2      0     first tokens 0, 1, (none)     n_targets [2 1 0]
     """
-    running = np.zeros(len(targets) + 1, dtype=np.int64)
-    np.cumsum(targets, out=running[1:])
-    counts = running[offsets[1:]] - running[offsets[:-1]]
+    counts = true_counts(targets, offsets[:-1], offsets[1:])
     starts = offsets[:-1][offsets[1:] > offsets[:-1]]
     counts[offsets[1:] > offsets[:-1]] -= targets[starts]
     return counts.astype(np.int32)

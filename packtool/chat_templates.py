@@ -54,9 +54,6 @@ class ChatTemplate:
     # which engine renders samples that need a render, and why, for the build summary and the audit.
     fast: MiniTemplate | None = field(default=None, compare=False, repr=False)
     engine: str = "jinja2"
-    # A probe render looked inside a content (see sandbox.Tracked): minijinja renders the samples
-    # of no _shape (tools, calls, reasoning), where jinja2 would render twice.
-    inspects_content: bool = False
     # Shapes whose jinja2 render looked inside a content -> the skeletons learned from renders that only
     # asked yes/no questions of contents, with the answers (render._ReadSkeletons); minijinja renders
     # those of the shape that none of them fits, once jinja2 has had its tries.
@@ -308,14 +305,12 @@ def _with_minijinja(
         )
     except NotQualified as exc:
         if not MINIJINJA_INSTALLED and not any(inspected for *_, inspected in _probe_renders(template)):
-            return replace(template, engine="jinja2 (it does not inspect content)")  # minijinja would not pay here
+            # plain chat renders once per shape here: the extra would speed up only conversations with
+            # tools, tool calls or reasoning, so the summary does not send every user to install it
+            return replace(template, engine="jinja2 (it does not inspect content)")
         return replace(template, engine=f"jinja2 (minijinja: {exc})")
-    inspects = False
-    for conversation, tools, prompt, expected, inspected in _probe_renders(template):
-        inspects = inspects or inspected
+    for conversation, tools, prompt, expected, _ in _probe_renders(template):
         if fast.render(conversation, tools, add_generation_prompt=prompt) != expected:
             return replace(template, engine="jinja2 (minijinja prints other text on a probe conversation)")
-    # minijinja pays where jinja2 renders twice: a template that never inspects content keeps jinja2
-    # (one render, then render recipes) unless a shape of its data turns out to inspect (render_chat)
-    engine = "minijinja" if inspects else "jinja2 (it does not inspect content; minijinja qualifies)"
-    return replace(template, fast=fast, engine=engine, inspects_content=inspects)
+    # minijinja renders the conversations no skeleton covers (render_chat); jinja2 teaches the skeletons
+    return replace(template, fast=fast, engine="minijinja")

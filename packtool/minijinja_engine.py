@@ -1,9 +1,10 @@
-"""A second engine for chat templates that inspect content: minijinja, where it is proven to print jinja2's bytes.
+"""A second engine for chat templates: minijinja, where it is proven to print jinja2's bytes.
 
-A template that looks inside message contents (Qwen3 splits `</think>` out of every assistant turn)
-cannot reuse a render recipe, so each of its samples is rendered twice (marked and plain, see
-packtool.render) in the jinja2 sandbox. minijinja (a compiled Jinja engine, the optional extra
-`packtool[minijinja]`) renders the same template about ten times faster (bench/render_bench.py).
+A conversation that takes no render skeleton (it brings tools, tool calls or reasoning, or its template
+looks inside its contents as Qwen3 splits `</think>` out of every assistant turn) is rendered on its
+own, marked and plain (see packtool.render). minijinja (a compiled Jinja engine, the optional extra
+`packtool[minijinja]`) renders the same template about ten times faster than the jinja2 sandbox
+(bench/render_bench.py), so its two renders cost less than jinja2's one with its tracking.
 
 It is used for a template only when all of this holds, checked once at load (`qualify`):
 

@@ -92,7 +92,7 @@ def test_a_template_qualifies_for_minijinja_or_says_why_not(source, reason, tmp_
     fast, slow = both(source, tmp_path, monkeypatch)
     assert slow.fast is None and slow.engine == f"jinja2 ({JINJA2_ONLY}=1)"
     if reason is None:
-        assert fast.fast is not None and fast.engine == "minijinja" and fast.inspects_content
+        assert fast.fast is not None and fast.engine == "minijinja"
     else:
         assert fast.fast is None and fast.engine.startswith("jinja2 (minijinja") and reason in fast.engine
 
@@ -195,9 +195,7 @@ def test_real_templates_render_every_real_row_the_same_with_either_engine(model,
     monkeypatch.setenv(JINJA2_ONLY, "1")
     slow = load_template("model", tokenizer_config, {"date": "2026-01-01"})
     assert fast.fast is not None and slow.fast is None
-    assert fast.engine == (
-        "minijinja" if model in ("qwen3", "llama-3.2") else "jinja2 (it does not inspect content; minijinja qualifies)"
-    )
+    assert fast.engine == "minijinja"
     by_minijinja = _count_rendered(monkeypatch)
     compared = 0
     for file, fmt, limit in DATASETS:
@@ -206,8 +204,9 @@ def test_real_templates_render_every_real_row_the_same_with_either_engine(model,
                 assert outcome(example, fast) == outcome(example, slow), (file, example.id)
                 compared += 1
     assert compared > 5000
-    if fast.inspects_content:  # rows with tools, calls or reasoning, and rows of shapes jinja2 saw inspected
-        assert by_minijinja[1] > 300
+    # every row with tools, calls or reasoning goes to minijinja (441 of them), which renders all but those
+    # the template raises on (Mistral-Nemo's call ids, Gemma 3's role order: 98 and 107 rendered), left to jinja2
+    assert by_minijinja[0] > 400 and by_minijinja[1] > 90
 
 
 def _count_rendered(monkeypatch: pytest.MonkeyPatch) -> list[int]:

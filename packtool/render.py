@@ -134,9 +134,10 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     # conversations of a shape whose questions no skeleton of it answered alike. A skeleton or a
     # recipe is faster still, so the shapes jinja2 can teach one keep it.
     unshaped = shape is None or (read is not None and read.tries >= MAX_READ_TRIES)
+    marked: list[dict[str, Any]] | None = None  # the messages as the marked render gets them
     if marked_text is None and template.fast is not None and unshaped:
-        marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
         plain = [m.as_template_dict() for m in messages]
+        marked = [_marked(message, i, literals) for i, message in enumerate(plain)]
         size = _template_size(example, record_json)
         texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools, size)
         stripped = _strip_markers(texts[0]) if texts is not None else None
@@ -147,7 +148,8 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
             stripped = None
     with _template_verdicts(template.name):
         if marked_text is None:
-            marked = [_marked(m, i, literals) for i, m in enumerate(messages)]
+            if marked is None:  # minijinja's pair, where it rendered, left them for jinja2 to judge
+                marked = [_marked(m.as_template_dict(), i, literals) for i, m in enumerate(messages)]
             try:
                 marked_text, spent = template.render_tracked(marked, _mark_literals(tools, literals), mark=True)
             except (TemplateRaised, TemplateLimit, jinja2.TemplateError):
@@ -661,12 +663,12 @@ def _mark_literals(value: Any, literals: re.Pattern[str] | None) -> Any:
     return value
 
 
-def _marked(message: Message, index: int, literals: re.Pattern[str] | None = None) -> dict[str, Any]:
-    """The message with its content core wrapped in sentinels; surrounding whitespace stays outside so
-    templates that trim content still produce the same text. Special-token literals in any of its
-    strings get the literal sentinel."""
-    out = _mark_literals(message.as_template_dict(), literals)
-    content = marked_content(message.content, index, lambda core: _mark_literals(core, literals))
+def _marked(message: dict[str, Any], index: int, literals: re.Pattern[str] | None = None) -> dict[str, Any]:
+    """A copy of a message's template dict (Message.as_template_dict) with its content core wrapped in
+    sentinels; surrounding whitespace stays outside so templates that trim content still produce the
+    same text. Special-token literals in any of its strings get the literal sentinel."""
+    out = _mark_literals(message, literals) if literals is not None else dict(message)
+    content = marked_content(message["content"], index, lambda core: _mark_literals(core, literals))
     if content is not None:
         out["content"] = content
     return out

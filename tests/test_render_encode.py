@@ -763,7 +763,9 @@ def test_a_template_that_branches_on_content_is_caught_with_one_render(how, tmp_
     example = chat(("user", "Hi"), ("assistant", "Hello"))
     # the marked render, sentinels cut out, differs from the plain render a serving stack sees
     plain = template.render([m.as_template_dict() for m in example.messages], None)
-    marked = template.render([_marked(m, i) for i, m in enumerate(example.messages)], None, mark=True)
+    marked = template.render(
+        [_marked(m.as_template_dict(), i) for i, m in enumerate(example.messages)], None, mark=True
+    )
     assert _strip_markers(marked)[0] != plain
     with pytest.raises(RecordError) as caught:
         render_chat(example, template, TrainPolicy())
@@ -844,7 +846,9 @@ def test_no_reading_of_a_content_goes_unnoticed(reading, tmp_path):
     template = load_template(_template_file(tmp_path, source), {})
     example = chat(("user", "Hi"), ("assistant", "Hello"))
     plain = template.render([m.as_template_dict() for m in example.messages], None)
-    marked, spent = template.render_tracked([_marked(m, i) for i, m in enumerate(example.messages)], None, mark=True)
+    marked, spent = template.render_tracked(
+        [_marked(m.as_template_dict(), i) for i, m in enumerate(example.messages)], None, mark=True
+    )
     assert spent.inspected or _strip_markers(marked)[0] == plain
 
 

@@ -63,10 +63,12 @@ from packtool.truncate import ItemTruncation, truncate_item
 
 RANGE_ROWS = 4096  # lines or rows per encode work item of a large file (see row_ranges)
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
-# Chunks rendered and tokenized at once in one process (see _outcomes). Three, not two: while one
-# thread is in the tokenizer, two others keep the GIL busy with Python (one encode item of the chat
-# bench, min of 5 alternating runs: 534-564 us per sample with 3 threads, 572-668 with 2, 595-661 with 4).
-PREPARE_THREADS = 3
+# Threads that tokenize and label rendered chunks in one process, while its reading thread renders the
+# next (see _outcomes). Two: each spends most of its time in the tokenizer, which releases the GIL, so
+# two keep two cores busy beside the renders; a third tokenizes on a core another already holds (~6%
+# more tokenizer CPU in all on 2 cores). -j 1 against three threads that each rendered too (6-8
+# alternating pairs): alpaca 0.97x, Qwen3 reasoning 0.95x, glaive 0.92x wall.
+ENCODE_THREADS = 2
 # An item's first chunk (see _chunks). Traced on the alpaca bench set, -j 1 (three items): no thread was in
 # the tokenizer for 12-16% of the encode phase with 512-record first chunks, 8-9% with these.
 FIRST_CHUNK = 64
@@ -452,18 +454,16 @@ class Stages:
         fitted = truncate_item(segments, self.config.capacity, self.config.truncation.items, too_long=too_long)
         return Outcome(item.location, item.id, fitted, roles=item_roles(item))
 
-    def prepare(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> list[Outcome]:
-        """Each input in order: its Tokenized sample or the RecordError saying why not, and whether
-        its content spells a special token."""
-        outcomes: list[Outcome | None] = []  # None: rendered, waits for its encoding
-        pending: list[tuple[Rendered, str]] = []
-        literals: list[bool] = []  # has_special_literal of each pending sample, searched once
+    def render(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> Prepared:
+        """Render each input in order; an input that cannot be rendered gets its Outcome (the RecordError
+        saying why) at once, a rendered one waits for `encode`."""
+        prepared = Prepared(source.special_tokens)
         for item in chunk:
             if isinstance(item, RecordError):
-                outcomes.append(Outcome("", item.sample_id, item))  # the error names its own file and row
+                prepared.outcomes.append(Outcome("", item.sample_id, item))  # the error names its own file and row
                 continue
             if isinstance(item, PreferencePair | CompletionGroup):
-                outcomes.append(self.fit_item(item, source))
+                prepared.outcomes.append(self.fit_item(item, source))
                 continue
             try:
                 rendered = render_example(
@@ -476,18 +476,35 @@ class Stages:
                 )
             except RecordError as error:
                 error.sample_id = item.id
-                outcomes.append(Outcome(item.location, item.id, error))
+                prepared.outcomes.append(Outcome(item.location, item.id, error))
                 continue
-            outcomes.append(None)
-            pending.append((rendered, source.special_tokens))
-            literals.append(has_special_literal(rendered, self.tokenizer))
+            prepared.outcomes.append(None)
+            prepared.rendered.append(rendered)
+            prepared.literals.append(has_special_literal(rendered, self.tokenizer))
+        return prepared
+
+    def encode(self, prepared: Prepared) -> list[Outcome]:
+        """The Outcome of each input of a rendered chunk in order: its Tokenized sample or the RecordError
+        saying why not, and whether its content spells a special token."""
         add_bos, add_eos = bool(self.config.encoding.add_bos), bool(self.config.encoding.add_eos)
-        results = encode_batch(pending, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=literals)
+        batch = [(rendered, prepared.special_tokens) for rendered in prepared.rendered]
+        results = encode_batch(batch, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=prepared.literals)
         encoded = (
             Outcome(rendered.example.location, rendered.example.id, result, literal)
-            for (rendered, _), literal, result in zip(pending, literals, results, strict=True)
+            for rendered, literal, result in zip(prepared.rendered, prepared.literals, results, strict=True)
         )
-        return [outcome if outcome is not None else next(encoded) for outcome in outcomes]
+        return [outcome if outcome is not None else next(encoded) for outcome in prepared.outcomes]
+
+
+@dataclass
+class Prepared:
+    """A chunk rendered: an Outcome per input already decided (None: rendered, waits for its encoding), and
+    the rendered samples in order with has_special_literal of each (searched once, for every policy)."""
+
+    special_tokens: str  # the source's policy for special-token literals
+    outcomes: list[Outcome | None] = field(default_factory=list)
+    rendered: list[Rendered] = field(default_factory=list)
+    literals: list[bool] = field(default_factory=list)
 
 
 def item_roles(item: PreferencePair | CompletionGroup) -> tuple[SegmentRole, ...]:
@@ -693,24 +710,27 @@ def _stop_message(report: dict[str, Any], item: EncodeItem) -> str | None:
 
 
 def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int = 0) -> Iterator[Outcome]:
-    """The outcomes of the item's records in order, PREPARE_THREADS chunks prepared at once.
+    """The outcomes of the item's records in order: this thread reads and renders each chunk, ENCODE_THREADS
+    threads tokenize and label the chunks rendered before it.
 
-        thread 1:  render k (GIL) | encode k (Rust, no GIL) | check k (GIL) | render k+3 ...
-        thread 2:        render k+1 (GIL)  | encode k+1 (Rust) | ...
-        thread 3:                  render k+2 (GIL)  | encode k+2 (Rust) | ...
-        caller:    reads the records, stores the outcomes of chunk k while k+1..k+3 are prepared
+        this thread:  read+render k | read+render k+1 | store k | read+render k+2 | store k+1 ...
+        thread 1:                   | tokenize k (Rust, no GIL), label k (GIL) | tokenize k+2 ...
+        thread 2:                                     | tokenize k+1, label k+1 | ...
 
-    The tokenizer releases the GIL, so one process keeps a core busy with Python while another
-    tokenizes. Chunks are yielded in input order, so the partition's bytes do not depend on timing.
+    The tokenizer releases the GIL, so one core tokenizes while the other renders. With every thread
+    rendering its own chunk, the renders started together, queued on the GIL together and left both
+    cores to one thread's Python (glaive tool records: no thread was in the tokenizer for 36% of the
+    encode phase). Chunks are yielded in input order, so the partition's bytes do not depend on timing.
     """
     seek = (item.offset, item.start) if item.unit == "bytes" and item.offset else None  # where the range's text starts
     records = islice(read_file(source, item.file, item.start + skip, item.end, seek), item.stop)
     chunks = _chunks(records, ENCODE_BATCH)
-    with _tokenizer_threads_off(), ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="packtool-encode") as pool:
+    with _tokenizer_threads_off(), ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="packtool-encode") as pool:
         pending: deque[Future[list[Outcome]]] = deque()
         for chunk in chunks:
-            pending.append(pool.submit(stages.prepare, chunk, source))
-            if len(pending) > PREPARE_THREADS:
+            pending.append(pool.submit(stages.encode, stages.render(chunk, source)))
+            # store what is done before rendering on, so the partition and memory keep pace
+            while len(pending) > ENCODE_THREADS or (pending and pending[0].done()):
                 yield from pending.popleft().result()
         while pending:
             yield from pending.popleft().result()

@@ -225,18 +225,49 @@ def test_a_serial_build_tokenizes_one_thread_per_call_and_leaves_the_caller_s_se
     else:
         monkeypatch.setenv(PARALLELISM, set_by_caller)
     seen = set()
-    prepare = Stages.prepare
+    encode = Stages.encode
 
-    def recording(self, chunk, source):
+    def recording(self, prepared):
         seen.add(os.environ.get(PARALLELISM))
-        return prepare(self, chunk, source)
+        return encode(self, prepared)
 
-    monkeypatch.setattr(Stages, "prepare", recording)
+    monkeypatch.setattr(Stages, "encode", recording)
     write_jsonl(_chat_rows(30, "a"), "a.jsonl")
     write_jsonl(_chat_rows(20, "b"), "b.jsonl")
     build(load_config(write_config(_raw())), use_cache=False)
     assert seen == {set_by_caller or "false"}
     assert os.environ.get(PARALLELISM) == set_by_caller
+
+
+def test_one_thread_renders_and_the_encode_threads_tokenize(tmp_path, write_config, write_jsonl, monkeypatch):
+    """-j 1: the thread that reads an item renders all of its chunks, in order (templates learn their
+    skeletons on one thread), and the encode threads only tokenize and label them; the samples keep
+    the input's order."""
+    import threading
+
+    from packtool.builder.encode import ENCODE_THREADS, Stages
+
+    rendering, encoding = [], []
+    render, encode = Stages.render, Stages.encode
+
+    def render_recording(self, chunk, source):
+        rendering.append((threading.current_thread().name, [item.id for item in chunk]))
+        return render(self, chunk, source)
+
+    def encode_recording(self, prepared):
+        encoding.append(threading.current_thread().name)
+        return encode(self, prepared)
+
+    monkeypatch.setattr(Stages, "render", render_recording)
+    monkeypatch.setattr(Stages, "encode", encode_recording)
+    write_jsonl(_chat_rows(300, "a"), "a.jsonl")
+    write_jsonl(_chat_rows(20, "b"), "b.jsonl")
+    built = build(load_config(write_config(_raw())), use_cache=False)
+    assert {name for name, _ in rendering} == {threading.current_thread().name}
+    assert [i for _, ids in rendering for i in ids] == [f"a{i}" for i in range(300)] + [f"b{i}" for i in range(20)]
+    assert len(encoding) == len(rendering) >= 4 and all(name.startswith("packtool-encode") for name in encoding)
+    accounting = built.manifest["accounting"]
+    assert ENCODE_THREADS == 2 and (accounting["a"]["kept"], accounting["b"]["kept"]) == (300, 20)
 
 
 def test_a_changed_file_is_the_only_one_reencoded(tmp_path, write_config, write_jsonl):

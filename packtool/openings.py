@@ -141,11 +141,12 @@ class KnownOpenings:
         encode call per text held the GIL (~1 ms for the proof of a glaive tool list)."""
         texts = [opening, *(opening + c for c in continuations), *continuations]
         encoding, *pieces = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        wholes, alones = pieces[: len(continuations)], pieces[len(continuations) :]
         shift = len(opening)
         clean = all(
             whole.ids == encoding.ids + alone.ids
             and whole.offsets == encoding.offsets + [(a + shift, b + shift) for a, b in alone.offsets]
-            for whole, alone in zip(pieces, pieces[len(continuations) :])
+            for whole, alone in zip(wholes, alones, strict=True)
         )
         return encoding, clean
 

@@ -7,6 +7,7 @@ The bundled .jinja files ship as the package data folder `packtool.templates`, h
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import os
 import re
@@ -65,8 +66,7 @@ class ChatTemplate:
 
     @property
     def end_markers(self) -> tuple[str, ...]:
-        eos = self.special_tokens.get("eos_token")
-        return tuple(dict.fromkeys([*(m for m in [eos] if m), *END_MARKERS]))
+        return _end_markers(self.special_tokens.get("eos_token"))
 
     def render(
         self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
@@ -108,6 +108,11 @@ class ChatTemplate:
             raise jinja2.TemplateRuntimeError(f"{type(exc).__name__}: {exc}") from None
         finally:
             BUDGET.reset(token)
+
+
+@functools.cache
+def _end_markers(eos: str | None) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([*(m for m in [eos] if m), *END_MARKERS]))
 
 
 def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:

@@ -264,13 +264,17 @@ class MiniTemplate:
         plain: list[dict],
         plain_tools: list[dict] | None,
         size: int,
+        known_json: Iterable[tuple[Any, str]] = (),
     ) -> tuple[str, str] | None:
         """The marked and the plain text of one sample; None when jinja2 must render it. `size`: at
-        least the characters the marked conversation prints as data (its strings and numbers, their
-        quoting, its keys), which the caller counts while checking them."""
+        least the characters of the marked conversation's data (its strings and numbers, its keys:
+        what the bound `growth` multiplies, tojson's quotes and escapes included), which the caller
+        counts while checking them. `known_json`: values with what tojson, given no arguments, writes
+        of them (the caller wrote them already)."""
         if self.growth * (self.fixed_size + size) > MAX_TEMPLATE_CHARS:
             return None
-        memo = _TOJSON_MEMO.set({})  # the plain render writes the same tools and calls as the marked one
+        # the plain render writes the same tools and calls as the marked one
+        memo = _TOJSON_MEMO.set({(id(value), ""): (value, text) for value, text in known_json})
         try:
             first = self._render(marked, marked_tools, False)
             second = self._render(plain, plain_tools, False) if first is not None else None

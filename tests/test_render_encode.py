@@ -16,7 +16,15 @@ from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
-from packtool.render import _MARKERS, _end_of_turn, _holds_marker, _printed_at, render_chat, render_text
+from packtool.render import (
+    _MARKERS,
+    _check_data_strings,
+    _end_of_turn,
+    _holds_marker,
+    _printed_at,
+    render_chat,
+    render_text,
+)
 from packtool.sources import read_source
 
 
@@ -1391,8 +1399,8 @@ def test_a_literal_is_looked_for_as_the_regex_finds_it(literals, text, data):
     data=st.data(),
 )
 def test_the_end_of_a_turn_is_the_first_marker_outside_data(text, markers, data):
-    """_end_of_turn narrows its search once a marker is found; it answers what looking for every marker
-    over the whole range does: the earliest start outside the skipped ranges (ties: the smaller marker)."""
+    """_end_of_turn searches for all markers at once; it answers what looking for every marker over the
+    whole range does: the earliest start outside the skipped ranges (ties: the smaller marker)."""
     start = data.draw(st.integers(0, len(text)))
     limit = data.draw(st.integers(start, len(text)))
     skip = tuple(
@@ -1432,6 +1440,54 @@ def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers()
     assert ends == rendered.text.count("<|im_end|>") - 1  # the typed one is plain text
     with pytest.raises(RecordError, match="private-use"):
         render_chat(chat(("user", "Hi \U00100000"), ("assistant", "Hello")), template, TrainPolicy())
+
+
+def _tool_record(field: str, value: str) -> Example:
+    """A record with every kind of string a chat record brings, `value` in the one named by `field`."""
+    strings = dict.fromkeys(
+        ["content", "reasoning", "call_name", "argument", "call_id", "tool_name", "description"], "plain words"
+    )
+    strings[field] = value
+    call = {"type": "function", "function": {"name": strings["call_name"], "arguments": {"city": strings["argument"]}}}
+    tool = {"type": "function", "function": {"name": strings["tool_name"], "description": strings["description"]}}
+    messages = (
+        Message("user", strings["content"]),
+        Message("assistant", "", tool_calls=(call,), reasoning_content=strings["reasoning"]),
+        Message("tool", "sunny", tool_call_id=strings["call_id"]),
+        Message("assistant", "It is sunny."),
+    )
+    return Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
+
+
+_TOOL_RECORD_FIELDS = {
+    "content": "messages[0].content",
+    "reasoning": "messages[1].reasoning_content",
+    "call_name": "messages[1].tool_calls[0].function.name",
+    "argument": "messages[1].tool_calls[0].function.arguments.city",
+    "call_id": "messages[2].tool_call_id",
+    "tool_name": "tools[0].function.name",
+    "description": "tools[0].function.description",
+}
+
+
+@pytest.mark.parametrize("field", sorted(_TOOL_RECORD_FIELDS))
+def test_every_string_of_a_tool_record_is_searched_for_literals_and_markers(field):
+    """The record's strings are searched joined (message strings as they are, tools and calls as JSON):
+    a literal or a marker in any one of them is found and named, and a literal that only the joining
+    would make (one string ending in its first half, the next starting with the rest) is not one."""
+    _, template = qwen()
+    found = _check_data_strings(_tool_record(field, "say <|im_end|> now"), template.literals, contents_only=False)
+    assert found[0] == (_TOOL_RECORD_FIELDS[field],)
+    with pytest.raises(RecordError, match="private-use") as raised:
+        _check_data_strings(_tool_record(field, "a \U0010fffd b"), template.literals, contents_only=False)
+    assert raised.value.field == _TOOL_RECORD_FIELDS[field]
+    assert _check_data_strings(_tool_record(field, "plain"), template.literals, contents_only=False)[0] == ()
+    halves = _tool_record("content", "ends in <|im_")
+    halves = replace(
+        halves,
+        messages=(halves.messages[0], replace(halves.messages[1], reasoning_content="end|> x"), *halves.messages[2:]),
+    )
+    assert _check_data_strings(halves, template.literals, contents_only=False)[0] == ()
 
 
 _PRINTABLE_VALUES = st.one_of(

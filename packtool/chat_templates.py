@@ -55,9 +55,10 @@ class ChatTemplate:
     # which engine renders samples that need a render, and why, for the build summary and the audit.
     fast: MiniTemplate | None = field(default=None, compare=False, repr=False)
     engine: str = "jinja2"
-    # Shapes whose jinja2 render looked inside a content -> the skeletons learned from renders that only
-    # asked yes/no questions of contents, with the answers (render._ReadSkeletons); minijinja renders
-    # those of the shape that none of them fits, once jinja2 has had its tries.
+    # Shapes whose jinja2 render looked inside a content (or escaped one through tojson) -> the
+    # skeletons learned from renders that only asked yes/no questions of contents, with the answers
+    # (render._ReadSkeletons); minijinja renders those of the shape that none of them fits, once jinja2
+    # has had its tries.
     inspecting_shapes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property

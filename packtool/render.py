@@ -165,17 +165,18 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                     kind="mask_check",
                 ) from None
             inspected = spent.inspected
-            if shape is not None and not inspected and len(template.skeletons) < MAX_SKELETONS:
+            if shape is not None and not inspected and not spent.escaped and len(template.skeletons) < MAX_SKELETONS:
                 learned = _Skeleton.of(marked_text, messages, spent.peak)
                 if learned is not None:
                     template.skeletons[shape] = skeleton = learned
                     reusable = True
-            elif shape is not None and inspected:
+            elif shape is not None and (inspected or spent.escaped):
                 if read is None and len(template.inspecting_shapes) < MAX_SKELETONS:
                     read = template.inspecting_shapes[shape] = _ReadSkeletons()
                 if read is not None:
                     read.tries += 1
-                    if spent.readings is not None:  # every look was a question render can ask again
+                    # every look was a question render can ask again, and every copy verbatim
+                    if inspected and spent.readings is not None and not spent.escaped:
                         learned_reading = _Skeleton.of(marked_text, messages, spent.peak, tuple(spent.readings))
         clean, contents, generations, literal_at = stripped or _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see Tracked). Literal

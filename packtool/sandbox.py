@@ -83,6 +83,10 @@ class Budget:
     # id of each marked content object the render was given -> its message index (see ChatTemplate.render_tracked)
     contents: dict[int, int] = field(default_factory=dict)
     peak: int = 0  # the largest string or sequence size checked against MAX_TEMPLATE_CHARS (see _Skeleton)
+    # A marked content went through tojson, which escapes it: the copy looks verbatim for a content with
+    # no quote, backslash or control character and is not for the next one, so no skeleton may be
+    # learned from this render (the one-render proof still holds: escaping is per character).
+    escaped: bool = False
     # id -> (container, its expanded size) for the lists, tuples and dicts this render met (see _expanded);
     # the container is held so that its id is not reused while the render runs
     expanded: dict[int, tuple[Any, int]] = field(default_factory=dict)
@@ -492,7 +496,7 @@ def _limited_filter(function: Any, name: str) -> Any:
 
     @functools.wraps(function)
     def limited(*args: Any, **kwargs: Any) -> Any:
-        _spend()
+        budget = _spend()
         _check_arguments(args, kwargs)
         if name == "replace" or cost is not None:
             # the environment or eval context jinja passes first is not an argument
@@ -508,6 +512,8 @@ def _limited_filter(function: Any, name: str) -> Any:
         _check_size(
             _expanded(result) if isinstance(result, list | tuple | dict) else _sized(result), f"the result of |{name}"
         )
+        if name == "tojson" and isinstance(result, str) and CONTENT_MARKS.search(result) is not None:
+            budget.escaped = True
         if tracked or name == "tojson" or _holds_containers(args) or _holds_content(result):
             return _tainted(result)
         return result

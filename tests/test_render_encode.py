@@ -1442,6 +1442,24 @@ def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers()
         render_chat(chat(("user", "Hi \U00100000"), ("assistant", "Hello")), template, TrainPolicy())
 
 
+@pytest.mark.parametrize("printed", ["{{ m.content | tojson }}", "{{ m | tojson }}", "{{ [m.content] | tojson }}"])
+def test_a_content_printed_through_tojson_is_escaped_in_every_conversation_of_its_shape(printed):
+    """tojson escapes quotes, backslashes and control characters: its copy of "Hi" looks verbatim, its
+    copy of `He said "hi"` does not. A render that sent a content through it teaches no skeleton, so a
+    later conversation of the same shape is printed as the template prints it, not filled in raw
+    (it was: the second render below printed `"He said "hi""`)."""
+    source = "{% for m in messages %}<|im_start|>{{ m.role }}\n" + printed + "<|im_end|>\n{% endfor %}"
+    template = load_template("model", {"chat_template": source, "eos_token": "<|im_end|>"})
+    render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    assert not template.skeletons
+    for user in ('He said "hi"', "a\\b", "tab\there", "two\nlines", "plain again"):
+        example = chat(("user", user), ("assistant", 'Say "yes"'))
+        rendered = render_chat(example, template, TrainPolicy())
+        assert rendered == render_chat(example, replace(template, skeletons={}, inspecting_shapes={}), TrainPolicy())
+        assert json.dumps(user)[1:-1] in rendered.text and '\\"yes\\"' in rendered.text
+    assert not template.skeletons
+
+
 def _tool_record(field: str, value: str) -> Example:
     """A record with every kind of string a chat record brings, `value` in the one named by `field`."""
     strings = dict.fromkeys(

@@ -78,11 +78,18 @@ class ChatTemplate:
         return self.render_tracked(messages, tools, add_generation_prompt=add_generation_prompt, mark=mark)[0]
 
     def render_tracked(
-        self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        *,
+        add_generation_prompt: bool = False,
+        mark: bool = False,
+        prints_from: int = 0,
     ) -> tuple[str, Budget]:
         """render(), and what the render spent: whether the template inspected a marked (Tracked)
-        content string, the largest size it built."""
-        budget = Budget()
+        content string, the largest size it built. `prints_from`: the first sentinel index free for
+        what tojson prints of a JsonSlot (see sandbox.Budget)."""
+        budget = Budget(prints_from=prints_from)
         budget.contents = {id(m["content"]): i for i, m in enumerate(messages) if isinstance(m.get("content"), Tracked)}
         token = BUDGET.set(budget)
         try:

@@ -44,6 +44,7 @@ from packtool.sandbox import (
     GENERATION_OPEN,
     MARK_BASE,
     MAX_TEMPLATE_CHARS,
+    JsonSlot,
     TemplateLimit,
     _tojson,
     close_mark,
@@ -95,12 +96,17 @@ def render_text(example: Example, special_tokens: dict[str, str], *, add_bos: bo
 
 def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -> Rendered:
     """Render one conversation and derive its target character ranges. Raises RecordError for this sample only."""
+    return _render_chat(example, template, policy, learn_slots=True)
+
+
+def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, *, learn_slots: bool) -> Rendered:
     messages = example.messages
     if len(messages) > _MAX_MESSAGES:
         raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
     cores = [m.content.strip() for m in messages]
-    shape = _shape(example, cores)
-    literal_fields, record = _check_data_strings(example, template.literals, contents_only=shape is not None)
+    shape, slots = _shape(example, cores)
+    contents_only = shape is not None and slots is None
+    literal_fields, record = _check_data_strings(example, template.literals, contents_only=contents_only)
     trained = trained_messages(messages, policy)
     for i, message in enumerate(messages):
         if trained[i] and message.role == "assistant" and not cores[i] and not message.tool_calls:
@@ -118,16 +124,29 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     read = template.inspecting_shapes.get(shape) if shape is not None else None  # the shape looks inside contents
     if read is not None:
         skeleton = read.replaying(messages)
+    # A shape with slots learns its skeletons from renders that mark them (see _Slots), while jinja2 has
+    # tries; otherwise its conversations render as conversations without a shape (nothing is learned
+    # from a render that marks contents alone: it prints the slots' words as literals).
+    has_tries = read is None or read.tries < MAX_READ_TRIES
+    slot_learning = learn_slots and slots is not None and skeleton is None and has_tries
     learned_reading = None  # a skeleton this render's questions and answers would give, kept once it checks out
     recipe_key = (tuple(trained), policy.end_of_turn, template.generation_header, template.has_generation_blocks)
-    if skeleton is not None and skeleton.fits(cores):
+    known_json = record.tool_json if record is not None else None
+    copy_texts = skeleton.texts(cores, slots, known_json) if skeleton is not None else None
+    if copy_texts is not None and skeleton is not None and skeleton.fits(copy_texts):
         recipe = skeleton.recipes.get(recipe_key)
         if recipe is not None:
-            return recipe.rendered(example, cores)
-    marked_text = skeleton.fill(cores) if skeleton is not None else None
-    reusable = marked_text is not None  # this render follows a skeleton: a recipe can be learned from it
+            return recipe.rendered(example, copy_texts)
+        stripped: _Stripped | None = skeleton.fill(copy_texts)
+    else:
+        stripped = None  # _strip_markers of the marked render: a skeleton's or minijinja's, when they supply it
+    if slots is not None and stripped is None and not slot_learning:
+        shape = None
+    # this render follows a skeleton: a recipe can be learned from it (not yet for a shape with slots,
+    # whose tool checks depend on the slots' words: see _check_tools_printed)
+    reusable = stripped is not None and slots is None
+    marked_text = None
     inspected = False
-    stripped = None  # _strip_markers of minijinja's marked render, when it supplies the texts
     plain_text = None
     # minijinja's two renders (marked and plain, compared) cost less than one jinja2 render with its
     # tracking, for a conversation no skeleton can cover (tools, tool calls, reasoning; glaive tool
@@ -136,7 +155,7 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     # recipe is faster still, so the shapes jinja2 can teach one keep it.
     unshaped = shape is None or (read is not None and read.tries >= MAX_READ_TRIES)
     marked: list[dict[str, Any]] | None = None  # the messages as the marked render gets them
-    if marked_text is None and template.fast is not None and unshaped:
+    if stripped is None and template.fast is not None and unshaped:
         plain = [m.as_template_dict() for m in messages]
         marked = [_marked(message, i, literals) for i, message in enumerate(plain)]
         size = _template_size(example, record)
@@ -151,7 +170,38 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
         else:
             stripped = None
     with _template_verdicts(template.name):
-        if marked_text is None:
+        if stripped is None and slot_learning and shape is not None and slots is not None:
+            walked = _SlotWalk(len(messages), mark=True).walk(example)  # the slots _shape walked, marked
+            assert walked is not None
+            _, _, slot_marked, slot_tools = walked
+            learned, spent = None, None
+            try:
+                slot_text, spent = template.render_tracked(
+                    slot_marked or [], slot_tools or None, mark=True, prints_from=len(messages) + len(slots.leaves)
+                )
+            except TemplateLimit:  # this conversation's size: the shape may still learn from another
+                return _render_chat(example, template, policy, learn_slots=False)
+            except (TemplateRaised, jinja2.TemplateError):
+                pass  # the template refused a marked slot (Mistral checks an id's length): learns nothing
+            if spent is not None and not spent.escaped and (not spent.inspected or spent.readings is not None):
+                readings = tuple(spent.readings or ())
+                learned = _Skeleton.of(slot_text, messages, spent.peak, readings, slots, tuple(spent.prints))
+            learned_texts = learned.texts(cores, slots, known_json) if learned is not None else None
+            if learned is None or spent is None or learned_texts is None:
+                # the template looked at a slot, or printed one otherwise than verbatim or through tojson
+                _refuse_slots(template, shape)
+                return _render_chat(example, template, policy, learn_slots=False)
+            stripped = learned.fill(learned_texts)
+            inspected = spent.inspected
+            if not inspected and len(template.skeletons) < MAX_SKELETONS:
+                template.skeletons[shape] = skeleton = learned
+            elif inspected:
+                if read is None and len(template.inspecting_shapes) < MAX_SKELETONS:
+                    read = template.inspecting_shapes[shape] = _ReadSkeletons()
+                if read is not None:
+                    read.tries += 1
+                    learned_reading = learned
+        elif stripped is None and marked_text is None:
             if marked is None:  # minijinja's pair, where it rendered, left them for jinja2 to judge
                 marked = [_marked(m.as_template_dict(), i, literals) for i, m in enumerate(messages)]
             try:
@@ -178,7 +228,9 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
                     # every look was a question render can ask again, and every copy verbatim
                     if inspected and spent.readings is not None and not spent.escaped:
                         learned_reading = _Skeleton.of(marked_text, messages, spent.peak, tuple(spent.readings))
-        clean, contents, generations, literal_at = stripped or _strip_markers(marked_text)
+        clean, contents, generations, literal_at = (
+            stripped if stripped is not None else _strip_markers(marked_text or "")
+        )
         # One render is enough when the template only copied contents (see Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
         text = plain_text if plain_text is not None else plain_render() if inspected or literals is not None else clean
@@ -240,29 +292,157 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
     )
     if learned_reading is not None and read is not None:  # the plain render agreed with the marked one
         read.skeletons.append(learned_reading)
-        skeleton, reusable = learned_reading, True
+        skeleton, reusable = learned_reading, slots is None
     if reusable and skeleton is not None and recipe_key not in skeleton.recipes:
         skeleton.recipes[recipe_key] = _Recipe.of(skeleton, rendered, cores)
     return rendered
 
 
-def _shape(example: Example, cores: list[str]) -> tuple[tuple[str, str, str | None], ...] | None:
-    """All a template sees of a conversation apart from the words of its contents, when that is all
-    there is besides roles: each message's role and the whitespace around its content (a content of
-    whitespace only, given whole, reaches the template unmarked). None when the record brings more
-    (tools, tool calls, names, ids, reasoning): such a conversation is always rendered."""
-    if example.tools:
-        return None
+def _refuse_slots(template: ChatTemplate, shape: Shape) -> None:
+    """A shape whose slot-marked render taught nothing: its conversations render as ones without a
+    shape (minijinja, where it qualifies) from now on."""
+    read = template.inspecting_shapes.get(shape)
+    if read is None and len(template.inspecting_shapes) < MAX_SKELETONS:
+        read = template.inspecting_shapes[shape] = _ReadSkeletons()
+    if read is not None:
+        read.tries = MAX_READ_TRIES
+
+
+Shape = tuple[Any, ...]
+
+
+def _shape(example: Example, cores: list[str]) -> tuple[Shape | None, _Slots | None]:
+    """All a template sees of a conversation apart from the words of its strings, and those strings.
+
+    A conversation of contents alone: each message's role and the whitespace around its content (a
+    content of whitespace only, given whole, reaches the template unmarked), and no slots. One that
+    brings more (tools, tool calls, names, ids, reasoning) also has its slots (see _Slots): its shape
+    holds the rest (which fields each message has, the keys of each call, the whitespace around each
+    string, every number and flag). (None, None) when it brings something no slot holds (a list, a
+    tool that is not an object): such a conversation is always rendered.
+    """
     shape: list[tuple[str, str, str | None]] = []
+    slotted = bool(example.tools)
     for m, core in zip(example.messages, cores):
-        if m.tool_calls or m.tool_call_id is not None or m.name is not None or m.reasoning_content is not None:
-            return None
+        extras = (m.tool_call_id, m.name, m.reasoning_content)
+        slotted = slotted or bool(m.tool_calls) or any(v is not None for v in extras)
         if not core:
             shape.append((m.role, m.content, None))
             continue
         lead = len(m.content) - len(m.content.lstrip())
         shape.append((m.role, m.content[:lead], m.content[lead + len(core) :]))
-    return tuple(shape)
+    if not slotted:
+        return tuple(shape), None
+    walked = _SlotWalk(len(example.messages), mark=False).walk(example)
+    if walked is None:
+        return None, None
+    extras, slots, _, _ = walked
+    return ("slots", tuple(shape), extras), slots
+
+
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """A conversation's strings other than its contents, and the values a template may only write whole.
+
+    `leaves`: the cores of reasoning, names, ids, call names and string arguments, which a render may
+    print as they are (the whitespace around each is in the shape). `values`: tool definitions, then
+    call arguments given as objects, which a render may only write through tojson (sandbox.JsonSlot).
+    A skeleton's render was given each marked, so nothing it decided can have depended on them but
+    through the copies it printed; `_SlotWalk` gives them in one order, for the shape and the render.
+    """
+
+    leaves: tuple[str, ...]
+    values: tuple[dict[str, Any], ...]
+
+
+class _SlotWalk:
+    """One walk over a conversation's fields for its slots (_Slots), its shape's rest, and with `mark`
+    the template dicts of a render that marks them: message `n` + k's sentinels around leaf k, a
+    JsonSlot for value k."""
+
+    def __init__(self, messages: int, *, mark: bool) -> None:
+        self.first_leaf = messages
+        self.mark = mark
+        self.leaves: list[str] = []
+        self.values: list[dict[str, Any]] = []
+
+    def walk(self, example: Example) -> tuple[Shape, _Slots, list[dict[str, Any]] | None, list[Any] | None] | None:
+        """(the shape's rest, the slots, the marked messages, the marked tools); None where a field holds
+        something no slot holds."""
+        tools = [self.value(tool) for tool in example.tools or ()]
+        if any(tool is None for tool, _ in tools):
+            return None
+        parts, marked = [], []
+        for i, message in enumerate(example.messages):
+            fields: list[Any] = []
+            out: dict[str, Any] = {"role": message.role, "content": message.content}
+            if self.mark:
+                out["content"] = marked_content(message.content, i) or message.content
+            if message.tool_calls:
+                calls = [self.mapping(call, self.call_item) for call in message.tool_calls]
+                if any(call is None for call in calls):
+                    return None
+                fields.append(("tool_calls", tuple(part for part, _ in calls)))
+                out["tool_calls"] = [value for _, value in calls]
+            for key in ("tool_call_id", "name", "reasoning_content"):
+                text = getattr(message, key)
+                if text is not None:
+                    part, out[key] = self.leaf(text)
+                    fields.append((key, part))
+            parts.append(tuple(fields))
+            marked.append(out)
+        if self.first_leaf + len(self.leaves) >= _MAX_MESSAGES:
+            return None  # no sentinel left for them
+        slots = _Slots(tuple(self.leaves), tuple(self.values))
+        rest = (tuple(parts), tuple(part for part, _ in tools))
+        return rest, slots, marked if self.mark else None, [value for _, value in tools] if self.mark else None
+
+    def leaf(self, text: str) -> tuple[Shape, Any]:
+        core = text.strip()
+        if not core:
+            return ("=", text), text
+        lead = text[: len(text) - len(text.lstrip())]
+        marked = marked_content(text, self.first_leaf + len(self.leaves)) if self.mark else text
+        self.leaves.append(core)
+        return ("s", lead, text[len(lead) + len(core) :]), marked
+
+    def value(self, value: Any) -> tuple[Shape | None, Any]:
+        if not isinstance(value, dict) or not value:
+            return None, None
+        marked = JsonSlot(value, len(self.values)) if self.mark else value
+        self.values.append(value)
+        return ("json",), marked
+
+    def mapping(self, value: Any, item: Any) -> tuple[Shape, dict[str, Any]] | None:
+        if not isinstance(value, dict):
+            return None
+        parts, out = [], {}
+        for key, field_value in value.items():
+            walked = item(key, field_value) if isinstance(key, str) else None
+            if walked is None:
+                return None
+            parts.append((key, walked[0]))
+            out[key] = walked[1]
+        return tuple(parts), out
+
+    def call_item(self, key: str, value: Any) -> tuple[Shape, Any] | None:
+        if key == "function" and isinstance(value, dict):
+            return self.mapping(value, self.function_item)
+        return self.scalar(value)
+
+    def function_item(self, key: str, value: Any) -> tuple[Shape, Any] | None:
+        if key == "arguments" and isinstance(value, dict) and value:
+            return self.value(value)
+        return self.scalar(value)
+
+    def scalar(self, value: Any) -> tuple[Shape, Any] | None:
+        if isinstance(value, str):
+            return self.leaf(value)
+        if value is None or isinstance(value, bool | int | float):
+            return ("=", type(value).__name__, value), value  # the type too: True == 1
+        if isinstance(value, dict) and not value:
+            return ("{}",), {}
+        return None
 
 
 # Skeletons kept per template: real data has a few shapes (turn counts, whitespace habits); data
@@ -289,40 +469,52 @@ class _Skeleton:
         copies         (0, 1)
     """
 
-    literals: tuple[str, ...]  # literals[k] comes before the k-th content copy, the last after all
-    copies: tuple[int, ...]  # the message each content copy is of
-    core_lengths: tuple[int, ...]  # per message, in the render that made it
+    literals: tuple[str, ...]  # literals[k] comes before the k-th copy, the last after all
+    copies: tuple[int, ...]  # the sentinel index of each copy: a message's content, a leaf, a print (see texts)
+    lengths: tuple[int, ...]  # per sentinel index, the length of its text in the render that made it
+    messages: int  # sentinel indices below this are message contents
     peak: int  # the largest size that render built
     # The yes/no questions that render asked of contents, with its answers (sandbox.READINGS; see
     # replays); empty for a template that never looked inside a content.
     readings: tuple[tuple[int, str, tuple[Any, ...], bool], ...] = ()
+    # What tojson printed of each JsonSlot, in order after the leaves: (value, the filter's arguments).
+    prints: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] = ()
+    sentinels_in_literals: bool = False  # a literal holds a sentinel of its own (a generation block's)
 
     @classmethod
     def of(
-        cls, marked: str, messages: tuple[Message, ...], peak: int, readings: tuple[Any, ...] = ()
+        cls,
+        marked: str,
+        messages: tuple[Message, ...],
+        peak: int,
+        readings: tuple[Any, ...] = (),
+        slots: _Slots | None = None,
+        prints: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] = (),
     ) -> _Skeleton | None:
-        """None when the render printed a content other than verbatim (a JSON-escaped copy)."""
+        """None when the render printed a content or a leaf other than verbatim (a JSON-escaped copy)."""
         cores = [m.content.strip() for m in messages]
+        texts = _copy_texts(cores, slots, prints)
         literals: list[str] = []
         copies: list[int] = []
         start, opened = 0, -1
         for match in CONTENT_MARKS.finditer(marked):
             index, is_close = divmod(ord(match.group()) - MARK_BASE, 2)
-            if index >= len(cores):
+            if texts is None or index >= len(texts):
                 return None
             if not is_close and opened < 0:
                 literals.append(marked[start : match.start()])
                 opened = index
-            elif is_close and opened == index and marked[start : match.start()] == cores[index]:
+            elif is_close and opened == index and marked[start : match.start()] == texts[index]:
                 copies.append(index)
                 opened = -1
             else:
                 return None
             start = match.end()
-        if opened >= 0:
+        if opened >= 0 or texts is None:
             return None
         literals.append(marked[start:])
-        return cls(tuple(literals), tuple(copies), tuple(map(len, cores)), peak, readings)
+        marks = any(_MARKERS.search(literal) for literal in literals)
+        return cls(tuple(literals), tuple(copies), tuple(map(len, texts)), len(cores), peak, readings, prints, marks)
 
     # Trained-message pattern and target settings -> the recipe for them (None: this shape has none).
     recipes: dict[tuple[Any, ...], _Recipe | None] = field(default_factory=dict, compare=False, repr=False)
@@ -348,20 +540,61 @@ class _Skeleton:
                 return False
         return True
 
-    def fits(self, cores: list[str]) -> bool:
-        """Whether a render of messages with these content cores stays under MAX_TEMPLATE_CHARS (else it
-        must really be rendered)."""
-        growth = max([len(core) / n for core, n in zip(cores, self.core_lengths) if n] + [1.0])
+    def texts(self, cores: list[str], slots: _Slots | None, known_json: tuple[str, ...] | None) -> list[str] | None:
+        """The text of each sentinel index for a conversation of this shape: its content cores, its leaves,
+        and what tojson prints of its values (`known_json`: its tools' JSON, written already); None when a
+        value cannot be written (tojson fails there: the conversation must be rendered)."""
+        if len(self.lengths) == self.messages:
+            return cores
+        return _copy_texts(cores, slots, self.prints, known_json)
+
+    def fits(self, texts: list[str]) -> bool:
+        """Whether a render of the conversation with these texts (see texts) stays under MAX_TEMPLATE_CHARS
+        (else it must really be rendered)."""
+        growth = max([len(text) / n for text, n in zip(texts, self.lengths) if n] + [1.0])
         return self.peak * growth * _TOJSON_GROWTH <= MAX_TEMPLATE_CHARS
 
-    def fill(self, cores: list[str]) -> str | None:
-        """The marked render of messages with these content cores; None when it must really be rendered (sizes)."""
-        if not self.fits(cores):
-            return None
+    def fill(self, texts: list[str]) -> _Stripped:
+        """What _strip_markers gives of the marked render of the conversation with these texts (see texts),
+        the render that marks contents alone: its text and where each content is, put together directly
+        (a Qwen3 tool record: 14 -> 3 us), or by that function where a literal holds another sentinel
+        (a generation block's)."""
+        if self.sentinels_in_literals:
+            parts = [self.literals[0]]
+            for index, literal in zip(self.copies, self.literals[1:]):
+                text = texts[index]
+                parts += (
+                    (open_mark(index), text, close_mark(index), literal) if index < self.messages else (text, literal)
+                )
+            return _strip_markers("".join(parts))
         parts = [self.literals[0]]
+        at = len(self.literals[0])
+        contents: dict[int, list[tuple[int, int]]] = {}
         for index, literal in zip(self.copies, self.literals[1:]):
-            parts += (open_mark(index), cores[index], close_mark(index), literal)
-        return "".join(parts)
+            text = texts[index]
+            if index < self.messages:
+                contents.setdefault(index, []).append((at, at + len(text)))
+            parts += (text, literal)
+            at += len(text) + len(literal)
+        return "".join(parts), contents, [], []
+
+
+def _copy_texts(
+    cores: list[str],
+    slots: _Slots | None,
+    prints: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...],
+    known_json: tuple[str, ...] | None = None,
+) -> list[str] | None:
+    if slots is None:
+        return cores if not prints else None
+    texts = [*cores, *slots.leaves]
+    try:
+        for value, arguments in prints:
+            known = known_json is not None and not arguments and value < len(known_json)
+            texts.append(known_json[value] if known else _tojson(slots.values[value], **dict(arguments)))
+    except (TypeError, ValueError, RecursionError):  # what tojson fails on, a render fails on too
+        return None
+    return texts
 
 
 # Renders by jinja2 (which notes the questions) of a shape that looks inside its contents, before
@@ -410,11 +643,11 @@ class _Recipe:
     targets: tuple[tuple[_Anchor, _Anchor, int], ...]
 
     @classmethod
-    def of(cls, skeleton: _Skeleton, rendered: Rendered, cores: list[str]) -> _Recipe | None:
-        """The recipe of the Rendered a filled skeleton gave (its messages' content cores beside it)."""
+    def of(cls, skeleton: _Skeleton, rendered: Rendered, texts: list[str]) -> _Recipe | None:
+        """The recipe of the Rendered a filled skeleton gave (the skeleton's texts beside it)."""
         pieces = tuple(_MARKERS.sub("", literal) for literal in skeleton.literals)
         lengths = tuple(map(len, pieces))
-        starts = _piece_starts(lengths, [cores[i] for i in skeleton.copies])
+        starts = _piece_starts(lengths, [texts[i] for i in skeleton.copies])
         copy_at = {start + len(piece): k for k, (start, piece) in enumerate(zip(starts, pieces))}
         anchors = [_anchor(pieces, starts, at) for start, end, _ in rendered.target_ranges for at in (start, end)]
         spans = [(copy_at.get(span.start), span.message, span.role) for span in rendered.spans]
@@ -431,11 +664,11 @@ class _Recipe:
                 if start is not None and end is not None
             ),
         )
-        return recipe if recipe.rendered(rendered.example, cores) == rendered else None
+        return recipe if recipe.rendered(rendered.example, texts) == rendered else None
 
-    def rendered(self, example: Example, cores: list[str]) -> Rendered:
-        """The Rendered of a conversation of this shape and pattern, whose messages' content cores are `cores`."""
-        copied = [cores[i] for i in self.copies]
+    def rendered(self, example: Example, texts: list[str]) -> Rendered:
+        """The Rendered of a conversation of this shape and pattern, with these texts (_Skeleton.texts)."""
+        copied = [texts[i] for i in self.copies]
         lengths = self.piece_lengths
         starts = _piece_starts(lengths, copied)
         parts = [self.pieces[0]]
@@ -700,9 +933,12 @@ def _marked(message: dict[str, Any], index: int, literals: re.Pattern[str] | Non
     return out
 
 
-def _strip_markers(
-    marked: str,
-) -> tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]], list[int]]:
+# A marked render without its sentinels: the text, each message's content ranges, the generation blocks,
+# where data literals start.
+_Stripped = tuple[str, dict[int, list[tuple[int, int]]], list[tuple[int, int]], list[int]]
+
+
+def _strip_markers(marked: str) -> _Stripped:
     """The text without sentinels, each message's content ranges, the generation blocks and where
     data literals start."""
     pieces: list[str] = []

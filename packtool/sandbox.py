@@ -87,6 +87,10 @@ class Budget:
     # no quote, backslash or control character and is not for the next one, so no skeleton may be
     # learned from this render (the one-render proof still holds: escaping is per character).
     escaped: bool = False
+    # Sentinel indices from here on mark what tojson printed of a JsonSlot: (slot number, its arguments)
+    # for each print, in the order the template asked (see JsonSlot).
+    prints_from: int = 0
+    prints: list[tuple[int, tuple[tuple[str, Any], ...]]] = field(default_factory=list)
     # id -> (container, its expanded size) for the lists, tuples and dicts this render met (see _expanded);
     # the container is held so that its id is not reused while the render runs
     expanded: dict[int, tuple[Any, int]] = field(default_factory=dict)
@@ -269,6 +273,65 @@ def _tainted(result: Any) -> Any:
     """A string made from values that may hold a marked content (`message | tojson`,
     `[content] | join`, a macro's output) stays tracked, so inspecting it later is noticed."""
     return Tracked(result) if isinstance(result, str) and not isinstance(result, Tracked) else result
+
+
+class JsonSlot(dict):  # type: ignore[type-arg]
+    """A record's value that a render may only write whole through tojson (a tool definition, a call's
+    arguments), given to the render that teaches a skeleton in place of the value (render._Slots).
+
+    tojson prints it between the sentinels of a print of its own (Budget.prints), which the skeleton
+    fills with that value's JSON for any other record of the shape. Every other use (a key, an item,
+    its length, iterating it, comparing or printing it) is an inspection: the render asked something
+    of the value, and teaches no skeleton. Type tests (`is mapping`) see a dict, as they would the
+    value, and its truth is the value's (a slot is never empty). Private names (`_slot`, `__class__`)
+    pass: the sandbox gives a template none of them.
+    """
+
+    __slots__ = ("_slot", "_value")
+
+    def __init__(self, value: dict[str, Any], slot: int) -> None:
+        super().__init__(value)
+        self._slot = slot
+        self._value = value  # read past the dict's own methods, which note an inspection
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("_"):
+            _inspected()
+        return super().__getattribute__(name)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def _printed(self, **kwargs: Any) -> str:
+        """What tojson prints of the slot in a render: its JSON between a print's sentinels."""
+        budget = BUDGET.get(None)
+        text = _tojson(self._value, **kwargs)
+        index = None if budget is None else budget.prints_from + len(budget.prints)
+        if budget is None or index is None or ord(close_mark(0)) + 2 * index >= ord(GENERATION_OPEN):
+            _inspected()  # no sentinel left for it: an inspection, so nothing is learned
+            return text
+        budget.prints.append((self._slot, tuple(sorted(kwargs.items()))))
+        return Tracked(f"{open_mark(index)}{text}{close_mark(index)}")
+
+
+def _inspecting_slot(name: str) -> Any:
+    method = getattr(dict, name)
+
+    def inspecting(self: JsonSlot, *args: Any, **kwargs: Any) -> Any:
+        _inspected()
+        return method(self, *args, **kwargs)
+
+    inspecting.__name__ = name
+    return inspecting
+
+
+# the operators and conversions Python looks up on the type, past __getattribute__
+for _name in (
+    *("__len__", "__iter__", "__reversed__", "__getitem__", "__contains__", "__or__", "__ror__"),
+    *("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__repr__", "__str__", "__format__"),
+):
+    setattr(JsonSlot, _name, _inspecting_slot(_name))
+JsonSlot.__hash__ = None  # type: ignore[assignment]  # as a dict's
 
 
 def _check_size(size: int, what: str) -> None:
@@ -512,7 +575,8 @@ def _limited_filter(function: Any, name: str) -> Any:
         _check_size(
             _expanded(result) if isinstance(result, list | tuple | dict) else _sized(result), f"the result of |{name}"
         )
-        if name == "tojson" and isinstance(result, str) and CONTENT_MARKS.search(result) is not None:
+        # (a JsonSlot's print, Tracked, is the slot's own copy: not a content escaped)
+        if name == "tojson" and type(result) is str and CONTENT_MARKS.search(result) is not None:
             budget.escaped = True
         if tracked or name == "tojson" or _holds_containers(args) or _holds_content(result):
             return _tainted(result)
@@ -720,13 +784,23 @@ def _tojson(
     value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
     # transformers' tojson: no HTML escaping (jinja's built-in escapes <, >, & and breaks tool JSON).
+    if not (ensure_ascii or indent is not None or separators is not None or sort_keys):
+        return _PLAIN_JSON.encode(value)  # json.dumps builds an encoder per call for these arguments: ~1.5 us
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+_PLAIN_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
+def _template_tojson(value: Any, **kwargs: Any) -> str:
+    """The templates' tojson: a JsonSlot prints its own copy (see there)."""
+    return value._printed(**kwargs) if type(value) is JsonSlot else _tojson(value, **kwargs)
 
 
 def _test_sameas(value: Any, other: Any) -> bool:
     """`value is sameas other`: identity, which a marked content (its own object) never shares with a
     literal that the plain string might be (CPython shares short strings)."""
-    if isinstance(value, Tracked) or isinstance(other, Tracked):
+    if isinstance(value, Tracked | JsonSlot) or isinstance(other, Tracked | JsonSlot):
         _inspected()
     return value is other
 
@@ -742,7 +816,7 @@ def make_environment() -> LimitedSandbox:
     env = LimitedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlocks, "jinja2.ext.loopcontrols"]
     )
-    env.filters["tojson"] = _tojson
+    env.filters["tojson"] = _template_tojson
     env.filters = {name: _limited_filter(f, name) for name, f in env.filters.items()}
     env.tests["in"] = _test_in
     env.tests["sameas"] = _test_sameas

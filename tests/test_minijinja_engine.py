@@ -53,8 +53,16 @@ def both(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[
     return fast, slow
 
 
-# A record with tools has no render recipe: a template that inspects content renders it with minijinja.
+# A record with tools has no render recipe: a template that inspects content renders it with minijinja
+# (where no slot skeleton takes it: see `unslotted`).
 TOOLS = ({"type": "function", "function": {"name": "get_time", "parameters": {"properties": {"zone": {}}}}},)
+
+
+@pytest.fixture
+def unslotted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Conversations with tools as if no slot could hold what they bring (render._SlotWalk finds nothing):
+    each is rendered, by minijinja where the template qualifies, as the shapes slots refuse are."""
+    monkeypatch.setattr(packtool.render._SlotWalk, "walk", lambda self, example: None)
 
 
 def chat(*contents: str) -> Example:
@@ -98,7 +106,7 @@ def test_a_template_qualifies_for_minijinja_or_says_why_not(source, reason, tmp_
         assert fast.fast is None and fast.engine.startswith("jinja2 (minijinja") and reason in fast.engine
 
 
-def test_a_rendered_pair_writes_each_value_to_json_once_per_form(tmp_path, monkeypatch):
+def test_a_rendered_pair_writes_each_value_to_json_once_per_form(tmp_path, monkeypatch, unslotted):
     # the marked and the plain render print the same tools: serialized once, with each filter
     # argument set apart, and nothing remembered from one pair to the next; the form without arguments
     # is the one the record's check wrote
@@ -144,7 +152,7 @@ def test_without_minijinja_installed_jinja2_renders_and_says_so(tmp_path, monkey
     assert fast.fast is None and "pip install 'packtool[minijinja]'" in fast.engine
 
 
-def test_the_templates_own_refusal_is_jinja2s_verdict(tmp_path, monkeypatch):
+def test_the_templates_own_refusal_is_jinja2s_verdict(tmp_path, monkeypatch, unslotted):
     fast, slow = both(INSPECTING, tmp_path, monkeypatch)
     tried = _count_rendered(monkeypatch)
     example = chat("Hi", "boom, said the assistant")
@@ -169,7 +177,7 @@ def test_a_render_past_the_operation_limit_stops_with_jinja2s_message(tmp_path, 
     assert tried == [1, 0]  # minijinja ran out of fuel; jinja2 decided
 
 
-def test_a_sample_too_large_for_minijinjas_size_bound_is_rendered_by_jinja2(tmp_path, monkeypatch):
+def test_a_sample_too_large_for_minijinjas_size_bound_is_rendered_by_jinja2(tmp_path, monkeypatch, unslotted):
     fast, slow = both(INSPECTING, tmp_path, monkeypatch)
     assert fast.fast is not None
     # within jinja2's limit, past what minijinja may build for this template (its growth bound)
@@ -190,7 +198,7 @@ MODELS = ("qwen2.5", "qwen3", "llama-3.2", "mistral-nemo", "gemma-3", "phi-3-min
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_real_templates_render_every_real_row_the_same_with_either_engine(model, monkeypatch):
+def test_real_templates_render_every_real_row_the_same_with_either_engine(model, monkeypatch, unslotted):
     from test_parity import DATASETS, dataset_examples
 
     tokenizer_config = json.loads(shared("tokenizers", model, "tokenizer_config.json").read_text(encoding="utf-8"))

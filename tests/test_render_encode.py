@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import QUICKSTART, assert_same_samples, rendered_batch, shared
 
+import packtool.minijinja_engine
 from packtool.chat_templates import JINJA2_ONLY, load_template
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
@@ -22,6 +23,7 @@ from packtool.render import (
     _end_of_turn,
     _holds_marker,
     _printed_at,
+    _render_chat,
     render_chat,
     render_text,
 )
@@ -1077,6 +1079,203 @@ def _model_template(folder: str):
         tokenizer = load_tokenizer(TokenizerConfig(f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"))
         _TEMPLATES[folder] = load_template("model", tokenizer.config)
     return _TEMPLATES[folder]
+
+
+def _fresh_without_slots(example, template, policy):
+    """The render a conversation with tools got before slot skeletons: nothing kept, nothing learned."""
+    fresh = replace(template, skeletons={}, inspecting_shapes={})
+    try:
+        return _render_chat(example, fresh, policy, learn_slots=False)
+    except RecordError as error:
+        return (error.kind, error.reason)
+
+
+SLOT_WORDS = st.one_of(
+    st.text(alphabet=st.sampled_from(list("ab \n\t.<|>é中😀{}\"\\'")), max_size=10),
+    st.sampled_from(("{{ tools }}", "get_time", " padded ", "\n", "", "null", "0")),
+)
+SLOT_SCALARS = st.one_of(SLOT_WORDS, st.integers(-5, 5), st.booleans(), st.none(), st.floats(-1, 1))
+
+
+@st.composite
+def tool_conversation_lists(draw):
+    """Conversations with tools, tool calls, reasoning, names and ids. One layout (which fields, how many
+    tools, the arguments' keys and kinds) for the whole list, so that a shape's skeleton is learned and
+    followed; words that JSON escapes or a template could misread, with whitespace around them (another
+    shape each time) only in some lists."""
+    padded = draw(st.booleans())
+    n_tools = draw(st.integers(1, 2))
+    keys = draw(st.lists(st.sampled_from(["city", "days"]), min_size=0, max_size=2, unique=True))
+    kinds = [draw(st.sampled_from(["word", "int", "bool", "none", "float"])) for _ in keys]
+    with_id, system, said = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    reasons = (draw(st.booleans()), draw(st.booleans()))
+
+    def words() -> str:
+        text = draw(SLOT_WORDS)
+        return text if padded else text.strip() or "w"
+
+    def value(kind: str) -> Any:
+        scalars = {"int": st.integers(-5, 5), "bool": st.booleans(), "none": st.none(), "float": st.floats(-1, 1)}
+        return words() if kind == "word" else draw(scalars[kind])
+
+    def tool() -> dict[str, Any]:
+        parameters = {"properties": {words(): {}}}
+        return {"type": "function", "function": {"name": words(), "description": words(), "parameters": parameters}}
+
+    conversations = []
+    for _ in range(draw(st.integers(2, 5))):
+        tools = tuple(tool() for _ in range(n_tools))
+        arguments = {key: value(kind) for key, kind in zip(keys, kinds)} if keys else words()
+        call = {"type": "function", "function": {"name": tools[0]["function"]["name"], "arguments": arguments}}
+        if with_id:
+            call["id"] = words()
+        calling = Message(
+            "assistant", words() if said else "", tool_calls=(call,), reasoning_content=words() if reasons[0] else None
+        )
+        messages = [
+            Message("user", words()),
+            calling,
+            Message("tool", words(), tool_call_id=call.get("id")),
+            Message("assistant", words(), reasoning_content=words() if reasons[1] else None),
+        ]
+        if system:
+            messages.insert(0, Message("system", words()))
+        conversations.append(Example("ex:0", "src", "hash", messages=tuple(messages), tools=tools))
+    return conversations
+
+
+@pytest.mark.parametrize("model", PARITY_MODELS)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(conversations=tool_conversation_lists(), policy=POLICIES)
+def test_a_tool_conversation_through_a_slot_skeleton_renders_what_the_template_renders(model, conversations, policy):
+    """Conversations with tools, rendered one after another with one template (through the skeleton a
+    shape's slot-marked render taught, once learned), give what each gives rendered with nothing kept and
+    no slots, or fail the same way: quotes and backslashes that tojson escapes, template syntax, numbers
+    and flags in arguments, whitespace around every string."""
+    template = _model_template(str(shared("tokenizers", model)))
+    for example in conversations:
+        assert _rendered_or_rejected(example, template, policy) == _fresh_without_slots(example, template, policy)
+
+
+def _slot_records():
+    """Conversations of one shape whose words differ: a slot skeleton learned from the first would print
+    the first's words (or unescaped ones) in the others if it were wrong."""
+    for name, zone, reasoning in (
+        ("get_time", "UTC", "Check."),
+        ("get_weather", 'Oslo "west"', "a\\b"),
+        ("x", "\n", "z"),
+    ):
+        tool = {
+            "type": "function",
+            "function": {"name": name, "description": f"{name} it", "parameters": {"properties": {"zone": {}}}},
+        }
+        call = {"type": "function", "function": {"name": name, "arguments": {"zone": zone}}}
+        messages = (
+            Message("user", "Hi"),
+            Message("assistant", "", tool_calls=(call,), reasoning_content=reasoning),
+            Message("tool", "done"),
+            Message("assistant", "Ok."),
+        )
+        yield Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
+
+
+SLOT_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m.content }}{% for c in m.tool_calls or [] %}CALL{% endfor %}<|im_end|>\n{% endfor %}"
+)
+SLOT_LOOKS = {
+    # learned: every slot only copied, through tojson or as it is
+    "tojson": (
+        "{% for t in tools %}{{ t | tojson }}\n{% endfor %}",
+        "{{ c.function.name }} {{ c.function.arguments | tojson }}",
+        True,
+    ),
+    "tojson indented": (
+        "{% for t in tools %}{{ t | tojson(indent=2) }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson(sort_keys=true) }}",
+        True,
+    ),
+    # refused: each looks at a slot some other way
+    "a key": (
+        "{% for t in tools %}{{ t.function.name }}{{ t | tojson }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+    "items": (
+        "{% for t in tools %}{% for k, v in t | dictsort %}{{ k }}{% endfor %}{{ t | tojson }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+    "the whole list": ("{{ tools | tojson }}", "{{ c.function.name }}{{ c.function.arguments | tojson }}", False),
+    "printed as a dict": (
+        "{% for t in tools %}{{ t }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+    "a print's length": (
+        "{% for t in tools %}{{ t | tojson }}{{ t | tojson | length }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+    "a name compared": (
+        "{% for t in tools %}{{ t | tojson }}{% endfor %}",
+        "{% if c.function.name == 'get_time' %}TIME{% endif %}{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+    "an argument read": (
+        "{% for t in tools %}{{ t | tojson }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments.zone }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+    "a call through tojson": ("{% for t in tools %}{{ t | tojson }}{% endfor %}", "{{ c | tojson }}", False),
+    "the same tool twice": (
+        "{% for t in tools %}{% if t is sameas tools[0] %}1{% endif %}{{ t | tojson }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("look", sorted(SLOT_LOOKS))
+def test_a_template_that_looks_at_a_slot_teaches_no_slot_skeleton(look):
+    """A template that only copies a conversation's tools, calls and reasoning (tojson, or as they are)
+    teaches its shape a skeleton; one that reads a key, iterates, compares, prints a dict or measures a
+    print teaches none (each such use is noted), and every conversation renders as the template
+    renders it either way."""
+    tools, call, learned = SLOT_LOOKS[look]
+    source = "<|im_start|>system\n" + tools + "<|im_end|>\n" + SLOT_CHATML.replace("CALL", call)
+    template = load_template("model", {"chat_template": source, "eos_token": "<|im_end|>"})
+    for example in _slot_records():
+        assert _rendered_or_rejected(example, template, TrainPolicy()) == _fresh_without_slots(
+            example, template, TrainPolicy()
+        )
+    slotted = [key for key in template.skeletons if key[0] == "slots"]
+    assert bool(slotted) == learned, look
+    refused = [read for key, read in template.inspecting_shapes.items() if key[0] == "slots"]
+    assert all(not read.skeletons for read in refused) and bool(refused) != learned
+
+
+def test_a_tool_conversation_of_a_known_shape_renders_nothing(monkeypatch):
+    """Qwen2.5: the second tool conversation of a shape is its skeleton filled in (the tools' and
+    arguments' JSON, the names, the contents), with no template render."""
+    _, template = qwen()
+    template = replace(template, skeletons={}, inspecting_shapes={})
+    first, *others = _slot_records()
+    render_chat(first, template, TrainPolicy())
+    calls = _count_renders(template, monkeypatch)
+    real_pair = packtool.minijinja_engine.MiniTemplate.render_pair
+    monkeypatch.setattr(
+        packtool.minijinja_engine.MiniTemplate, "render_pair", lambda *a: calls.append(a) or real_pair(*a)
+    )
+    followed = [render_chat(example, template, TrainPolicy()) for example in others]
+    assert calls == [0]
+    monkeypatch.undo()
+    for example, rendered in zip(others, followed):
+        assert rendered == _fresh_without_slots(example, template, TrainPolicy())
+        assert json.dumps(example.tools[0], ensure_ascii=False) in rendered.text
 
 
 def test_the_manifest_lists_what_the_template_injects(tmp_path, write_config, write_jsonl):

@@ -26,7 +26,7 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import add
@@ -138,7 +138,9 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
         if recipe is not None:
             return recipe.rendered(example, copy_texts)
         stripped: _Stripped | None = skeleton.fill(copy_texts)
+        tools_implied = skeleton.tool_checks_implied
     else:
+        tools_implied = False
         stripped = None  # _strip_markers of the marked render: a skeleton's or minijinja's, when they supply it
     if slots is not None and stripped is None and not slot_learning:
         shape = None
@@ -260,7 +262,8 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
                 "(it drops or rewrites it), so training on this render would silently lose it",
                 kind="template_error",
             )
-    _check_tools_printed(example, text, contents)
+    if not tools_implied:
+        _check_tools_printed(example, text, contents)
     spans = tuple(
         Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
     )
@@ -353,6 +356,10 @@ class _Slots:
 
     leaves: tuple[str, ...]
     values: tuple[dict[str, Any], ...]
+    tools: int  # values[:tools] are the tool definitions
+    # Each tool call as (its message, the sentinel index of its name's leaf, of its arguments' leaf, the
+    # value slot of its arguments), None where the call has none of these (see _tool_checks_implied).
+    calls: tuple[tuple[int, int | None, int | None, int | None], ...]
 
 
 class _SlotWalk:
@@ -365,6 +372,8 @@ class _SlotWalk:
         self.mark = mark
         self.leaves: list[str] = []
         self.values: list[dict[str, Any]] = []
+        self.calls: list[tuple[int, int | None, int | None, int | None]] = []
+        self.call: list[int | None] = [None, None, None]  # the call being walked: see _Slots.calls
 
     def walk(self, example: Example) -> tuple[Shape, _Slots, list[dict[str, Any]] | None, list[Any] | None] | None:
         """(the shape's rest, the slots, the marked messages, the marked tools); None where a field holds
@@ -374,18 +383,22 @@ class _SlotWalk:
             return None
         parts, marked = [], []
         for i, message in enumerate(example.messages):
+            extras = (message.tool_call_id, message.name, message.reasoning_content)
             fields: list[Any] = []
             out: dict[str, Any] = {"role": message.role, "content": message.content}
             if self.mark:
                 out["content"] = marked_content(message.content, i) or message.content
             if message.tool_calls:
-                calls = [self.mapping(call, self.call_item) for call in message.tool_calls]
+                calls = []
+                for call in message.tool_calls:
+                    self.call = [None, None, None]
+                    calls.append(self.mapping(call, self.call_item))
+                    self.calls.append((i, *self.call))
                 if any(call is None for call in calls):
                     return None
                 fields.append(("tool_calls", tuple(part for part, _ in calls)))
                 out["tool_calls"] = [value for _, value in calls]
-            for key in ("tool_call_id", "name", "reasoning_content"):
-                text = getattr(message, key)
+            for key, text in zip(("tool_call_id", "name", "reasoning_content"), extras):
                 if text is not None:
                     part, out[key] = self.leaf(text)
                     fields.append((key, part))
@@ -393,7 +406,7 @@ class _SlotWalk:
             marked.append(out)
         if self.first_leaf + len(self.leaves) >= _MAX_MESSAGES:
             return None  # no sentinel left for them
-        slots = _Slots(tuple(self.leaves), tuple(self.values))
+        slots = _Slots(tuple(self.leaves), tuple(self.values), len(tools), tuple(self.calls))
         rest = (tuple(parts), tuple(part for part, _ in tools))
         return rest, slots, marked if self.mark else None, [value for _, value in tools] if self.mark else None
 
@@ -432,8 +445,13 @@ class _SlotWalk:
 
     def function_item(self, key: str, value: Any) -> tuple[Shape, Any] | None:
         if key == "arguments" and isinstance(value, dict) and value:
+            self.call[2] = len(self.values)
             return self.value(value)
-        return self.scalar(value)
+        leaves = len(self.leaves)
+        walked = self.scalar(value)
+        if key in ("name", "arguments") and len(self.leaves) > leaves:
+            self.call[0 if key == "name" else 1] = self.first_leaf + leaves
+        return walked
 
     def scalar(self, value: Any) -> tuple[Shape, Any] | None:
         if isinstance(value, str):
@@ -480,6 +498,7 @@ class _Skeleton:
     # What tojson printed of each JsonSlot, in order after the leaves: (value, the filter's arguments).
     prints: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] = ()
     sentinels_in_literals: bool = False  # a literal holds a sentinel of its own (a generation block's)
+    tool_checks_implied: bool = False  # see _tool_checks_implied
 
     @classmethod
     def of(
@@ -514,7 +533,10 @@ class _Skeleton:
             return None
         literals.append(marked[start:])
         marks = any(_MARKERS.search(literal) for literal in literals)
-        return cls(tuple(literals), tuple(copies), tuple(map(len, texts)), len(cores), peak, readings, prints, marks)
+        implied = slots is not None and _tool_checks_implied(copies, len(cores), slots, prints)
+        return cls(
+            tuple(literals), tuple(copies), tuple(map(len, texts)), len(cores), peak, readings, prints, marks, implied
+        )
 
     # Trained-message pattern and target settings -> the recipe for them (None: this shape has none).
     recipes: dict[tuple[Any, ...], _Recipe | None] = field(default_factory=dict, compare=False, repr=False)
@@ -577,6 +599,47 @@ class _Skeleton:
             parts += (text, literal)
             at += len(text) + len(literal)
         return "".join(parts), contents, [], []
+
+
+def _tool_checks_implied(
+    copies: list[int], messages: int, slots: _Slots, prints: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...]
+) -> bool:
+    """Whether _check_tools_printed passes for every conversation of a skeleton's shape, so that a fill
+    need not run it (a Qwen3 tool record: 17 us).
+
+    It does when each tool definition is printed whole through tojson outside every content and every
+    call's region, and each call's name leaf and its arguments (their leaf, or their JSON) inside its
+    region: a JSON text holds every key and string of its value in a form _printed_at looks for, and
+    which copies lie in which region depends on the order of the copies alone, which the shape fixes
+    (regions are bounded by contents: see _check_tools_printed). A skeleton that prints them some other
+    way (or a name in the reasoning only) has every fill checked.
+    """
+    first_print = messages + len(slots.leaves)
+    contents = [(k, index) for k, index in enumerate(copies) if index < messages]
+
+    def region(i: int) -> range:
+        upper = next((k for k, message in contents if message > i), len(copies))
+        lower = max((k for k, message in contents if message < i and k < upper), default=-1)
+        return range(lower + 1, upper)
+
+    def printed_value(slot: int, where: Iterable[int]) -> bool:
+        return any(copies[k] >= first_print and prints[copies[k] - first_print][0] == slot for k in where)
+
+    regions = {i: region(i) for i, *_ in slots.calls}
+    inside = {k for where in regions.values() for k in where}
+    outside = [k for k in range(len(copies)) if copies[k] >= messages and k not in inside]
+    if not all(printed_value(tool, outside) for tool in range(slots.tools)):
+        return False
+    for i, name, argument_leaf, argument_value in slots.calls:
+        where = regions[i]
+        named = name is not None and any(copies[k] == name for k in where)
+        if argument_leaf is not None:
+            argued = any(copies[k] == argument_leaf for k in where)
+        else:
+            argued = argument_value is not None and printed_value(argument_value, where)
+        if not (named and argued):
+            return False
+    return True
 
 
 def _copy_texts(

@@ -1258,6 +1258,43 @@ def test_a_template_that_looks_at_a_slot_teaches_no_slot_skeleton(look):
     assert all(not read.skeletons for read in refused) and bool(refused) != learned
 
 
+@pytest.mark.parametrize(
+    ("tools", "call"),
+    [
+        ("", "{{ c.function.name }}{{ c.function.arguments | tojson }}"),  # drops the definitions
+        ("{% for t in tools %}{{ t | tojson }}{% endfor %}", "{{ c.function.name }}()"),  # drops the arguments
+    ],
+)
+def test_a_template_that_drops_tools_is_caught_in_every_conversation_of_its_shape(tools, call):
+    """The first conversation names its tool and arguments in its reasoning, so a template that drops
+    the definitions or the arguments passes the tool checks there; the skeleton it teaches does not
+    print them, so the next conversation of the shape is checked (and rejected), not let through."""
+
+    def conversation(name: str, key: str, value: str, reasons: tuple[str, str]) -> Example:
+        tool = {"type": "function", "function": {"name": name, "parameters": {"properties": {key: {}}}}}
+        called = {"type": "function", "function": {"name": name, "arguments": {key: value}}}
+        messages = (
+            Message("user", "Hi"),
+            Message("assistant", "", tool_calls=(called,), reasoning_content=reasons[0]),
+            Message("tool", "done"),
+            Message("assistant", "Ok.", reasoning_content=reasons[1]),
+        )
+        return Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
+
+    source = "<|im_start|>system\n" + tools + "<|im_end|>\n" + SLOT_CHATML.replace("CALL", call)
+    template = load_template("model", {"chat_template": source, "eos_token": "<|im_end|>"})
+    named = conversation("get_time", "zone", "Oslo", ("call get_time for Oslo", "get_time has a zone"))
+    unnamed = conversation("get_date", "day", "Monday", ("call it", "done"))
+    for example in (named, unnamed):
+        assert _rendered_or_rejected(example, template, TrainPolicy()) == _fresh_without_slots(
+            example, template, TrainPolicy()
+        )
+    assert any(key[0] == "slots" for key in template.skeletons)
+    with pytest.raises(RecordError) as caught:
+        render_chat(unnamed, template, TrainPolicy())
+    assert caught.value.kind == "template_dropped_tools"
+
+
 def test_a_tool_conversation_of_a_known_shape_renders_nothing(monkeypatch):
     """Qwen2.5: the second tool conversation of a shape is its skeleton filled in (the tools' and
     arguments' JSON, the names, the contents), with no template render."""

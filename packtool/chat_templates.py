@@ -67,7 +67,7 @@ class ChatTemplate:
 
     @property
     def end_markers(self) -> tuple[str, ...]:
-        return _end_markers(self.special_tokens.get("eos_token"))
+        return _end_markers(self.special_tokens.get("eos_token"), self.source)
 
     def render(
         self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = False, mark: bool = False
@@ -119,8 +119,11 @@ class ChatTemplate:
 
 
 @functools.cache
-def _end_markers(eos: str | None) -> tuple[str, ...]:
-    return tuple(dict.fromkeys([*(m for m in [eos] if m), *END_MARKERS]))
+def _end_markers(eos: str | None, source: str) -> tuple[str, ...]:
+    """The end-of-sequence token and the END_MARKERS the template's text spells. A marker the template
+    never prints ends none of its turns: in a record it is words (Qwen's template and a tool call whose
+    code prints `</s>` ended the turn's target inside the call)."""
+    return tuple(dict.fromkeys([*(m for m in [eos] if m), *(m for m in END_MARKERS if m in source)]))
 
 
 def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatTemplate | None:

@@ -327,8 +327,8 @@ def _shape(example: Example, cores: list[str]) -> tuple[Shape | None, _Slots | N
     shape: list[tuple[str, str, str | None]] = []
     slotted = bool(example.tools)
     for m, core in zip(example.messages, cores):
-        extras = (m.tool_call_id, m.name, m.reasoning_content)
-        slotted = slotted or bool(m.tool_calls) or any(v is not None for v in extras)
+        if m.tool_calls or m.tool_call_id is not None or m.name is not None or m.reasoning_content is not None:
+            slotted = True
         if not core:
             shape.append((m.role, m.content, None))
             continue
@@ -360,6 +360,9 @@ class _Slots:
     # Each tool call as (its message, the sentinel index of its name's leaf, of its arguments' leaf, the
     # value slot of its arguments), None where the call has none of these (see _tool_checks_implied).
     calls: tuple[tuple[int, int | None, int | None, int | None], ...]
+
+
+_BARE = ("s", "", "")  # a leaf with no whitespace around it
 
 
 class _SlotWalk:
@@ -414,9 +417,11 @@ class _SlotWalk:
         core = text.strip()
         if not core:
             return ("=", text), text
-        lead = text[: len(text) - len(text.lstrip())]
         marked = marked_content(text, self.first_leaf + len(self.leaves)) if self.mark else text
         self.leaves.append(core)
+        if len(core) == len(text):
+            return _BARE, marked
+        lead = text[: len(text) - len(text.lstrip())]
         return ("s", lead, text[len(lead) + len(core) :]), marked
 
     def value(self, value: Any) -> tuple[Shape | None, Any]:
@@ -1173,7 +1178,7 @@ def _any_marker(markers: tuple[str, ...]) -> re.Pattern[str]:
     """One search for all the markers (a find per marker was ~8 us of a Qwen3 tool-calling render): a
     regex tries its alternatives in order at the leftmost place any matches, so the smallest string
     goes first."""
-    return re.compile("|".join(map(re.escape, sorted(set(markers)))))
+    return re.compile("|".join(map(re.escape, sorted(set(markers)))) or "(?!)")  # none: a pattern never found
 
 
 def render_example(

@@ -638,6 +638,30 @@ def test_tools_the_template_drops_reject_the_sample(tmp_path, definitions, calls
     assert ("tools[0]" if not definitions else "tool call 0 of message 1") in caught.value.reason
 
 
+@pytest.mark.parametrize("code", ["print('</s>')", "<end_of_turn> and <|end|>", "x<|eot_id|>y"])
+def test_an_end_marker_the_template_never_prints_is_words_in_a_tool_call(code):
+    """Qwen2.5 ends its turns with <|im_end|> alone; `</s>`, `<end_of_turn>` or `<|eot_id|>` in a tool
+    call's code are plain text there. The call's target runs to its <|im_end|> (it ended inside the code,
+    so the rest of the call and the end marker were not trained)."""
+    tokenizer, template = qwen()
+    assert template.end_markers == ("<|im_end|>",)
+    tool = {"type": "function", "function": {"name": "run", "parameters": {"properties": {"code": {}}}}}
+    call = {"type": "function", "function": {"name": "run", "arguments": {"code": code}}}
+    messages = (
+        Message("user", "Run it"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message("tool", "1"),
+        Message("assistant", "Done."),
+    )
+    example = Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
+    rendered = render_chat(example, template, TrainPolicy())
+    start, end, message = rendered.target_ranges[0]
+    assert message == 1 and rendered.text[start:end].endswith("</tool_call><|im_end|>")
+    assert json.dumps(code, ensure_ascii=False) in rendered.text[start:end]
+    sample = encode_one(example, tokenizer, template)
+    assert target_text(tokenizer, sample).count("<|im_end|>") == 2
+
+
 def test_dropped_tools_are_counted_per_source(tmp_path, write_config, write_jsonl):
     from packtool.builder import build
     from packtool.config import load_config

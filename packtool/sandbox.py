@@ -281,37 +281,45 @@ class JsonSlot(dict):  # type: ignore[type-arg]
 
     tojson prints it between the sentinels of a print of its own (Budget.prints), which the skeleton
     fills with that value's JSON for any other record of the shape. Every other use (a key, an item,
-    its length, iterating it, comparing or printing it) is an inspection: the render asked something
-    of the value, and teaches no skeleton. Type tests (`is mapping`) see a dict, as they would the
-    value, and its truth is the value's (a slot is never empty). Private names (`_slot`, `__class__`)
-    pass: the sandbox gives a template none of them.
+    an attribute, its length, iterating it, comparing or printing it) is an inspection: the render
+    asked something of the value, and teaches no skeleton. Type tests (`is mapping`) see a dict, as
+    they would the value, and its truth is the value's (a slot is never empty). Dunder names pass (the
+    interpreter's own lookups; the sandbox gives a template none of them), and the slot's own two
+    attributes are hidden from any other reader, so `tool._value` finds nothing, as on a dict.
     """
 
     __slots__ = ("_slot", "_value")
 
     def __init__(self, value: dict[str, Any], slot: int) -> None:
         super().__init__(value)
-        self._slot = slot
-        self._value = value  # read past the dict's own methods, which note an inspection
+        _SLOT.__set__(self, slot)
+        _VALUE.__set__(self, value)  # read past the dict's own methods, which note an inspection
 
     def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("_"):
-            _inspected()
+        if name.startswith("__"):
+            return super().__getattribute__(name)
+        _inspected()
+        if name in JsonSlot.__slots__:
+            raise AttributeError(name)
         return super().__getattribute__(name)
 
     def __bool__(self) -> bool:
         return True
 
-    def _printed(self, **kwargs: Any) -> str:
-        """What tojson prints of the slot in a render: its JSON between a print's sentinels."""
-        budget = BUDGET.get(None)
-        text = _tojson(self._value, **kwargs)
-        index = None if budget is None else budget.prints_from + len(budget.prints)
-        if budget is None or index is None or ord(close_mark(0)) + 2 * index >= ord(GENERATION_OPEN):
-            _inspected()  # no sentinel left for it: an inspection, so nothing is learned
-            return text
-        budget.prints.append((self._slot, tuple(sorted(kwargs.items()))))
-        return Tracked(f"{open_mark(index)}{text}{close_mark(index)}")
+
+_SLOT, _VALUE = JsonSlot._slot, JsonSlot._value  # type: ignore[attr-defined]  # the slots' descriptors
+
+
+def _print_slot(slot: JsonSlot, **kwargs: Any) -> str:
+    """What tojson prints of a slot in a render: its JSON between a print's sentinels."""
+    budget = BUDGET.get(None)
+    text = _tojson(_VALUE.__get__(slot), **kwargs)
+    index = None if budget is None else budget.prints_from + len(budget.prints)
+    if budget is None or index is None or ord(close_mark(0)) + 2 * index >= ord(GENERATION_OPEN):
+        _inspected()  # no sentinel left for it: an inspection, so nothing is learned
+        return text
+    budget.prints.append((_SLOT.__get__(slot), tuple(sorted(kwargs.items()))))
+    return Tracked(f"{open_mark(index)}{text}{close_mark(index)}")
 
 
 def _inspecting_slot(name: str) -> Any:
@@ -794,7 +802,7 @@ _PLAIN_JSON = json.JSONEncoder(ensure_ascii=False)
 
 def _template_tojson(value: Any, **kwargs: Any) -> str:
     """The templates' tojson: a JsonSlot prints its own copy (see there)."""
-    return value._printed(**kwargs) if type(value) is JsonSlot else _tojson(value, **kwargs)
+    return _print_slot(value, **kwargs) if type(value) is JsonSlot else _tojson(value, **kwargs)
 
 
 def _test_sameas(value: Any, other: Any) -> bool:

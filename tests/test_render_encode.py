@@ -1255,6 +1255,11 @@ SLOT_LOOKS = {
         False,
     ),
     "a call through tojson": ("{% for t in tools %}{{ t | tojson }}{% endfor %}", "{{ c | tojson }}", False),
+    "a name of the slot's own": (
+        "{% for t in tools %}{{ t._value }}{{ t._slot }}{{ t | tojson }}{% endfor %}",
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}",
+        False,
+    ),
     "the same tool twice": (
         "{% for t in tools %}{% if t is sameas tools[0] %}1{% endif %}{{ t | tojson }}{% endfor %}",
         "{{ c.function.name }}{{ c.function.arguments | tojson }}",

@@ -60,6 +60,9 @@ class ChatTemplate:
     # (render._ReadSkeletons); minijinja renders those of the shape that none of them fits, once jinja2
     # has had its tries.
     inspecting_shapes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+    # Hashes of the shapes with slots seen once (render._Slots): a shape teaches its skeleton from its
+    # second conversation, so data whose every conversation has a shape of its own pays no learning.
+    slot_shapes_seen: set[int] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:

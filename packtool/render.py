@@ -100,6 +100,8 @@ def render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy) -
 
 
 def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, *, learn_slots: bool) -> Rendered:
+    """render_chat; `learn_slots=False` renders a conversation with slots as one without a shape (its
+    slot-marked render taught nothing, or met a limit)."""
     messages = example.messages
     if len(messages) > _MAX_MESSAGES:
         raise RecordError(f"{len(messages)} messages exceed the {_MAX_MESSAGES} packtool can track", kind="bad_record")
@@ -117,7 +119,10 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
     tools = list(example.tools) if example.tools else None
 
     def plain_render() -> str:
-        return template.render([m.as_template_dict() for m in messages], tools)
+        # minijinja prints jinja2's bytes where it qualifies, and leaves every failure to jinja2's verdict
+        plain = [m.as_template_dict() for m in messages]
+        text = template.fast.render(plain, tools) if template.fast is not None else None
+        return text if text is not None else template.render(plain, tools)
 
     shape = shape if literals is None else None
     skeleton = template.skeletons.get(shape) if shape is not None else None
@@ -128,7 +133,12 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
     # tries; otherwise its conversations render as conversations without a shape (nothing is learned
     # from a render that marks contents alone: it prints the slots' words as literals).
     has_tries = read is None or read.tries < MAX_READ_TRIES
-    slot_learning = learn_slots and slots is not None and skeleton is None and has_tries
+    slot_learning = learn_slots and shape is not None and slots is not None and skeleton is None and has_tries
+    if slot_learning and read is None and hash(shape) not in template.slot_shapes_seen:
+        # a slot-marked jinja2 render costs several renders by minijinja: only a shape seen before pays it
+        if len(template.slot_shapes_seen) < MAX_SHAPES_SEEN:
+            template.slot_shapes_seen.add(hash(shape))
+        slot_learning = False
     learned_reading = None  # a skeleton this render's questions and answers would give, kept once it checks out
     recipe_key = (tuple(trained), policy.end_of_turn, template.generation_header, template.has_generation_blocks)
     known_json = record.tool_json if record is not None else None
@@ -471,6 +481,9 @@ class _SlotWalk:
 # Skeletons kept per template: real data has a few shapes (turn counts, whitespace habits); data
 # with many more (every conversation its own) must not grow memory without bound.
 MAX_SKELETONS = 4096
+# Shapes with slots remembered as seen once (a hash each, ~60 bytes): past this, a new shape is not
+# learned from (its conversations render as ones without a shape).
+MAX_SHAPES_SEEN = 1 << 16
 # How much longer than its content a copy of it can get: tojson writes a character outside the
 # Basic Multilingual Plane as two \uXXXX escapes.
 _TOJSON_GROWTH = 12

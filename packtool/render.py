@@ -391,8 +391,9 @@ class _SlotWalk:
     def walk(self, example: Example) -> tuple[Shape, _Slots, list[dict[str, Any]] | None, list[Any] | None] | None:
         """(the shape's rest, the slots, the marked messages, the marked tools); None where a field holds
         something no slot holds."""
-        tools = [self.value(tool) for tool in example.tools or ()]
-        if any(tool is None for tool, _ in tools):
+        walked_tools = [self.value(tool) for tool in example.tools or ()]
+        tools = [tool for tool in walked_tools if tool is not None]
+        if len(tools) < len(walked_tools):
             return None
         parts, marked = [], []
         for i, message in enumerate(example.messages):
@@ -405,10 +406,12 @@ class _SlotWalk:
                 calls = []
                 for call in message.tool_calls:
                     self.call = [None, None, None]
-                    calls.append(self.mapping(call, self.call_item))
-                    self.calls.append((i, *self.call))
-                if any(call is None for call in calls):
-                    return None
+                    walked_call = self.mapping(call, self.call_item)
+                    if walked_call is None:
+                        return None
+                    calls.append(walked_call)
+                    name, argument_leaf, argument_value = self.call
+                    self.calls.append((i, name, argument_leaf, argument_value))
                 fields.append(("tool_calls", tuple(part for part, _ in calls)))
                 out["tool_calls"] = [value for _, value in calls]
             for key, text in zip(("tool_call_id", "name", "reasoning_content"), extras):
@@ -434,9 +437,9 @@ class _SlotWalk:
         lead = text[: len(text) - len(text.lstrip())]
         return ("s", lead, text[len(lead) + len(core) :]), marked
 
-    def value(self, value: Any) -> tuple[Shape | None, Any]:
+    def value(self, value: Any) -> tuple[Shape, Any] | None:
         if not isinstance(value, dict) or not value:
-            return None, None
+            return None
         marked = JsonSlot(value, len(self.values)) if self.mark else value
         self.values.append(value)
         return ("json",), marked
@@ -496,9 +499,11 @@ class _Skeleton:
     The render that made it never inspected a content (see Tracked), so nothing it decided can have
     depended on the words: the template runs the same way on any conversation of that shape, and
     its text is these literals with the other conversation's cores in their place (sentinels
-    included), as a render would give it. Only sizes follow the words: a core n times longer makes
-    every string the render builds at most n times longer (12n through tojson's escapes), so a
-    conversation whose render could reach MAX_TEMPLATE_CHARS is rendered and meets the limit there.
+    included), as a render would give it. A shape with slots (_Slots) has their copies too: each
+    leaf's core, and each value's JSON where the render wrote one through tojson (JsonSlot). Only
+    sizes follow the words: a copy n times longer makes every string the render builds at most n
+    times longer (12n through tojson's escapes), so a conversation whose render could reach
+    MAX_TEMPLATE_CHARS is rendered and meets the limit there.
 
         marked render  <|im_start|>user\\n⟦0 Hi 0⟧<|im_end|>\\n<|im_start|>assistant\\n⟦1 Hello! 1⟧<|im_end|>\\n
         literals       '<|im_start|>user\\n'   '<|im_end|>\\n<|im_start|>assistant\\n'   '<|im_end|>\\n'
@@ -671,8 +676,10 @@ def _copy_texts(
     texts = [*cores, *slots.leaves]
     try:
         for value, arguments in prints:
-            known = known_json is not None and not arguments and value < len(known_json)
-            texts.append(known_json[value] if known else _tojson(slots.values[value], **dict(arguments)))
+            if known_json is not None and not arguments and value < len(known_json):
+                texts.append(known_json[value])  # a tool's JSON, written for the record's data check
+            else:
+                texts.append(_tojson(slots.values[value], **dict(arguments)))
     except (TypeError, ValueError, RecursionError):  # what tojson fails on, a render fails on too
         return None
     return texts

@@ -180,10 +180,11 @@ def _inspected() -> None:
         budget.readings = None
 
 
-def _inspecting(name: str) -> Any:
-    method = getattr(str, name)
+def _inspecting(name: str, kind: type = str) -> Any:
+    """`kind`'s method `name`, noting an inspection first (Tracked's, JsonSlot's)."""
+    method = getattr(kind, name)
 
-    def inspecting(self: str, *args: Any, **kwargs: Any) -> Any:
+    def inspecting(self: Any, *args: Any, **kwargs: Any) -> Any:
         _inspected()
         return method(self, *args, **kwargs)
 
@@ -314,23 +315,14 @@ def _print_slot(slot: JsonSlot, **kwargs: Any) -> str:
     """What tojson prints of a slot in a render: its JSON between a print's sentinels."""
     budget = BUDGET.get(None)
     text = _tojson(_VALUE.__get__(slot), **kwargs)
-    index = None if budget is None else budget.prints_from + len(budget.prints)
-    if budget is None or index is None or ord(close_mark(0)) + 2 * index >= ord(GENERATION_OPEN):
+    if budget is None:  # outside ChatTemplate.render: nothing to learn
+        return text
+    index = budget.prints_from + len(budget.prints)
+    if ord(close_mark(0)) + 2 * index >= ord(GENERATION_OPEN):
         _inspected()  # no sentinel left for it: an inspection, so nothing is learned
         return text
     budget.prints.append((_SLOT.__get__(slot), tuple(sorted(kwargs.items()))))
     return Tracked(f"{open_mark(index)}{text}{close_mark(index)}")
-
-
-def _inspecting_slot(name: str) -> Any:
-    method = getattr(dict, name)
-
-    def inspecting(self: JsonSlot, *args: Any, **kwargs: Any) -> Any:
-        _inspected()
-        return method(self, *args, **kwargs)
-
-    inspecting.__name__ = name
-    return inspecting
 
 
 # the operators and conversions Python looks up on the type, past __getattribute__
@@ -338,7 +330,7 @@ for _name in (
     *("__len__", "__iter__", "__reversed__", "__getitem__", "__contains__", "__or__", "__ror__"),
     *("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__repr__", "__str__", "__format__"),
 ):
-    setattr(JsonSlot, _name, _inspecting_slot(_name))
+    setattr(JsonSlot, _name, _inspecting(_name, dict))
 JsonSlot.__hash__ = None  # type: ignore[assignment]  # as a dict's
 
 

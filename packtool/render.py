@@ -134,6 +134,8 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
     # from a render that marks contents alone: it prints the slots' words as literals).
     has_tries = read is None or read.tries < MAX_READ_TRIES
     slot_learning = learn_slots and shape is not None and slots is not None and skeleton is None and has_tries
+    # with no room left to keep what it would teach, a slot-marked render is only a slower render
+    slot_learning = slot_learning and max(len(template.skeletons), len(template.inspecting_shapes)) < MAX_SKELETONS
     if slot_learning and read is None and hash(shape) not in template.slot_shapes_seen:
         # a slot-marked jinja2 render costs several renders by minijinja: only a shape seen before pays it
         if len(template.slot_shapes_seen) < MAX_SHAPES_SEEN:

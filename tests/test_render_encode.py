@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from support import QUICKSTART, assert_same_samples, rendered_batch, shared
 
 import packtool.minijinja_engine
+import packtool.render
 from packtool.chat_templates import JINJA2_ONLY, load_template
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
@@ -1329,6 +1330,19 @@ def test_a_template_that_drops_tools_is_caught_in_every_conversation_of_its_shap
     with pytest.raises(RecordError) as caught:
         render_chat(unnamed, template, TrainPolicy())
     assert caught.value.kind == "template_dropped_tools"
+
+
+def test_with_no_room_for_skeletons_a_tool_conversation_is_rendered_once(monkeypatch):
+    """Past MAX_SKELETONS nothing a slot-marked render teaches could be kept, so none is made: each
+    conversation gets the one render (minijinja's pair) it got before slots."""
+    _, template = qwen()
+    template = replace(template, skeletons={}, inspecting_shapes={})
+    monkeypatch.setattr(packtool.render, "MAX_SKELETONS", 0)
+    calls = _count_renders(template, monkeypatch)
+    example = next(_slot_records())
+    for _ in range(3):
+        assert render_chat(example, template, TrainPolicy()) == _fresh_without_slots(example, template, TrainPolicy())
+    assert calls == [0] and not template.skeletons
 
 
 def test_a_tool_conversation_of_a_known_shape_renders_nothing(monkeypatch):

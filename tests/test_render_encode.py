@@ -1295,6 +1295,83 @@ def test_a_template_that_looks_at_a_slot_teaches_no_slot_skeleton(look):
     assert all(not read.skeletons for read in refused) and bool(refused) != learned
 
 
+# Pieces of templates over a conversation's slots: copies a skeleton may keep, and looks it may not.
+SLOT_PIECES_TOOLS = (
+    "{{ t | tojson }}",
+    "{{ t | tojson(indent=2) }}",
+    "{{ t.function.name }}",
+    "{{ (t | tojson)[:9] }}",
+    "{{ t | tojson | replace('a', 'b') }}",
+    "{% if t.function is defined %}D{% endif %}",
+    "{{ tools | length }}",
+    "{% if t is mapping %}M{% endif %}",
+)
+SLOT_PIECES_CALLS = (
+    "{{ c.function.name }}",
+    "{{ c.function.arguments | tojson }}",
+    "{{ c.function.name | upper }}",
+    "{% if c.function.name.startswith('get') %}G{% endif %}",
+    "{{ c.function.arguments | length }}",
+    "{% for k in c.function.arguments %}{{ k }}{% endfor %}",
+    "{% set x = c.function.name %}{{ x ~ '!' }}",
+    "{{ c | tojson }}",
+    "{% if c.function.arguments is string %}S{% endif %}",
+)
+SLOT_PIECES_MESSAGES = (
+    "{{ m.reasoning_content }}",
+    "{{ m.reasoning_content | trim }}",
+    "{% if m.reasoning_content %}R{% endif %}",
+    "{{ m.reasoning_content | length }}",
+    "{% if 'x' in m.reasoning_content %}X{% endif %}",
+    "{{ m.tool_call_id }}",
+    "{% if m.content.startswith('x') %}C{% endif %}",
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pieces=st.tuples(
+        st.lists(st.sampled_from(SLOT_PIECES_TOOLS), max_size=3),
+        st.lists(st.sampled_from(SLOT_PIECES_CALLS), max_size=3),
+        st.lists(st.sampled_from(SLOT_PIECES_MESSAGES), max_size=2),
+    ),
+    words=st.lists(
+        st.tuples(
+            st.sampled_from(["get_x", "x", "get", 'say "hi"']), st.sampled_from(["a", "x", "b\\c"]), SLOT_SCALARS
+        ),
+        min_size=3,
+        max_size=5,
+    ),
+)
+def test_any_mix_of_copies_and_looks_at_slots_renders_what_the_template_renders(pieces, words):
+    """Templates made of random pieces that copy slots (tojson, a name as it is, a truth test) or look at
+    them (keys, lengths, slices, comparisons, a call through tojson), over conversations of one shape
+    with other words: each renders as the template renders it with nothing kept and no slots."""
+    tools, calls, per_message = ("".join(p) for p in pieces)
+    source = (
+        "{% for t in tools %}" + tools + "{{ t | tojson }}\n{% endfor %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        + per_message.replace("m.reasoning_content", "(m.reasoning_content or '')")
+        + "{{ m.content }}{% for c in m.tool_calls or [] %}"
+        + calls
+        + "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}<|im_end|>\n{% endfor %}"
+    )
+    template = load_template("model", {"chat_template": source, "eos_token": "<|im_end|>"})
+    for name, reasoning, value in words:
+        tool = {"type": "function", "function": {"name": name, "parameters": {"properties": {"zone": {}}}}}
+        call = {"type": "function", "id": "c1", "function": {"name": name, "arguments": {"zone": value}}}
+        messages = (
+            Message("user", "xHi"),
+            Message("assistant", "", tool_calls=(call,), reasoning_content=reasoning),
+            Message("tool", "done", tool_call_id="c1"),
+            Message("assistant", "Ok.", reasoning_content=reasoning),
+        )
+        example = Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
+        assert _rendered_or_rejected(example, template, TrainPolicy()) == _fresh_without_slots(
+            example, template, TrainPolicy()
+        ), source
+
+
 @pytest.mark.parametrize(
     ("tools", "call"),
     [

@@ -175,7 +175,7 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
         size = _template_size(example, record)
         # the tools are the record's own dicts (the marked render's too, unless it marks literals in
         # copies), so what tojson writes of them is known
-        known = zip(tools or (), record.tool_json) if record is not None and record.tool_json is not None else ()
+        known = zip(tools or (), known_json) if known_json is not None else ()
         texts = template.fast.render_pair(marked, _mark_literals(tools, literals), plain, tools, size, known)
         stripped = _strip_markers(texts[0]) if texts is not None else None
         # minijinja supplies only texts jinja2 would accept: anything else, jinja2 renders and judges
@@ -374,9 +374,6 @@ class _Slots:
     calls: tuple[tuple[int, int | None, int | None, int | None], ...]
 
 
-_BARE = ("s", "", "")  # a leaf with no whitespace around it
-
-
 class _SlotWalk:
     """One walk over a conversation's fields for its slots (_Slots), its shape's rest, and with `mark`
     the template dicts of a render that marks them: message `n` + k's sentinels around leaf k, a
@@ -434,8 +431,6 @@ class _SlotWalk:
             return ("=", text), text
         marked = marked_content(text, self.first_leaf + len(self.leaves)) if self.mark else text
         self.leaves.append(core)
-        if len(core) == len(text):
-            return _BARE, marked
         lead = text[: len(text) - len(text.lstrip())]
         return ("s", lead, text[len(lead) + len(core) :]), marked
 
@@ -538,12 +533,14 @@ class _Skeleton:
         """None when the render printed a content or a leaf other than verbatim (a JSON-escaped copy)."""
         cores = [m.content.strip() for m in messages]
         texts = _copy_texts(cores, slots, prints)
+        if texts is None:
+            return None
         literals: list[str] = []
         copies: list[int] = []
         start, opened = 0, -1
         for match in CONTENT_MARKS.finditer(marked):
             index, is_close = divmod(ord(match.group()) - MARK_BASE, 2)
-            if texts is None or index >= len(texts):
+            if index >= len(texts):
                 return None
             if not is_close and opened < 0:
                 literals.append(marked[start : match.start()])
@@ -554,7 +551,7 @@ class _Skeleton:
             else:
                 return None
             start = match.end()
-        if opened >= 0 or texts is None:
+        if opened >= 0:
             return None
         literals.append(marked[start:])
         marks = any(_MARKERS.search(literal) for literal in literals)

@@ -736,7 +736,8 @@ class _Recipe:
         lengths = tuple(map(len, pieces))
         starts = _piece_starts(lengths, [texts[i] for i in skeleton.copies])
         copy_at = {start + len(piece): k for k, (start, piece) in enumerate(zip(starts, pieces))}
-        anchors = [_anchor(pieces, starts, at) for start, end, _ in rendered.target_ranges for at in (start, end)]
+        ends = list(map(add, starts, lengths))
+        anchors = [_anchor(starts, ends, at) for start, end, _ in rendered.target_ranges for at in (start, end)]
         spans = [(copy_at.get(span.start), span.message, span.role) for span in rendered.spans]
         if any(anchor is None for anchor in anchors) or any(k is None for k, _, _ in spans):
             return None
@@ -778,12 +779,12 @@ def _piece_starts(piece_lengths: tuple[int, ...], copied: list[str]) -> list[int
     return list(accumulate(map(add, piece_lengths, map(len, copied)), initial=0))
 
 
-def _anchor(pieces: tuple[str, ...], starts: list[int], at: int) -> _Anchor | None:
-    """The piece holding position `at` (its end included); None inside a content."""
-    for k, (start, piece) in enumerate(zip(starts, pieces)):
-        if start <= at <= start + len(piece):
-            return k, at - start
-    return None
+def _anchor(starts: list[int], ends: list[int], at: int) -> _Anchor | None:
+    """The first piece holding position `at` (its end included); None inside a content. Pieces'
+    ends never decrease, so a bisection finds it: a scan per target made a 10,000-turn
+    conversation quadratic (7 s)."""
+    k = bisect.bisect_left(ends, at)
+    return (k, at - starts[k]) if k < len(ends) and starts[k] <= at else None
 
 
 @contextlib.contextmanager

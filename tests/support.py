@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,22 @@ def shared(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not available")
     return path
+
+
+def growth(run: Callable[[int], object], size: int, factor: int = 8, repeats: int = 3) -> float:
+    """How much longer run(size * factor) takes than run(size): about `factor` for linear work and
+    factor**2 for quadratic. Each is the best of `repeats` runs, which leaves out the pauses of a shared
+    machine; absolute times belong in bench/, where a loaded machine cannot fail a user's test run."""
+
+    def best(n: int) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run(n)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    return best(size * factor) / best(size)
 
 
 def rendered_batch(examples, template, policy: str = "escape") -> list:

@@ -307,14 +307,11 @@ def _alias_bomb(levels: int = 9) -> str:
 
 
 @pytest.mark.timeout(10)
-def test_a_yaml_alias_bomb_is_one_line_in_well_under_a_second(tmp_path):
-    import time
-
+def test_a_yaml_alias_bomb_is_one_line_without_being_expanded(tmp_path):
+    """Written out, the bomb is 9**9 strings (minutes and gigabytes): the timeout only stops a hang."""
     path = _config_text(tmp_path, "template_vars:\n" + "".join(f"  {line}\n" for line in _alias_bomb().splitlines()))
-    started = time.perf_counter()
     with pytest.raises(PacktoolError, match=r"expands to more than 100,000 values once its aliases are written out"):
         load_config(path)
-    assert time.perf_counter() - started < 0.5
     # the same through the CLI: one line, exit 1
     result = CliRunner().invoke(main, ["build", str(path), "-q"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output

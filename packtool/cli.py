@@ -111,7 +111,7 @@ def build(
     from packtool.builder import build as run_build
     from packtool.builder.encode import stages_for
     from packtool.builder.executors import describe_workers
-    from packtool.builder.progress import BarProgress, Progress
+    from packtool.builder.progress import BarProgress, LogProgress, Progress
     from packtool.config import load_config, resolve_config_path
     from packtool.stats import format_headline
 
@@ -133,7 +133,8 @@ def build(
             overrides=[*overrides, *settings_from_flags],
             max_samples=max_samples,
         )
-        progress = BarProgress() if not quiet and sys.stderr.isatty() else Progress()
+        # a job log (nohup, SLURM, CI) cannot redraw a bar: it gets a line per phase and one every 10 s
+        progress = Progress() if quiet else BarProgress() if sys.stderr.isatty() else LogProgress()
         with _interrupt_on_sigterm():
             built = run_build(settings, progress=progress, use_cache=not no_cache, dry_run=dry_run)
     except PacktoolError as error:

@@ -321,10 +321,13 @@ class _SourceFiles:
         raw = dict(self.manifest.raw.get("config") or {})
         base = config_folder(self.manifest.raw, self.folder)
         if base is None:
-            raise PacktoolError(
-                "cannot tell which folder the build's config was in (its relative source paths start there); "
-                "pass --config CONFIG"
-            )
+            relative = anchored_paths(raw)
+            if relative:
+                raise PacktoolError(
+                    f"cannot tell which folder the build's config was in, where its relative paths "
+                    f"({', '.join(map(repr, relative))}) start; pass --config CONFIG"
+                )
+            base = self.folder  # every path is absolute: any folder reads them alike
         raw["output"] = str(self.folder)
         return parse_config(raw, base_dir=base, config_file=str(base / "<config from the manifest>"))
 
@@ -455,6 +458,21 @@ def config_folder(manifest: dict[str, Any], folder: Path | None = None) -> Path 
         if candidate.parts[-len(relative.parts) :] == relative.parts:
             return Path(*candidate.parts[: -len(relative.parts)])
     return None
+
+
+def anchored_paths(raw_config: dict[str, Any]) -> list[str]:
+    """The config's relative paths (sources, tokenizer, a template file), which only its folder anchors."""
+    sources = raw_config.get("sources")
+    patterns = []
+    for source in sources if isinstance(sources, list) else ():
+        path = source.get("path") if isinstance(source, dict) else None
+        patterns += [path] if isinstance(path, str) else [p for p in path or () if isinstance(p, str)]
+    template = raw_config.get("template")
+    files = [
+        raw_config.get("tokenizer"),
+        template if isinstance(template, str) and template.endswith(".jinja") else None,
+    ]
+    return [path for path in [*patterns, *files] if isinstance(path, str) and path and not Path(path).is_absolute()]
 
 
 def _resolved(path: str, base: Path) -> Path:

@@ -126,10 +126,31 @@ def test_a_rejected_sample_is_found_with_its_reason(tmp_path, write_config, writ
     output = _find(str(out), rejects[0]["id"])
     assert "0 document(s)" in output and f"not trained: {rejects[0]['id']}" in output
     # An absolute tokenizer path says nothing about the config's folder: relative sources need --config.
-    assert "pass --config CONFIG" in _find(str(out), f"{data}:2", exit_code=1)
+    assert f"relative paths ({data.name!r}) start; pass --config CONFIG" in _find(str(out), f"{data}:2", exit_code=1)
     by_location = json.loads(_find(str(out), f"{data}:2", "--json", "--config", str(config)))
     assert by_location["rejects"] == rejects and by_location["origins"][0]["status"] == "unreadable"
     assert find(out, "good", config=config).origins[0].status == "matches"
+
+
+def test_a_config_of_absolute_paths_needs_no_folder(tmp_path, write_config, write_jsonl):
+    """No relative path to anchor: find by location and by pack hash read the sources without --config."""
+    data = write_jsonl([{"id": f"doc-{i}", "text": f"plain document number {i}"} for i in range(3)])
+    config = write_config(
+        {
+            "sources": [{"name": "t", "path": str(data.resolve()), "format": "text", "fields": {"id": "id"}}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 64,
+            "output": str(tmp_path / "out"),
+        }
+    )
+    built = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert built.exit_code == 0, built.output
+    out = tmp_path / "out"
+    by_location = json.loads(_find(str(out), f"{data}:2", "--json"))
+    assert by_location["origins"][0]["status"] == "matches" and len(by_location["placements"]) == 1
+    by_hash = _find(str(out), by_location["placements"][0]["pack_hash"][:12])
+    assert "unknown" not in by_hash and "from ?" not in by_hash
+    assert by_hash.count(": matches") == 3, by_hash
 
 
 def test_unknown_keys_are_one_line(quickstart_build):

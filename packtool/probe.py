@@ -503,6 +503,19 @@ class _LayerOutputs:
         logits = model(**inputs).logits
         return _as_packed(logits.float(), inputs), self.outputs
 
+    def run_forward(
+        self, model: Any, mb: MicroBatch, forward: Callable[[Any, MicroBatch], torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A training loop's own forward of the packed row (logits or hidden states, [1, T, ...])."""
+        self.outputs, self.inputs = [], {}
+        values = forward(model, mb)
+        if values.dim() < 2 or tuple(values.shape[:2]) != tuple(mb.input_ids.shape):
+            raise IsolationError(
+                f"check_isolation's forward returned shape {tuple(values.shape)} for a packed row of "
+                f"{tuple(mb.input_ids.shape)}; it must return that row's [1, T, ...] logits or hidden states"
+            )
+        return values[0].float(), self.outputs
+
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
@@ -552,8 +565,13 @@ def _moved(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype) -> tup
     return change, change > limit
 
 
-def perturbation(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], dict[str, Any]]) -> Perturbation:
-    """Two forwards: the row, and the row with one token of document 0 changed."""
+def perturbation(
+    model: Any,
+    mb: MicroBatch,
+    feed: Callable[[MicroBatch, Any], dict[str, Any]],
+    forward: Callable[[Any, MicroBatch], torch.Tensor] | None = None,
+) -> Perturbation:
+    """Two forwards: the row, and the row with one token of document 0 changed (through `forward` when given)."""
     vocab = int(model.config.get_text_config().vocab_size)
     end = int(mb.cu_seqlens[1])
     kinds = layer_kinds(model.config)
@@ -561,8 +579,13 @@ def perturbation(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], d
     hooks = _LayerOutputs(model)
     try:
         with torch.no_grad():
-            before, layers_before = hooks.run(model, _forward_inputs(feed, mb, model))
-            after, layers_after = hooks.run(model, _forward_inputs(feed, _perturbed(mb, vocab), model))
+            if forward is None:
+                before, layers_before = hooks.run(model, _forward_inputs(feed, mb, model))
+                after, layers_after = hooks.run(model, _forward_inputs(feed, _perturbed(mb, vocab), model))
+            else:
+                device = _device(model)
+                before, layers_before = hooks.run_forward(model, mb.to(device), forward)
+                after, layers_after = hooks.run_forward(model, _perturbed(mb, vocab).to(device), forward)
     finally:
         hooks.close()
     culprit = ""
@@ -751,15 +774,21 @@ def check_isolation(
     mb: MicroBatch | None = None,
     *,
     feed: Callable[[MicroBatch, Any], dict[str, Any]] = model_inputs,
+    forward: Callable[[Any, MicroBatch], torch.Tensor] | None = None,
 ) -> float | None:
     """Raise IsolationError if changing document 0 of a short packed row moves another document's logits.
 
     Two forwards of the real model with the inputs `feed` gives it (the trainer passes its own
-    collator), in eval mode and without gradients. Returns the largest change seen outside
+    collator), in eval mode and without gradients. A training loop that calls the model itself
+    passes that call as `forward(model, mb)` instead, returning the row's [1, T, ...] logits or
+    hidden states (`model.model(**model_inputs(mb, model)).last_hidden_state`), so the guard runs
+    exactly what the loop trains on (docs/loader.md). Returns the largest change seen outside
     document 0, or None when skipped: PACKTOOL_SKIP_ISOLATION_CHECK=1, or parameters sharded
     (ZeRO-3, FSDP) before the trainer wraps the model (logged; probe such a model with
     `packtool audit --probe`).
     """
+    if forward is not None and feed is not model_inputs:
+        raise TypeError("check_isolation takes feed= or forward=, not both: forward(model, mb) feeds the model itself")
     if os.environ.get(SKIP_ENV) == "1":
         return None
     if any(p.numel() == 0 for p in model.parameters()):
@@ -770,20 +799,21 @@ def check_isolation(
         mb = packed_row(synthetic_docs(GUARD_LENGTHS, int(model.config.get_text_config().vocab_size)))
     kinds = layer_kinds(model.config)
     name = f"{type(model).__name__} ({getattr(model.config, '_attn_implementation', None) or 'eager'})"
+    fed = "model_inputs" if forward is None else "forward"  # a loop's own forward may feed the model by hand
     training = model.training
     model.eval()
     try:
-        moved = perturbation(model, mb, feed)
+        moved = perturbation(model, mb, feed, forward)
     except PacktoolError:
         raise
     except Exception as err:
-        message = error_message(kinds, "model_inputs", err)
+        message = error_message(kinds, fed, err)
         raise IsolationError(f"{name}: {message}; {SKIP_ENV}=1 skips this check") from err
     finally:
         model.train(training)
     if moved.leaks:
         raise IsolationError(
             f"{name}: packed documents leak (logits of later documents moved {moved.outside:.1e}): "
-            f"{leak_message(kinds, 'model_inputs', moved.culprit)}; {SKIP_ENV}=1 skips this check"
+            f"{leak_message(kinds, fed, moved.culprit)}; {SKIP_ENV}=1 skips this check"
         )
     return moved.outside

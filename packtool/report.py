@@ -1,7 +1,9 @@
 """`packtool report`: one self-contained HTML page of an output's statistics, readable offline.
 
 The page carries its numbers as JSON in `<script type="application/json" id="packtool-data">`
-and draws every plot from them with a small inline script (SVG, no library, no network):
+and draws every plot from them with a small inline script (SVG, no library, no network). A browser
+that runs no script (a mail client, a locked-down viewer) shows the same numbers as static tables
+in `<noscript>`: the summary, per source, pack fill and documents per pack. The plots:
 
     lengths       per source: a histogram of sample lengths with the capacity marked; before and after
                   truncation when the build recorded them (manifest `lengths`), else the packed documents
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import html
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +63,66 @@ def render_report(stats: dict[str, Any], *, title: str) -> str:
         title=html.escape(title),
         version=html.escape(packtool.__version__),
         data=data,
+        tables=static_tables(report_data(stats)),
         style=_STYLE,
         script=_SCRIPT,
     )
+
+
+def static_tables(data: dict[str, Any]) -> str:
+    """The plotted numbers as HTML tables, for a page read with scripts off."""
+
+    def table(caption: str, header: list[str], rows: list[list[Any]]) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+        return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>"
+
+    def bins(summary: dict[str, Any]) -> list[str]:
+        edges = summary["histogram"]["edges"]
+        return [f"{low + 1 if k else 0}-{high}" for k, (low, high) in enumerate(pairwise(edges))] + [f">{edges[-1]}"]
+
+    recorded = data.get("lengths")
+    names = sorted(recorded or data["segment_lengths"])
+    per_source = []
+    for name in names:
+        lengths = recorded[name]["before"] if recorded else data["segment_lengths"][name]
+        outcome = data["outcomes"].get(name, {})
+        per_source.append(
+            [
+                name,
+                *(outcome.get(kind, 0) for kind in ("kept", "truncated", "rejected", "dropped")),
+                data["target_ratio"].get(name, ""),
+                *(lengths[key] for key in ("p50", "p90", "p99", "max", "over_capacity")),
+            ]
+        )
+    which = "before truncation" if recorded else "as packed"
+    fill = data["pack_fill"]
+    parts = [
+        f"<p>{data['packs']} packs of capacity {data['capacity']}, token efficiency {data['token_efficiency']}</p>",
+        table(
+            f"Per source (lengths in tokens, {which})",
+            [
+                "source",
+                "kept",
+                "truncated",
+                "rejected",
+                "dropped",
+                "target ratio",
+                "p50",
+                "p90",
+                "p99",
+                "max",
+                "over capacity",
+            ],
+            per_source,
+        ),
+    ]
+    if fill:
+        counts = fill["histogram"]["counts"]
+        parts.append(table("Pack fill: packs by length (tokens)", ["length", "packs"], list(zip(bins(fill), counts))))
+    per_pack = data["segments_per_pack"]["histogram"]
+    parts.append(table("Documents per pack", ["documents", "packs"], [[k, n] for k, n in enumerate(per_pack) if n]))
+    return "\n".join(parts)
 
 
 def write_report(output: str | Path, destination: str | Path | None = None) -> Path:
@@ -87,6 +147,9 @@ _PAGE = """<!DOCTYPE html>
 <body>
 <h1>{title}</h1>
 <p class="summary" id="summary"></p>
+<noscript><p class="note">Scripts are off: the plots are not drawn, their numbers follow.</p>
+{tables}
+</noscript>
 <section id="plots">
 <figure class="plot" id="plot-lengths"><figcaption>Sample lengths per source (tokens), capacity marked</figcaption>
 <div class="multiples"></div></figure>
@@ -125,6 +188,10 @@ svg text { font-size: 10px; fill: #444; }
 .legend { font-size: 12px; }
 details pre { font-size: 11px; max-height: 400px; overflow: auto; background: #f6f6f6; padding: 8px; }
 .note { color: #a33; }
+table { border-collapse: collapse; margin: 0 0 20px; }
+caption { font-weight: 600; text-align: left; margin-bottom: 4px; }
+th, td { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
 """
 
 # Plain DOM and SVG, no library: the page must open with no network.

@@ -69,6 +69,51 @@ def test_the_page_embeds_the_numbers_of_stats_json(outputs, tmp_path, kind):
     assert len(stats["pack_fill"]["histogram"]["counts"]) == len(stats["pack_fill"]["histogram"]["edges"])
 
 
+def _tables(dom: str) -> dict[str, list[list[str]]]:
+    """Each table of the page by its caption: its rows of cell texts, the header first."""
+    tables = {}
+    for caption, body in re.findall(r"<table><caption>(.*?)</caption>(.*?)</table>", dom, re.S):
+        rows = re.findall(r"<tr>(.*?)</tr>", body, re.S)
+        tables[html.unescape(caption)] = [
+            [html.unescape(cell) for cell in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)] for row in rows
+        ]
+    return tables
+
+
+@pytest.mark.parametrize("kind", ["built", "legacy"])
+def test_without_scripts_the_page_shows_its_numbers_as_tables(outputs, tmp_path, kind):
+    page, data = _report(outputs[kind], tmp_path / "report.html")
+    noscript = re.search(r"<noscript>(.*?)</noscript>", page, re.S)
+    assert noscript is not None
+    tables = _tables(noscript.group(1))
+    which = "before truncation" if kind == "built" else "as packed"
+    per_source = tables[f"Per source (lengths in tokens, {which})"]
+    assert per_source[0][:6] == ["source", "kept", "truncated", "rejected", "dropped", "target ratio"]
+    assert len(per_source) == 1 + len(data["outcomes"])
+    for row in per_source[1:]:
+        outcome = data["outcomes"][row[0]]
+        assert [int(v) for v in row[1:5]] == [outcome[k] for k in ("kept", "truncated", "rejected", "dropped")]
+        assert float(row[5]) == data["target_ratio"][row[0]]
+    fill = tables["Pack fill: packs by length (tokens)"]
+    assert [int(n) for _, n in fill[1:]] == data["pack_fill"]["histogram"]["counts"]
+    assert sum(int(n) for _, n in tables["Documents per pack"][1:]) == data["packs"]
+    assert f"{data['packs']} packs of capacity {data['capacity']}" in noscript.group(1)
+
+
+@needs_chromium
+def test_a_browser_without_scripts_lays_out_the_tables(outputs, tmp_path):
+    """Headless Chromium with scripts off prints and dumps nothing, so the page is given to it as a
+    browser without scripts reads it: the scripts gone, the <noscript> content shown."""
+    page, data = _report(outputs["built"], tmp_path / "report.html")
+    static = re.sub(r"<script.*?</script>", "", page, flags=re.S).replace("<noscript>", "").replace("</noscript>", "")
+    (tmp_path / "static.html").write_text(static, encoding="utf-8")
+    dumped = _chromium(tmp_path / "static.html", tmp_path / "profile", "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    tables = _tables(dumped.stdout)  # as the browser parsed them
+    assert sum(int(n) for _, n in tables["Documents per pack"][1:]) == data["packs"]
+    assert len(tables["Per source (lengths in tokens, before truncation)"]) == 1 + len(data["outcomes"])
+
+
 def test_default_destination_is_inside_the_output(outputs, tmp_path):
     copy = tmp_path / "out"
     shutil.copytree(outputs["built"], copy)

@@ -59,6 +59,7 @@ COPIED_STATS = ("accounting", "mixing", "mode", "lengths")
 @dataclass
 class Verification:
     folder: str = ""
+    checked: str = ""  # what was asked for: the folder, or one shard in it
     shards: int = 0
     packs: int = 0
     problems: list[str] = field(default_factory=list)
@@ -78,6 +79,7 @@ class Verification:
         return {
             "ok": self.ok,
             "folder": self.folder,
+            "checked": self.checked or self.folder,
             "shards": self.shards,
             "packs": self.packs,
             "problems": self.problems,
@@ -106,7 +108,13 @@ def verify(path: str | Path) -> Verification:
         result = Verification(folder=str(path))
         result.add(f"{path}: expected an output folder or a .parquet shard")
         return result
-    result = Verification(folder=str(folder))
+    result = Verification(folder=str(folder), checked=str(path))
+    if lone is not None and not (folder / MANIFEST).is_file():
+        result.add(
+            f"{path}: no {MANIFEST} beside it in {folder.resolve()}: an unfinished build (the manifest is "
+            "written last) or a shard moved out of its output; a shard is checked against its output's manifest"
+        )
+        return result
     manifest = _checked_manifest(folder, result)
     if manifest is None:
         return result
@@ -388,7 +396,7 @@ def _check_rejects(folder: Path, manifest: Manifest, result: Verification) -> No
 
 def format_verification(result: Verification) -> str:
     """The report as text, one line per problem: file names and values in it pass through `shown`."""
-    head = f"{shown(result.folder)}: {result.shards} shard(s), {result.packs} pack(s) checked"
+    head = f"{shown(result.checked or result.folder)}: {result.shards} shard(s), {result.packs} pack(s) checked"
     warnings = [f"  warning: {shown(w)}" for w in result.warnings]
     if result.ok:
         return "\n".join(

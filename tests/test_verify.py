@@ -231,7 +231,12 @@ def test_a_lone_shard_is_checked_against_its_folder(sealed, tmp_path):
     (copy / "manifest.json").unlink()  # an unfinished build: shards written, manifest not yet
     result = _verify(copy / "shard-00001.parquet")
     assert result.exit_code == 1
-    assert "missing; an unfinished build" in result.output
+    assert f"shard-00001.parquet: no manifest.json beside it in {copy.resolve()}: an unfinished build" in result.output
+    # named from its own folder, the report names the shard, not "."
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(copy)
+        lonely = _verify(Path("shard-00001.parquet")).output
+    assert lonely.startswith("shard-00001.parquet: 0 shard(s), 0 pack(s) checked: 1 problem(s)"), lonely
     stray = tmp_path / "stray.parquet"
     shutil.copy(sealed / "shard-00000.parquet", stray)
     shutil.copy(sealed / "manifest.json", tmp_path / "manifest.json")

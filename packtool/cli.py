@@ -561,7 +561,9 @@ def trace_command(
             raise PacktoolError("packtool trace: give exactly one of --step N, --id ID, --pack HASH")
         from packtool import lineage
 
-        chosen = {k.removeprefix("no_"): False if k == "no_shuffle" else v for k, v in options.items() if v}
+        # a flag not given is None (or False); --seed 0 or --position 0 is given, and overrides a state's
+        given = {k: v for k, v in options.items() if v is not None and v is not False}
+        chosen = {k.removeprefix("no_"): False if k == "no_shuffle" else v for k, v in given.items()}
         chosen = {{"at_step": "first_step"}.get(k, k): v for k, v in chosen.items()}
         if state is not None and checkpoint is not None:
             raise PacktoolError("packtool trace: give --state or --checkpoint, not both")

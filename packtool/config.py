@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from packtool import hub
+from packtool.checks import range_problem, seed_problem
 from packtool.errors import ConfigError, PacktoolError
 from packtool.format import MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
@@ -394,8 +395,13 @@ class _Problems:
 
     def number(self, where: str, value: Any, low: float, high: float, why: str) -> None:
         """A problem when `value` (already type-checked) lies outside [low, high]; `why` says what the limit guards."""
-        if isinstance(value, (int, float)) and not (low <= value <= high):  # also false for NaN
-            self.add(where, f"must be between {low:,} and {high:,} ({why}), got {value!r}")
+        if isinstance(value, (int, float)):
+            self.check(where, range_problem(value, low, high, why))
+
+    def check(self, where: str, problem: str | None) -> None:
+        """A shared checker's answer (packtool.checks): a problem unless it is None."""
+        if problem is not None:
+            self.add(where, problem)
 
     def unknown_keys(self, mapping: dict, allowed: set[str], where: str, peers: dict[str, str] | None = None) -> None:
         for key in mapping:
@@ -545,7 +551,6 @@ VALUE_ALIASES = {
 # The longest context models train on today is ~1M tokens; several int32 arrays of `capacity`
 # are allocated per pack, so a typo like 2**31 would ask for gigabytes after the whole encode.
 MAX_CAPACITY = 1_048_576
-MAX_SEED = 2**63 - 1  # seeds feed 64-bit generators
 
 
 def load_config(
@@ -784,7 +789,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     mix_by = p.take(mixing_raw, "by", str, "mixing", "multiplier", choices=("multiplier", "samples", "tokens"))
 
     seed = p.take(raw, "seed", int, "", 0)
-    p.number("seed", seed, 0, MAX_SEED, "seeds are unsigned 64-bit integers")
+    p.check("seed", seed_problem(seed))
     rows_per_shard = p.take(raw, "rows_per_shard", int, "", 1000)
     p.number("rows_per_shard", rows_per_shard, 1, 10_000_000, "packs per shard file")
     row_group_rows = p.take(raw, "row_group_rows", int, "", 128)
@@ -1096,6 +1101,10 @@ def _parse_tokenizer(value: str | None, base_dir: Path, p: _Problems) -> Tokeniz
             p.add("tokenizer", f"folder {target} has no tokenizer.json")
         config_file = target / "tokenizer_config.json"
         config_path = str(config_file) if config_file.is_file() else None
+    elif target.is_file() and target.name != "tokenizer.json" and (target.parent / "tokenizer.json").is_file():
+        # tokenizer_config.json, config.json, a template: the folder was meant
+        p.add("tokenizer", f"{target} is not a tokenizer.json; give its folder {target.parent} or its tokenizer.json")
+        return TokenizerConfig(str(target), None)
     elif target.is_file():
         tokenizer_file = target
         sibling = target.parent / "tokenizer_config.json"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,20 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path(tmp_path, write_co
     ]:
         assert expected in message
     assert len(info.value.problems) == 8
+
+
+@pytest.mark.parametrize("file", ["tokenizer_config.json", "special_tokens_map.json"])
+def test_a_tokenizer_pointing_at_another_file_of_its_folder_names_the_way_out(tmp_path, write_config, file):
+    """A JSON parse error of tokenizer_config.json (read as a tokenizer) told nothing; the folder was meant."""
+    folder = tmp_path / "tok"
+    shutil.copytree(QUICKSTART / "tokenizer", folder)
+    (folder / file).write_text((folder / file).read_text() if (folder / file).is_file() else "{}")
+    raw = {**_base(tmp_path), "tokenizer": str(folder / file)}
+    with pytest.raises(
+        ConfigError, match=rf"tokenizer: {folder / file} is not a tokenizer.json; give its folder {folder} "
+    ):
+        load_config(write_config(raw))
+    assert load_config(write_config({**raw, "tokenizer": str(folder)})).tokenizer.path == str(folder / "tokenizer.json")
 
 
 def test_command_line_overrides(tmp_path, write_config):

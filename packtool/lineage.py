@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from packtool.errors import PacktoolError
+from packtool.errors import DatasetError, PacktoolError
 
 if TYPE_CHECKING:  # the loader (torch) is imported when a trace runs, not with the CLI
-    from packtool.loader.schedule import EpochPlan
+    from packtool.loader.schedule import EpochPlan, ResumeState
 
 # The hf module's name of the loader state in a checkpoint folder; read here without importing
 # transformers (hf.py imports it at module level).
@@ -74,6 +74,9 @@ class TraceSettings:
     epoch: int = 0  # the anchor: step `first_step` starts at (epoch, position)
     position: int = 0
     first_step: int = 0
+    # the loader state the anchor came from: the dataset resumes from it as a loader would, refusing the
+    # same states (another build's, another seed's mid-epoch)
+    state: ResumeState | None = None
 
     def check(self) -> None:
         problems = [
@@ -101,37 +104,39 @@ class TraceSettings:
             raise TraceError("; ".join(problems))
 
 
-def settings_from_state(state: dict[str, Any], source: str, **settings: Any) -> TraceSettings:
-    """Settings anchored at a loader state (`PackedDataset.state_dict()`): its epoch, position, seed and shuffle.
+def settings_from_state(state: Any, source: str, **settings: Any) -> TraceSettings:
+    """Settings anchored at a loader state (`PackedDataset.state_dict()`): its epoch, position, seed and shuffle,
+    read by the loader's own reader (`schedule.read_state`), so a state the loader refuses is refused here.
 
     `settings` override anything else (a resume may run under another world size; the state's is the default).
     """
-    missing = [k for k in ("epoch", "position", "seed") if k not in state]
-    if missing:
-        raise TraceError(f"{source}: a loader state needs {missing} (PackedDataset.state_dict() writes them)")
     try:
-        anchored = {
-            "epoch": int(state["epoch"]),
-            "position": int(state["position"]),
-            "seed": int(state["seed"]),
-            "shuffle": bool(state.get("shuffle", True)),
-            "world_size": int(state.get("world_size", 1)),
-        }
-    except (TypeError, ValueError) as err:
-        raise TraceError(f"{source}: a loader state holds integers epoch, position, seed ({err})") from None
+        from packtool.loader.schedule import read_state
+    except ImportError as err:
+        raise TraceError(f"packtool trace needs the loader: {err}") from None
+    try:
+        read = read_state(state, source)
+    except DatasetError as err:
+        raise TraceError(str(err)) from None
+    anchored = {
+        "epoch": read.epoch,
+        "position": read.position,
+        "seed": read.seed,
+        "shuffle": read.shuffle,
+        "world_size": read.world_size,
+        "state": read,
+    }
     return TraceSettings(**{**anchored, **settings})
 
 
-def read_state_file(path: Path) -> dict[str, Any]:
+def read_state_file(path: Path) -> Any:
+    """The JSON in a state file; what it holds is `schedule.read_state`'s to judge."""
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise TraceError(
             f"{path}: cannot read a loader state ({err}); pass the JSON of PackedDataset.state_dict()"
         ) from None
-    if not isinstance(state, dict):
-        raise TraceError(f"{path}: a loader state is a JSON object, got {type(state).__name__}")
-    return state
 
 
 def settings_from_checkpoint(folder: Path, **settings: Any) -> TraceSettings:
@@ -147,9 +152,11 @@ def settings_from_checkpoint(folder: Path, **settings: Any) -> TraceSettings:
     trainer_file = folder / TRAINER_STATE
     if trainer_file.is_file():
         trainer = read_state_file(trainer_file)
-        if isinstance(trainer.get("global_step"), int):
+        if not isinstance(trainer, dict):
+            raise TraceError(f"{trainer_file}: a Trainer's state is a JSON object, got {type(trainer).__name__}")
+        if type(trainer.get("global_step")) is int:  # not True
             anchored["first_step"] = trainer["global_step"]
-        if isinstance(trainer.get("train_batch_size"), int):
+        if type(trainer.get("train_batch_size")) is int:
             anchored["batch_size"] = trainer["train_batch_size"]
     return settings_from_state(read_state_file(state_file), str(state_file), **{**anchored, **settings})
 
@@ -248,7 +255,7 @@ class _Run:
     def __init__(self, output: Path, settings: TraceSettings) -> None:
         settings.check()
         try:
-            from packtool.loader.dataset import DatasetError, PackedDataset
+            from packtool.loader.dataset import PackedDataset
         except ImportError as err:  # the trace runs the loader's planning code
             raise TraceError(f"packtool trace needs the loader: {err}") from None
 
@@ -266,6 +273,8 @@ class _Run:
                 alpha=settings.alpha,
                 isolate_documents=settings.isolate_documents,
             )
+            if settings.state is not None:
+                self.dataset.resume(settings.state)
         except DatasetError as err:
             raise TraceError(str(err)) from None
         if settings.position > self.dataset.total_packs:

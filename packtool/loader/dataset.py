@@ -50,7 +50,7 @@ import logging
 import math
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,19 +63,28 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.arrow import as_numpy, list_parts
+from packtool.checks import alpha_problem, seed_problem
 from packtool.errors import DatasetError, one_line
 from packtool.format import MANIFEST, Manifest, first_broken_pack
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble
 from packtool.loader.contract import check_shard, read_manifest
-from packtool.loader.schedule import EpochOrder, EpochPlan, PlanOptions, epoch_order, plan_epoch, share_micro_batches
+from packtool.loader.schedule import (
+    EpochOrder,
+    EpochPlan,
+    PlanOptions,
+    ResumeState,
+    epoch_order,
+    plan_epoch,
+    read_state,
+    share_micro_batches,
+)
 from packtool.seal import manifest_digest
 from packtool.shards import READ_ERRORS, SegmentColumns, footer_problem, schema_problem
 
 __all__ = ["DatasetError", "PackedDataset", "packed_batches", "packed_steps"]
 
 log = logging.getLogger("packtool.loader")
-STATE_KEYS = ("epoch", "position", "seed")
 # Parquet readers kept open per process: shuffled row groups come from a few shards at a time, and
 # opening one (footer and column paths) costs about as much as decoding a small row group.
 OPEN_SHARDS = 4
@@ -203,13 +212,14 @@ class PackedDataset(IterableDataset):
         self.manifest: Manifest = read_manifest(path)
         self.path = Path(path)
         self.token_budget, self.fixed_shape = token_budget, fixed_shape
-        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.seed, self.shuffle = seed, shuffle
         self.rank, self.world_size = _resolve_ranks(rank, world_size)
         self.num_workers = num_workers
         self.verify = verify
-        self.balance, self.packs_per_step, self.alpha = balance, packs_per_step, float(alpha)
+        self.balance, self.packs_per_step, self.alpha = balance, packs_per_step, alpha
         self.isolate_documents = isolate_documents
         self._check_options()
+        self.seed, self.alpha = int(seed), float(alpha)  # numpy's numbers as Python's, once checked
         self._verified: set[int] = set()  # shards whose sha256 this process has checked
         # Per shard: its parsed footer and whether it has the schema v2 segment columns. Parsed once (as
         # much work as decoding a small row group); with verify, first after the sha256 check.
@@ -268,10 +278,13 @@ class PackedDataset(IterableDataset):
                 f"packs_per_step {self.packs_per_step} < world_size {self.world_size}: every rank needs a pack of "
                 f"every step; set packs_per_step >= {self.world_size}"
             )
-        if self.alpha < 0:
-            problems.append(f"alpha must be >= 0, got {self.alpha}")
+        problems += [f"{name}: {problem}" for name, problem in self._number_problems() if problem is not None]
         if problems:
             raise DatasetError("; ".join(problems))
+
+    def _number_problems(self) -> list[tuple[str, str | None]]:
+        shuffled = None if isinstance(self.shuffle, bool) else f"expected True/False, got {self.shuffle!r}"
+        return [("seed", seed_problem(self.seed)), ("shuffle", shuffled), ("alpha", alpha_problem(self.alpha))]
 
     # ---- files ----
 
@@ -424,7 +437,8 @@ class PackedDataset(IterableDataset):
     # ---- resume state ----
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.position = int(epoch), 0
+        start = {"epoch": epoch, "position": 0, "seed": self.seed, "shuffle": self.shuffle, "build": self.build}
+        self.resume(read_state(start, "set_epoch"))  # the epoch checked as a saved state's is
 
     def advance(self, position: int) -> None:
         """Record that every rank trained up to this global position (a MicroBatch's `resume_after`)."""
@@ -443,25 +457,25 @@ class PackedDataset(IterableDataset):
             "left_out": self.left_out,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = [k for k in STATE_KEYS if k not in state]
-        if missing:
-            raise DatasetError(f"resume state lacks {missing}; expected at least {list(STATE_KEYS)}")
-        position = int(state["position"])
-        self._check_build(state.get("build"), position)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.resume(read_state(state))
+
+    def resume(self, state: ResumeState) -> None:
+        """Go on from a state `schedule.read_state` read; `packtool trace --state` holds its anchor to this too."""
+        self._check_build(state.build, state.position)
         changed = [
-            f"{k} {state[k]!r} (now {getattr(self, k)!r})"
+            f"{k} {getattr(state, k)!r} (now {getattr(self, k)!r})"
             for k in ("seed", "shuffle")
-            if k in state and state[k] != getattr(self, k)
+            if getattr(state, k) != getattr(self, k)
         ]
-        if changed and position:
+        if changed and state.position:
             raise DatasetError(
                 "cannot resume mid-epoch with a different " + ", ".join(changed) + " (they fix the pack order); "
                 "resume at an epoch boundary or keep them"
             )
-        if not 0 <= position <= self.total_packs:
-            raise DatasetError(f"resume position {position} is outside the epoch's {self.total_packs} packs")
-        self.epoch, self.position = int(state["epoch"]), position
+        if state.position > self.total_packs:
+            raise DatasetError(f"resume position {state.position} is outside the epoch's {self.total_packs} packs")
+        self.epoch, self.position = state.epoch, state.position
 
     def _check_build(self, build: Any, position: int) -> None:
         """A state's position counts the packs of the build it was saved on: on another, resuming would skip or

@@ -35,15 +35,18 @@ Resume. Rounds cover consecutive positions and each planner is memoryless at a r
 so the plan from position q is the tail of the plan from 0 whenever q is a round boundary. The
 resume state is global: the epoch and the position where the next round starts. Any world size,
 budget or step size can plan the rest of the epoch from there: no pack repeated, none skipped.
+`read_state` is the one reader of a saved state, for the loader and for `packtool trace` alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
+from packtool.checks import MAX_SEED, integer_problem, seed_problem
 from packtool.errors import DatasetError
 from packtool.loader.balance import assign_lpt, pack_costs
 
@@ -290,3 +293,59 @@ def share_micro_batches(lengths: Sequence[int], options: PlanOptions) -> list[li
         raise DatasetError("micro-batches need a token_budget")
     sizes = [options.capacity] * len(lengths) if options.fixed_shape else list(lengths)
     return plan_micro_batches(sizes, options.token_budget)
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeState:
+    """`PackedDataset.state_dict()` read and checked: where the next round starts (epoch, global position),
+    what fixed the order (seed, shuffle) and whose packs the position counts (build, the manifest's sha256)."""
+
+    epoch: int
+    position: int
+    seed: int
+    shuffle: bool = True
+    build: str | None = None  # None: saved before states named their build (resumed at an epoch boundary only)
+    world_size: int = 1  # the ranks it was saved under, for the record: a resume may use another
+    left_out: int = 0  # for the record
+
+
+STATE_KEYS = ("epoch", "position", "seed")  # what a state must hold; the rest have defaults
+
+
+def read_state(state: Any, where: str = "resume state") -> ResumeState:
+    """The one reader of a loader state, for `load_state_dict` and `packtool trace --state` alike: every
+    problem at once. Strict types, since JSON and hand edits blur them: "no" is not false, 3.7 is not a
+    position, true is not the integer 1; a key no state holds is named rather than dropped."""
+    if not isinstance(state, Mapping):
+        raise DatasetError(
+            f"{where}: a loader state is a mapping (PackedDataset.state_dict()), got {type(state).__name__}"
+        )
+    known = [f.name for f in fields(ResumeState)]
+    problems = []
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        problems.append(f"lacks {missing}; a state holds at least {list(STATE_KEYS)}")
+    unknown = sorted(repr(k) for k in state if k not in known)
+    if unknown:
+        problems.append(f"unknown key(s) {', '.join(unknown)}; a state holds {', '.join(known)}")
+    checks = {
+        "epoch": lambda v: integer_problem(v, 0, MAX_SEED, "epochs count from 0"),
+        "position": lambda v: integer_problem(v, 0, MAX_SEED, "a global position in the epoch's packs"),
+        "seed": seed_problem,
+        "world_size": lambda v: integer_problem(v, 1, MAX_SEED, "ranks"),
+        "left_out": lambda v: integer_problem(v, 0, MAX_SEED, "packs"),
+        "shuffle": lambda v: None if isinstance(v, bool) else f"expected true/false, got {type(v).__name__} {v!r}",
+        "build": lambda v: None if isinstance(v, str | None) else f"expected a sha256, got {type(v).__name__} {v!r}",
+    }
+    problems += [f"{k}: {problem}" for k, check in checks.items() if k in state and (problem := check(state[k]))]
+    if problems:
+        raise DatasetError(f"{where}: " + "; ".join(problems))
+    return ResumeState(
+        int(state["epoch"]),
+        int(state["position"]),
+        int(state["seed"]),
+        state.get("shuffle", True),
+        state.get("build"),
+        int(state.get("world_size", 1)),
+        int(state.get("left_out", 0)),
+    )

@@ -542,6 +542,51 @@ def test_a_state_without_its_build_resumes_only_at_an_epoch_boundary(make_build)
     assert ds.position == 5
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"epoch": -1}, r"epoch: must be between 0 and .*got -1"),  # once failed later, inside numpy
+        ({"position": "7"}, r"position: expected an integer, got str '7'"),
+        ({"position": True}, r"position: expected an integer, got bool True"),
+        ({"position": 3.7}, r"position: expected an integer, got float 3.7"),  # once read as 3
+        ({"shuffle": "no"}, r"shuffle: expected true/false, got str 'no'"),  # once read as true
+    ],
+)
+def test_load_state_dict_refuses_a_state_of_the_wrong_types(make_build, change, message):
+    path, _ = make_build(n_packs=30)
+    ds = PackedDataset(path)
+    with pytest.raises(DatasetError, match=message):
+        ds.load_state_dict(ds.state_dict() | change)
+    assert (ds.epoch, ds.position) == (0, 0)  # nothing taken from a refused state
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seed": -1}, r"seed: must be between 0 and 9,223,372,036,854,775,807 .*got -1"),
+        ({"seed": 2**64}, r"seed: must be between 0 and"),
+        ({"seed": 1.5}, r"seed: expected an integer, got float 1.5"),
+        ({"alpha": math.nan}, r"alpha: must be between 0.0 and 1,048,576.0 .*got nan"),
+        ({"alpha": math.inf}, r"alpha: must be between 0.0 and"),
+        ({"alpha": -0.5}, r"alpha: must be between 0.0 and"),
+        ({"shuffle": "no"}, r"shuffle: expected True/False, got 'no'"),
+    ],
+)
+def test_seed_alpha_and_shuffle_are_checked_when_the_dataset_is_made(make_build, options, message):
+    path, _ = make_build(n_packs=30)
+    with pytest.raises(DatasetError, match=message):
+        PackedDataset(path, **options)
+
+
+def test_set_epoch_refuses_a_negative_epoch(make_build):
+    path, _ = make_build(n_packs=30)
+    ds = PackedDataset(path)
+    with pytest.raises(DatasetError, match=r"set_epoch: epoch: must be between 0 and .*got -1"):
+        ds.set_epoch(-1)
+    ds.set_epoch(np.int64(2))
+    assert (ds.epoch, ds.position) == (2, 0)
+
+
 def _replace(out, new):
     """Publish `new` at `out` as a rebuild does: the old folder moves away, the new one takes its name."""
     out.rename(out.with_name(out.name + "-old"))

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -25,7 +26,7 @@ from packtool.lineage import (
     trace_key,
     trace_step,
 )
-from packtool.loader.dataset import PackedDataset, packed_batches, packed_steps
+from packtool.loader.dataset import DatasetError, PackedDataset, packed_batches, packed_steps
 
 EPOCHS = 3
 
@@ -243,6 +244,9 @@ def test_cli_step_and_id(make_build):
         (["--pack", "zz"], "is no pack_hash"),
         (["--step", "0", "--epoch", "2"], "anchor epoch 2 is not inside the run's 1 epoch"),
         (["--step", "0", "--batch-size", "2", "--token-budget", "64"], "batch_size is for the packs mode"),
+        (["--step", "0", "--seed", "-1"], "seed: must be between 0 and 9,223,372,036,854,775,807"),
+        (["--step", "0", "--seed", str(2**64)], "seed: must be between 0 and"),
+        (["--step", "0", "--balance", "attention", "--packs-per-step", "2", "--alpha", "nan"], "alpha: must be"),
     ],
 )
 def test_cli_errors_are_one_line(make_build, args, message):
@@ -253,12 +257,54 @@ def test_cli_errors_are_one_line(make_build, args, message):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_bad_state_file_is_one_line(make_build, tmp_path):
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"epoch": 0}, r"lacks \['position', 'seed'\]"),
+        ({"epoch": 0, "position": 0, "seed": -1}, r"seed: must be between 0 and"),  # once a numpy traceback
+        ({"epoch": 0, "position": 3.7, "seed": 0}, r"position: expected an integer, got float 3.7"),  # once 3
+        ({"epoch": 0, "position": 0, "seed": 0, "shuffle": "no"}, r"shuffle: expected true/false"),  # once true
+        ([0, 4, 0], r"a loader state is a mapping .*got list"),
+    ],
+)
+def test_bad_state_file_is_one_line(make_build, tmp_path, state, message):
+    """The loader's own reader judges the file: what load_state_dict refuses, trace refuses, in one line."""
     path, _ = make_build(n_packs=30)
-    state = tmp_path / "state.json"
-    state.write_text(json.dumps({"epoch": 0}))
-    result = CliRunner().invoke(main, ["trace", str(path), "--step", "0", "--state", str(state)])
-    assert result.exit_code == 1 and "needs ['position', 'seed']" in result.output
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(state))
+    result = CliRunner().invoke(main, ["trace", str(path), "--step", "0", "--state", str(state_file)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert re.search(f"state.json: {message}", result.output) and len(result.output.strip().splitlines()) == 1
+    if isinstance(state, dict):
+        with pytest.raises(DatasetError, match=message):
+            PackedDataset(path).load_state_dict(state)
+
+
+def test_trace_refuses_a_state_from_another_build_as_the_loader_does(make_build, tmp_path):
+    path, _ = make_build(n_packs=30, seed=1, name="a")
+    other, _ = make_build(n_packs=30, seed=2, name="b")
+    ds = PackedDataset(path, token_budget=64)
+    next(packed_batches(ds))
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(ds.state_dict()))
+    args = ["--step", "1", "--token-budget", "64", "--state", str(state_file)]
+    assert CliRunner().invoke(main, ["trace", str(path), *args]).exit_code == 0
+    refused = CliRunner().invoke(main, ["trace", str(other), *args])
+    assert refused.exit_code == 1 and "its position counts another build's packs" in refused.output
+    with pytest.raises(DatasetError, match="its position counts another build's packs"):
+        PackedDataset(other, token_budget=64).load_state_dict(ds.state_dict())
+
+
+def test_a_flag_of_zero_overrides_the_state(make_build, tmp_path):
+    """--seed 0 against a state saved under seed 3, mid-epoch: the loader would refuse it, so the trace does,
+    instead of dropping the 0 and tracing the state's seed."""
+    path, _ = make_build(n_packs=30)
+    ds = PackedDataset(path, seed=3)
+    ds.advance(4)
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(ds.state_dict()))
+    result = CliRunner().invoke(main, ["trace", str(path), "--step", "0", "--state", str(state_file), "--seed", "0"])
+    assert result.exit_code == 1 and "cannot resume mid-epoch with a different seed 3 (now 0)" in result.output
 
 
 def test_locate_names_file_and_line(quickstart_build):

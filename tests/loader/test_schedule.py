@@ -6,7 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import DatasetError
-from packtool.loader.schedule import epoch_order, plan_balanced, plan_packs, plan_token_budget, slot_ends
+from packtool.loader.schedule import (
+    ResumeState,
+    epoch_order,
+    plan_balanced,
+    plan_packs,
+    plan_token_budget,
+    read_state,
+    slot_ends,
+)
 
 
 def test_slot_ends_example():
@@ -75,3 +83,45 @@ def test_epoch_order_is_a_seeded_permutation():
     assert (a.unit.tolist(), a.row.tolist()) != (c.unit.tolist(), c.row.tolist())
     plain = epoch_order([3, 2], seed=1, epoch=0, shuffle=False)
     assert plain.unit.tolist() == [0, 0, 0, 1, 1] and plain.row.tolist() == [0, 1, 2, 0, 1]
+
+
+# ---- the one reader of a saved loader state: strict types, every problem at once ----
+
+STATE = {"epoch": 1, "position": 3, "seed": 7, "shuffle": False, "build": "ab" * 32, "world_size": 4, "left_out": 1}
+
+
+def test_read_state_reads_what_state_dict_writes():
+    assert read_state(STATE) == ResumeState(1, 3, 7, False, "ab" * 32, 4, 1)
+    assert read_state({"epoch": np.int64(0), "position": 0, "seed": 0}) == ResumeState(0, 0, 0)  # numpy's ints
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shuffle": "no"}, r"shuffle: expected true/false, got str 'no'"),
+        ({"shuffle": 0}, r"shuffle: expected true/false, got int 0"),
+        ({"position": 3.7}, r"position: expected an integer, got float 3.7"),
+        ({"position": "7"}, r"position: expected an integer, got str '7'"),
+        ({"position": True}, r"position: expected an integer, got bool True"),
+        ({"epoch": -1}, r"epoch: must be between 0 and .* got -1"),
+        ({"seed": -1}, r"seed: must be between 0 and 9,223,372,036,854,775,807 .* got -1"),
+        ({"seed": 2**64}, r"seed: must be between 0 and 9,223,372,036,854,775,807"),
+        ({"world_size": 0}, r"world_size: must be between 1 and"),
+        ({"build": 5}, r"build: expected a sha256, got int 5"),
+        ({"ranks": 4}, r"unknown key\(s\) 'ranks'; a state holds epoch, position, seed, shuffle, build"),
+    ],
+)
+def test_read_state_refuses_what_a_state_cannot_hold(change, message):
+    with pytest.raises(DatasetError, match=f"^resume state: {message}"):
+        read_state(STATE | change)
+
+
+def test_read_state_names_every_problem_and_what_is_missing():
+    with pytest.raises(DatasetError, match=r"lacks \['seed'\].*; epoch: .*got -1; position: expected an integer"):
+        read_state({"epoch": -1, "position": "0"})
+
+
+@pytest.mark.parametrize("state", [[1, 2, 3], "state", None, 7])
+def test_read_state_refuses_a_state_that_is_not_a_mapping(state):
+    with pytest.raises(DatasetError, match=f"a loader state is a mapping .*, got {type(state).__name__}"):
+        read_state(state)

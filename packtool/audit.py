@@ -249,6 +249,7 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
         _check_probe(state, "consecutive_same_role", probes["consecutive_roles"], data, _has_consecutive_roles)
         _check_probe(state, "multi_turn_tools", probes["tools"], data, _has_tools)
         _check_markers(state, probes["two_turn"])
+    _check_template_source(state)
     _check_bos_eos(state, probes.get("two_turn"), data)
     _check_text_bos(state, data)
     _check_injections(state)
@@ -477,6 +478,16 @@ def _check_text_bos(state: _Audit, data: dict[str, list]) -> None:
         )
     else:
         state.add(name, "fail", evidence, trial)
+
+
+def _check_template_source(state: _Audit) -> None:
+    """Which template renders the samples (a model's own: which file, and the tool_use one for records with
+    tools); a warning when the model folder holds another template that transformers passes over too."""
+    name = "template_source"
+    if state.template is None:
+        state.add(name, "skip", "no chat source: no template is used")
+        return
+    state.add(name, "warn" if state.template.passed_over else "pass", state.template.described)
 
 
 def _check_injections(state: _Audit) -> None:

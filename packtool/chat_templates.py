@@ -1,6 +1,12 @@
 """Chat templates: load one (the model's own, a bundled one or a .jinja file), compile it in the
 sandbox, and run it on a conversation; plus the tokenizer's special-token strings it is given.
 
+The model's own templates are found as transformers (>= 4.43) finds them (`model_templates`):
+
+    chat_template.jinja                    -> "default"     any of these files: tokenizer_config.json's
+    additional_chat_templates/NAME.jinja   -> NAME          chat_template key is not read at all
+    tokenizer_config.json chat_template    -> "default" (a string) or each {name, template} of a list
+
 The bundled .jinja files ship as the package data folder `packtool.templates`, hence this module's name.
 """
 
@@ -20,7 +26,7 @@ import jinja2
 from jinja2 import nodes
 from jinja2.sandbox import SecurityError
 
-from packtool.config import BuildConfig, bundled_folder
+from packtool.config import MODEL_TEMPLATE, BuildConfig, bundled_folder, canonical_json
 from packtool.errors import PacktoolError, TemplateRaised
 from packtool.minijinja_engine import MINIJINJA_INSTALLED, MiniTemplate, NotQualified, qualify
 from packtool.records import literal_pattern
@@ -31,6 +37,13 @@ END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end
 # Fixed so that templates calling strftime_now (Llama 3.x prints "Today Date") render the same
 # text on every run; override with template_vars.date (ISO) or date_string.
 DEFAULT_DATE = "2026-01-01"
+# Where transformers (utils/hub.py) looks for a model folder's templates before tokenizer_config.json.
+TEMPLATE_FILE = "chat_template.jinja"
+TEMPLATE_DIR = "additional_chat_templates"
+# A processor's template (AutoProcessor); AutoTokenizer, and so apply_chat_template, never reads it.
+PROCESSOR_TEMPLATE_FILE = "chat_template.json"
+# The name transformers gives a lone template, and the one it renders a conversation with tools with.
+DEFAULT_NAME, TOOL_USE_NAME = "default", "tool_use"
 # Set to 1 to render every template with jinja2 alone (shard bytes are the same either way; the
 # tests build both ways, and a worker process inherits the choice).
 JINJA2_ONLY = "PACKTOOL_JINJA2_ONLY"
@@ -63,10 +76,40 @@ class ChatTemplate:
     # Hashes of the shapes with slots seen once (render._Slots): a shape teaches its skeleton from its
     # second conversation, so data whose every conversation has a shape of its own pays no learning.
     slot_shapes_seen: set[int] = field(default_factory=set, compare=False, repr=False)
+    # A model's own template: the file it was read from, relative to the model folder (chat_template.jinja,
+    # additional_chat_templates/NAME.jinja or tokenizer_config.json), and its name among several (None: one).
+    file: str | None = None
+    named: str | None = None
+    # The model's tool_use template, which transformers renders a conversation that brings tools with
+    # when `template: model` names no template (tokenizer.get_chat_template); see `serving`.
+    for_tools: ChatTemplate | None = field(default=None, compare=False, repr=False)
+    # What the model folder held that this template was chosen over, for the build summary and the audit.
+    passed_over: str | None = None
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def key(self) -> str:
+        """What the cache and plan keys know the template by: its source, the file and name it was read
+        from, and the template records with tools render with."""
+        tools = self.for_tools.key if self.for_tools is not None else None
+        return hashlib.sha256(canonical_json([self.source, self.file, self.named, tools]).encode()).hexdigest()
+
+    @property
+    def described(self) -> str:
+        """The template as the build summary and the audit name it: `model: chat_template.jinja`, and the
+        template records with tools use and what it was chosen over, when there is either."""
+        parts = [self.name + (f": {self.file}" if self.file else "")]
+        if self.for_tools is not None:
+            parts.append(f"records with tools: {self.for_tools.file} ({self.for_tools.named})")
+        return "; ".join([*parts, *([self.passed_over] if self.passed_over else [])])
+
+    def serving(self, tools: Any) -> ChatTemplate:
+        """The template transformers renders a conversation with: the model's tool_use template when the
+        conversation brings tools and `template: model` picked the default (get_chat_template)."""
+        return self.for_tools if tools and self.for_tools is not None else self
 
     @property
     def end_markers(self) -> tuple[str, ...]:
@@ -134,15 +177,16 @@ def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatT
     formats = {source.format for source in config.sources}
     if formats <= {"text"}:
         return None
+    folder = Path(config.tokenizer.path).parent
     if (
         formats <= {"text", "prompt_completion"}
         and config.template == "model"
-        and not tokenizer_config.get("chat_template")
+        and not model_templates(folder, tokenizer_config)[0]
     ):
         # TRL's string prompt-completion is plain text, often for a base model whose tokenizer has no chat
         # template; a message-list record of such a source is then rejected on its own (template_error)
         return None
-    return load_template(config.template, tokenizer_config, config.template_vars)
+    return load_template(config.template, tokenizer_config, config.template_vars, folder=folder)
 
 
 def bundled_templates() -> list[str]:
@@ -150,29 +194,145 @@ def bundled_templates() -> list[str]:
     return sorted(p.name.removesuffix(".jinja") for p in folder.iterdir() if p.name.endswith(".jinja"))
 
 
-def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[str, Any] | None = None) -> ChatTemplate:
-    """`spec` is `model` (the tokenizer's own chat_template), a bundled template name, or a .jinja path."""
-    if spec == "model":
-        source = tokenizer_config.get("chat_template")
-        if isinstance(source, list):  # some configs hold several named templates
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default")
-        if not isinstance(source, str):
+@dataclass(frozen=True, slots=True)
+class ModelTemplate:
+    """One of a model's own templates: its name, the file it is read from (relative to the model folder)."""
+
+    named: str
+    file: str
+    source: str
+
+
+def model_templates(folder: Path | None, tokenizer_config: dict[str, Any]) -> tuple[dict[str, ModelTemplate], str]:
+    """The model's templates by name as transformers 5 loads them (tokenization_utils_base._from_pretrained),
+    and a sentence on what that passed over (empty when nothing).
+
+    Any file wins: chat_template.jinja is "default" and additional_chat_templates/NAME.jinja is NAME (a
+    default.jinja there replaces chat_template.jinja), and tokenizer_config.json's chat_template is then not
+    read, whatever it holds. Without files the key is the template ("default") or a list of {name, template}.
+    `folder` None: the key alone (a tokenizer_config dict with no folder behind it)."""
+    files: dict[str, ModelTemplate] = {}
+    if folder is not None:
+        paths = [folder / TEMPLATE_FILE] if (folder / TEMPLATE_FILE).exists() else []
+        paths += sorted((folder / TEMPLATE_DIR).glob("*.jinja")) if (folder / TEMPLATE_DIR).is_dir() else []
+        for path in paths:
+            named = DEFAULT_NAME if path.name == TEMPLATE_FILE else path.name.removesuffix(".jinja")
+            files[named] = ModelTemplate(named, path.relative_to(folder).as_posix(), _read_template_file(path))
+    keyed = _keyed_templates(tokenizer_config.get("chat_template"))
+    passed_over = []
+    if files and keyed and {n: t.source for n, t in keyed.items()} != {n: t.source for n, t in files.items()}:
+        passed_over.append(
+            f"tokenizer_config.json's chat_template ({', '.join(sorted(keyed))}) differs and is not used: "
+            f"transformers reads {', '.join(sorted(t.file for t in files.values()))} instead"
+        )
+    if folder is not None and (folder / PROCESSOR_TEMPLATE_FILE).is_file():
+        passed_over.append(f"{PROCESSOR_TEMPLATE_FILE} is a processor's template, which AutoTokenizer does not read")
+    return files or keyed, "; ".join(passed_over)
+
+
+def _read_template_file(path: Path) -> str:
+    """A template file's text as transformers reads it: UTF-8, universal newlines (CRLF becomes LF)."""
+    try:
+        source = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PacktoolError(
+            f"{path}: not UTF-8 (byte {exc.start}: {exc.reason}); transformers cannot load it either: save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise PacktoolError(f"{path}: cannot read the chat template: {exc.strerror or exc}") from None
+    return source
+
+
+def _keyed_templates(value: Any) -> dict[str, ModelTemplate]:
+    """tokenizer_config.json's chat_template: one template, or a list of {name, template} (a later name wins)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {DEFAULT_NAME: ModelTemplate(DEFAULT_NAME, "tokenizer_config.json", value)}
+    if not isinstance(value, list):
+        raise PacktoolError(
+            f"tokenizer_config.json: chat_template must be a string or a list of named templates, "
+            f"got {type(value).__name__}"
+        )
+    out = {}
+    for i, entry in enumerate(value):
+        if not (
+            isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("template"), str)
+        ):
             raise PacktoolError(
-                "template: model, but tokenizer_config.json has no chat_template; "
-                f"use a bundled template ({', '.join(bundled_templates())}) or a .jinja file"
+                f"tokenizer_config.json: chat_template[{i}] must be {{name, template}}, both strings, "
+                f"got {entry!r:.80}; transformers cannot load it either"
             )
-        name = "model"
-    elif spec.endswith(".jinja"):
-        source, name = Path(spec).read_text(encoding="utf-8"), Path(spec).name
-    else:
-        path = bundled_folder("templates") / f"{spec}.jinja"
-        if not path.is_file():
+        out[entry["name"]] = ModelTemplate(entry["name"], "tokenizer_config.json", entry["template"])
+    return out
+
+
+def _model_choice(spec: str, templates: dict[str, ModelTemplate]) -> tuple[ModelTemplate, ModelTemplate | None]:
+    """The template `template: model` or `model:NAME` renders with, and the tool_use template records with
+    tools render with (only for `model`, as apply_chat_template without a chat_template argument)."""
+    available = ", ".join(f"{t.named} ({t.file})" for t in sorted(templates.values(), key=lambda t: t.named))
+    if spec == MODEL_TEMPLATE:
+        if DEFAULT_NAME not in templates:
             raise PacktoolError(
-                f"template: unknown bundled template {spec!r}; "
-                f"choose one of {', '.join(bundled_templates())}, 'model' or a .jinja path"
+                f"template: model, but the model's templates are {available} and none is named {DEFAULT_NAME!r} "
+                "(transformers refuses a conversation without tools then); pick one with template: model:NAME"
             )
-        source, name = path.read_text(encoding="utf-8"), spec
+        default, tools = templates[DEFAULT_NAME], templates.get(TOOL_USE_NAME)
+        return default, tools if tools is not None and tools.source != default.source else None
+    named = spec.removeprefix(f"{MODEL_TEMPLATE}:")
+    if named not in templates:
+        raise PacktoolError(f"template: {spec}, but the model has no template named {named!r}; it has {available}")
+    return templates[named], None
+
+
+def load_template(
+    spec: str, tokenizer_config: dict[str, Any], variables: dict[str, Any] | None = None, *, folder: Path | None = None
+) -> ChatTemplate:
+    """`spec` is `model` (the model's own template, found as transformers finds it in `folder` and
+    tokenizer_config: see model_templates), `model:NAME` (one of its named templates), a bundled template
+    name, or a .jinja path."""
+    if spec == MODEL_TEMPLATE or spec.startswith(f"{MODEL_TEMPLATE}:"):
+        templates, passed_over = model_templates(folder, tokenizer_config)
+        if not templates:
+            raise PacktoolError(
+                f"template: {spec}, but the model has no chat template (no {TEMPLATE_FILE}, no {TEMPLATE_DIR}/, "
+                "no chat_template in tokenizer_config.json"
+                + (f"; {passed_over}" if passed_over else "")
+                + f"); use a bundled template ({', '.join(bundled_templates())}) or a .jinja file"
+            )
+        chosen, tools = _model_choice(spec, templates)
+        if set(templates) == {DEFAULT_NAME}:  # a lone default has no name (transformers keeps it as a string)
+            chosen = replace(chosen, named="")
+        template = _compile(spec, chosen.source, tokenizer_config, variables, chosen, passed_over or None)
+        if tools is None:
+            return template
+        used = _compile(f"{MODEL_TEMPLATE}:{TOOL_USE_NAME}", tools.source, tokenizer_config, variables, tools, None)
+        return replace(template, for_tools=used)
+    if spec.endswith(".jinja"):
+        return _compile(Path(spec).name, _read_template_file(Path(spec)), tokenizer_config, variables)
+    path = bundled_folder("templates") / f"{spec}.jinja"
+    if not path.is_file():
+        raise PacktoolError(
+            f"template: unknown bundled template {spec!r}; "
+            f"choose one of {', '.join(bundled_templates())}, 'model', 'model:NAME' or a .jinja path"
+        )
+    return _compile(spec, path.read_text(encoding="utf-8"), tokenizer_config, variables)
+
+
+def _compile(
+    name: str,
+    source: str,
+    tokenizer_config: dict[str, Any],
+    variables: dict[str, Any] | None,
+    origin: ModelTemplate | None = None,
+    passed_over: str | None = None,
+) -> ChatTemplate:
+    where = f"{origin.file}" + (f" ({origin.named})" if origin.named else "") if origin is not None else repr(name)
+    if not source.strip():
+        raise PacktoolError(
+            f"template {where} is empty: every sample would render as nothing (as transformers renders it); "
+            "fill it or delete it"
+        )
     env = make_environment()
     try:
         tree = env.parse(source)
@@ -199,6 +359,9 @@ def load_template(spec: str, tokenizer_config: dict[str, Any], variables: dict[s
                 *(t.get("content", "") for t in added.values() if isinstance(t, dict) and t.get("special")),
             ]
         ),
+        file=origin.file if origin is not None else None,
+        named=origin.named or None if origin is not None else None,
+        passed_over=passed_over,
     )
     template = _with_generation_header(template)
     return _with_minijinja(template, tree, strftime_now, env.globals["raise_exception"])

@@ -164,7 +164,7 @@ def build(
         )
         template = stages_for(settings).template  # loaded by the build in this process, not again
         if template is not None:
-            click.echo(f"template {template.name} rendered by {template.engine}")
+            click.echo(f"template {template.described} rendered by {template.engine}")
         click.echo(f"per source, per reason and per length: packtool stats {settings.run.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:

@@ -5,7 +5,7 @@
         path: data/chat-*.jsonl    # a file, a glob, or a list of them; relative to this file
         format: messages           # messages | sharegpt | alpaca | text | prompt_completion | preference | group
     tokenizer: tokenizer/          # tokenizer.json, or a folder with tokenizer.json + tokenizer_config.json
-    template: model                # a bundled name, `model`, or a .jinja file
+    template: model                # `model`, `model:NAME` (a named one), a bundled name, or a .jinja file
     capacity: 2048
     output: out/
 
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from importlib.abc import Traversable
 
 FORMATS = ("messages", "sharegpt", "alpaca", "text", "prompt_completion", "preference", "group")
+# `template: model` is the model's own chat template; `model:NAME` one of its named templates (chat_templates).
+MODEL_TEMPLATE = "model"
 # Formats whose records are items of several segments that train together (packtool.adapters reads them).
 ITEM_FORMATS = ("preference", "group")
 # Names come from the registries, so a new strategy is a config choice the moment it exists.
@@ -716,8 +718,11 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         p.add("sources", f"source name {name!r} is used more than once")
 
     tokenizer = _parse_tokenizer(p.take(raw, "tokenizer", str, "", required=True), base_dir, p)
-    template = p.take(raw, "template", str, "", "model")
-    if template.endswith(".jinja"):
+    template = p.take(raw, "template", str, "", MODEL_TEMPLATE)
+    named = template.startswith(f"{MODEL_TEMPLATE}:")
+    if named and not template.removeprefix(f"{MODEL_TEMPLATE}:").strip():
+        p.add("template", f"{template!r} names no template; write model:NAME (e.g. model:tool_use) or model")
+    elif not named and template.endswith(".jinja"):
         template_path = _resolve(base_dir, template)
         if not template_path.is_file():
             p.add("template", f"file not found: {template_path}")

@@ -500,6 +500,7 @@ def manifest_problems(manifest: Any) -> list[str]:
                 problems.append(f"tokenizer.{key} must be a count or null, got {tokenizer[key]!r:.80}")
         if tokenizer.get("file") is not None and not isinstance(tokenizer["file"], str):
             problems.append(f"tokenizer.file must be a path or null, got {tokenizer['file']!r:.80}")
+    problems += _template_problems(manifest.get("template"))
     if manifest.get("mode", "packed") not in ("packed", "stream"):
         problems.append(f"'mode' must be 'packed' or 'stream', got {manifest.get('mode')!r:.80}")
     for key in ("overflow", "validation"):
@@ -521,6 +522,24 @@ def manifest_problems(manifest: Any) -> list[str]:
                     problems += _summary_problems(f"lengths.{name}.{when}", entry.get(when))
     if SEAL in manifest and not isinstance(manifest[SEAL], str):
         problems.append(f"'{SEAL}' must be a string, got {manifest[SEAL]!r:.80}")
+    return problems
+
+
+def _template_problems(template: Any) -> list[str]:
+    """`template`: null, or {name, sha256, file, named, tools, injects}; file, named and tools are absent in
+    manifests written before packtool recorded which of a model's template files it used."""
+    if template is None:
+        return []
+    if not isinstance(template, dict):
+        return [f"'template' must be an object or null, got {template!r:.80}"]
+    problems = []
+    for where, entry in (("template", template), ("template.tools", template.get("tools", {}))):
+        if not isinstance(entry, dict):
+            problems.append(f"{where} must be an object {{name, sha256, file, named}}, got {entry!r:.80}")
+            continue
+        for key in ("file", "named"):
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                problems.append(f"{where}.{key} must be a string or null, got {entry[key]!r:.80}")
     return problems
 
 

@@ -1220,7 +1220,7 @@ def render_example(
         return render_text(example, specials, add_bos=bos, add_eos=add_eos is not False)
     if template is None:
         raise RecordError("no chat template is configured for a chat example", kind="template_error")
-    return render_chat(example, template, policy)
+    return render_chat(example, template.serving(example.tools), policy)
 
 
 _ROLE_WORDS = {"system", "user", "assistant", "model", "tool", "ipython", "function", "developer"}

@@ -7,6 +7,7 @@ gemma-3 + glaive tool data   -> rows and multi_turn_tools fail: Gemma's template
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ CHECKS = {
     "targets_match_content",
     "text_bos",
     "template_injections",
+    "template_source",
 }
 
 
@@ -172,3 +174,23 @@ def test_audit_fails_when_text_documents_disagree_with_the_tokenizer(tmp_path: P
     again.mkdir()
     chosen = audit(_text_config(again, None, add_bos=False), rows=5).by_name("text_bos")
     assert chosen.status == "warn" and "add_bos: false" in chosen.evidence
+
+
+def test_the_audit_names_the_template_file_and_the_key_it_passed_over(tmp_path: Path) -> None:
+    """chat_template.jinja wins over tokenizer_config.json's chat_template, as in transformers; both named."""
+    path = ROOT / "configs" / "quickstart.yaml"
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(path.parent / "quickstart" / "tokenizer", folder)
+    key = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    (folder / "chat_template.jinja").write_text(key.replace("# Tools", "# Functions"), encoding="utf-8")
+    report = audit(load_config(path, overrides=[f"tokenizer={folder}"]), rows=3)
+    check = report.by_name("template_source")
+    assert check.status == "warn"
+    assert check.evidence.startswith("model: chat_template.jinja; tokenizer_config.json's chat_template (default)")
+    assert "WARN  template_source" in format_audit(report)
+    (folder / "chat_template.jinja").write_text(key, encoding="utf-8")  # the same text: nothing passed over
+    again = audit(load_config(path, overrides=[f"tokenizer={folder}"]), rows=3)
+    assert (again.by_name("template_source").status, again.by_name("template_source").evidence) == (
+        "pass",
+        "model: chat_template.jinja",
+    )

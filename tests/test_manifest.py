@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support import QUICKSTART
 
+from packtool.builder import build
+from packtool.config import load_config
 from packtool.errors import PackFormatError
 from packtool.format import (
     MANIFEST,
@@ -87,3 +93,39 @@ def test_the_v2_column_table_is_the_v2_schema_and_the_segment_record() -> None:
     assert [c.field for c in V2_COLUMNS] == [f.name for f in dataclasses.fields(SegmentColumns)]
     for column in V2_COLUMNS:
         assert pa.from_numpy_dtype(column.dtype) == column.arrow, column.name
+
+
+def test_the_manifest_names_the_model_template_file_the_build_used(tmp_path: Path, write_config, write_jsonl) -> None:
+    """A model folder saved by transformers >= 4.43 holds chat_template.jinja, which wins over the key."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(QUICKSTART / "tokenizer", folder)
+    key = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    (folder / "chat_template.jinja").write_text(key.replace("<|im_start|>", "<|im_start|> "), encoding="utf-8")
+    write_jsonl([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}])
+    raw = {"sources": [{"name": "chat", "path": "data.jsonl", "format": "messages"}], "tokenizer": str(folder)}
+    config = load_config(write_config({**raw, "capacity": 64, "output": "out"}))
+    template = build(config).manifest["template"]
+    assert (template["name"], template["file"], template["named"]) == ("model", "chat_template.jinja", None)
+    assert template["sha256"] == hashlib.sha256((folder / "chat_template.jinja").read_bytes()).hexdigest()
+    assert "tools" not in template  # no tool_use template in this folder
+    assert read_manifest(Path(config.run.output)).problems() == []
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [
+        ("chatml", "'template' must be an object or null, got 'chatml'"),
+        ({"name": "model", "file": 3}, "template.file must be a string or null, got 3"),
+        ({"name": "model", "tools": {"named": ["tool_use"]}}, "template.tools.named must be a string or null"),
+        ({"name": "model", "tools": "tool_use"}, "template.tools must be an object {name, sha256, file, named}"),
+    ],
+)
+def test_a_damaged_template_entry_is_named(tmp_path: Path, template: object, problem: str) -> None:
+    with pytest.raises(PackFormatError, match=re.escape(problem)):
+        Manifest.from_dict(_fields(template=template), tmp_path)
+
+
+def test_a_manifest_from_before_template_files_were_recorded_still_reads(tmp_path: Path) -> None:
+    old = {"name": "model", "sha256": "ab", "injects": []}
+    assert Manifest.from_dict(_fields(template=old), tmp_path).problems() == []
+    assert Manifest.from_dict(_fields(template=None), tmp_path).problems() == []

@@ -11,20 +11,26 @@ are plain text, and again on each format's real tokenizer from the shared data w
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import SHARED_DATA
 
+from packtool.builder import _encode_items
+from packtool.builder.cache import TokenCache
+from packtool.builder.encode import stages_for
 from packtool.chat_templates import END_MARKERS, bundled_templates, load_template
-from packtool.config import TokenizerConfig, TrainPolicy
+from packtool.config import TokenizerConfig, TrainPolicy, load_config, parse_config
 from packtool.encode import TextTokenizer, encode_batch, load_tokenizer
-from packtool.errors import RecordError
+from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message, Tokenized
-from packtool.render import render_chat
+from packtool.render import render_chat, render_example
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart" / "tokenizer"
@@ -264,3 +270,232 @@ def test_without_minijinja_the_engine_names_the_extra_only_where_it_would_pay(tm
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     assert load_template(str(path), {}).engine.startswith(engine)
+
+
+# Which template a model folder renders with, found as transformers (>= 4.43) finds it: chat_template.jinja
+# and additional_chat_templates/NAME.jinja over tokenizer_config.json's chat_template key (a string or a
+# list of {name, template}); the tool_use template for records that bring tools.
+#
+#     folder                                         template: model renders       records with tools
+#     key only                                       the key                       the key
+#     chat_template.jinja + key                      chat_template.jinja           chat_template.jinja
+#     key [{default}, {tool_use}]                    default                       tool_use
+#     chat_template.jinja + additional_.../tool_use  chat_template.jinja           tool_use.jinja
+QWEN = SHARED / "qwen2.5"
+QWEN_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def _qwen_key() -> str:
+    if not (QWEN / "tokenizer_config.json").is_file():
+        pytest.skip(f"no tokenizer at {QWEN}")
+    return json.loads((QWEN / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+
+
+def _variant(prompt: str) -> str:
+    """Qwen2.5's template with another default system prompt: a render shows which one was used."""
+    return _qwen_key().replace(QWEN_PROMPT, prompt)
+
+
+def _model_folder(tmp_path: Path, key: Any = None, files: dict[str, str | bytes] | None = None) -> Path:
+    """A copy of Qwen2.5's tokenizer folder whose chat_template key is `key` (None: Qwen's own, "": no key)
+    and which also holds `files` (relative path -> text or bytes)."""
+    folder = tmp_path / "model"
+    folder.mkdir(parents=True)
+    shutil.copy(QWEN / "tokenizer.json", folder)
+    config = json.loads((QWEN / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if key == "":
+        del config["chat_template"]
+    elif key is not None:
+        config["chat_template"] = key
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    for name, content in (files or {}).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        else:
+            (folder / name).write_text(content, encoding="utf-8")
+    return folder
+
+
+def _packtool_and_transformers(folder: Path, spec: str, chat: str) -> tuple[str, str]:
+    """The chat rendered by packtool (the build's render_example) and by apply_chat_template on the folder."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
+    template = load_template(spec, tokenizer.config, folder=folder)
+    example = _example(chat)
+    ours = render_example(example, template, tokenizer.config, TrainPolicy(), add_bos=None, add_eos=None).text
+    named = {"chat_template": spec.removeprefix("model:")} if spec != "model" else {}
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        [m.as_template_dict() for m in example.messages],
+        tools=list(example.tools or []) or None,
+        tokenize=False,
+        **named,
+    )
+    return ours, theirs
+
+
+# case -> (key, files, the default system prompt a chat without tools gets, the one a chat with tools gets)
+FOLDERS: dict[str, tuple[Any, dict[str, str | bytes], str, str]] = {
+    "jinja_over_key": (None, {"chat_template.jinja": "{jinja}"}, "From the jinja file.", "From the jinja file."),
+    "jinja_crlf": (
+        None,
+        {"chat_template.jinja": "{jinja_crlf}"},
+        "From the jinja file.",
+        "From the jinja file.",
+    ),
+    "named_list": (
+        [{"name": "default", "template": "{jinja}"}, {"name": "tool_use", "template": "{tool_use}"}],
+        {},
+        "From the jinja file.",
+        "For tools.",
+    ),
+    "jinja_and_additional": (
+        None,
+        {"chat_template.jinja": "{jinja}", "additional_chat_templates/tool_use.jinja": "{tool_use}"},
+        "From the jinja file.",
+        "For tools.",
+    ),
+    # any file wins over the whole key: the key's tool_use is gone
+    "jinja_over_named_list": (
+        [{"name": "default", "template": "{key}"}, {"name": "tool_use", "template": "{tool_use}"}],
+        {"chat_template.jinja": "{jinja}"},
+        "From the jinja file.",
+        "From the jinja file.",
+    ),
+    # additional_chat_templates/default.jinja replaces chat_template.jinja
+    "additional_default": (
+        None,
+        {"chat_template.jinja": "{key}", "additional_chat_templates/default.jinja": "{jinja}"},
+        "From the jinja file.",
+        "From the jinja file.",
+    ),
+}
+
+
+def _filled(value: Any) -> Any:
+    sources = {
+        "{key}": _qwen_key(),
+        "{jinja}": _variant("From the jinja file."),
+        "{jinja_crlf}": _variant("From the jinja file.").replace("\n", "\r\n").encode(),
+        "{tool_use}": _variant("For tools."),
+    }
+    if isinstance(value, str):
+        return sources.get(value, value)
+    if isinstance(value, list):
+        return [{**entry, **{k: _filled(v) for k, v in entry.items() if k == "template"}} for entry in value]
+    return {name: _filled(content) for name, content in value.items()} if isinstance(value, dict) else value
+
+
+@pytest.mark.parametrize("case", sorted(FOLDERS))
+def test_model_folder_templates_render_as_transformers_renders_them(case: str, tmp_path: Path) -> None:
+    key, files, plain_prompt, tools_prompt = FOLDERS[case]
+    folder = _model_folder(tmp_path, _filled(key), _filled(files))
+    for chat, prompt in (("two_turn", plain_prompt), ("tools", tools_prompt)):
+        ours, theirs = _packtool_and_transformers(folder, "model", chat)
+        assert ours == theirs, f"{case} {chat}"
+        assert prompt in ours and QWEN_PROMPT not in ours, f"{case} {chat}: rendered with the wrong template"
+
+
+def test_a_named_template_is_picked_by_name(tmp_path: Path) -> None:
+    folder = _model_folder(tmp_path, files=_filled(FOLDERS["jinja_and_additional"][1]))
+    for chat in ("two_turn", "tools"):
+        ours, theirs = _packtool_and_transformers(folder, "model:tool_use", chat)
+        assert ours == theirs and "For tools." in ours, chat
+    template = load_template("model:tool_use", {}, folder=folder)
+    assert (template.file, template.named, template.for_tools) == (
+        "additional_chat_templates/tool_use.jinja",
+        "tool_use",
+        None,
+    )
+
+
+def test_the_template_used_and_the_one_passed_over_are_named(tmp_path: Path) -> None:
+    folder = _model_folder(tmp_path, files=_filled(FOLDERS["jinja_and_additional"][1]))
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = load_template("model", config, folder=folder)
+    assert (template.file, template.named) == ("chat_template.jinja", "default")
+    assert template.for_tools is not None and template.for_tools.file == "additional_chat_templates/tool_use.jinja"
+    assert template.described == (
+        "model: chat_template.jinja; records with tools: additional_chat_templates/tool_use.jinja (tool_use); "
+        "tokenizer_config.json's chat_template (default) differs and is not used: transformers reads "
+        "additional_chat_templates/tool_use.jinja, chat_template.jinja instead"
+    )
+    # the same file as the key: nothing to say; a lone template has no name
+    same = _model_folder(tmp_path / "same", files={"chat_template.jinja": _qwen_key()})
+    lone = load_template("model", config, folder=same)
+    assert (lone.file, lone.named, lone.passed_over) == ("chat_template.jinja", None, None)
+
+
+# case -> (key, files, spec, the error)
+BROKEN: dict[str, tuple[Any, dict[str, str | bytes], str, str]] = {
+    "empty_jinja": (
+        None,
+        {"chat_template.jinja": ""},
+        "model",
+        r"template chat_template.jinja is empty: every sample would render as nothing",
+    ),
+    "blank_named": (None, {"additional_chat_templates/rag.jinja": " \n"}, "model:rag", r"rag.jinja \(rag\) is empty"),
+    "not_utf8": (None, {"chat_template.jinja": b"\xe9{{ x }}"}, "model", r"chat_template.jinja: not UTF-8 \(byte 0"),
+    "jinja_is_a_folder": (None, {"chat_template.jinja/x": "x"}, "model", r"chat_template.jinja: cannot read"),
+    "list_without_default": (
+        [{"name": "rag", "template": "R"}, {"name": "tool_use", "template": "T"}],
+        {},
+        "model",
+        r"templates are rag \(tokenizer_config.json\), tool_use \(tokenizer_config.json\) and none is named "
+        r"'default'.*template: model:NAME",
+    ),
+    # transformers reads the files alone: the key's default is gone, and so is the default
+    "additional_only": (
+        None,
+        {"additional_chat_templates/tool_use.jinja": "T"},
+        "model",
+        r"templates are tool_use \(additional_chat_templates/tool_use.jinja\) and none is named 'default'",
+    ),
+    "missing_name": (None, {}, "model:tool_use", r"no template named 'tool_use'; it has default \(tokenizer_config"),
+    "entry_without_template": (
+        [{"name": "default"}],
+        {},
+        "model",
+        r"chat_template\[0\] must be \{name, template\}, both strings",
+    ),
+    "processor_template_only": (
+        "",
+        {"chat_template.json": '{"chat_template": "P"}'},
+        "model",
+        r"no chat template .*chat_template.json is a processor's template, which AutoTokenizer does not read",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_model_template_is_one_line(case: str, tmp_path: Path) -> None:
+    key, files, spec, error = BROKEN[case]
+    folder = _model_folder(tmp_path, _filled(key), files)
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    with pytest.raises(PacktoolError, match=error) as caught:
+        load_template(spec, config, folder=folder)
+    assert "\n" not in str(caught.value)
+
+
+def test_model_colon_without_a_name_is_a_config_error(tmp_path: Path) -> None:
+    raw = {"sources": [], "tokenizer": str(QUICKSTART), "template": "model:", "capacity": 64, "output": "out"}
+    with pytest.raises(PacktoolError, match=r"template: 'model:' names no template; write model:NAME"):
+        parse_config(raw, base_dir=tmp_path)
+
+
+def test_only_chat_template_jinja_changing_moves_the_encode_keys(tmp_path: Path) -> None:
+    key = json.loads((QUICKSTART / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    # the key's text read from the file instead, then that file edited; a copy of the folder as it was
+    jinja = {"plain": None, "copy": None, "from_file": key, "edited": key.replace("# Tools", "# Functions")}
+    keys = {}
+    for name, text in jinja.items():
+        folder = tmp_path / name  # one folder each: a process keeps the Stages of a config it has seen
+        shutil.copytree(QUICKSTART, folder)
+        if text is not None:
+            (folder / "chat_template.jinja").write_text(text, encoding="utf-8")
+        config = load_config(ROOT / "configs" / "quickstart.yaml", overrides=[f"tokenizer={folder}"])
+        items = _encode_items(config, stages_for(config), TokenCache(tmp_path / "cache"))
+        keys[name] = {item.key for item in items if item.source != "docs"}  # text documents use no template
+    assert keys["plain"] == keys["copy"] and len(keys["plain"]) > 1
+    assert not keys["plain"] & keys["from_file"] and not keys["from_file"] & keys["edited"]

@@ -187,7 +187,7 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     if config.tokenizer.config_path:
         tokenizer_hash += file_sha256(config.tokenizer.config_path)
     template = stages.template
-    template_hash = "none" if template is None else f"{template.sha256}:{canonical_json(template.variables)}"
+    template_hash = "none" if template is None else f"{template.key}:{canonical_json(template.variables)}"
     items = []
     for source in config.sources:
         settings = source_settings(source, config)

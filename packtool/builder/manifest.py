@@ -16,6 +16,7 @@ from typing import Any
 import packtool
 from packtool.builder.encode import Stages
 from packtool.builder.plan import Plan
+from packtool.chat_templates import ChatTemplate
 from packtool.config import ITEM_FORMATS, BuildConfig
 from packtool.format import KIND_CODES, REJECTS, ROLE_CODES, Manifest, conventions, write_manifest
 from packtool.render import template_injections
@@ -107,8 +108,9 @@ def assemble_manifest(
         "template": None
         if template is None
         else {
-            "name": template.name,
-            "sha256": template.sha256,
+            **_template_entry(template),
+            # the model's tool_use template, which renders the records that bring tools (as transformers does)
+            **({"tools": _template_entry(template.for_tools)} if template.for_tools is not None else {}),
             # what every sample gets from the template alone (a default system prompt, a date line)
             "injects": template_injections(template, tokenizer),
         },
@@ -142,6 +144,12 @@ def assemble_manifest(
         manifest["truncation"]["items"] = config.truncation.items
         manifest["accounting"] = _item_accounting(config, plan.accounting)
     return manifest
+
+
+def _template_entry(template: ChatTemplate) -> dict[str, Any]:
+    """A template's name and source hash; for a model's own template also the file it was read from
+    (relative to the model folder) and its name among the model's templates (null for a lone one)."""
+    return {"name": template.name, "sha256": template.sha256, "file": template.file, "named": template.named}
 
 
 def _item_accounting(config: BuildConfig, accounting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

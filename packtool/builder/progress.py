@@ -7,6 +7,10 @@ every `every` seconds while it runs, and one when it ends:
     12:00:01 encode: started, 1.2 GB
     12:00:11 encode: 310.4 MB of 1.2 GB (25%), 31.0 MB/s, about 29 s left
     12:00:41 encode: done, 1.2 GB in 40 s
+
+A build done within its first `QUIET_SECONDS` writes none of them: its summary follows at once, and
+an error stays the one line it is. A longer one writes the lines held back so far, with the times
+they happened, at its first update after that.
 """
 
 from __future__ import annotations
@@ -53,19 +57,33 @@ class BarProgress(Progress):
         print(message, file=sys.stderr, flush=True)
 
 
+QUIET_SECONDS = 10.0
+
+
 class LogProgress(Progress):
     """Lines for a log that is read later: a phase's start and end, and done/total, rate and ETA at
     most every `every` seconds between them (10 s: a day-long build writes ~9,000 lines, an hour's
     job log stays readable)."""
 
     def __init__(
-        self, stream: IO[str] | None = None, every: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        stream: IO[str] | None = None,
+        every: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        quiet_for: float | None = None,
     ) -> None:
         self.stream, self.every, self.clock = stream, every, clock
+        self.speaks_at = clock() + (QUIET_SECONDS if quiet_for is None else quiet_for)
+        self.held: list[str] | None = []  # None once the lines go out as they come
 
     def write(self, message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {message}"
+        if self.held is not None and self.clock() < self.speaks_at:
+            self.held.append(line)
+            return
         stream = self.stream or sys.stderr
-        print(f"{time.strftime('%H:%M:%S')} {message}", file=stream, flush=True)
+        print("\n".join([*(self.held or ()), line]), file=stream, flush=True)
+        self.held = None
 
     def step(self, message: str) -> None:
         self.write(message)

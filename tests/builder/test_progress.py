@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
-import sys
 
 from support import QUICKSTART
 
@@ -30,7 +28,7 @@ def _lines(stream: io.StringIO) -> list[str]:
 
 def test_a_phase_writes_its_start_its_end_and_a_line_at_most_every_ten_seconds():
     clock, stream = _Clock(), io.StringIO()
-    log = LogProgress(stream, every=10, clock=clock)
+    log = LogProgress(stream, every=10, clock=clock, quiet_for=0)
     with log.phase("encode", 4_000_000, "B") as bar:
         for _ in range(40):  # 100 kB every second
             clock.now += 1
@@ -46,7 +44,7 @@ def test_a_phase_writes_its_start_its_end_and_a_line_at_most_every_ten_seconds()
 
 def test_counted_units_long_phases_and_steps():
     clock, stream = _Clock(), io.StringIO()
-    log = LogProgress(stream, every=10, clock=clock)
+    log = LogProgress(stream, every=10, clock=clock, quiet_for=0)
     log.step("loading tokenizer tok.json")
     with log.phase("emit", 3, "shards") as bar:
         clock.now += 1800
@@ -61,18 +59,43 @@ def test_counted_units_long_phases_and_steps():
     ]
 
 
-def test_a_build_logging_to_a_file_shows_its_phases(tmp_path):
-    """stderr is a file, as under nohup or SLURM: no bar, but a line for each phase."""
-    log = tmp_path / "build.log"
+def test_a_quick_build_writes_no_line_and_a_longer_one_writes_what_was_held_back():
+    clock, stream = _Clock(), io.StringIO()
+    quick = LogProgress(stream, every=10, clock=clock, quiet_for=10)
+    quick.step("loading tokenizer tok.json")
+    with quick.phase("plan", 1, "plan") as bar:
+        clock.now += 9
+        bar.update(1)
+    assert stream.getvalue() == ""  # the summary follows at once; an error stays one line
+    with quick.phase("emit", 2, "shards") as bar:
+        clock.now += 2
+        bar.update(1)
+        bar.update(1)
+    assert _lines(stream) == [
+        "loading tokenizer tok.json",
+        "plan: started, 1 plan",
+        "plan: done, 1 plan in 9 s",
+        "emit: started, 2 shards",
+        "emit: done, 2 shards in 2 s",
+    ]
+
+
+def test_a_build_logging_to_a_file_shows_its_phases(tmp_path, monkeypatch):
+    """stderr is not a terminal, as under nohup or SLURM: no bar, but a line for each phase (the
+    quickstart cut to 40 records builds within the quiet first seconds, which are set to none here)."""
+    from click.testing import CliRunner
+
+    from packtool.builder import progress
+    from packtool.cli import main
+
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
     config = QUICKSTART.parent / "quickstart.yaml"
-    command = [sys.executable, "-m", "packtool", "build", str(config), "-o", str(tmp_path / "out")]
-    with log.open("w") as stderr:
-        done = subprocess.run([*command, "--max-samples", "40"], stdout=subprocess.PIPE, stderr=stderr, text=True)
-    assert done.returncode == 0, log.read_text()
-    phases = [line[9:] for line in log.read_text().splitlines()]
+    result = CliRunner().invoke(main, ["build", str(config), "-o", str(tmp_path / "out"), "--max-samples", "40"])
+    assert result.exit_code == 0, result.output
+    phases = [line[9:] for line in result.stderr.splitlines()]
     assert phases[0].startswith("loading tokenizer ")
     for name in ("encode", "plan", "emit"):
         assert any(line.startswith(f"{name}: started, ") for line in phases), phases
         assert any(line.startswith(f"{name}: done, ") for line in phases), phases
-    assert "\r" not in log.read_text()  # no bar redrawn into the log
-    assert "wrote 1 shard(s)" in done.stdout
+    assert "\r" not in result.stderr  # no bar redrawn into the log
+    assert "wrote 1 shard(s)" in result.stdout

@@ -119,7 +119,13 @@ def static_tables(data: dict[str, Any]) -> str:
     ]
     if fill:
         counts = fill["histogram"]["counts"]
-        parts.append(table("Pack fill: packs by length (tokens)", ["length", "packs"], list(zip(bins(fill), counts))))
+        parts.append(
+            table(
+                "Pack fill: packs by length (tokens)",
+                ["length", "packs"],
+                [[label, n] for label, n in zip(bins(fill), counts)],
+            )
+        )
     per_pack = data["segments_per_pack"]["histogram"]
     parts.append(table("Documents per pack", ["documents", "packs"], [[k, n] for k, n in enumerate(per_pack) if n]))
     return "\n".join(parts)

@@ -165,7 +165,7 @@ def isolation_check(json_path: Path | None) -> list[str]:
     transformers.logging.set_verbosity_error()
     failures, reports = [], []
     for key in FAMILIES:
-        flex = key == "llama" and torch.cuda.is_available()  # on CPU HF's flex path fails to compile (DESIGN.md)
+        flex = key == "llama" and torch.cuda.is_available()  # on CPU HF's flex path fails to compile
         backends = (*ISOLATION_BACKENDS, "flex_attention") if flex else ISOLATION_BACKENDS
         started = time.perf_counter()
         report = probe(key, backends=backends, feeds=("model_inputs", "one_document_per_row"))

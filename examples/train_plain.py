@@ -49,7 +49,7 @@ def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
-        use_cache=False,  # a KV cache would disable packed-sequence detection (DESIGN.md)
+        use_cache=False,  # a KV cache would disable packed-sequence detection (docs/isolation.md)
     )
     config._attn_implementation = "sdpa"
     return transformers.LlamaForCausalLM(config)

@@ -56,7 +56,7 @@ SKIP_ENV = "PACKTOOL_SKIP_ISOLATION_CHECK"
 CHECKS = ("packed_vs_alone", "perturbation", "gradients", "loss")
 CPU_BACKENDS = ("eager", "sdpa")
 # HF compiles flex attention on first use: ~40 s per model on this CPU, and a document BlockMask
-# failed in the C++ compile (DESIGN.md); it runs by default where CUDA is, or when asked for.
+# failed in the C++ compile on CPU here; it runs by default where CUDA is, or when asked for.
 GPU_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
 DOC_LENGTHS = (11, 7, 13)  # three documents, each longer than the tiny sliding window (4)
 GUARD_LENGTHS = (9, 6, 8)

@@ -25,3 +25,21 @@ def test_every_run_lists_each_failure_and_each_skip_with_its_reason(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "SKIPPED [1] test_skips.py:5: shared test data not found at /nowhere" in done.stdout
     assert re.search(r"^FAILED \S*test_skips.py::test_fails", done.stdout, re.M), done.stdout
+
+
+# The shared data's own README (../shared/data) is cited as data/README.md; it is not the repository's.
+OUTSIDE_THE_REPO = {"data/README.md"}
+
+
+def test_every_markdown_file_cited_exists():
+    """Modules, examples and docs cited a DESIGN.md the repository never had. A cited NAME.md resolves
+    from the citing file's folder, the repository root or docs/."""
+    missing = []
+    roots = ["packtool", "examples", "bench", "docs", "configs", "templates"]
+    files = [REPO / "README.md", *(p for root in roots for p in (REPO / root).rglob("*") if p.suffix in {".py", ".md"})]
+    for path in files:
+        for cited in set(re.findall(r"[\w./-]+\.md\b", path.read_text(encoding="utf-8"))):
+            folders = (path.parent, REPO, REPO / "docs")
+            if cited not in OUTSIDE_THE_REPO and not any((folder / cited).is_file() for folder in folders):
+                missing.append(f"{path.relative_to(REPO)} cites {cited}")
+    assert missing == []

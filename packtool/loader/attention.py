@@ -19,7 +19,7 @@ For cu_seqlens [0, 3, 5, 9] (segments A, B, C)::
 A flat causal mask would also allow the 30 entries below the diagonal outside the blocks (45
 legal pairs instead of 19): tokens of B and C would read A.
 
-Backends, in the order `varlen_attention` tries them (DESIGN.md, measured facts):
+Backends, in the order `varlen_attention` tries them (measured with bench/gpu_check.py):
   flash_attn   `flash_attn_varlen_func`, CUDA, fp16/bf16 (FA2 needs a source build; FA4 returns (out, lse))
   torch_varlen `torch.nn.attention.varlen.varlen_attn`, CUDA only, fp16/bf16; causal is
                window_size=(-1, 0) in new torch, is_causal=True in older releases
@@ -60,7 +60,7 @@ def additive_mask(cu_seqlens: torch.Tensor, total: int, dtype: torch.dtype = tor
     """Float [1, 1, T, T] mask, 0 where allowed and -inf elsewhere.
 
     This is the form to pass as a 4D `attention_mask` to Hugging Face models: a boolean 4D mask
-    is silently misread by the eager backend (DESIGN.md).
+    is silently misread by the eager backend.
     """
     allowed = block_causal_mask(cu_seqlens, total)
     mask = torch.zeros(total, total, dtype=dtype, device=allowed.device)

@@ -17,7 +17,7 @@ CU = torch.tensor([0, 3, 5, 9], dtype=torch.int32)
 def test_document_ids_and_mask_drawing():
     assert document_ids(CU, 9).tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
     mask = block_causal_mask(CU, 9)
-    assert int(mask.sum()) == 19  # legal causal pairs for lengths [3, 2, 4] (the block mask drawn in packtool/loader/attention.py)
+    assert int(mask.sum()) == 19  # legal causal pairs for lengths [3, 2, 4] (attention.py draws them)
     assert int(torch.ones(9, 9).tril().sum()) == 45  # what a flat causal mask would allow
     assert mask[3].tolist() == [False] * 3 + [True] + [False] * 5
     add = additive_mask(CU, 9)

@@ -79,7 +79,11 @@ def main() -> None:
 @click.option("--address", help="Ray cluster address (with --executor ray).")
 @click.option("--cache", "cache_dir", help="Token store folder (default: .packtool-cache beside the output).")
 @click.option("--no-cache", is_flag=True, help="Reuse and resume nothing; keep no token store.")
-@click.option("--strict", is_flag=True, help="Fail when any source loses a record (max_reject_share 0).")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail when any source loses a record (max_reject_share 0) or misses its quota (on_quota_miss fail).",
+)
 @click.option("--dry-run", is_flag=True, help="Encode and plan, print what the build would write; write no shard.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 def build(
@@ -119,7 +123,7 @@ def build(
     settings_from_flags += [f"ray_address={address}"] if address else []
     # paths typed on the command line are relative to the working folder
     settings_from_flags += [f"cache={Path(cache_dir).resolve()}"] if cache_dir else []
-    settings_from_flags += ["max_reject_share=0"] if strict else []
+    settings_from_flags += ["max_reject_share=0", "on_quota_miss=fail"] if strict else []
     try:
         config_path = resolve_config_path(config)
         if output is None and not config.is_file():
@@ -143,6 +147,8 @@ def build(
         raise click.ClickException("interrupted; the previous output is unchanged, rerun to resume") from None
     for repaired in built.repaired:
         click.echo(f"warning: {repaired}; not reused, written again", err=True)
+    for missed in built.quota_misses:
+        click.echo(f"warning: {missed}; --strict makes this an error", err=True)
     if dry_run:
         from packtool.builder import format_preview
 

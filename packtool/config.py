@@ -122,6 +122,7 @@ class TrainPolicy:
 
 
 QUOTA_UNITS = ("target_tokens", "tokens")
+QUOTA_MISS_POLICIES = ("warn", "fail")  # on_quota_miss; `build --strict` sets fail
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,10 +244,12 @@ class Shards:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """Whether a build publishes what it wrote (`on_error`, `max_reject_share`), never what it writes."""
+    """Whether a build publishes what it wrote (`on_error`, `max_reject_share`, `on_quota_miss`), never what it
+    writes."""
 
     on_error: str = "fail"
     max_reject_share: float = 0.5  # fail when a source loses more than this share of what it read
+    on_quota_miss: str = "warn"  # a quota the shards fall short of: a warning line, or (fail) nothing published
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,6 +463,7 @@ TOP_KEYS = {
     "ray_address",
     "cache",
     "max_reject_share",
+    "on_quota_miss",
     "max_record_bytes",
     "validation",
     "dedup",
@@ -801,6 +805,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     p.number("row_group_rows", row_group_rows, 1, 10_000_000, "packs per Parquet row group, the unit a loader reads")
     max_reject_share = p.take(raw, "max_reject_share", float, "", 0.5)
     p.number("max_reject_share", max_reject_share, 0.0, 1.0, "the share of a source's records it may lose")
+    on_quota_miss = p.take(raw, "on_quota_miss", str, "", "warn", choices=QUOTA_MISS_POLICIES)
     executor = p.take(raw, "executor", str, "", "processes", choices=EXECUTORS)
     ray_address = p.take(raw, "ray_address", str, "", None)
     if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
@@ -840,7 +845,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         shards=Shards(rows_per_shard, row_group_rows),
         seed=seed,
         dedup=dedup,
-        outcome=Outcome(on_error, max_reject_share),
+        outcome=Outcome(on_error, max_reject_share, on_quota_miss),
         # where and how fast a build runs does not change what it writes: none of it enters the manifest
         raw={k: v for k, v in raw.items() if k not in RUN_KEYS},
     )

@@ -30,6 +30,7 @@ from packtool.builder.emit import emit_item, emit_items, release
 from packtool.builder.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
 from packtool.builder.executors import make_executor
 from packtool.builder.manifest import write_outputs, write_rejects
+from packtool.builder.mixing import quota_misses, source_quotas
 from packtool.builder.owned import check_apart, claim, locked, unlinked
 from packtool.builder.plan import make_plan, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
@@ -69,6 +70,7 @@ class Built:
     # the encode phase's records, those re-encoded, and why (per file)
     records: Reencoded = field(default_factory=Reencoded)
     shards_repaired: int = 0  # staged shards among `repaired` (the rest are cache entries and the staged plan)
+    quota_misses: tuple[str, ...] = ()  # one line per quota the shards fall short of (on_quota_miss: warn)
 
 
 def build(
@@ -167,6 +169,12 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     release()
 
     manifest = write_outputs(config, stages, plan, out, infos)
+    missed = quota_misses(source_quotas(config), manifest["stats"]["sources"])
+    if missed and config.outcome.on_quota_miss == "fail":
+        raise BuildError(
+            "\n".join(missed) + "\nnothing was published (on_quota_miss: fail, as --strict sets); "
+            "lower the quota, or fix the source that could not meet it"
+        )
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
     return Built(
         manifest,
@@ -179,6 +187,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         tuple(repaired),
         records,
         shards_repaired,
+        tuple(missed),
     )
 
 

@@ -4,6 +4,7 @@ weights (mix_by multiplier | samples | tokens) --source_multipliers--> m per sou
 quota (a source's amount of tokens or target tokens) --quota_plan--> copies
 copies: (positions, repeat numbers) into the source's items, drawn under source_seed(seed, name)
 packs' amounts of each source (mixing.interleave) --interleave_order--> the pack order
+quotas and the amounts the shards hold --quota_misses--> a line for each quota the build fell short of
 """
 
 from __future__ import annotations
@@ -14,6 +15,22 @@ import math
 import numpy as np
 
 from packtool.config import BuildConfig, Quota
+from packtool.errors import BuildError
+
+# A plan holds ~70 bytes per copy of a sample (position, reference, repeat number, length, source, kind,
+# targets), about twice while the sources are joined: 100M copies of one source is ~14 GB already. A quota
+# of 10**13 target tokens on a chat source asked for 1.86 TiB before this check.
+MAX_COPIES = 100_000_000
+
+
+def _check_copies(copies: int, n: int, asked: str, source: str) -> None:
+    """Refuse a plan too large to hold before any of it is allocated (a source's own samples, once each, are
+    already held: a large source down-sampled or taken once is never refused)."""
+    if copies > max(MAX_COPIES, n):
+        raise BuildError(
+            f"source {source!r}: {asked} needs {copies:,} copies of its {n:,} samples, over the {MAX_COPIES:,} "
+            "a plan holds in memory (~14 GB); lower it, or add more data to the source"
+        )
 
 
 def source_multipliers(
@@ -33,7 +50,7 @@ def source_multipliers(
     return {n: (weights[n] / weight_sum) * total / amount[n] for n in present}
 
 
-def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def repeat_plan(n: int, multiplier: float, *, seed: int, source: str = "") -> tuple[np.ndarray, np.ndarray]:
     """(positions, repeat numbers) of the copies of n samples: floor(m) full passes, then
     round(frac(m) * n) samples chosen by a seeded permutation.
 
@@ -41,13 +58,14 @@ def repeat_plan(n: int, multiplier: float, *, seed: int) -> tuple[np.ndarray, np
     """
     whole = int(np.floor(multiplier))
     extra = round((multiplier - whole) * n)
+    _check_copies(whole * n + extra, n, f"weight {multiplier:g}", source)
     chosen = np.sort(np.random.default_rng(seed).permutation(n)[:extra]) if extra else np.zeros(0, dtype=np.int64)
     positions = np.concatenate([np.tile(np.arange(n), whole), chosen]).astype(np.int64)
     repeats = np.concatenate([np.repeat(np.arange(whole), n), np.full(len(chosen), whole)]).astype(np.int32)
     return positions, repeats
 
 
-def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def quota_plan(amounts: np.ndarray, quota: int, *, seed: int, source: str = "") -> tuple[np.ndarray, np.ndarray]:
     """(positions, repeat numbers) of the copies that bring a source to `quota`: whole passes while
     they stay below it, then samples in a seeded order until the total reaches it, so
     quota <= total < quota + the last sample's amount (met within one sample). A quota below the
@@ -61,6 +79,7 @@ def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarra
     if n == 0 or total == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
     whole = (quota - 1) // total  # passes that stay below the quota (the next sample then reaches it)
+    _check_copies(whole * n + n, n, f"quota {quota:,} ({total:,} a pass)", source)  # the last pass: at most n
     left = quota - whole * total
     order = np.random.default_rng(seed).permutation(n)
     reached = np.cumsum(amounts[order])
@@ -73,6 +92,31 @@ def quota_plan(amounts: np.ndarray, quota: int, *, seed: int) -> tuple[np.ndarra
 
 def source_quotas(config: BuildConfig) -> dict[str, Quota]:
     return {s.name: s.plan.quota for s in config.sources if s.plan.quota is not None}
+
+
+# What the shards' per-source stats (stats.summarize) call each quota unit.
+REALIZED = {"target_tokens": "targets", "tokens": "tokens"}
+
+
+def quota_misses(quotas: dict[str, Quota], realized: dict[str, dict[str, int]]) -> list[str]:
+    """One line for each quota the shards fall short of. The plan meets a quota within one sample (quota <=
+    realized < quota + the last sample), so any shortfall is a miss: a source that kept nothing (every record
+    rejected or dropped, an empty file) or whose samples all went to the overflow or validation folder.
+
+    quotas {docs: target_tokens 50,000}, realized {docs: {targets: 0}}
+    -> ["quota 'docs' missed: realized 0 of 50,000 target_tokens (short by 50,000; a quota is met within one
+        sample); the source holds none in OUT: see packtool stats"]
+    """
+    lines = []
+    for name, quota in quotas.items():
+        got = realized.get(name, {}).get(REALIZED[quota.unit], 0)
+        if got < quota.amount:
+            lines.append(
+                f"quota {name!r} missed: realized {got:,} of {quota.amount:,} {quota.unit} (short by "
+                f"{quota.amount - got:,}; a quota is met within one sample)"
+                + ("; the source holds none in OUT: see packtool stats" if got == 0 else "")
+            )
+    return lines
 
 
 def source_seed(seed: int, name: str) -> int:

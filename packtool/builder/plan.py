@@ -362,9 +362,11 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
         if name in quotas:
             per_segment = unit_amounts[quotas[name].unit]
             item_amounts = np.add.reduceat(per_segment, offsets[:-1])[mine] if len(mine) else np.zeros(0, np.int64)
-            positions, repeat = quota_plan(item_amounts, quotas[name].amount, seed=source_seed(config.seed, name))
+            amount, seed = quotas[name].amount, source_seed(config.seed, name)
+            positions, repeat = quota_plan(item_amounts, amount, seed=seed, source=name)
         else:
-            positions, repeat = repeat_plan(len(mine), multipliers.get(name, 1.0), seed=source_seed(config.seed, name))
+            multiplier, seed = multipliers.get(name, 1.0), source_seed(config.seed, name)
+            positions, repeat = repeat_plan(len(mine), multiplier, seed=seed, source=name)
         chosen_items = mine[positions]  # whole items: a copy of a pair copies both sides
         size = offsets[chosen_items + 1] - offsets[chosen_items]
         segments = _segments_of(offsets[chosen_items], size)

@@ -68,6 +68,7 @@ ROWS: dict[str, tuple[str, str]] = {
     "ray_address": ("run", "127.0.0.1:6379"),
     "on_error": ("run", "fail"),  # decides whether a build with rejects publishes, not what it writes
     "max_reject_share": ("run", "0.9"),  # a threshold on the outcome, like on_error
+    "on_quota_miss": ("run", "fail"),  # whether a build short of a quota publishes, like on_error
     "sources[].name": ("encode", "talk"),
     "sources[].path": ("encode", "{chat_copy}"),
     "sources[].format": ("encode", "sharegpt"),

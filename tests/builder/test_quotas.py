@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import three_real_sources
+from support import QUICKSTART, three_real_sources
 
 from packtool.builder import build
-from packtool.builder.mixing import quota_plan
+from packtool.builder.mixing import MAX_COPIES, quota_misses, quota_plan, repeat_plan
+from packtool.cli import main
 from packtool.config import ConfigError, Quota, load_config
+from packtool.errors import BuildError
 from packtool.shards import locate
 from packtool.stats import format_stats, summarize
 
@@ -45,6 +50,10 @@ def test_quota_is_met_within_one_sample(amounts, quota, seed):
         ({"samples": 10}, "quota.samples: unknown key"),
         ({"tokens": 0}, "quota.tokens: must be between 1"),
         ({"tokens": "many"}, "quota.tokens: expected"),
+        ({"tokens": -5}, "quota.tokens: must be between 1"),
+        ({"tokens": 1.0e13}, "quota.tokens: expected an integer, got float"),
+        ({"tokens": True}, "quota.tokens: expected an integer, got True"),
+        ({"target_tokens": None}, "give exactly one of target_tokens, tokens|quota.target_tokens: is required"),
     ],
 )
 def test_bad_quotas_are_reported(write_config, write_jsonl, quota, message):
@@ -98,3 +107,95 @@ def _largest_document(folder):
                 entry["tokens"] = max(entry["tokens"], b - a)
                 entry["targets"] = max(entry["targets"], int((labels[a:b] != -100).sum()))
     return largest
+
+
+def test_a_quota_too_large_to_plan_is_refused_before_it_is_allocated():
+    """10**13 target tokens is inside the config's range; on 3 samples of ~4 it once asked numpy for terabytes."""
+    with pytest.raises(BuildError, match=r"source 'chat': quota 10,000,000,000,000 \(12 a pass\) needs "):
+        quota_plan(np.array([5, 3, 4]), 10**13, seed=0, source="chat")
+    with pytest.raises(BuildError, match=rf"over the {MAX_COPIES:,} a plan holds in memory"):
+        repeat_plan(10, 1e12, seed=0, source="chat")  # a weight of 1e12 with mixing.by: multiplier
+    positions, _ = quota_plan(np.ones(10, np.int64), MAX_COPIES, seed=0)  # the limit itself is planned
+    assert len(positions) == MAX_COPIES
+
+
+def test_a_large_source_taken_once_or_down_sampled_is_never_refused():
+    n = MAX_COPIES + 5
+    assert len(repeat_plan(n, 0.5, seed=0)[0]) == round(n / 2)
+
+
+def test_quota_misses_name_realized_asked_and_the_tolerance():
+    quotas = {"docs": Quota("target_tokens", 50_000), "web": Quota("tokens", 100)}
+    realized = {"web": {"tokens": 130, "targets": 0}}  # web met (within one sample); docs kept nothing
+    assert quota_misses(quotas, realized) == [
+        "quota 'docs' missed: realized 0 of 50,000 target_tokens (short by 50,000; a quota is met within one "
+        "sample); the source holds none in OUT: see packtool stats"
+    ]
+    assert quota_misses({"web": Quota("tokens", 200)}, realized) == [
+        "quota 'web' missed: realized 130 of 200 tokens (short by 70; a quota is met within one sample)"
+    ]
+
+
+def _rejected_source(tmp_path, write_config, write_jsonl, **settings):
+    """Source a (kept) and source b (a quota, every record rejected: no `messages` field)."""
+    write_jsonl(
+        [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b c"}]}] * 4, "a.jsonl"
+    )
+    write_jsonl([{"text": "not a conversation"}] * 3, "b.jsonl")
+    raw = {
+        "sources": [
+            {"name": "a", "path": "a.jsonl", "format": "messages"},
+            {"name": "b", "path": "b.jsonl", "format": "messages", "quota": {"target_tokens": 50_000}},
+        ],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 64,
+        "output": str(tmp_path / "out"),
+        "on_error": "skip",
+        "max_reject_share": 1.0,
+        "workers": 1,
+        **settings,
+    }
+    return write_config(raw)
+
+
+def test_a_quota_no_record_could_meet_is_a_warning_in_the_build_summary(tmp_path, write_config, write_jsonl):
+    config = _rejected_source(tmp_path, write_config, write_jsonl)
+    result = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert result.exit_code == 0, result.output
+    warning = (
+        "warning: quota 'b' missed: realized 0 of 50,000 target_tokens (short by 50,000; a quota is met within one "
+        "sample); the source holds none in OUT: see packtool stats; --strict makes this an error"
+    )
+    assert warning in result.output.splitlines()
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["mixing"]["quotas"]["b"]["amount"] == 50_000
+
+
+@pytest.mark.parametrize("how", [["--strict"], ["--set", "on_quota_miss=fail"]])
+def test_a_missed_quota_fails_a_strict_build_and_publishes_nothing(tmp_path, write_config, write_jsonl, how):
+    config = _rejected_source(tmp_path, write_config, write_jsonl)
+    result = CliRunner().invoke(main, ["build", str(config), "-q", *how])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    if how == ["--strict"]:  # --strict fails on the lost records first, before any shard is written
+        assert "source 'b' lost 3 of 3 records" in result.output
+    else:
+        assert "Error: quota 'b' missed: realized 0 of 50,000 target_tokens" in result.output
+        assert "nothing was published (on_quota_miss: fail, as --strict sets)" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_strict_fails_on_a_quota_whose_samples_all_went_to_overflow(tmp_path, write_config, write_jsonl):
+    """No record lost, so max_reject_share 0 passes it; every sample of b is over capacity and goes whole to
+    OUT/overflow/, so OUT holds none of b: the quota is what --strict catches."""
+    config = _rejected_source(tmp_path, write_config, write_jsonl, overflow="bucket")
+    long = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "word " * 200}]}
+    write_jsonl([long] * 3, "b.jsonl")
+    result = CliRunner().invoke(main, ["build", str(config), "-q", "--strict"])
+    assert result.exit_code == 1 and "Error: quota 'b' missed: realized 0 of 50,000 target_tokens" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_on_quota_miss_takes_warn_or_fail(write_config, write_jsonl):
+    data = write_jsonl([{"text": "hello"}])
+    raw = {"sources": [{"name": "a", "path": str(data), "format": "text"}], "output": "out", "on_quota_miss": "ignore"}
+    with pytest.raises(ConfigError, match="on_quota_miss: 'ignore' is not one of warn, fail"):
+        load_config(write_config(raw))

@@ -9,6 +9,7 @@ any adapter (packtool.adapters) sees it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -103,8 +104,81 @@ def sniff(path: str) -> str:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
 
 
+class Span:
+    """What one encode may read of a file: exactly what the plan hashed, and a record of what it read.
+
+    Text (JSON Lines; decompressed, for a compressed file): `size` bytes from byte `offset`, whose first line
+    is line `line` (0-based). The reader passes on no byte past them, hashes each byte it passes on, and
+    reads to their end even when its lines stop earlier, so `read` and `sha256()` cover what it gave.
+    Tables (Parquet, Arrow): `size` rows from row `line`; the reader keeps those rows' batches (`batches`,
+    `schema`), the prefix a range carries over included, for the caller to hash as the plan did.
+    `more`: the file held more past the span when the read ended (appended after the plan hashed it).
+    """
+
+    __slots__ = ("_digest", "batches", "line", "lines", "more", "offset", "read", "schema", "size")
+
+    def __init__(self, offset: int, line: int, size: int):
+        self.offset, self.line, self.size = offset, line, size
+        self.read = 0  # bytes (text) or rows (tables) read of it
+        self.lines = 0  # newlines in the text read
+        self.more = False
+        self.batches: list[pa.RecordBatch] = []
+        self.schema: pa.Schema | None = None
+        self._digest = hashlib.sha256()
+
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
+
+    def keep(self, batch: pa.RecordBatch, first: int) -> None:
+        """The rows of a table's batch (whose first row is row `first`) that fall in the span."""
+        self.schema = batch.schema
+        end = self.line + self.size
+        lo, hi = max(self.line - first, 0), min(end - first, batch.num_rows)
+        if lo < hi:
+            self.batches.append(batch.slice(lo, hi - lo))
+            self.read += hi - lo
+        self.more |= first + batch.num_rows > end
+
+
+class _SpanText(io.RawIOBase):
+    """A text stream cut at the end of a Span, hashing what it passes on."""
+
+    def __init__(self, inner: Any, span: Span):
+        self._inner, self._span = inner, span
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        span = self._span
+        view = memoryview(buffer)[: span.size - span.read]
+        read = self._inner.readinto(view) or 0 if len(view) else 0
+        span._digest.update(view[:read])
+        span.read += read
+        span.lines += view[:read].tobytes().count(b"\n")
+        return read
+
+    def finish(self) -> None:
+        """Read to the span's end (lines that stopped before it leave bytes unhashed), then look past it."""
+        while self.readinto(bytearray(1 << 20)):
+            pass
+        try:
+            self._span.more = bool(self._inner.read(1))
+        except READ_ERRORS:  # a frame or member still being written past the span
+            self._span.more = True
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
 def raw_records(
-    path: str, label: str, start: int, stop: int | None, limit: int, seek: tuple[int, int] | None = None
+    path: str,
+    label: str,
+    start: int,
+    stop: int | None,
+    limit: int,
+    span: Span | None = None,
 ) -> Iterator[Raw]:
     def unreadable(reason: str, row: int | None = None) -> Raw:
         return (row or 0), RecordError(reason, kind="unreadable_file", file=label, row=row)
@@ -117,16 +191,16 @@ def raw_records(
     if kind == "empty":
         yield unreadable("file is empty (0 bytes)")
         return
-    readers: dict[str, Callable[[str, int, int | None], Iterator[Raw]]] = {
+    readers: dict[str, Callable[[str, int, int | None, Span | None], Iterator[Raw]]] = {
         "parquet": _parquet_rows,
         "arrow_file": partial(_arrow_rows, stream=False),
         "arrow_stream": partial(_arrow_rows, stream=True),
     }
     reader = readers.get(kind)
     if reader is not None:
-        rows = _sized(reader(path, start, stop), limit)
+        rows = _sized(reader(path, start, stop, span), limit)
     else:
-        rows = _text_records(path, kind, label, start, stop, limit, seek if kind == "text" else None)
+        rows = _text_records(path, kind, label, start, stop, limit, span)
     last = start - 1
     try:
         for n, record in rows:
@@ -159,38 +233,54 @@ def _short(exc: BaseException) -> str:
 _CONVERT_BYTES = 64 << 20
 
 
-def _parquet_rows(path: str, start: int, stop: int | None) -> Iterator[Raw]:
+def _parquet_rows(path: str, start: int, stop: int | None, span: Span | None = None) -> Iterator[Raw]:
+    """Rows start..stop; a `span` gets the rows of its own that the file holds (Span.keep), read from the
+    same open file, so what is hashed is what was read."""
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
+    first = start if span is None else min(start, span.line)
     row = 0
     for group in range(parquet.num_row_groups):
         meta = parquet.metadata.row_group(group)
         size = meta.num_rows
-        if row + size <= start:  # whole row groups before the range are never decoded
+        if row + size <= first:  # whole row groups before the range are never decoded
             row += size
             continue
         if stop is not None and row >= stop:
+            if span is not None:
+                span.more = True
             return
         per_row = meta.total_byte_size // max(size, 1)  # decoded bytes, on average
         rows = max(1, min(1024, _CONVERT_BYTES // max(per_row, 1)))
         for batch in parquet.iter_batches(batch_size=rows, row_groups=[group]):
+            if span is not None:
+                span.keep(batch, row)
             yield from _batch_rows(batch, row, start, stop)
             row += batch.num_rows
+    if span is not None:
+        span.schema = parquet.schema_arrow
 
 
-def _arrow_rows(path: str, start: int, stop: int | None, *, stream: bool) -> Iterator[Raw]:
+def _arrow_rows(path: str, start: int, stop: int | None, span: Span | None = None, *, stream: bool) -> Iterator[Raw]:
     """Arrow IPC, file or stream format (`datasets` writes streams); memory-mapped, batch by batch."""
     with pa.memory_map(path) as source:
         if stream:
-            batches: Iterator[pa.RecordBatch] = iter(pa.ipc.open_stream(source))
+            opened = pa.ipc.open_stream(source)
+            batches: Iterator[pa.RecordBatch] = iter(opened)
         else:
-            reader = pa.ipc.open_file(source)
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            opened = pa.ipc.open_file(source)
+            batches = (opened.get_batch(i) for i in range(opened.num_record_batches))
+        if span is not None:
+            span.schema = opened.schema
         row = 0
         for batch in batches:
             if stop is not None and row >= stop:
+                if span is not None:
+                    span.more = True
                 return
+            if span is not None:
+                span.keep(batch, row)
             if row + batch.num_rows > start:
                 yield from _batch_rows(batch, row, start, stop)
             row += batch.num_rows
@@ -308,19 +398,24 @@ def _may_hold_nul(array: pa.Array) -> bool:
     return False
 
 
-def open_text(path: str, kind: str) -> io.BufferedIOBase:
+def open_text(path: str, kind: str, span: Span | None = None) -> io.BufferedIOBase:
     """The file's text as bytes: decompressed when `kind` (sniff) is gzip or zstd; multi-member gzip and
-    multi-frame zstd (files concatenated with `cat`) read whole."""
+    multi-frame zstd (files concatenated with `cat`) read whole. With a `span`: its bytes only, hashed."""
     if kind == "gzip":
         import gzip
 
-        return gzip.open(path, "rb")
-    if kind == "zstd":
-        # the decompression reader has no readline; a buffer over it gives line iteration
-        return io.BufferedReader(_ZstdText(path))
+        if span is None:
+            return gzip.open(path, "rb")
+        text: Any = gzip.open(path, "rb")  # noqa: SIM115 - closed with the span's reader
+    elif kind == "zstd":
+        text = _ZstdText(path)  # no readline of its own: the buffer below gives line iteration
+    else:
+        text = io.FileIO(path)
+        if span is not None:
+            text.seek(span.offset)  # a range of a plain file; a compressed file is one range, from its first byte
     # 1 MiB reads: the reading thread gives up the GIL at every read and waits to take it back from the
     # encode threads; with 8 KiB reads that wait was ~0.25 s of a 12k-record build's reading thread
-    return io.BufferedReader(io.FileIO(path), buffer_size=1 << 20)
+    return io.BufferedReader(text if span is None else _SpanText(text, span), buffer_size=1 << 20)
 
 
 class _ZstdText(io.RawIOBase):
@@ -388,40 +483,40 @@ def _whole_frames(path: str) -> bool:
 
 
 def _text_records(
-    path: str, kind: str, label: str, start: int, stop: int | None, limit: int, seek: tuple[int, int] | None = None
+    path: str, kind: str, label: str, start: int, stop: int | None, limit: int, span: Span | None = None
 ) -> Iterator[Raw]:
     """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed.
 
     A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
     `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
-    `seek` (byte offset, line index) says where line `index` of a plain JSON Lines file starts: the
-    lines before it are not read (a range of a large file; reading them cost every range after the first
-    a pass over all the lines before it). It is used where the byte before it ends a line.
+    A `span` (a range of JSON Lines) bounds the read to the bytes the plan hashed; one that starts past
+    byte 0 starts at its line, so the lines before it are not read (reading them cost every range after
+    the first a pass over all the lines before it). Its caller checks that they are the bytes it hashed.
     """
-    with open_text(path, kind) as handle:
+    with open_text(path, kind, span) as handle:
         read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
-        head = [read_line()]
-        if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
-            head[0] = head[0][len(BOM) :]
-        while head[-1] and not head[-1].strip():
-            head.append(read_line())
-        first = head[-1].lstrip()
-        if not first:
-            return  # only blank lines: a file with no records
-        if first.startswith(b"["):
-            yield from _sized(_json_array(b"".join(head) + handle.read(), start, stop), limit)
-            return
-        if not first.startswith(b"{"):
-            raise _ReadError(
-                f"not JSON Lines, a JSON array, Parquet or Arrow (starts with {first[:16]!r}); "
-                "expected one JSON object per line"
-            )
-        if first.strip() == b"{":
-            raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
-        lines: Iterator[bytes] = chain(head, iter(read_line, b""))
-        at = 0  # the index of the next line
-        if seek is not None and _at_line_start(handle, seek[0]):
-            lines, at = iter(read_line, b""), seek[1]
+        lines: Iterator[bytes] = iter(read_line, b"")
+        at = 0 if span is None else span.line  # the index of the next line
+        if not at:
+            head = [read_line()]
+            if head[0].startswith(BOM):  # a UTF-8 BOM is an encoding mark, not part of the first record
+                head[0] = head[0][len(BOM) :]
+            while head[-1] and not head[-1].strip():
+                head.append(read_line())
+            first = head[-1].lstrip()
+            if not first:
+                return  # only blank lines: a file with no records
+            if first.startswith(b"["):
+                yield from _sized(_json_array(b"".join(head) + handle.read(), start, stop), limit)
+                return
+            if not first.startswith(b"{"):
+                raise _ReadError(
+                    f"not JSON Lines, a JSON array, Parquet or Arrow (starts with {first[:16]!r}); "
+                    "expected one JSON object per line"
+                )
+            if first.strip() == b"{":
+                raise _ReadError("a pretty-printed JSON object, not records: expected one JSON object per line")
+            lines = chain(head, lines)
         for index, line in islice(enumerate(lines, start=at), None if stop is None else max(0, stop - at)):
             if len(line) > limit and not line.endswith(b"\n"):
                 # passed over whole before `start` too: a line is counted once however long, so the
@@ -431,18 +526,8 @@ def _text_records(
                     yield index + 1, _too_large(f"a line of {size:,} bytes", limit)
             elif index >= start and not line.isspace():  # no copy, unlike strip(); the reads never yield b""
                 yield index + 1, _parse_line(line, label, index + 1)
-
-
-def _at_line_start(handle: io.BufferedIOBase, offset: int) -> bool:
-    """Whether `offset` is past what was read and just after a newline; if so the handle is left there."""
-    here = handle.tell()
-    if offset <= here:
-        return False
-    handle.seek(offset - 1)
-    if handle.read(1) == b"\n":
-        return True
-    handle.seek(here)
-    return False
+        if span is not None:
+            handle.raw.finish()  # type: ignore[attr-defined]
 
 
 def _skip_line(handle: io.BufferedIOBase) -> int:

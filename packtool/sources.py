@@ -18,7 +18,7 @@ from typing import Any
 from packtool.adapters import ADAPTERS, Adapter, Parsed, with_system
 from packtool.config import SourceConfig
 from packtool.errors import RecordError
-from packtool.reading import raw_records
+from packtool.reading import Span, raw_records
 
 
 def source_files(source: SourceConfig) -> list[str]:
@@ -41,17 +41,17 @@ def read_source(source: SourceConfig) -> Iterator[Parsed | RecordError]:
 
 
 def read_file(
-    source: SourceConfig, file: str, start: int = 0, stop: int | None = None, seek: tuple[int, int] | None = None
+    source: SourceConfig, file: str, start: int = 0, stop: int | None = None, span: Span | None = None
 ) -> Iterator[Parsed | RecordError]:
-    """Records start..stop of one file (positions count from 0: JSON Lines lines, or rows). `seek`: the byte
-    offset at which a JSON Lines line at or before `start` begins, and that line's position (a row range's).
+    """Records start..stop of one file (positions count from 0: JSON Lines lines, or rows). `span`: the range
+    the plan hashed, which bounds the read and records what was read (reading.Span).
 
     A file that cannot be read at all yields one `RecordError(kind="unreadable_file", row=None)`;
     one that breaks part way yields the records before the break, then that error with the row.
     """
     label = file_label(source, file)
     adapter = ADAPTERS[source.format]
-    for n, record in raw_records(file, label, start, stop, source.max_record_bytes, seek):
+    for n, record in raw_records(file, label, start, stop, source.max_record_bytes, span):
         location = f"{label}:{n}"
         default_id = f"{source.name}:{location}"
         if isinstance(record, RecordError):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import replace
@@ -17,7 +18,7 @@ from packtool.adapters import record_hash
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig
 from packtool.errors import RecordError
 from packtool.format import read_manifest
-from packtool.reading import _suspect, _text_problem, raw_records
+from packtool.reading import Span, _suspect, _text_problem, raw_records
 from packtool.records import Message
 from packtool.sources import read_file, read_source, source_files
 
@@ -438,28 +439,49 @@ def _lines_file(path: Path) -> tuple[list[bytes], int]:
 
 
 @pytest.mark.parametrize(("line", "start", "stop"), [(10, 10, 30), (10, 14, None), (30, 30, 45), (34, 50, 60)])
-def test_a_seek_to_a_lines_offset_reads_what_a_scan_from_the_first_line_reads(tmp_path, line, start, stop):
+def test_a_span_from_a_lines_offset_reads_what_a_scan_from_the_first_line_reads(tmp_path, line, start, stop):
     lines, limit = _lines_file(tmp_path / "f.jsonl")
+    data = (tmp_path / "f.jsonl").read_bytes()
     offset = sum(len(x) + 1 for x in lines[:line])
     scan = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit))
-    seek = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit, (offset, line)))
+    span = Span(offset, line, len(data) - offset)
+    seek = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit, span))
     assert [n for n, _ in seek] == [n for n, _ in scan] and [repr(r) for _, r in seek] == [repr(r) for _, r in scan]
-    # an offset inside a line (a file changed since it was split) is not trusted: the scan runs
-    moved = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", start, stop, limit, (offset + 3, line)))
-    assert [n for n, _ in moved] == [n for n, _ in scan]
+    # read to its end and hashed, even where the lines stopped earlier: what the caller checks against the plan
+    assert (span.read, span.sha256(), span.more) == (
+        len(data) - offset,
+        hashlib.sha256(data[offset:]).hexdigest(),
+        False,
+    )
 
 
-def test_a_seek_reads_no_line_before_its_offset(tmp_path, monkeypatch):
+def test_a_span_reads_no_byte_past_its_end(tmp_path):
+    lines, limit = _lines_file(tmp_path / "f.jsonl")
+    data = (tmp_path / "f.jsonl").read_bytes()
+    offset, size = sum(len(x) + 1 for x in lines[:10]), sum(len(x) + 1 for x in lines[10:20])
+    span = Span(offset, 10, size)
+    records = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", 10, None, limit, span))
+    assert [n for n, _ in records][-1] == 20  # line 20 ends the span: the 40 after it are never read
+    assert (span.sha256(), span.lines, span.more) == (
+        hashlib.sha256(data[offset : offset + size]).hexdigest(),
+        10,
+        True,
+    )
+
+
+def test_a_span_reads_no_line_before_its_offset(tmp_path, monkeypatch):
     lines, limit = _lines_file(tmp_path / "f.jsonl")
     read: list[bytes] = []
+    opened = reading.open_text
 
     class Counting(io.BufferedReader):
         def readline(self, size: int = -1) -> bytes:
             read.append(line := super().readline(size))
             return line
 
-    monkeypatch.setattr(reading, "open_text", lambda path, kind: Counting(io.FileIO(path)))
+    monkeypatch.setattr(reading, "open_text", lambda path, kind, span: Counting(opened(path, kind, span).detach()))
     offset = sum(len(x) + 1 for x in lines[:50])
-    records = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", 50, None, limit, (offset, 50)))
+    span = Span(offset, 50, (tmp_path / "f.jsonl").stat().st_size - offset)
+    records = list(raw_records(str(tmp_path / "f.jsonl"), "f.jsonl", 50, None, limit, span))
     assert [n for n, _ in records] == list(range(51, 61))
-    assert len(read) <= 1 + 10 + 1  # the head, lines 50..59, the end
+    assert len(read) <= 10 + 1  # lines 50..59, the end

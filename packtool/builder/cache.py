@@ -24,7 +24,6 @@ again and reported, never used.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -49,27 +48,11 @@ CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
 # 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config
 # sections, Parquet and Arrow ranges keyed by their rows, and a report says what its content hash covered
-# (builder.encode.carried_prefix)
-CACHE_VERSION = 4
+# (builder.encode.carried_prefix); 5: a report records the lines or rows its partition was encoded from, which
+# the read stops at (content_lines)
+CACHE_VERSION = 5
 CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
-# The modules whose code decides a partition's bytes: a change to any of them invalidates every entry.
-ENCODING_MODULES = (
-    "packtool.sources",
-    "packtool.reading",
-    "packtool.adapters",
-    "packtool.sandbox",
-    "packtool.chat_templates",
-    "packtool.render",
-    "packtool.minijinja_engine",  # renders templates that inspect contents, where it prints jinja2's bytes
-    "packtool.encode",
-    "packtool.openings",  # how much of a text the tokenizer sees again
-    "packtool.records",
-    "packtool.builder.encode",
-    "packtool.truncate",  # cuts a pair's or group's prompt before its rows are written (truncate_item)
-    "packtool.builder.store",  # writes the partitions
-    "packtool.arrow",  # builds their columns; hashes the rows of Parquet and Arrow ranges
-)
 
 
 def cache_root(config: BuildConfig) -> Path:
@@ -81,13 +64,25 @@ def cache_root(config: BuildConfig) -> Path:
 
 @cache
 def code_fingerprint() -> str:
+    """The sha256 of the version and every module of the installed package, by path: a change to any code an
+    encode may run invalidates every entry. The whole package, not a list of the modules that decide bytes:
+    such a list missed format.py's role codes, and the encode imports most of the package anyway. Chat
+    templates enter each key by their own content. Cached per process, as keys ask for it often: ~8 ms for
+    ~1 MB of code on 2 busy cores."""
     digest = hashlib.sha256(packtool.__version__.encode())
-    for name in ENCODING_MODULES:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise RuntimeError(f"cannot find the source of {name} to fingerprint it")
-        digest.update(Path(spec.origin).read_bytes())
+    for path in package_sources():
+        code = path.read_bytes()
+        digest.update(canonical_json([path.relative_to(PACKAGE).as_posix(), len(code)]).encode())  # where one ends
+        digest.update(code)
     return digest.hexdigest()
+
+
+PACKAGE = Path(packtool.__file__).parent
+
+
+def package_sources() -> list[Path]:
+    """The package's Python sources, in a fixed order (byte-compiled files follow them)."""
+    return sorted(PACKAGE.rglob("*.py"), key=lambda path: path.relative_to(PACKAGE).as_posix())
 
 
 def file_sha256(path: str | Path) -> str:

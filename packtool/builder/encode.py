@@ -40,14 +40,14 @@ from packtool.builder.cache import (
     publish_file,
     seal_report,
 )
-from packtool.builder.store import PartitionWriter, SegmentRole
+from packtool.builder.store import PartitionReader, PartitionWriter, SegmentRole
 from packtool.chat_templates import ChatTemplate, template_for
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy, canonical_json, item_fit_parts, keyed_parts
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
 from packtool.format import REJECTS
 from packtool.packing_items import KIND_CODES
-from packtool.reading import BOM, READ_ERRORS, open_text, sniff
+from packtool.reading import BOM, READ_ERRORS, Span, open_text, sniff
 from packtool.records import (
     CompletionGroup,
     Messages,
@@ -102,6 +102,12 @@ class EncodeItem:
     @property
     def bytes(self) -> int:
         return round(os.path.getsize(self.file) * self.share)
+
+    def span(self) -> Span | None:
+        """What the encode may read: the bytes or rows `content` hashes (None: the whole file, keyed by its bytes)."""
+        if self.unit is None or self.size is None:
+            return None
+        return Span(self.offset or 0, self.start, self.size)
 
 
 @dataclass(frozen=True)
@@ -352,6 +358,9 @@ class EncodeResult:
     failure: str | None = None  # the one-line message for on_error: fail
     repaired: str | None = None  # why the cache entry found was not reused (it was encoded again)
     carried: int = 0  # records taken from the entry of the range before it grew (EncodeItem.grown_from), not encoded
+    # the file's last range held more when it was read than when it was hashed (appended during the build): what
+    # was appended is not in this build, and is the next build's
+    left: bool = False
 
 
 @dataclass(frozen=True)
@@ -368,32 +377,55 @@ class Carried:
         return int(self.report["read"])
 
 
-def carried_prefix(item: EncodeItem, cache: TokenCache) -> Carried | None:
+def carried_prefix(item: EncodeItem, cache: TokenCache) -> tuple[Carried | None, str | None]:
     """The entry of `item.grown_from`, when it is as written and what it was encoded from starts this range:
     its bytes, up to a newline, for JSON Lines (decompressed, for a compressed file); its rows' values for
-    Parquet and Arrow. None otherwise (the whole range is encoded).
+    Parquet and Arrow. None otherwise (the whole range is encoded), with the one line saying why when the
+    entry is not as it was written or does not hold exactly the lines or rows its report records.
 
     Each line or row gives its records alone (its location is FILE:N, its outcome depends on its content
     only), so the rows of those lines are the rows a whole encode of the grown range would write first,
     and the records after them continue at the entry's record count."""
     if item.grown_from is None or item.size is None:
-        return None
-    report, _ = cache.check(item.grown_from)  # a damaged entry is not used (the range is encoded whole)
+        return None, None
+    report, damaged = cache.check(item.grown_from)  # a damaged entry is not used (the range is encoded whole)
     if report is None or report.get("content_unit") != item.unit:
-        return None
+        return None, damaged
     size, content = report.get("content_size"), report.get("content_sha256")
     if not isinstance(size, int) or not 0 < size < item.size or not isinstance(content, str):
-        return None
+        return None, None
     if any(reject.get("reason") == "unreadable_file" for reject in report["rejects"]):
-        return None  # a read that broke part way stopped there: the lines after it were never encoded
+        return None, None  # a read that broke part way stopped there: the lines after it were never encoded
     if item.unit == "rows":
-        same = _table_rows_digest(item.file, item.start, item.start + size) == content
-        return Carried(report, cache.partition(item.grown_from), size) if same else None
-    prefix = _text_prefix(item.file, item.offset or 0, size)
-    # the earlier last line must have been whole: a line that had no newline may since have grown
-    if prefix is None or not prefix.whole_lines or prefix.sha256 != content:
-        return None
-    return Carried(report, cache.partition(item.grown_from), prefix.lines)
+        lines: int | None = size if _table_rows_digest(item.file, item.start, item.start + size) == content else None
+    else:
+        prefix = _text_prefix(item.file, item.offset or 0, size)
+        # the earlier last line must have been whole: a line that had no newline may since have grown
+        lines = prefix.lines if prefix is not None and prefix.whole_lines and prefix.sha256 == content else None
+    if lines is None:
+        return None, None
+    partition = cache.partition(item.grown_from)
+    first = item.start + (item.unit == "bytes")  # JSON Lines locations count lines from 1, tables rows from 0
+    if (problem := _holds(report, partition, first, lines)) is not None:
+        return None, f"cache entry {partition}: {problem}"
+    return Carried(report, partition, lines), None
+
+
+def _holds(report: dict[str, Any], partition: Path, first: int, lines: int) -> str | None:
+    """Why an entry does not hold exactly the records of `lines` lines or rows from the one numbered `first`; None
+    when it does: its report was written for that many, and each record it stores or rejects comes from one."""
+    if report.get("content_lines") != lines:
+        return f"it was encoded from {report.get('content_lines')} lines or rows, not the {lines} it hashed"
+    reader = PartitionReader(partition)
+    try:
+        ordinals = [*reader.column("ordinal").tolist(), *(r.get("ordinal", 0) for r in report["rejects"])]
+        numbers = [int(location.rpartition(":")[2]) for location in reader.batch_column("location")]
+    finally:
+        reader.close()
+    read = int(report["read"])
+    if any(not 0 <= o < read for o in ordinals) or any(not first <= n < first + lines for n in numbers):
+        return f"it holds records from outside the {lines} lines or rows it was written for"
+    return None
 
 
 @dataclass(frozen=True)
@@ -660,8 +692,9 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     cache = TokenCache(Path(item.cache_root))
     cached, damaged = cache.check(item.key)  # a damaged entry is replaced below, as a new one is written
     if cached is not None:
-        return EncodeResult(item.key, reused=True, failure=_stop_message(cached, item))
-    carried = carried_prefix(item, cache)
+        return EncodeResult(item.key, reused=True, failure=_stop_message(cached, item), left=_grown_since(item))
+    carried, refused = carried_prefix(item, cache)
+    damaged = damaged or refused
     if carried is not None and (failure := _stop_message(carried.report, item)) is not None:
         return EncodeResult(item.key, reused=False, failure=failure)
     source = next(s for s in item.config.sources if s.name == item.source)
@@ -678,16 +711,28 @@ def encode_item(item: EncodeItem) -> EncodeResult:
                 report.rejects = list(carried.report["rejects"])
             first = carried.records if carried is not None else 0
             skip = carried.lines if carried is not None else 0
-            for ordinal, outcome in enumerate(_outcomes(item, stages, source, skip), start=first):
+            span = item.span()
+            for ordinal, outcome in enumerate(_outcomes(item, stages, source, skip, span), start=first):
                 failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
                 if failure is not None:
                     return EncodeResult(item.key, reused=False, failure=failure)
         finally:
             writer.close()
+        if span is not None and (changed := _changed_while_read(item, span)) is not None:
+            return EncodeResult(
+                item.key, reused=False, failure=changed
+            )  # nothing is written under a key it does not fit
         report.samples, report.tokens = writer.rows, writer.tokens
-        # what a later build checks before it reuses this entry's rows for the range grown (carried_prefix)
-        content = {"content_sha256": item.content, "content_size": item.size, "content_unit": item.unit}
-        content = content if item.unit is not None else {}
+        # what a later build checks before it reuses this entry's rows for the range grown (carried_prefix): the
+        # lines or rows the entry was encoded from, exactly (the read stopped at the end of what was hashed)
+        content = {}
+        if span is not None:
+            content = {
+                "content_sha256": item.content,
+                "content_size": item.size,
+                "content_unit": item.unit,
+                "content_lines": span.lines if item.unit == "bytes" else item.size,
+            }
         sealed = seal_report({**report.as_dict(), **content}, item.key, temporary)
         publish_file(temporary, final)
     finally:
@@ -699,7 +744,38 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         publish_file(report_temporary, report_path)  # last: the entry is complete
     finally:
         report_temporary.unlink(missing_ok=True)
-    return EncodeResult(item.key, reused=False, repaired=damaged, carried=carried.records if carried else 0)
+    left = span is not None and item.end is None and span.more
+    return EncodeResult(item.key, False, repaired=damaged, carried=carried.records if carried else 0, left=left)
+
+
+def _changed_while_read(item: EncodeItem, span: Span) -> str | None:
+    """Why the bytes or rows the encode read are not those the plan hashed into the item's key; None when they
+    are. The read stops at the end of what was hashed, so rows appended since are never in it; only a change
+    to the hashed bytes themselves (a file rewritten or cut while the build ran) is left to find here."""
+    if item.unit == "rows":
+        schema = span.schema if span.schema is not None else pa.schema([])
+        same = span.read == item.size and _rows_digest(schema, span.batches) == item.content
+    else:
+        same = span.read == item.size and span.sha256() == item.content
+    if same:
+        return None
+    end = item.end if item.end is not None else item.start + (span.lines if item.unit == "bytes" else span.size)
+    what = "lines" if item.unit == "bytes" else "rows"
+    return (
+        f"{item.file}: {what} {item.start + 1:,}-{end:,} changed while the build read them (they are not what "
+        "it hashed when it planned); nothing was published: run the build again once the file is written"
+    )
+
+
+def _grown_since(item: EncodeItem) -> bool:
+    """Whether the plain JSON Lines file whose last range `item` is holds bytes past what was hashed (appended
+    since). Tables and compressed files are written whole: their growth is seen by the read (Span.more)."""
+    if item.end is not None or item.unit != "bytes" or item.size is None:
+        return False
+    try:
+        return sniff(item.file) == "text" and os.path.getsize(item.file) > (item.offset or 0) + item.size
+    except OSError:
+        return False
 
 
 def _stop_message(report: dict[str, Any], item: EncodeItem) -> str | None:
@@ -709,7 +785,9 @@ def _stop_message(report: dict[str, Any], item: EncodeItem) -> str | None:
     return next(bad, None) if item.stop_at_bad else None
 
 
-def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int = 0) -> Iterator[Outcome]:
+def _outcomes(
+    item: EncodeItem, stages: Stages, source: SourceConfig, skip: int = 0, span: Span | None = None
+) -> Iterator[Outcome]:
     """The outcomes of the item's records in order: this thread reads and renders each chunk, ENCODE_THREADS
     threads tokenize and label the chunks rendered before it.
 
@@ -723,8 +801,9 @@ def _outcomes(item: EncodeItem, stages: Stages, source: SourceConfig, skip: int 
     are long, gained most). Chunks are yielded in input order, so the partition's bytes do not depend
     on timing.
     """
-    seek = (item.offset, item.start) if item.unit == "bytes" and item.offset else None  # where the range's text starts
-    records = islice(read_file(source, item.file, item.start + skip, item.end, seek), item.stop)
+    # a table's last range ends where its hashed rows end (a text span stops the read at its last byte)
+    end = item.start + item.size if item.end is None and item.unit == "rows" and item.size is not None else item.end
+    records = islice(read_file(source, item.file, item.start + skip, end, span), item.stop)
     chunks = _chunks(records, ENCODE_BATCH)
     with _tokenizer_threads_off(), ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="packtool-encode") as pool:
         pending: deque[Future[list[Outcome]]] = deque()
@@ -766,7 +845,7 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
     """Store one outcome or count it under its reason; the fail message when bad input must stop the build."""
     result = outcome.result
     if isinstance(result, Tokenized):
-        report.counts.note_record(literal=outcome.special_literal)
+        report.counts.note_record(literal=outcome.special_literal, straddling=(ordinal, result.straddled))
         writer.append(result, outcome.location, ordinal, outcome.special_literal)
         return None
     if isinstance(result, ItemTruncation):
@@ -800,7 +879,7 @@ def _record_item(
         report.counts.note_record(fitted.drop_reason)
         report.rejects.append(_reject(outcome.example_id, outcome.location, fitted.drop_reason, fitted.detail, ordinal))
         return
-    report.counts.note_record()
+    report.counts.note_record(straddling=(ordinal, sum(segment.straddled for segment in fitted.segments)))
     if fitted.removed_prompt_tokens:
         # a pair's or group's answers stay whole: only prompt tokens, never targets, are cut
         report.counts.note_truncation(fitted.strategy, fitted.removed_prompt_tokens * len(fitted.segments), 0)

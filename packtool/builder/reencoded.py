@@ -35,16 +35,21 @@ class Reencoded:
     records: int = 0
     records_reencoded: int = 0
     why: tuple[str, ...] = ()  # one "LABEL: reason" per file with re-encoded ranges
+    left: tuple[str, ...] = ()  # files that grew after the build hashed them: what was appended is the next build's
 
     def describe(self) -> str:
         """'12,000 of 12,120 records reused; re-encoded 120 (chat.jsonl grew by 120 rows)'."""
         reused = f"{self.records - self.records_reencoded:,} of {self.records:,} records reused"
-        if not self.records_reencoded and not self.why:
-            return reused
-        shown = ", ".join(self.why[:SHOWN_FILES])
-        more = len(self.why) - SHOWN_FILES
-        shown += f", {more} more file(s)" if more > 0 else ""
-        return f"{reused}; re-encoded {self.records_reencoded:,} ({shown})"
+        if self.records_reencoded or self.why:
+            reused += f"; re-encoded {self.records_reencoded:,} ({_listed(self.why)})"
+        if self.left:
+            reused += f"; {_listed(self.left)} grew during the build: rows appended after the plan are the next build's"
+        return reused
+
+
+def _listed(files: tuple[str, ...]) -> str:
+    more = len(files) - SHOWN_FILES
+    return ", ".join(files[:SHOWN_FILES]) + (f", {more} more file(s)" if more > 0 else "")
 
 
 def reencoded(
@@ -60,8 +65,9 @@ def reencoded(
     records = sum(int(p.report["read"]) for p in parts)
     redone = sum(int(p.report["read"]) - r.carried for p, r in zip(parts, results) if not r.reused)
     reused = [r.reused for r in results]
-    why = []
+    why, left = [], []
     for (source, label), file_items in _by_file(config, items).items():
+        left += [label] if any(results[i].left for i, _ in file_items) else []
         flags = [reused[i] for i, _ in file_items]
         ranges = [item for _, item in file_items]
         if not all(flags):
@@ -69,7 +75,7 @@ def reencoded(
             damaged = any(results[i].repaired for i, _ in file_items)
             why.append(f"{label} {_reason(ranges, flags, previous, damaged)}")
         _store(cache, source, label, ranges)
-    return Reencoded(records, redone, tuple(why))
+    return Reencoded(records, redone, tuple(why), tuple(left))
 
 
 def _by_file(config: BuildConfig, items: Sequence[EncodeItem]) -> dict[tuple[str, str], list[tuple[int, EncodeItem]]]:

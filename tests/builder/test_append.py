@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,7 +21,7 @@ from support import QUICKSTART
 import packtool.builder.encode as encode_phase
 import packtool.builder.store as store
 from packtool.builder import Built, build
-from packtool.builder.cache import TokenCache
+from packtool.builder.cache import TokenCache, entry_digest
 from packtool.config import load_config
 from packtool.errors import PacktoolError
 from packtool.reading import open_text
@@ -461,3 +462,175 @@ def test_a_zstd_file_is_read_whole_and_one_cut_short_is_reported(tmp_path):
             file.write_bytes(data[: len(data) - cut])
             with pytest.raises(zstandard.ZstdError), open_text(str(file), "zstd") as handle:
                 handle.read()
+
+
+def _after_hashing(monkeypatch: pytest.MonkeyPatch, file: Path, then: Callable[[], None]) -> None:
+    """`then` runs once the build has hashed `file`'s ranges and before any is encoded: what a writer still
+    writing the file while a build runs does."""
+    import packtool.builder as builder
+
+    hashed = builder.row_ranges
+
+    def then_write(path: str, *args: Any) -> list[encode_phase.RowRange]:
+        ranges = hashed(path, *args)
+        if Path(path) == file:
+            then()
+        return ranges
+
+    monkeypatch.setattr(builder, "row_ranges", then_write)
+
+
+def test_rows_appended_while_a_build_runs_are_left_to_the_next_and_never_trained_twice(data, monkeypatch):
+    file = data / "data" / "a.jsonl"
+    _append(file, range(30, 33))  # 24-32, 32-33
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: _append(file, range(33, 37)))
+        during = _build(data, "out")
+    # the build encodes what it hashed, 33 rows, and says the file grew; the four appended are the next build's
+    assert (during.records.records, during.records.records_reencoded, during.records.left) == (33, 3, ("data/a.jsonl",))
+    assert during.records.describe().endswith(
+        "data/a.jsonl grew during the build: rows appended after the plan are the next build's"
+    )
+    after = _build(data, "out")
+    assert (after.records.records, after.records.records_reencoded, after.records.why) == (
+        37,
+        4,
+        ("data/a.jsonl grew by 4 rows",),
+    )
+    _same_as_fresh(data)  # no row twice: the shards a fresh build of the 37 rows writes
+
+
+def test_a_half_written_line_appended_while_a_build_runs_is_not_read(data, monkeypatch):
+    file = data / "data" / "a.jsonl"
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: file.write_bytes(file.read_bytes() + _line(30).encode()[:20]))
+        during = _build(data, "out")
+    # read, the cut line would be a 31st record, a parse error
+    assert (during.records.records, during.manifest["rejects"]["count"], during.records.left) == (
+        30,
+        0,
+        ("data/a.jsonl",),
+    )
+    file.write_bytes(file.read_bytes() + _line(30).encode()[20:])  # the writer ends its line
+    assert _build(data, "out").records.records_reencoded == 1
+    _same_as_fresh(data)
+
+
+def test_a_reused_last_range_says_its_file_grew_during_the_build(data, monkeypatch):
+    file = data / "data" / "a.jsonl"
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: _append(file, range(30, 32)))
+        during = _build(data, "out")
+    assert (during.encode_reused, during.records.records, during.records.left) == (4, 30, ("data/a.jsonl",))
+
+
+def test_a_line_rewritten_while_a_build_runs_stops_it_with_one_line(data, monkeypatch):
+    file = data / "data" / "a.jsonl"
+    lines = file.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[10] = _line(99)  # rows 9-16 are encoded again, from bytes that are no longer those hashed
+    changed = "".join(lines)
+    lines[10] = _line(98)
+    with monkeypatch.context() as race:
+        file.write_text(changed, encoding="utf-8")
+        _after_hashing(race, file, lambda: file.write_text("".join(lines), encoding="utf-8"))
+        with pytest.raises(
+            PacktoolError, match=r"a\.jsonl: lines 9-16 changed while the build read them .*run the build again"
+        ):
+            _build(data, "out")
+    again = _build(data, "out")  # nothing was kept of the failed encode: the rerun encodes the file as it is
+    assert again.records.why == ("data/a.jsonl changed in rows 9-16",)
+    _same_as_fresh(data)
+
+
+@pytest.mark.parametrize("how", ["parquet", "arrow_stream", "arrow_file"])
+def test_a_table_written_again_while_a_build_runs_is_read_as_hashed(tmp_path, monkeypatch, how):
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / "a.table"
+    rows = [json.loads(_line(i))["messages"] for i in range(30)]
+
+    def build_table(output: str = "out", use_cache: bool = True) -> Built:
+        config = {
+            "sources": [{"name": "chat", "path": "data/a.table", "format": "messages"}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 128,
+            "output": output,
+        }
+        (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        return build(load_config(tmp_path / "config.json", workers="1"), use_cache=use_cache)
+
+    _write_table(file, rows[:20], how)  # 0-8, 8-16, 16-20
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: _write_table(file, rows, how))
+        during = build_table()
+    assert (during.records.records, during.records.left) == (20, ("data/a.table",))
+    after = build_table()
+    assert (after.records.records, after.records.records_reencoded) == (30, 10)
+    build_table("fresh", use_cache=False)
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")
+
+
+def test_rows_appended_to_a_compressed_file_while_a_build_runs_are_the_next_builds(packed, monkeypatch):
+    folder, compress = packed
+    file = _compressed(folder)
+    file.write_bytes(file.read_bytes() + compress(_text(range(30, 32)), 3))
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: file.write_bytes(file.read_bytes() + compress(_text(range(32, 34)), 3)))
+        during = _build(folder, "out", path="data/a.jsonl.*")
+    assert (during.records.records, during.records.left) == (32, (f"data/{file.name}",))
+    after = _build(folder, "out", path="data/a.jsonl.*")
+    assert (after.records.records, after.records.records_reencoded) == (34, 2)
+    _same_as_fresh(folder, "data/a.jsonl.*")
+
+
+def _reseal(report_path: Path, **changes: object) -> None:
+    """A report edited and sealed again: its seal is a checksum anyone can recompute, not a signature."""
+    report = {**json.loads(report_path.read_text()), **changes}
+    report.pop("entry_sha256")
+    report_path.write_text(json.dumps({**report, "entry_sha256": entry_digest(report)}))
+
+
+def _last_entry(cache: Path, rows: int) -> str:
+    (key,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[1])["read"] == rows]
+    return key
+
+
+def test_an_entry_whose_recorded_lines_were_edited_is_reported_and_never_carried(data):
+    cache = data / ".packtool-cache"
+    last = _last_entry(cache, 6)  # rows 24-30
+    _reseal(cache / "tokens" / last[:2] / f"{last}.json", content_lines=5)
+    _append(data / "data" / "a.jsonl", range(30, 32))
+    again = _build(data, "out")
+    assert again.records.records_reencoded == 8  # the whole grown range, 24-32
+    partition = cache / "tokens" / last[:2] / f"{last}.arrow"
+    assert again.repaired == (f"cache entry {partition}: it was encoded from 5 lines or rows, not the 6 it hashed",)
+    _same_as_fresh(data)
+
+
+def test_an_entry_holding_rows_past_its_recorded_lines_is_reported_and_never_carried(data):
+    """What a build before the read stopped at the hashed bytes left behind: rows 24-30 keyed, 24-34 stored."""
+    cache = data / ".packtool-cache"
+    last = _last_entry(cache, 6)
+    file = data / "data" / "a.jsonl"
+    _append(file, range(30, 34))
+    _build(data, "more", cache="more-cache")  # 0-8, 8-16 and 16-24 as in the first cache; 24-32, 32-34
+    (longer,) = [
+        k
+        for k in _keys(data / "more-cache") - _keys(cache)
+        if json.loads(_entry(data / "more-cache", k)[1])["read"] == 8
+    ]
+    partition, report = (cache / "tokens" / last[:2] / f"{last}{suffix}" for suffix in (".arrow", ".json"))
+    partition.write_bytes(_entry(data / "more-cache", longer)[0])
+    _reseal(
+        report,
+        read=8,
+        samples=json.loads(_entry(data / "more-cache", longer)[1])["samples"],
+        partition_bytes=partition.stat().st_size,
+        partition_sha256=hashlib.sha256(partition.read_bytes()).hexdigest(),
+    )
+    again = _build(data, "out")
+    assert again.repaired == (
+        f"cache entry {partition}: it holds records from outside the 6 lines or rows it was written for",
+    )
+    assert (again.records.records, again.records.records_reencoded) == (34, 10)
+    _same_as_fresh(data)

@@ -504,7 +504,8 @@ def settings_line(s: TraceSettings) -> str:
     chosen = [
         f"{f.name} {getattr(s, f.name)}"
         for f in fields(s)
-        if getattr(s, f.name) != f.default or f.name in ("world_size", "seed", "epochs")
+        if f.name != "state"  # its epoch and position are the anchor's; --json holds it whole
+        and (getattr(s, f.name) != f.default or f.name in ("world_size", "seed", "epochs"))
     ]
     return ", ".join(chosen)
 

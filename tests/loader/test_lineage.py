@@ -288,7 +288,10 @@ def test_trace_refuses_a_state_from_another_build_as_the_loader_does(make_build,
     state_file = tmp_path / "state.json"
     state_file.write_text(json.dumps(ds.state_dict()))
     args = ["--step", "1", "--token-budget", "64", "--state", str(state_file)]
-    assert CliRunner().invoke(main, ["trace", str(path), *args]).exit_code == 0
+    traced_here = CliRunner().invoke(main, ["trace", str(path), *args])
+    assert traced_here.exit_code == 0, traced_here.output
+    header = traced_here.output.splitlines()[0]  # the anchor as settings, not the state's repr
+    assert f"position {ds.position}" in header and "ResumeState" not in traced_here.output
     refused = CliRunner().invoke(main, ["trace", str(other), *args])
     assert refused.exit_code == 1 and "its position counts another build's packs" in refused.output
     with pytest.raises(DatasetError, match="its position counts another build's packs"):

@@ -24,7 +24,8 @@ Resume. The state is `{epoch, position, seed, shuffle, build, world_size, left_o
 position where the next round starts, the same on every rank. It resumes under any world size,
 worker count or budget (the rest of the epoch is planned again from `position`); only the seed
 and shuffle, which fix the order, must match mid-epoch, and `build` (the manifest's sha256,
-`seal.manifest_digest`) always: a position means nothing on another build.
+`seal.manifest_digest`) always: a position means nothing on another build. `schedule.read_state` reads
+and checks a state, here and for `packtool trace --state`.
 
 Epochs. `packed_batches(ds, epochs=3)` reads epochs 0, 1 and 2, each shuffled by (seed, epoch),
 moving the dataset to the next epoch when one is read to its end; a dataset resumed from a state
@@ -181,12 +182,13 @@ class PackedDataset(IterableDataset):
         token_budget: tokens per micro-batch, a hard cap (must be >= the build's capacity: packs are
             never split); None plans one pack per rank per round (for a Trainer's own batching).
         fixed_shape: pad every pack to the capacity and every micro-batch to token_budget // capacity packs.
-        seed, shuffle: the epoch order is a pure function of (seed, epoch).
+        seed, shuffle: the epoch order is a pure function of (seed, epoch); a seed is 0 to 2**63 - 1
+            and shuffle a bool (packtool.checks, as `trace` and a saved state are held).
         rank, world_size: default from torch.distributed when initialised, else 0 / 1.
         num_workers: the DataLoader's num_workers (0 = read in this process).
         verify: check each shard's sha256 against the manifest the first time this process opens it.
         balance, packs_per_step, alpha: "attention" plans rounds of `packs_per_step` packs (one
-            optimizer step over all ranks) dealt by LPT on attn_cost + alpha * n_tokens.
+            optimizer step over all ranks) dealt by LPT on attn_cost + alpha * n_tokens (alpha 0 to 2**20).
         isolate_documents: use `doc_cu_seqlens` as the attention segments and set the label of
             each document's first token to -100 (stream builds: no pair across documents).
     """

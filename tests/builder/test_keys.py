@@ -18,6 +18,7 @@ in a part of another key than its row says); a new part of BuildConfig fails unt
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,18 @@ import pytest
 from support import QUICKSTART
 
 from packtool.builder import _encode_items
-from packtool.builder.cache import TokenCache, source_settings
+from packtool.builder.cache import PACKAGE, TokenCache, code_fingerprint, package_sources, source_settings
 from packtool.builder.encode import stages_for
 from packtool.builder.plan import plan_key, plan_settings
 from packtool.config import KEYED_BY, KEYS, SOURCE_FILES, BuildConfig, SourceConfig, load_config
 
 CONFIG = QUICKSTART.parent / "quickstart.yaml"
+DATA_PACKAGES = (
+    "packtool.templates",
+    "packtool.configs",
+    "packtool.configs.quickstart",
+    "packtool.configs.quickstart.tokenizer",
+)
 # setting -> (covering key, the value `--set` gives it); chat is the quickstart's messages source,
 # docs its text source. Values naming a file are filled in by `_override`.
 ROWS: dict[str, tuple[str, str]] = {
@@ -245,3 +252,38 @@ def test_every_encode_setting_moves_the_encode_key():
     for f in fields(config.encoding):
         encoding = replace(config.encoding, **{f.name: _other(getattr(config.encoding, f.name))})
         assert source_settings(source, replace(config, encoding=encoding)) != source_settings(source, config), f.name
+
+
+# -- the code: every module of the package, not a list kept by hand -----------------------------------------
+
+
+def test_a_change_to_any_module_of_the_package_moves_every_encode_key(monkeypatch):
+    """format.py's role codes decide stored bytes and were on no list; now no module can be left off one."""
+    sources = package_sources()
+    assert PACKAGE / "format.py" in sources and PACKAGE / "builder" / "encode.py" in sources
+    assert set(PACKAGE.rglob("*.py")) == set(sources)
+    base = code_fingerprint.__wrapped__()
+    read = Path.read_bytes
+    for changed in sources:
+        with monkeypatch.context() as patched:
+            patched.setattr(Path, "read_bytes", lambda path, one=changed: read(path) + b"\n" * (path == one))
+            assert code_fingerprint.__wrapped__() != base, changed
+
+
+def test_code_moved_between_modules_moves_the_key(monkeypatch):
+    """The same bytes split otherwise between two modules are other code: each module is hashed with its path
+    and length."""
+    first, second = package_sources()[:2]
+    base, read = code_fingerprint.__wrapped__(), Path.read_bytes
+    moved = {first: read(first) + read(second)[:1], second: read(second)[1:]}
+    monkeypatch.setattr(Path, "read_bytes", lambda path: moved.get(path) or read(path))
+    assert code_fingerprint.__wrapped__() != base
+
+
+def test_every_module_an_encode_imports_is_fingerprinted(tmp_path):
+    config = load_config(CONFIG, output=str(tmp_path / "out"))
+    _encode_items(config, stages_for(config), TokenCache(tmp_path / "cache"))
+    imported = {m.__file__ for name, m in sys.modules.items() if name.split(".")[0] == "packtool" and m.__file__}
+    # the folders of templates and configs hold only a docstring as code; a template enters a key by its content
+    data = {name for name in DATA_PACKAGES if name in sys.modules}
+    assert imported - {sys.modules[name].__file__ for name in data} <= {str(p) for p in package_sources()}

@@ -429,30 +429,39 @@ class OpenedEdges(_LookedUp):
         return self.count + self.rest.tokens_before(at - self.length)
 
 
-def _crossing_token(
+def _straddling_runs(
     text: str, edges: TokenEdges, targets: list[tuple[int, int, int]], runs: list[list[int]]
-) -> tuple[int, int] | None:
-    """The first token that hides a target's edge, as (token index, target number), or None.
+) -> tuple[list[list[int]], list[tuple[int, int]]] | tuple[int, int]:
+    """Each target's token run with a token straddling its start taken in, and those tokens as (token
+    index, the target's message); or the token that runs past a target's end over more than whitespace, as (token index,
+    target number).
 
-    A token straddling a target's start may swallow only whitespace of the target (Phi-3's
-    `<|assistant|>` strips what follows it); a token running past a target's end may absorb only
-    whitespace. With the target's token run [a, b) (tokens starting inside it), the only
-    candidates are token a-1 (starts before the target: does it end inside?) and token b-1
-    (starts inside: does it end after?).
+    A target is what the loss must teach, so a token holding any of its characters is a target, as
+    transformers' `return_assistant_tokens_mask` (every token overlapping a generation span) and TRL's
+    assistant-only loss read it: a Qwen content opening with a newline puts that newline in one token
+    with the header's (`\n\n`), and leaving that token out would never train the newline. Such a token
+    starts in the prompt, so it is counted (`Tokenized.straddled`). A token running past a target's end may
+    absorb only whitespace (some SentencePiece added tokens swallow the newline after `<|end|>`): past
+    that, what follows the target would be trained as part of it.
 
-        tokens   [<|im_start|>][assistant][\n][He][llo][<|im_end|>][\n]
-        target                                ^start                ^end     a-1 = [\n] ends at start: fine
+        tokens   [<|im_start|>][assistant][\n\n][Hello][<|im_end|>]
+        target                          ^start (content "\nHello")     run [3, 5) -> [2, 5), 1 straddling
     """
-    for j, ((start, end, _), (a, b)) in enumerate(zip(targets, runs)):
-        if a > 0:
-            before_end = edges.edges(a - 1)[1]
-            if before_end > start and text[start:before_end].strip():
-                return a - 1, j
-        if b > 0:
+    taken: list[list[int]] = []
+    straddlers: list[tuple[int, int]] = []
+    previous = 0  # where the run of the target before ends: a token already a target is not counted again
+    for j, ((start, end, message), (a, b)) in enumerate(zip(targets, runs)):
+        if a > 0 and edges.edges(a - 1)[1] > start:
+            a -= 1
+            if a >= previous:
+                straddlers.append((a, message))
+        if b > a:
             last_end = edges.edges(b - 1)[1]
             if last_end > end and text[end:last_end].strip():
                 return b - 1, j
-    return None
+        taken.append([a, b])
+        previous = max(previous, b)
+    return taken, straddlers
 
 
 class _Aligned(NamedTuple):
@@ -461,28 +470,29 @@ class _Aligned(NamedTuple):
     rendered: Rendered
     ids: np.ndarray
     targets: list[tuple[int, int, int]]  # rendered.target_ranges, sorted
-    target_runs: list[list[int]]  # the tokens [a, b) of each target range
+    target_runs: list[list[int]]  # the tokens [a, b) of each target range, a straddling token included
     span_runs: list[list[int]]  # the tokens [a, b) of each of rendered.spans
+    straddlers: list[tuple[int, int]]  # target tokens that start before their target, with its message
 
 
 def _aligned(rendered: Rendered, ids: np.ndarray, edges: TokenEdges) -> _Aligned | RecordError:
-    """The sample's token runs, or the RecordError of a token that hides a target's edge."""
+    """The sample's token runs, or the RecordError of a token that runs past a target's end."""
     text = rendered.text
     targets = sorted(rendered.target_ranges)
     spans = rendered.spans
     runs = edges.runs([(start, end) for start, end, _ in targets] + [(s.start, s.end) for s in spans])
-    target_runs = runs[: len(targets)]
-    crossing = _crossing_token(text, edges, targets, target_runs)
-    if crossing is not None:
-        t, j = crossing
+    taken = _straddling_runs(text, edges, targets, runs[: len(targets)])
+    if isinstance(taken[0], int):
+        t, j = taken
         piece = text[slice(*edges.edges(t))]
         return RecordError(
-            f"token {piece!r} crosses the edge of the target span of message {targets[j][2]}; "
+            f"token {piece!r} crosses the end of the target span of message {targets[j][2]}; "
             "the mask cannot be aligned to tokens",
             kind="mask_check",
             sample_id=rendered.example.id,
         )
-    return _Aligned(rendered, ids, targets, target_runs, runs[len(targets) :])
+    target_runs, straddlers = taken
+    return _Aligned(rendered, ids, targets, target_runs, runs[len(targets) :], straddlers)
 
 
 def _labelled(
@@ -512,6 +522,8 @@ def _labelled(
             message_index[base + x : base + y] = message
         for (x, y), span in zip(a.span_runs, a.rendered.spans):
             message_index[base + x : base + y] = span.message
+        for token, message in a.straddlers:  # a target, whatever content it starts in: its turn's
+            message_index[base + token] = message
 
     message_roles = [tuple(m.role for m in a.rendered.example.messages) for a in aligned]
     table = np.fromiter(
@@ -541,6 +553,7 @@ def _labelled(
             structured_messages=frozenset(
                 i for i, m in enumerate(example.messages) if m.tool_calls or m.role == "tool"
             ),
+            straddled=len(a.straddlers),
         )
         if example.is_text:
             sample.roles[:] = ROLE_CODES["text"]

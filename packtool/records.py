@@ -271,6 +271,9 @@ class Tokenized:
     message_roles: tuple[str, ...] = ()
     # Messages that must never be cut in half by truncation (tool calls, tool results).
     structured_messages: frozenset[int] = field(default_factory=frozenset)
+    # Target tokens that start before their target: a token holding the prompt's last characters and the
+    # target's first is a target (packtool.encode._straddling_runs), counted in the build's accounting.
+    straddled: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -298,6 +301,7 @@ class Tokenized:
             message_index=self.message_index[keep],
             message_roles=self.message_roles,
             structured_messages=self.structured_messages,
+            straddled=self.straddled,
         )
 
 

@@ -383,8 +383,10 @@ def attention_slots(lengths: np.ndarray, pack_lengths: np.ndarray) -> dict[str, 
 
 
 def format_headline(stats: dict[str, Any]) -> list[str]:
-    """The first block of `format_stats`: packs, segments, tokens, efficiency, padding, targets."""
-    return [
+    """The first block of `format_stats`: packs, segments, tokens, efficiency, padding, targets, and the
+    target tokens that start in the prompt where there are any (the build summary prints this block)."""
+    straddling = sum(a.get("straddling_targets", 0) for a in (stats.get("accounting") or {}).values())
+    lines = [
         f"packs              {stats['packs']:>12,}   capacity {stats['capacity']:,}",
         f"segments           {stats['segments']:>12,}   per pack: mean {stats['segments_per_pack']['mean']:.2f}, "
         f"max {stats['segments_per_pack']['max']}",
@@ -393,6 +395,11 @@ def format_headline(stats: dict[str, Any]) -> list[str]:
         f"padding if padded  {stats['padding_share_if_padded_to_capacity']:>12.4f}   (share of padding slots)",
         f"targets            {stats['targets']:>12,}   target ratio {stats['target_ratio']:.4f}",
     ]
+    if straddling:
+        lines.append(
+            f"  straddling       {straddling:>12,}   target tokens starting in the prompt, trained (docs/templates.md)"
+        )
+    return lines
 
 
 def format_stats(stats: dict[str, Any]) -> str:
@@ -429,6 +436,8 @@ def format_stats(stats: dict[str, Any]) -> str:
             ]
             if a.get("special_token_literals"):
                 details.append(f"special_token_literals={a['special_token_literals']}")
+            if a.get("straddling_targets"):
+                details.append(f"straddling_targets={a['straddling_targets']}")
             lines.append(
                 f"{shown(name):<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}"
             )

@@ -6,7 +6,9 @@
 
 The special-token literal rule is written here once (`note_record`): a record whose content spells a
 control token counts once as a literal, whatever its source's policy did with it (kept as text,
-escaped, or dropped under `special_token_literal`).
+escaped, or dropped under `special_token_literal`). `straddling_targets` counts the target tokens of stored
+records that start in the prompt (a token holding the header's last character and the target's first, as
+`\n\n` after Qwen's header when a content opens with a newline): each is trained (packtool.encode).
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ class Counts:
     dropped: Counter[str] = field(default_factory=Counter)  # valid input not trained (too_long, no_targets), by reason
     truncated: dict[str, dict[str, int]] = field(default_factory=dict)  # strategy -> samples/tokens/targets removed
     special_token_literals: int = 0
+    straddling_targets: int = 0
     segments: int = 0  # what reached a pack: mixing copies, split pieces and the bucket included
+    # (record ordinal, straddling targets) of an encode item's records that have some: a report cut by
+    # max_samples counts those within its budget (the plan's sums leave it empty)
+    straddling_at: list[tuple[int, int]] = field(default_factory=list)
 
     def __add__(self, other: Counts) -> Counts:
         truncated = {k: dict(v) for k, v in self.truncated.items()}
@@ -45,14 +51,27 @@ class Counts:
             dropped=self.dropped + other.dropped,
             truncated=truncated,
             special_token_literals=self.special_token_literals + other.special_token_literals,
+            straddling_targets=self.straddling_targets + other.straddling_targets,
             segments=self.segments + other.segments,
+            straddling_at=self.straddling_at + other.straddling_at,
         )
 
-    def note_record(self, lost: str | None = None, *, bad_input: bool = False, literal: bool = False) -> None:
+    def note_record(
+        self,
+        lost: str | None = None,
+        *,
+        bad_input: bool = False,
+        literal: bool = False,
+        straddling: tuple[int, int] = (0, 0),
+    ) -> None:
         """One record read: stored (`lost` None) or lost under its reason, rejected when `bad_input`
-        else dropped; `literal`: its content spells a special token."""
+        else dropped; `literal`: its content spells a special token; `straddling`: its ordinal and its
+        target tokens that start in the prompt (Tokenized.straddled)."""
         self.read += 1
         self.special_token_literals += literal or lost == SPECIAL_TOKEN_LITERAL
+        if straddling[1]:
+            self.straddling_targets += straddling[1]
+            self.straddling_at.append(straddling)
         if lost is not None:
             (self.rejected if bad_input else self.dropped)[lost] += 1
 
@@ -72,6 +91,7 @@ class Counts:
             "dropped": dict(sorted(self.dropped.items())),
             "truncated": {k: self.truncated[k] for k in sorted(self.truncated)},
             "special_token_literals": self.special_token_literals,
+            "straddling_targets": self.straddling_targets,
             "segments": self.segments,
         }
 
@@ -87,6 +107,7 @@ class Counts:
                 for k in sorted(self.truncated)
             },
             "special_token_literals": self.special_token_literals,
+            "straddling_targets": [list(at) for at in self.straddling_at],
         }
 
     @classmethod
@@ -97,6 +118,7 @@ class Counts:
         Cut short, the item is counted again from its rejects (one per record not stored: bad input,
         which alone carries its error `message`, rejected; valid input not trained (a special-token
         literal, a pair too long) dropped); its `items_truncated` is not counted then."""
+        straddling = [(at, n) for at, n in report["straddling_targets"] if at < budget]
         if budget >= report["read"]:
             counts = cls(
                 read=report["read"],
@@ -106,9 +128,11 @@ class Counts:
             )
             for strategy, cut in report.get("items_truncated", {}).items():
                 counts.note_truncation(strategy, cut["tokens"], 0, samples=cut["items"])
-            return counts
-        lost = [r for r in report["rejects"] if r["ordinal"] < budget]
-        counts = cls(read=budget - len(lost), special_token_literals=stored_literals)
-        for reject in lost:
-            counts.note_record(reject["reason"], bad_input="message" in reject)
+        else:
+            lost = [r for r in report["rejects"] if r["ordinal"] < budget]
+            counts = cls(read=budget - len(lost), special_token_literals=stored_literals)
+            for reject in lost:
+                counts.note_record(reject["reason"], bad_input="message" in reject)
+        counts.straddling_at = straddling
+        counts.straddling_targets = sum(n for _, n in straddling)
         return counts

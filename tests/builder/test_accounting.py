@@ -9,13 +9,14 @@ from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
 
 def test_counts_add_up_field_by_field_and_leave_both_operands_alone():
     a = Counts(read=3, kept=2, rejected=Counter(bad_record=1), special_token_literals=1, segments=4)
+    a.note_record(straddling=(3, 2))
     a.note_truncation("right", tokens=10, targets=4)
     b = Counts(read=2, overflow=1, dropped=Counter(no_targets=1), rejected=Counter(bad_record=2, bad_json=1))
     b.note_truncation("right", tokens=5, targets=1)
     b.note_truncation("left", tokens=7, targets=0, samples=2)
     total = a + b
     assert total.as_dict() == {
-        "read": 5,
+        "read": 6,
         "kept": 2,
         "overflow": 1,
         "rejected": {"bad_json": 1, "bad_record": 3},
@@ -25,6 +26,7 @@ def test_counts_add_up_field_by_field_and_leave_both_operands_alone():
             "right": {"samples": 2, "tokens": 15, "targets": 5},
         },
         "special_token_literals": 1,
+        "straddling_targets": 2,
         "segments": 4,
     }
     assert a.truncated["right"] == {"samples": 1, "tokens": 10, "targets": 4}
@@ -43,12 +45,13 @@ def test_a_special_token_literal_counts_once_whatever_the_policy_did():
 
 def test_an_encode_report_reads_back_as_the_counts_it_was_written_from():
     counts = Counts()
-    for _ in range(3):
-        counts.note_record()
+    for ordinal in range(3):
+        counts.note_record(straddling=(ordinal, ordinal))  # a target token starting in the prompt: counted
     counts.note_record("pair_too_long")
     counts.note_truncation("left", tokens=12, targets=0)
     report = {**counts.as_report(), "rejects": [{"reason": "pair_too_long", "ordinal": 2}]}
     assert report["items_truncated"] == {"left": {"items": 1, "tokens": 12}}
+    assert report["straddling_targets"] == [[1, 1], [2, 2]]
     assert Counts.from_report(report, budget=4, stored_literals=0) == counts
 
 
@@ -59,6 +62,7 @@ def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget()
         "dropped": {SPECIAL_TOKEN_LITERAL: 1},
         "items_truncated": {},
         "special_token_literals": 2,
+        "straddling_targets": [[1, 1], [4, 3]],
         "rejects": [
             {"reason": "bad_record", "ordinal": 0, "message": "..."},
             {"reason": SPECIAL_TOKEN_LITERAL, "ordinal": 2},
@@ -71,3 +75,4 @@ def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget()
     assert counts.rejected == {"bad_record": 1}
     assert counts.dropped == {SPECIAL_TOKEN_LITERAL: 1, "pair_too_long": 1}  # counted as the uncut path does
     assert counts.special_token_literals == 2  # one stored within the budget, one dropped
+    assert counts.straddling_targets == 1  # record 4 is past the budget

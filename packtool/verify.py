@@ -7,6 +7,8 @@ What the manifest states is either recomputed or sealed:
     recomputed per pack row      cu_seqlens starts at 0, strictly increasing, ends at len(input_ids) <= capacity
                                  labels: -100 at every segment start; elsewhere -100 or the token itself
                                  n_tokens, n_targets, attn_cost, pack_hash; one per-document entry per segment
+    recomputed per sample copy   a packed output holds each (id, hash, repeat, pair side or piece) once: an id
+                                 made from the input row twice is one row trained twice
     recomputed from rejects      rejects.jsonl lines == rejects.count, by_reason, and per source rejected + dropped
     accounting, per source       read == kept + rejected + dropped; segments == documents of the source in the
                                  shards (overflow bucket included); distinct samples in the shards <= kept
@@ -95,6 +97,10 @@ class _Tally:
     samples: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
     readable: bool = True  # every shard decoded and every row sound: totals can be compared
     groups: dict[int, str] = field(default_factory=dict)  # schema v2: group id -> the shard and row that hold it
+    # each copy of a sample in a packed output -> the shard and row that hold it: a copy is one segment there (a
+    # stream build cuts documents across rows); None for a stream build
+    copies: dict[tuple[Any, ...], str] | None = field(default_factory=dict)
+    twice: int = 0  # copies seen twice under an id the input gave: its record is in it twice
 
 
 def verify(path: str | Path) -> Verification:
@@ -118,7 +124,8 @@ def verify(path: str | Path) -> Verification:
     manifest = _checked_manifest(folder, result)
     if manifest is None:
         return result
-    tally = _Tally()
+    stream = manifest.raw.get("mode") == "stream"
+    tally = _Tally(copies=None if stream else {})
     _check_output(folder, manifest, result, tally, lone=lone)
     if lone is not None:
         return result
@@ -127,9 +134,14 @@ def verify(path: str | Path) -> Verification:
         _check_part(folder / parts["overflow"], result, tally)
     if "validation" in parts:
         # a split of its own: its documents are not the main output's segments
-        _check_part(folder / parts["validation"], result, _Tally())
+        _check_part(folder / parts["validation"], result, _Tally(copies=None if stream else {}))
     if tally.readable:
         _check_accounting(manifest, tally, result)
+    if tally.twice:
+        result.warnings.append(
+            f"{tally.twice} sample copies appear twice under one id and content: the input holds those records "
+            "twice (dedup: exact keeps one)"
+        )
     _check_rejects(folder, manifest, result)
     return result
 
@@ -220,6 +232,10 @@ def _check_shard(path: Path, entry: ShardEntry, capacity: int, result: Verificat
             for source, sample_id, sample_hash in zip(row["sources"], row["sample_ids"], row["sample_hashes"]):
                 tally.segments[source] += 1
                 tally.samples[source].add((sample_id, sample_hash))
+            if tally.copies is not None:
+                where = f"{path.name} row {number}"
+                for problem in _note_copies(row, where, tally.copies, tally):
+                    result.add(f"{where}: {problem}")
             for group in set(row.get("segment_groups", [])) - {-1}:
                 if group in tally.groups:
                     result.add(
@@ -233,6 +249,34 @@ def _check_shard(path: Path, entry: ShardEntry, capacity: int, result: Verificat
     for key, value in (("rows", rows), ("tokens", tokens), ("targets", targets)):
         if getattr(entry, key) != value:
             result.add(f"{path.name}: the manifest says {key} {getattr(entry, key)}, the shard holds {value}")
+
+
+# What tells two segments of one sample apart in a packed output, beside its repeat number: a pair's sides, a
+# group's completions, a split sample's pieces (schema v2)
+_PART_COLUMNS = ("segment_kinds", "completion_index", "segment_pieces", "segment_piece_offsets")
+
+
+def _note_copies(row: dict[str, Any], where: str, copies: dict[tuple[Any, ...], str], tally: _Tally) -> list[str]:
+    """Each copy of a sample at most once. Twice under an id packtool made from the input row's location
+    (SOURCE:FILE:N) is one row encoded twice, which no build does on purpose (a token cache filled while its
+    input grew, by a packtool that read past what it hashed): a problem. Twice under an id the input gave is
+    its record twice in the input: counted, for one warning."""
+    parts = [row[name] for name in _PART_COLUMNS if name in row]
+    problems = []
+    for copy in zip(row["sources"], row["sample_ids"], row["sample_hashes"], row["sample_repeats"], *parts):
+        first = copies.get(copy)
+        if first is None:
+            copies[copy] = where
+            continue
+        source, sample_id, repeat = copy[0], copy[1], copy[3]
+        if sample_id.startswith(f"{source}:") and sample_id.rpartition(":")[2].isdigit():
+            problems.append(
+                f"sample {sample_id!r} (copy {repeat}) is also in {first}: one input row trained twice (a token "
+                "cache filled while its input grew); rebuild with --no-cache"
+            )
+        else:
+            tally.twice += 1
+    return problems
 
 
 class _Unreadable(Exception):

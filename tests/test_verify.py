@@ -367,3 +367,24 @@ def test_row_problems_on_hand_made_v2_piece_columns():
     ):
         problems = row_problems({**v2, **broken}, capacity=8)
         assert len(problems) == 1 and "segment_piece" in problems[0], (broken, problems)
+
+
+def test_a_record_the_input_holds_twice_under_one_id_is_a_warning_not_a_problem(tmp_path):
+    """Only an id made from the row's location proves one row trained twice (tests/builder/test_append.py);
+    a record given twice with its own id is the input's, and dedup: exact is the choice that drops it."""
+    from support import QUICKSTART
+
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    lines = [
+        {"id": "q1", "messages": messages},
+        {"id": "q2", "messages": [*messages[:1], messages[1] | {"content": "5"}]},
+    ]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in [*lines, lines[0]]))
+    source = {"name": "chat", "path": "a.jsonl", "format": "messages", "fields": {"messages": "messages", "id": "id"}}
+    config = {"sources": [source], "capacity": 64}
+    (tmp_path / "c.json").write_text(json.dumps({**config, "tokenizer": str(QUICKSTART / "tokenizer")}))
+    built = CliRunner().invoke(main, ["build", str(tmp_path / "c.json"), "-o", str(tmp_path / "out"), "-q"])
+    assert built.exit_code == 0, built.output
+    result = _verify(tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "1 sample copies appear twice under one id and content: the input holds those records twice" in result.output

@@ -25,6 +25,7 @@ from packtool.builder.cache import TokenCache, entry_digest
 from packtool.config import load_config
 from packtool.errors import PacktoolError
 from packtool.reading import open_text
+from packtool.verify import verify
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -634,3 +635,24 @@ def test_an_entry_holding_rows_past_its_recorded_lines_is_reported_and_never_car
     )
     assert (again.records.records, again.records.records_reencoded) == (34, 10)
     _same_as_fresh(data)
+
+
+def test_verify_names_a_row_trained_twice(data, monkeypatch):
+    """The race above with the read unbounded and the carried entry unchecked, as before: the output trains
+    rows 33-36 twice, and verify names them."""
+    unbounded = encode_phase._outcomes
+    monkeypatch.setattr(
+        encode_phase, "_outcomes", lambda item, stages, source, skip, span: unbounded(item, stages, source, skip)
+    )
+    monkeypatch.setattr(encode_phase, "_changed_while_read", lambda item, span: None)
+    monkeypatch.setattr(encode_phase, "_holds", lambda *args: None)
+    file = data / "data" / "a.jsonl"
+    _append(file, range(30, 33))
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: _append(file, range(33, 37)))
+        _build(data, "out")
+    assert _build(data, "out").records.records == 41  # 37 rows
+    found = verify(data / "out")
+    assert len([p for p in found.problems if "one input row trained twice" in p]) == 4, found.problems
+    _build(data, "fresh", use_cache=False)
+    assert verify(data / "fresh").ok

@@ -11,9 +11,9 @@ An entry's key hashes the content of its row range of the input file (the bytes 
 values of Parquet and Arrow rows, the decompressed text of compressed JSON Lines; the whole file for JSON
 arrays, see builder.encode.RowRange) and where
 the range starts, the tokenizer and template by content, the source's
-render/tokenize settings and the code that encodes, so a stale entry is never looked up. Entries
-are write-once: written under a temporary name and renamed, report last, so two builds sharing a
-cache write identical bytes to the same name and a reader sees an entry whole or not at all.
+render/tokenize settings and packtool's code (every module, code_fingerprint), so a stale entry is
+never looked up. Entries are write-once: written under a temporary name and renamed, report last, so
+two builds sharing a cache write identical bytes to the same name and a reader sees an entry whole or not at all.
 
 Nothing read back is trusted: before reuse, the report must name its own key and hash to its seal,
 and the partition must have the bytes and sha256 the report recorded when it was written. An entry

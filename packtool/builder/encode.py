@@ -413,17 +413,21 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> tuple[Carried | None,
 
 def _holds(report: dict[str, Any], partition: Path, first: int, lines: int) -> str | None:
     """Why an entry does not hold exactly the records of `lines` lines or rows from the one numbered `first`; None
-    when it does: its report was written for that many, and each record it stores or rejects comes from one."""
+    when it does: its report was written for that many, each record it read is stored or rejected (a pair's or
+    group's rows share their record's ordinal), and each one it stores comes from one of those lines or rows."""
     if report.get("content_lines") != lines:
         return f"it was encoded from {report.get('content_lines')} lines or rows, not the {lines} it hashed"
+    if not isinstance(report.get("read"), int):
+        return f"its report's count of records read is {report.get('read')!r}, not a number"
     reader = PartitionReader(partition)
     try:
-        ordinals = [*reader.column("ordinal").tolist(), *(r.get("ordinal", 0) for r in report["rejects"])]
-        numbers = [int(location.rpartition(":")[2]) for location in reader.batch_column("location")]
+        ordinals = {*reader.column("ordinal").tolist(), *(r.get("ordinal") for r in report["rejects"])}
+        numbers = [location.rpartition(":")[2] for location in reader.batch_column("location")]
     finally:
         reader.close()
-    read = int(report["read"])
-    if any(not 0 <= o < read for o in ordinals) or any(not first <= n < first + lines for n in numbers):
+    if ordinals != set(range(report["read"])):
+        return f"it stores or rejects {len(ordinals)} records, not the {report['read']} its report says it read"
+    if not all(n.isdigit() and first <= int(n) < first + lines for n in numbers):
         return f"it holds records from outside the {lines} lines or rows it was written for"
     return None
 

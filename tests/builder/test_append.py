@@ -656,3 +656,23 @@ def test_verify_names_a_row_trained_twice(data, monkeypatch):
     assert len([p for p in found.problems if "one input row trained twice" in p]) == 4, found.problems
     _build(data, "fresh", use_cache=False)
     assert verify(data / "fresh").ok
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"read": 7}, "it stores or rejects 6 records, not the 7 its report says it read"),
+        ({"read": 5}, "it stores or rejects 6 records, not the 5 its report says it read"),
+        ({"read": "6"}, "its report's count of records read is '6', not a number"),
+    ],
+)
+def test_an_entry_whose_record_count_was_edited_is_reported_and_never_carried(data, edit, why):
+    """A report's seal is a checksum anyone can recompute: what it says is checked against the partition."""
+    cache = data / ".packtool-cache"
+    last = _last_entry(cache, 6)
+    _reseal(cache / "tokens" / last[:2] / f"{last}.json", **edit)
+    _append(data / "data" / "a.jsonl", range(30, 32))
+    again = _build(data, "out")
+    assert again.repaired == (f"cache entry {cache / 'tokens' / last[:2] / last}.arrow: {why}",)
+    assert again.records.records_reencoded == 8
+    _same_as_fresh(data)

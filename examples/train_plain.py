@@ -48,22 +48,27 @@ def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=4,
-        use_cache=False,  # a KV cache would disable packed-sequence detection (docs/isolation.md)
+        num_key_value_heads=4,  # use_cache stays True, as in real checkpoints: model_inputs turns the cache off
     )
     config._attn_implementation = "sdpa"
     return transformers.LlamaForCausalLM(config)
 
 
+# model_inputs: the boundaries this model's layer types read (here restarting position_ids with
+# attention_mask=None and no KV cache; cu_seq_lens, seq_idx or mRoPE positions for other families
+# and backends, docs/isolation.md). check_isolation in main() runs the forward the loss uses.
+def hidden_states(model, mb):  # the decoder's last hidden states: with the lm_head weight, no [T, V] logits
+    return model.model(**model_inputs(mb, model)).last_hidden_state
+
+
+def logits(model, mb):
+    return model(**model_inputs(mb, model)).logits
+
+
 def loss_sum(model, mb, chunked: bool = True):
-    # model_inputs: the boundaries this model's layer types read (here restarting position_ids with
-    # attention_mask=None and no KV cache; cu_seq_lens, seq_idx or mRoPE positions for other
-    # families and backends, docs/isolation.md). check_isolation in main() proves they suffice.
-    inputs = model_inputs(mb, model)
-    if chunked:  # the decoder's last hidden states and the lm_head weight: no [T, V] logits
-        hidden = model.model(**inputs).last_hidden_state
-        return chunked_token_loss_sum(hidden, model.lm_head.weight, mb.labels)[0]
-    return token_loss_sum(model(**inputs).logits, mb.labels)[0]
+    if chunked:
+        return chunked_token_loss_sum(hidden_states(model, mb), model.lm_head.weight, mb.labels)[0]
+    return token_loss_sum(logits(model, mb), mb.labels)[0]
 
 
 def main(argv: list[str] | None = None) -> list[float]:
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     )
     vocab = args.vocab_size or dataset.manifest.vocab_size or 32000
     model = tiny_model(vocab).train()
-    check_isolation(model)  # two forwards: changing one packed document must not move another
+    # the loss's own forward, twice: changing one packed document must not move another
+    check_isolation(model, forward=logits if args.full_logits else hidden_states)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     epochs = args.epochs or math.inf  # math.inf: epoch after epoch until --steps

@@ -509,6 +509,11 @@ class _LayerOutputs:
         """A training loop's own forward of the packed row (logits or hidden states, [1, T, ...])."""
         self.outputs, self.inputs = [], {}
         values = forward(model, mb)
+        if not isinstance(values, torch.Tensor):  # a model output or per-segment sums: nothing per token
+            raise IsolationError(
+                f"check_isolation's forward returned {type(values).__name__}; it must return the packed row's "
+                "[1, T, ...] logits or hidden states (e.g. model.model(**model_inputs(mb, model)).last_hidden_state)"
+            )
         if values.dim() < 2 or tuple(values.shape[:2]) != tuple(mb.input_ids.shape):
             raise IsolationError(
                 f"check_isolation's forward returned shape {tuple(values.shape)} for a packed row of "

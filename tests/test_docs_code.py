@@ -319,5 +319,7 @@ def test_the_guard_refuses_a_forward_that_is_not_the_packed_row():
     model = _guard_model()
     with pytest.raises(IsolationError, match=r"returned shape \(23, 32\) for a packed row of \(1, 23\)"):
         check_isolation(model, forward=lambda m, mb: m.model(**model_inputs(mb, m)).last_hidden_state[0])
+    with pytest.raises(IsolationError, match="forward returned BaseModelOutputWithPast; it must return"):
+        check_isolation(model, forward=lambda m, mb: m.model(**model_inputs(mb, m)))  # .last_hidden_state left out
     with pytest.raises(TypeError, match="feed= or forward=, not both"):
         check_isolation(model, feed=position_ids_only, forward=lambda m, mb: m(**model_inputs(mb, m)).logits)

@@ -503,16 +503,14 @@ def test_rows_appended_while_a_build_runs_are_left_to_the_next_and_never_trained
 
 def test_a_half_written_line_appended_while_a_build_runs_is_not_read(data, monkeypatch):
     file = data / "data" / "a.jsonl"
+    _append(file, range(30, 32))  # 24-32: encoded by the build below
     with monkeypatch.context() as race:
-        _after_hashing(race, file, lambda: file.write_bytes(file.read_bytes() + _line(30).encode()[:20]))
+        _after_hashing(race, file, lambda: file.write_bytes(file.read_bytes() + _line(32).encode()[:20]))
         during = _build(data, "out")
-    # read, the cut line would be a 31st record, a parse error
-    assert (during.records.records, during.manifest["rejects"]["count"], during.records.left) == (
-        30,
-        0,
-        ("data/a.jsonl",),
-    )
-    file.write_bytes(file.read_bytes() + _line(30).encode()[20:])  # the writer ends its line
+    # read, the cut line would be a 33rd record, a parse error
+    rejects = during.manifest["rejects"]["count"]
+    assert (during.records.records, rejects, during.records.left) == (32, 0, ("data/a.jsonl",))
+    file.write_bytes(file.read_bytes() + _line(32).encode()[20:])  # the writer ends its line
     assert _build(data, "out").records.records_reencoded == 1
     _same_as_fresh(data)
 
@@ -675,4 +673,21 @@ def test_an_entry_whose_record_count_was_edited_is_reported_and_never_carried(da
     again = _build(data, "out")
     assert again.repaired == (f"cache entry {cache / 'tokens' / last[:2] / last}.arrow: {why}",)
     assert again.records.records_reencoded == 8
+    _same_as_fresh(data)
+
+
+def test_a_file_cut_short_while_a_build_runs_leaves_no_entry_behind(data, monkeypatch):
+    """Rows 16-30 hashed, then the file cut to 20 lines: an entry of the 4 rows read under the key of the 8
+    hashed would be found again once the file is whole, and those rows lost for good."""
+    file = data / "data" / "a.jsonl"
+    lines = file.read_bytes().splitlines(keepends=True)
+    lines[17] = _line(97).encode()  # 16-24 changed: encoded by the build below
+    file.write_bytes(b"".join(lines))
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: file.write_bytes(b"".join(lines[:20])))
+        with pytest.raises(PacktoolError, match=r"a\.jsonl: lines 17-24 changed while the build read them"):
+            _build(data, "out")
+    file.write_bytes(b"".join(lines))  # whole again
+    again = _build(data, "out")
+    assert (again.records.records, again.records.records_reencoded) == (30, 8)
     _same_as_fresh(data)

@@ -11,11 +11,16 @@ What a Trainer user needs, and where it is:
     isolation            `train()` first runs `check_isolation` (two forwards on a short packed row through
                          the trainer's own collator) and stops with one line when the model lets one
                          document change another; PACKTOOL_SKIP_ISOLATION_CHECK=1 skips it
-    the loss             the Trainer's own: a causal LM given `num_items_in_batch` returns sum / N, where the
-                         Trainer counts N over the whole accumulation window and, with
-                         `average_tokens_across_devices` (default), over all ranks; it then multiplies by the
-                         world size against DDP's gradient average. The window-wide token mean, unchanged by
-                         packing, micro-batch or rank split (tests/loader/test_hf.py)
+    the loss             the Trainer's normalisation: sum / N, where the Trainer counts N over the whole
+                         accumulation window and, with `average_tokens_across_devices` (default), over all
+                         ranks, then multiplies by the world size against DDP's gradient average. The
+                         window-wide token mean, unchanged by packing, micro-batch or rank split
+                         (tests/loader/test_hf.py). The sum comes from the last hidden states, a chunk of
+                         target rows at a time (`chunked_token_loss_sum`), never the [T, V] logits: a
+                         151,936-token vocabulary over 8,192 tokens is 5 GB of float32 logits and as much
+                         again for their gradient. `loss="model"` takes the model's own loss instead; a model
+                         whose logits are more than its output layer on the last hidden states (soft-capping,
+                         a logit scale) is found at train() by comparing the two, and gets its own loss
     the data order       saved beside every checkpoint (`packtool_data.json`, the dataset's global state) and
                          restored by `train(resume_from_checkpoint=...)`; the Trainer's own batch skipping is
                          turned off (`ignore_data_skip`), so a resume reads no batch twice and skips none,
@@ -36,8 +41,10 @@ train_dataset (TRL accepts only `datasets` types) and `SFTConfig(dataset_kwargs=
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +63,8 @@ from packtool.errors import DatasetError
 from packtool.loader.boundaries import model_inputs, one_document_per_row
 from packtool.loader.collate import LoadedPack, MicroBatch, collate
 from packtool.loader.dataset import PackedDataset
-from packtool.probe import check_isolation
+from packtool.loader.loss import chunked_token_loss_sum, token_loss_sum
+from packtool.probe import GUARD_LENGTHS, check_isolation, packed_row, synthetic_docs
 
 __all__ = [  # + PackedSFTTrainer (needs trl)
     "PackedCollator",
@@ -68,7 +76,9 @@ __all__ = [  # + PackedSFTTrainer (needs trl)
     "trainer_dataset",
 ]
 
+LOSSES = ("chunked", "model")  # from the last hidden states a chunk at a time, or the model's own (with the logits)
 STATE_FILE = "packtool_data.json"
+log = logging.getLogger(__name__)
 POSITION_KEY = "packtool_resume_after"  # ride in each batch from the collator to training_step, popped there
 HASHES_KEY = "packtool_pack_hashes"
 EPOCH_END_KEY = "packtool_epoch_end"
@@ -173,11 +183,15 @@ class _PackedMixin:
 
     packed: PackedDataset
     last_pack_hashes: list[str]  # the micro-batch last trained (pack_hash -> shard row -> sample ids)
+    loss: str  # LOSSES
     _packs_as_examples = False
 
-    def _setup_packed(self, dataset: PackedDataset) -> None:
+    def _setup_packed(self, dataset: PackedDataset, loss: str) -> None:
         if not isinstance(dataset, PackedDataset):
             raise DatasetError("train a PackedTrainer on packtool.loader.hf.trainer_dataset(path, args)")
+        if loss not in LOSSES:
+            raise DatasetError(f"loss={loss!r}: one of {', '.join(map(repr, LOSSES))}")
+        self.loss = loss
         if dataset.token_budget is not None or dataset.balance is not None:
             raise DatasetError(
                 "a Trainer batches packs itself (per_device_train_batch_size): build the dataset without "
@@ -236,6 +250,7 @@ class _PackedMixin:
         self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval: Any = None
     ):
         self._check_isolation()
+        self._check_loss()
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[attr-defined]
@@ -247,6 +262,50 @@ class _PackedMixin:
         return super().train(  # type: ignore[misc]
             resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
         )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The Trainer's loss with the model's own normalisation, from the last hidden states."""
+        if self.loss != "chunked" or return_outputs or "labels" not in inputs:
+            return super().compute_loss(  # type: ignore[misc]
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        features = {key: value for key, value in inputs.items() if key != "labels"}
+        hidden, weight = self._last_hidden(model, features)
+        loss_sum, n_targets = chunked_token_loss_sum(hidden, weight, inputs["labels"])
+        # as the Trainer's compute_loss and a causal LM's loss do it: the window's N when the model takes it
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:  # type: ignore[attr-defined]
+            loss = loss_sum / num_items_in_batch
+            if self.args.average_tokens_across_devices:  # type: ignore[attr-defined]
+                processes = self.accelerator.num_processes // self.get_tp_size()  # type: ignore[attr-defined]
+                loss = loss * (processes if self.args.n_gpu <= 1 else self.args.n_gpu)  # type: ignore[attr-defined]
+            return loss
+        return loss_sum / max(n_targets, 1)
+
+    def _last_hidden(self, model: Any, features: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's last hidden states and the output layer's weight, from a forward of the model
+        as the Trainer wrapped it (DDP's hooks run) that computes the logits of one position only."""
+        unwrapped = self.accelerator.unwrap_model(model)  # type: ignore[attr-defined]
+        captured: list[Any] = []
+        handle = unwrapped.get_decoder().register_forward_hook(lambda _m, _a, output: captured.append(output))
+        try:
+            model(**features, logits_to_keep=1)
+        finally:
+            handle.remove()
+        output = captured[-1]
+        hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+        return hidden, unwrapped.get_output_embeddings().weight
+
+    def _check_loss(self) -> None:
+        """The chunked loss against the model's own on a short packed row; a model whose logits are not
+        its output layer on the last hidden states (Gemma-2's soft-capping, Cohere's logit scale) or
+        that cannot compute one position's logits gets its own loss, with one line saying so."""
+        if self.loss != "chunked":
+            return
+        model = self.model  # type: ignore[attr-defined]
+        why = _chunked_loss_problem(model, self._guard_inputs, self._last_hidden)
+        if why is not None:
+            log.warning("%s: %s; training with the model's own loss, which holds the [T, V] logits", type(model), why)
+            self.loss = "model"
 
     def _check_isolation(self) -> None:
         """Two forwards of the real model on a short packed row, fed through this trainer's collator."""
@@ -262,6 +321,31 @@ class _PackedMixin:
         batch = dict(collator([sft_example(pack)] if self._packs_as_examples else [pack]))
         device = next(model.parameters()).device
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k != "labels"}
+
+
+def _chunked_loss_problem(model: Any, feed: Any, last_hidden: Any) -> str | None:
+    """Why the chunked loss would not be the model's own on a short packed row (float32), or None."""
+    if not any(name == "logits_to_keep" for name in inspect.signature(model.forward).parameters):
+        return "its forward takes no logits_to_keep, so its logits cannot be left out"
+    if model.get_output_embeddings() is None or getattr(model.get_output_embeddings(), "bias", None) is not None:
+        return "its output layer is not a weight alone"
+    mb = packed_row(synthetic_docs(GUARD_LENGTHS, int(model.config.get_text_config().vocab_size)))
+    features = feed(mb, model)
+    labels = mb.labels.to(next(model.parameters()).device)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            own, _ = token_loss_sum(model(**features).logits.float(), labels)
+            hidden, weight = last_hidden(model, features)
+            chunked, _ = chunked_token_loss_sum(hidden.float(), weight.float(), labels)
+    except Exception as err:  # a model that refuses logits_to_keep or the hook: its own loss is the way
+        return f"the chunked loss could not run ({type(err).__name__}: {err})"
+    finally:
+        model.train(training)
+    if not torch.isclose(own, chunked, rtol=1e-4, atol=1e-5):
+        return f"its logits are more than its output layer on the last hidden states (loss {own:.6f} vs {chunked:.6f})"
+    return None
 
 
 class _SaveDataOrder(transformers.TrainerCallback):
@@ -281,10 +365,12 @@ class _SaveDataOrder(transformers.TrainerCallback):
 class PackedTrainer(_PackedMixin, transformers.Trainer):
     """`transformers.Trainer` reading a packtool build: see the module docstring."""
 
-    def __init__(self, *, train_dataset: PackedDataset, data_collator: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, train_dataset: PackedDataset, data_collator: Any = None, loss: str = "chunked", **kwargs: Any
+    ) -> None:
         collator = data_collator or PackedCollator(kwargs.get("model"))
         super().__init__(train_dataset=train_dataset, data_collator=collator, **kwargs)
-        self._setup_packed(train_dataset)
+        self._setup_packed(train_dataset, loss)
 
 
 def _sft_trainer_base():
@@ -303,9 +389,9 @@ def __getattr__(name: str) -> Any:
 
             _packs_as_examples = True
 
-            def __init__(self, *, packed: PackedDataset, **kwargs: Any) -> None:
+            def __init__(self, *, packed: PackedDataset, loss: str = "chunked", **kwargs: Any) -> None:
                 super().__init__(train_dataset=sft_dataset(packed), **kwargs)
-                self._setup_packed(packed)
+                self._setup_packed(packed, loss)
 
         globals()["PackedSFTTrainer"] = PackedSFTTrainer
         return PackedSFTTrainer

@@ -174,3 +174,126 @@ def test_a_trainer_reads_each_epoch_in_its_own_order(make_build, tmp_path, drop_
         expected = [pack.pack_hash for pack in order][: 14 if drop_last else 15]
         assert flat(trained[epoch * per_epoch : (epoch + 1) * per_epoch]) == expected
     assert dataset.state_dict()["epoch"] == 3
+
+
+# One optimizer step of a PackedTrainer in a process of its own, so that its peak RSS is its own.
+MEMORY_RUN = """
+import json, resource, sys
+import torch, transformers
+from packtool.loader.hf import PackedTrainer, trainer_dataset
+sys.path.insert(0, sys.argv[3])
+from test_hf import tiny_qwen3
+
+torch.set_num_threads(2)
+common = dict(output_dir=sys.argv[2], max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, logging_steps=1,
+              report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+if sys.argv[4] == "trl":
+    import trl
+    from packtool.loader.hf import PackedSFTTrainer
+    args = trl.SFTConfig(**common, padding_free=True, max_length=None, dataset_kwargs={"skip_prepare_dataset": True})
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=sys.argv[5], pad_token="<pad>")
+    trainer = PackedSFTTrainer(model=tiny_qwen3(), args=args, packed=trainer_dataset(sys.argv[1], args),
+                               processing_class=tokenizer)
+else:
+    args = transformers.TrainingArguments(**common)
+    trainer = PackedTrainer(model=tiny_qwen3(), args=args, train_dataset=trainer_dataset(sys.argv[1], args))
+trainer.train()
+loss = next(log["loss"] for log in trainer.state.log_history if "loss" in log)
+print(json.dumps({"loss": loss, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "chunked": trainer.loss == "chunked"}))
+"""
+QWEN3_VOCAB = 151_936
+
+
+def tiny_qwen3(vocab: int = QWEN3_VOCAB, **settings):
+    import torch
+    import transformers
+
+    config = transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=8192,
+        **settings,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.Qwen3ForCausalLM(config)
+
+
+@pytest.mark.parametrize("trainer", ["transformers", "trl"])
+def test_the_trainer_loss_holds_no_logits_and_equals_the_plain_loop(make_build, tmp_path, trainer):
+    """Qwen3's vocabulary on two packs of 4,096 tokens: the model's own loss held [8192, 151936] logits
+    and their gradient (15 GB peak); the chunked loss stays under 4 GB with the plain loop's value."""
+    import torch
+
+    if trainer == "trl":
+        pytest.importorskip("trl")
+
+    from packtool.loader import PackedDataset, chunked_token_loss_sum
+    from packtool.loader.collate import collate
+    from packtool.loader.hf import model_inputs
+
+    path, _ = make_build(n_packs=2, capacity=4096, packs_per_shard=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "TRANSFORMERS_VERBOSITY": "error"}
+    tokenizer = REPO / "configs" / "quickstart" / "tokenizer" / "tokenizer.json"  # TRL's collator reads its pad id
+    command = [sys.executable, "-c", MEMORY_RUN, str(path), str(tmp_path / "run"), str(HERE), trainer, str(tokenizer)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    assert run["chunked"] and run["peak_rss"] < 4 * 2**30, run
+    # the README's loop on the same two packs (one micro-batch), same weights
+    model = tiny_qwen3()
+    mb = collate(list(PackedDataset(path, shuffle=False)))
+    with torch.no_grad():
+        hidden = model.model(**model_inputs(mb, model)).last_hidden_state
+        loss_sum, n_targets = chunked_token_loss_sum(hidden, model.lm_head.weight, mb.labels)
+    assert run["loss"] == pytest.approx(float(loss_sum) / n_targets, abs=1e-5)
+
+
+def test_a_model_whose_logits_are_more_than_its_head_gets_its_own_loss(make_build, tmp_path, caplog):
+    """Soft-capped logits (Gemma-2's final_logit_softcapping) are not the output layer on the hidden
+    states: train() compares the two losses once and keeps the model's own, saying so."""
+    import torch
+    import transformers
+
+    from packtool.loader.hf import PackedTrainer, trainer_dataset
+
+    path, _ = make_build(n_packs=4, capacity=64)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=1,
+        per_device_train_batch_size=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    config = transformers.Gemma2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        final_logit_softcapping=0.5,
+        use_cache=False,
+    )
+    config._attn_implementation = "eager"  # Gemma-2 has no sdpa
+    torch.manual_seed(0)
+    trainer = PackedTrainer(
+        model=transformers.Gemma2ForCausalLM(config), args=args, train_dataset=trainer_dataset(path, args)
+    )
+    trainer.train()
+    assert trainer.loss == "model"
+    assert "its logits are more than its output layer on the last hidden states" in caplog.text
+    plain = PackedTrainer(model=tiny_qwen3(128), args=args, train_dataset=trainer_dataset(path, args))
+    plain.train()
+    assert plain.loss == "chunked"
+    with pytest.raises(Exception, match=r"loss='logits': one of 'chunked', 'model'"):
+        PackedTrainer(model=tiny_qwen3(128), args=args, train_dataset=trainer_dataset(path, args), loss="logits")

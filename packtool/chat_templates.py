@@ -99,12 +99,13 @@ class ChatTemplate:
 
     @property
     def described(self) -> str:
-        """The template as the build summary and the audit name it: `model: chat_template.jinja`, and the
+        """The template as the build summary and the audit name it: `model (chat_template.jinja)`, with the
         template records with tools use and what it was chosen over, when there is either."""
-        parts = [self.name + (f": {self.file}" if self.file else "")]
+        details = [self.file] if self.file else []
         if self.for_tools is not None:
-            parts.append(f"records with tools: {self.for_tools.file} ({self.for_tools.named})")
-        return "; ".join([*parts, *([self.passed_over] if self.passed_over else [])])
+            details.append(f"records with tools: {self.for_tools.file} ({self.for_tools.named})")
+        details += [self.passed_over] if self.passed_over else []
+        return self.name + (f" ({'; '.join(details)})" if details else "")
 
     def serving(self, tools: Any) -> ChatTemplate:
         """The template transformers renders a conversation with: the model's tool_use template when the
@@ -295,8 +296,8 @@ def load_template(
         templates, passed_over = model_templates(folder, tokenizer_config)
         if not templates:
             raise PacktoolError(
-                f"template: {spec}, but the model has no chat template (no {TEMPLATE_FILE}, no {TEMPLATE_DIR}/, "
-                "no chat_template in tokenizer_config.json"
+                f"template: {spec}, but the model has no chat_template (no {TEMPLATE_FILE}, no {TEMPLATE_DIR}/, "
+                "no chat_template key in tokenizer_config.json"
                 + (f"; {passed_over}" if passed_over else "")
                 + f"); use a bundled template ({', '.join(bundled_templates())}) or a .jinja file"
             )

@@ -186,11 +186,11 @@ def test_the_audit_names_the_template_file_and_the_key_it_passed_over(tmp_path: 
     report = audit(load_config(path, overrides=[f"tokenizer={folder}"]), rows=3)
     check = report.by_name("template_source")
     assert check.status == "warn"
-    assert check.evidence.startswith("model: chat_template.jinja; tokenizer_config.json's chat_template (default)")
+    assert check.evidence.startswith("model (chat_template.jinja; tokenizer_config.json's chat_template (default)")
     assert "WARN  template_source" in format_audit(report)
     (folder / "chat_template.jinja").write_text(key, encoding="utf-8")  # the same text: nothing passed over
     again = audit(load_config(path, overrides=[f"tokenizer={folder}"]), rows=3)
     assert (again.by_name("template_source").status, again.by_name("template_source").evidence) == (
         "pass",
-        "model: chat_template.jinja",
+        "model (chat_template.jinja)",
     )

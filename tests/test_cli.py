@@ -36,7 +36,7 @@ def quickstart_build(tmp_path_factory) -> Path:
     # the summary names the engine that renders what no skeleton covers (ChatML qualifies for minijinja;
     # without the extra it never looks inside a content, so the summary does not ask for it)
     engine = "minijinja\n" if MINIJINJA_INSTALLED else "jinja2 (it does not inspect content)\n"
-    assert f"template model rendered by {engine}" in result.output
+    assert f"template model (tokenizer_config.json) rendered by {engine}" in result.output
     return out
 
 

@@ -417,9 +417,9 @@ def test_the_template_used_and_the_one_passed_over_are_named(tmp_path: Path) -> 
     assert (template.file, template.named) == ("chat_template.jinja", "default")
     assert template.for_tools is not None and template.for_tools.file == "additional_chat_templates/tool_use.jinja"
     assert template.described == (
-        "model: chat_template.jinja; records with tools: additional_chat_templates/tool_use.jinja (tool_use); "
+        "model (chat_template.jinja; records with tools: additional_chat_templates/tool_use.jinja (tool_use); "
         "tokenizer_config.json's chat_template (default) differs and is not used: transformers reads "
-        "additional_chat_templates/tool_use.jinja, chat_template.jinja instead"
+        "additional_chat_templates/tool_use.jinja, chat_template.jinja instead)"
     )
     # the same file as the key: nothing to say; a lone template has no name
     same = _model_folder(tmp_path / "same", files={"chat_template.jinja": _qwen_key()})
@@ -463,7 +463,7 @@ BROKEN: dict[str, tuple[Any, dict[str, str | bytes], str, str]] = {
         "",
         {"chat_template.json": '{"chat_template": "P"}'},
         "model",
-        r"no chat template .*chat_template.json is a processor's template, which AutoTokenizer does not read",
+        r"has no chat_template .*chat_template.json is a processor's template, which AutoTokenizer does not read",
     ),
 }
 

@@ -129,9 +129,14 @@ class Span:
     def sha256(self) -> str:
         return self._digest.hexdigest()
 
+    def passed(self, text: memoryview) -> None:
+        """Bytes of the span's text passed on to the reader."""
+        self._digest.update(text)
+        self.read += len(text)
+        self.lines += text.tobytes().count(b"\n")
+
     def keep(self, batch: pa.RecordBatch, first: int) -> None:
         """The rows of a table's batch (whose first row is row `first`) that fall in the span."""
-        self.schema = batch.schema
         end = self.line + self.size
         lo, hi = max(self.line - first, 0), min(end - first, batch.num_rows)
         if lo < hi:
@@ -150,12 +155,11 @@ class _SpanText(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        span = self._span
-        view = memoryview(buffer)[: span.size - span.read]
-        read = self._inner.readinto(view) or 0 if len(view) else 0
-        span._digest.update(view[:read])
-        span.read += read
-        span.lines += view[:read].tobytes().count(b"\n")
+        view = memoryview(buffer)[: self._span.size - self._span.read]
+        if not len(view):
+            return 0
+        read = self._inner.readinto(view) or 0
+        self._span.passed(view[:read])
         return read
 
     def finish(self) -> None:
@@ -239,7 +243,9 @@ def _parquet_rows(path: str, start: int, stop: int | None, span: Span | None = N
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
-    first = start if span is None else min(start, span.line)
+    first = start
+    if span is not None:
+        span.schema, first = parquet.schema_arrow, min(start, span.line)
     row = 0
     for group in range(parquet.num_row_groups):
         meta = parquet.metadata.row_group(group)
@@ -249,7 +255,7 @@ def _parquet_rows(path: str, start: int, stop: int | None, span: Span | None = N
             continue
         if stop is not None and row >= stop:
             if span is not None:
-                span.more = True
+                span.more = parquet.metadata.num_rows > stop
             return
         per_row = meta.total_byte_size // max(size, 1)  # decoded bytes, on average
         rows = max(1, min(1024, _CONVERT_BYTES // max(per_row, 1)))
@@ -258,8 +264,6 @@ def _parquet_rows(path: str, start: int, stop: int | None, span: Span | None = N
                 span.keep(batch, row)
             yield from _batch_rows(batch, row, start, stop)
             row += batch.num_rows
-    if span is not None:
-        span.schema = parquet.schema_arrow
 
 
 def _arrow_rows(path: str, start: int, stop: int | None, span: Span | None = None, *, stream: bool) -> Iterator[Raw]:
@@ -277,7 +281,7 @@ def _arrow_rows(path: str, start: int, stop: int | None, span: Span | None = Non
         for batch in batches:
             if stop is not None and row >= stop:
                 if span is not None:
-                    span.more = True
+                    span.more |= batch.num_rows > 0
                 return
             if span is not None:
                 span.keep(batch, row)

@@ -233,6 +233,8 @@ def model_templates(folder: Path | None, tokenizer_config: dict[str, Any]) -> tu
 
 def _read_template_file(path: Path) -> str:
     """A template file's text as transformers reads it: UTF-8, universal newlines (CRLF becomes LF)."""
+    if not path.is_file():  # a folder fails to open, and a named pipe would wait for a writer forever
+        raise PacktoolError(f"{path}: not a regular file, so not a chat template; remove it or put the template there")
     try:
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

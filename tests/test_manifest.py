@@ -95,19 +95,27 @@ def test_the_v2_column_table_is_the_v2_schema_and_the_segment_record() -> None:
         assert pa.from_numpy_dtype(column.dtype) == column.arrow, column.name
 
 
-def test_the_manifest_names_the_model_template_file_the_build_used(tmp_path: Path, write_config, write_jsonl) -> None:
-    """A model folder saved by transformers >= 4.43 holds chat_template.jinja, which wins over the key."""
+def test_the_manifest_names_the_model_template_files_the_build_used(tmp_path: Path, write_config, write_jsonl) -> None:
+    """A model folder saved by transformers >= 4.43 holds chat_template.jinja, which wins over the key, and
+    maybe additional_chat_templates/tool_use.jinja, which renders the records that bring tools."""
     folder = tmp_path / "tokenizer"
     shutil.copytree(QUICKSTART / "tokenizer", folder)
     key = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
     (folder / "chat_template.jinja").write_text(key.replace("<|im_start|>", "<|im_start|> "), encoding="utf-8")
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text(key, encoding="utf-8")
     write_jsonl([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}])
     raw = {"sources": [{"name": "chat", "path": "data.jsonl", "format": "messages"}], "tokenizer": str(folder)}
     config = load_config(write_config({**raw, "capacity": 64, "output": "out"}))
     template = build(config).manifest["template"]
-    assert (template["name"], template["file"], template["named"]) == ("model", "chat_template.jinja", None)
+    assert (template["name"], template["file"], template["named"]) == ("model", "chat_template.jinja", "default")
     assert template["sha256"] == hashlib.sha256((folder / "chat_template.jinja").read_bytes()).hexdigest()
-    assert "tools" not in template  # no tool_use template in this folder
+    assert template["tools"] == {
+        "name": "model:tool_use",
+        "sha256": hashlib.sha256(key.encode()).hexdigest(),
+        "file": "additional_chat_templates/tool_use.jinja",
+        "named": "tool_use",
+    }
     assert read_manifest(Path(config.run.output)).problems() == []
 
 

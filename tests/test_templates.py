@@ -12,6 +12,7 @@ are plain text, and again on each format's real tokenizer from the shared data w
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from functools import cache
@@ -25,7 +26,7 @@ from support import SHARED_DATA
 from packtool.builder import _encode_items
 from packtool.builder.cache import TokenCache
 from packtool.builder.encode import stages_for
-from packtool.chat_templates import END_MARKERS, bundled_templates, load_template
+from packtool.chat_templates import END_MARKERS, bundled_templates, load_template, template_for
 from packtool.config import TokenizerConfig, TrainPolicy, load_config, parse_config
 from packtool.encode import TextTokenizer, encode_batch, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
@@ -296,7 +297,7 @@ def _variant(prompt: str) -> str:
     return _qwen_key().replace(QWEN_PROMPT, prompt)
 
 
-def _model_folder(tmp_path: Path, key: Any = None, files: dict[str, str | bytes] | None = None) -> Path:
+def _model_folder(tmp_path: Path, key: Any = None, files: dict[str, Any] | None = None) -> Path:
     """A copy of Qwen2.5's tokenizer folder whose chat_template key is `key` (None: Qwen's own, "": no key)
     and which also holds `files` (relative path -> text or bytes)."""
     folder = tmp_path / "model"
@@ -310,7 +311,9 @@ def _model_folder(tmp_path: Path, key: Any = None, files: dict[str, str | bytes]
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     for name, content in (files or {}).items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
+        if callable(content):  # a special file: content makes it (os.mkfifo)
+            content(folder / name)
+        elif isinstance(content, bytes):
             (folder / name).write_bytes(content)
         else:
             (folder / name).write_text(content, encoding="utf-8")
@@ -338,6 +341,15 @@ def _packtool_and_transformers(folder: Path, spec: str, chat: str) -> tuple[str,
 # case -> (key, files, the default system prompt a chat without tools gets, the one a chat with tools gets)
 FOLDERS: dict[str, tuple[Any, dict[str, str | bytes], str, str]] = {
     "jinja_over_key": (None, {"chat_template.jinja": "{jinja}"}, "From the jinja file.", "From the jinja file."),
+    # a BOM stays a character (transformers opens the file with encoding="utf-8") and is printed
+    "jinja_bom": (None, {"chat_template.jinja": "{jinja_bom}"}, "From the jinja file.", "From the jinja file."),
+    # a later entry of a name wins, as transformers builds its dict
+    "named_list_twice": (
+        [{"name": "default", "template": "{key}"}, {"name": "default", "template": "{jinja}"}],
+        {},
+        "From the jinja file.",
+        "From the jinja file.",
+    ),
     "jinja_crlf": (
         None,
         {"chat_template.jinja": "{jinja_crlf}"},
@@ -378,6 +390,7 @@ def _filled(value: Any) -> Any:
         "{key}": _qwen_key(),
         "{jinja}": _variant("From the jinja file."),
         "{jinja_crlf}": _variant("From the jinja file.").replace("\n", "\r\n").encode(),
+        "{jinja_bom}": "\ufeff" + _variant("From the jinja file."),
         "{tool_use}": _variant("For tools."),
     }
     if isinstance(value, str):
@@ -428,7 +441,7 @@ def test_the_template_used_and_the_one_passed_over_are_named(tmp_path: Path) -> 
 
 
 # case -> (key, files, spec, the error)
-BROKEN: dict[str, tuple[Any, dict[str, str | bytes], str, str]] = {
+BROKEN: dict[str, tuple[Any, dict[str, Any], str, str]] = {
     "empty_jinja": (
         None,
         {"chat_template.jinja": ""},
@@ -437,7 +450,8 @@ BROKEN: dict[str, tuple[Any, dict[str, str | bytes], str, str]] = {
     ),
     "blank_named": (None, {"additional_chat_templates/rag.jinja": " \n"}, "model:rag", r"rag.jinja \(rag\) is empty"),
     "not_utf8": (None, {"chat_template.jinja": b"\xe9{{ x }}"}, "model", r"chat_template.jinja: not UTF-8 \(byte 0"),
-    "jinja_is_a_folder": (None, {"chat_template.jinja/x": "x"}, "model", r"chat_template.jinja: cannot read"),
+    "jinja_is_a_folder": (None, {"chat_template.jinja/x": "x"}, "model", r"chat_template.jinja: not a regular file"),
+    "jinja_is_a_pipe": (None, {"chat_template.jinja": os.mkfifo}, "model", r"chat_template.jinja: not a regular file"),
     "list_without_default": (
         [{"name": "rag", "template": "R"}, {"name": "tool_use", "template": "T"}],
         {},
@@ -499,3 +513,17 @@ def test_only_chat_template_jinja_changing_moves_the_encode_keys(tmp_path: Path)
         keys[name] = {item.key for item in items if item.source != "docs"}  # text documents use no template
     assert keys["plain"] == keys["copy"] and len(keys["plain"]) > 1
     assert not keys["plain"] & keys["from_file"] and not keys["from_file"] & keys["edited"]
+
+
+def test_a_prompt_completion_source_finds_the_template_in_chat_template_jinja(tmp_path: Path, write_jsonl) -> None:
+    """A folder whose only template is chat_template.jinja has a template: message-list records use it."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(QUICKSTART, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (folder / "chat_template.jinja").write_text(config.pop("chat_template"), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    write_jsonl([{"prompt": "2+2?", "completion": "4"}])
+    raw = {"sources": [{"name": "pc", "path": "data.jsonl", "format": "prompt_completion"}], "tokenizer": str(folder)}
+    built = parse_config({**raw, "capacity": 64, "output": "out"}, base_dir=tmp_path)
+    template = template_for(built, load_tokenizer(built.tokenizer).config)
+    assert template is not None and template.file == "chat_template.jinja"

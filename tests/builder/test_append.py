@@ -691,3 +691,23 @@ def test_a_file_cut_short_while_a_build_runs_leaves_no_entry_behind(data, monkey
     again = _build(data, "out")
     assert (again.records.records, again.records.records_reencoded) == (30, 8)
     _same_as_fresh(data)
+
+
+def test_a_table_whose_rows_change_while_a_build_runs_stops_it_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / "a.parquet"
+    rows = [json.loads(_line(i))["messages"] for i in range(20)]  # 0-8, 8-16, 16-20
+    _write_table(file, rows, "parquet")
+    changed = [*rows[:18], json.loads(_line(99))["messages"], *rows[19:]]
+    config = {
+        "sources": [{"name": "chat", "path": "data/a.parquet", "format": "messages"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 128,
+        "output": "out",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    _after_hashing(monkeypatch, file, lambda: _write_table(file, changed, "parquet"))
+    with pytest.raises(PacktoolError, match=r"a\.parquet: rows 17-20 changed while the build read them"):
+        build(load_config(tmp_path / "config.json", workers="1"))
+    assert len(_keys(tmp_path / ".packtool-cache")) == 2  # 0-8 and 8-16, as hashed; none under 16-20's key

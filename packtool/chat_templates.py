@@ -181,7 +181,7 @@ def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatT
     folder = Path(config.tokenizer.path).parent
     if (
         formats <= {"text", "prompt_completion"}
-        and config.template == "model"
+        and config.template == MODEL_TEMPLATE
         and not model_templates(folder, tokenizer_config)[0]
     ):
         # TRL's string prompt-completion is plain text, often for a base model whose tokenizer has no chat
@@ -202,6 +202,11 @@ class ModelTemplate:
     named: str
     file: str
     source: str
+
+    @property
+    def shown(self) -> str:
+        """`additional_chat_templates/tool_use.jinja (tool_use)`; a lone template by its file alone."""
+        return self.file + (f" ({self.named})" if self.named else "")
 
 
 def model_templates(folder: Path | None, tokenizer_config: dict[str, Any]) -> tuple[dict[str, ModelTemplate], str]:
@@ -273,7 +278,7 @@ def _keyed_templates(value: Any) -> dict[str, ModelTemplate]:
 def _model_choice(spec: str, templates: dict[str, ModelTemplate]) -> tuple[ModelTemplate, ModelTemplate | None]:
     """The template `template: model` or `model:NAME` renders with, and the tool_use template records with
     tools render with (only for `model`, as apply_chat_template without a chat_template argument)."""
-    available = ", ".join(f"{t.named} ({t.file})" for t in sorted(templates.values(), key=lambda t: t.named))
+    available = ", ".join(f"{named} ({templates[named].file})" for named in sorted(templates))
     if spec == MODEL_TEMPLATE:
         if DEFAULT_NAME not in templates:
             raise PacktoolError(
@@ -330,7 +335,7 @@ def _compile(
     origin: ModelTemplate | None = None,
     passed_over: str | None = None,
 ) -> ChatTemplate:
-    where = f"{origin.file}" + (f" ({origin.named})" if origin.named else "") if origin is not None else repr(name)
+    where = origin.shown if origin is not None else repr(name)  # a model's template by its file
     if not source.strip():
         raise PacktoolError(
             f"template {where} is empty: every sample would render as nothing (as transformers renders it); "
@@ -339,10 +344,10 @@ def _compile(
     env = make_environment()
     try:
         tree = env.parse(source)
-        _refuse_other_files(tree, name)
+        _refuse_other_files(tree, where)
         compiled = env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise PacktoolError(f"template {name!r} line {exc.lineno}: {exc.message}") from None
+        raise PacktoolError(f"template {where} line {exc.lineno}: {exc.message}") from None
 
     variables = dict(variables or {})
     date = _dt.date.fromisoformat(str(variables.pop("date", DEFAULT_DATE)))
@@ -363,14 +368,14 @@ def _compile(
             ]
         ),
         file=origin.file if origin is not None else None,
-        named=origin.named or None if origin is not None else None,
+        named=(origin.named or None) if origin is not None else None,
         passed_over=passed_over,
     )
     template = _with_generation_header(template)
     return _with_minijinja(template, tree, strftime_now, env.globals["raise_exception"])
 
 
-def _refuse_other_files(tree: nodes.Template, name: str) -> None:
+def _refuse_other_files(tree: nodes.Template, where: str) -> None:
     """A chat template travels inside tokenizer_config.json alone: it may not pull in other files."""
     tags = {
         nodes.Include: "include",
@@ -380,7 +385,7 @@ def _refuse_other_files(tree: nodes.Template, name: str) -> None:
     }
     for node in tree.find_all(tuple(tags)):
         raise PacktoolError(
-            f"template {name!r} line {node.lineno}: {{% {tags[type(node)]} %}} is not supported; "
+            f"template {where} line {node.lineno}: {{% {tags[type(node)]} %}} is not supported; "
             "a chat template must be one self-contained file (paste the other template in)"
         )
 

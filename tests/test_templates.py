@@ -527,3 +527,9 @@ def test_a_prompt_completion_source_finds_the_template_in_chat_template_jinja(tm
     built = parse_config({**raw, "capacity": 64, "output": "out"}, base_dir=tmp_path)
     template = template_for(built, load_tokenizer(built.tokenizer).config)
     assert template is not None and template.file == "chat_template.jinja"
+
+
+def test_a_syntax_error_in_a_model_template_file_names_the_file(tmp_path: Path) -> None:
+    folder = _model_folder(tmp_path, files={"additional_chat_templates/rag.jinja": "{% for m in messages %}"})
+    with pytest.raises(PacktoolError, match=r"^template additional_chat_templates/rag.jinja \(rag\) line 1: "):
+        load_template("model:rag", {}, folder=folder)

@@ -27,12 +27,13 @@ backends) 5e-3 for the perturbation and gradients, 3e-2 where kernels of other s
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,16 @@ except ImportError as err:  # pragma: no cover - exercised without torch
     raise ImportError("packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'") from err
 
 from packtool.labels import IGNORE_INDEX
-from packtool.loader.boundaries import FEEDS, MROPE_MODEL_TYPES, RECURRENT_KINDS, layer_kinds, model_inputs
+from packtool.loader.boundaries import (
+    FEEDS,
+    MROPE_MODEL_TYPES,
+    RECURRENT_KINDS,
+    decoder_layers,
+    layer_kinds,
+    model_inputs,
+    model_layer_kinds,
+    one_document_per_row,
+)
 from packtool.loader.boundaries import uses_mrope as config_uses_mrope
 from packtool.loader.collate import MicroBatch, collate
 from packtool.loader.loss import token_loss_sum
@@ -64,12 +74,32 @@ TINY_VOCAB = 128
 FIRST_ID = 3  # ids 0-2 are pad/bos/eos in the tiny configs
 
 
+# How far a value may move, relative to the largest value compared, as (same kernels, recomputed).
+# A conv layer initialised at 0.01 (LFM2) moves other documents by 3e-5 relative, which passed a
+# fixed 1e-4 in float32; in float64 a perturbation leaves isolated values bit-identical, and packed
+# vs alone differs by 1.4e-7 at most (eager's softmax and HF's loss run in float32).
+RELATIVE = {torch.float64: (1e-9, 1e-6), torch.float32: (1e-5, 1e-4)}
+
+
 def tolerance(dtype: torch.dtype, *, recomputed: bool = False) -> float:
-    """How far a value may move. `recomputed`: packed vs alone and the loss run other kernel shapes,
-    which in half precision round differently (a perturbation leaves isolated values bit-identical)."""
+    """How far a value may move, relative to the values compared. `recomputed`: packed vs alone and the
+    loss run other kernel shapes, which round differently (a perturbation leaves isolated values
+    bit-identical)."""
     if dtype in (torch.float16, torch.bfloat16):
         return 3e-2 if recomputed else 5e-3
-    return 1e-4
+    return RELATIVE.get(dtype, RELATIVE[torch.float32])[recomputed]
+
+
+def _limit(dtype: torch.dtype, scale: float, *, recomputed: bool = False) -> float:
+    """The largest change allowed for values whose largest magnitude is `scale`."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return max(tolerance(dtype, recomputed=recomputed), HALF_RELATIVE * scale)
+    return tolerance(dtype) * scale
+
+
+def _coarsest(*dtypes: torch.dtype) -> torch.dtype:
+    """The least precise of the dtypes a value went through (float64 weights with a float32 scan: float32)."""
+    return max(dtypes, key=lambda d: torch.finfo(d).eps if d.is_floating_point else 0.0)
 
 
 # ---- model families: the tiny configs CI runs (docs/isolation.md's table) ----
@@ -106,6 +136,9 @@ class Family:
         return self.cpu_verdict if since is None else f"{self.cpu_verdict}; {since[1]} from transformers {since[0]}"
 
 
+_ANY = "any backend; flash reads cu_seq_lens"
+_NONE = "one document per row (its layers read no boundary)"
+_ALIBI = "one document per row (its ALiBi mask ignores position_ids; no sdpa or flash)"
 _HYBRID = {"layer_types": ["linear_attention", "full_attention"]}
 _MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}
 _MROPE = {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}}
@@ -185,6 +218,74 @@ FAMILIES: dict[str, Family] = {
             # 5.25's torch fallback of causal_conv1d refuses seq_idx (as Bamba's mixers did) instead of ignoring it
             cpu_verdict_since=("5.25", "error"),
         ),
+        # Checked for issue 37: the verdicts below are what the probe measured (transformers 5.25, CPU).
+        Family("smollm3", "SmolLM3", "smollm3", gpu_route=_ANY),
+        Family("olmo2", "Olmo2", "olmo2", gpu_route=_ANY),
+        Family("olmo3", "Olmo3 (sliding + full)", "olmo3", gpu_route=_ANY),
+        Family("cohere2", "Cohere2 (sliding + full)", "cohere2", gpu_route=_ANY),
+        Family("gemma2", "Gemma-2 (sliding + full; no sdpa)", "gemma2", gpu_route=_ANY),
+        Family("qwen3_moe", "Qwen3-MoE", "qwen3_moe", gpu_route=_ANY),
+        Family("mixtral", "Mixtral (MoE)", "mixtral", gpu_route=_ANY),
+        Family("starcoder2", "StarCoder2", "starcoder2", gpu_route=_ANY),
+        Family("gpt_neox", "GPT-NeoX", "gpt_neox", gpu_route=_ANY),
+        Family("phi", "Phi", "phi", gpu_route=_ANY),
+        Family("gpt2", "GPT-2 (learned positions)", "gpt2", gpu_route=_ANY),
+        Family("llama4_text", "Llama-4 text (chunked + full, MoE)", "llama4_text", gpu_route=_ANY),
+        Family("exaone4", "EXAONE-4 (sliding + full)", "exaone4", gpu_route=_ANY),
+        Family("gemma3n", "Gemma-3n text (AltUp, shared KV)", "gemma3n_text", gpu_route=_ANY),
+        Family("deepseek_v3", "DeepSeek-V3 (MLA, MoE)", "deepseek_v3", gpu_route=_ANY),
+        Family(
+            "jamba",
+            "Jamba (Mamba-1 + full, MoE)",
+            "jamba",
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route=_NONE,
+        ),
+        Family(
+            "lfm2",
+            "LFM2 (short conv + full)",
+            "lfm2",
+            {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
+            cpu_verdict="error",
+            positions_verdict="leak",
+            gpu_route="causal-conv1d reads seq_idx; flash reads cu_seq_lens",
+        ),
+        Family(
+            "nemotron_h",
+            "Nemotron-H (Mamba-2 + full, MoE)",
+            "nemotron_h",
+            cpu_verdict="error",
+            positions_verdict="leak",
+            gpu_route="mamba-ssm + causal-conv1d read seq_idx",
+        ),
+        Family(
+            "minimax",
+            "MiniMax (lightning + full, MoE)",
+            "minimax",
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route=_NONE,
+        ),
+        Family(
+            "recurrent_gemma",
+            "RecurrentGemma (RG-LRU + local)",
+            "recurrent_gemma",
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route=_NONE,
+        ),
+        Family("mamba", "Mamba (Mamba-1)", "mamba", cpu_verdict="leak", positions_verdict="leak", gpu_route=_NONE),
+        Family("rwkv", "RWKV", "rwkv", cpu_verdict="leak", positions_verdict="leak", gpu_route=_NONE),
+        Family(
+            "bloom",
+            "Bloom (ALiBi; eager only)",
+            "bloom",
+            cpu_verdict="leak",
+            positions_verdict="leak",
+            gpu_route=_ALIBI,
+        ),
+        Family("mpt", "MPT (ALiBi; eager only)", "mpt", cpu_verdict="leak", positions_verdict="leak", gpu_route=_ALIBI),
     )
 }
 
@@ -206,6 +307,12 @@ TINY_SIZES: dict[str, int] = {
     "num_experts_per_tok": 2,
     "state_size": 16,
     "mamba_d_state": 16,
+    "ssm_state_size": 16,
+    "moe_shared_expert_intermediate_size": 32,
+    "vocab_size_per_layer_input": TINY_VOCAB,  # Gemma-3n's per-layer embeddings
+    "hidden_size_per_layer_input": 16,
+    "laurel_rank": 8,
+    "lru_width": 64,  # RecurrentGemma's recurrent block
     "sliding_window": 4,
     "attention_chunk_size": 4,
     "pad_token_id": 0,
@@ -222,9 +329,79 @@ def _fewer_heads(kv_heads: Any, query_heads: Any) -> int:
     return 1 if kv_heads == 1 else 2
 
 
+# Config keys that list layer indices (remapped to the layers kept), keys that count layers from the
+# first or from the last, and per-layer lists that repeat with a period of their own (RecurrentGemma).
+LAYER_INDEX_KEYS = ("full_attn_idxs", "attn_layer_indices", "mlp_only_layers", "moe_layers")
+LEADING_LAYERS_KEYS = ("first_k_dense_replace",)  # DeepSeek: the first k layers are dense
+TRAILING_LAYERS_KEYS = ("num_kv_shared_layers",)  # Gemma-3n: the last n layers reuse earlier caches
+CYCLIC_LAYER_KEYS = ("block_types",)
+PERIODIC_LAYER_KEYS = (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset"))
+NOT_PER_LAYER = ("bos_token_id", "eos_token_id", "time_step_limit", "mlp_multipliers", "ssm_multipliers")
+
+
+def _layer_facts(settings: Mapping[str, Any], n: int) -> dict[str, list[Any]]:
+    """Every per-layer fact of the config as a list of n values (one per layer)."""
+    facts: dict[str, list[Any]] = {}
+    for key, value in settings.items():
+        if key in LAYER_INDEX_KEYS and isinstance(value, list):
+            facts[key] = [i in value for i in range(n)]
+        elif key in CYCLIC_LAYER_KEYS and isinstance(value, list) and value:
+            facts[key] = [value[i % len(value)] for i in range(n)]
+        elif isinstance(value, list) and len(value) == n and key not in NOT_PER_LAYER:
+            facts[key] = value
+    for key in LEADING_LAYERS_KEYS:
+        if isinstance(settings.get(key), int):
+            facts[key] = [i < settings[key] for i in range(n)]
+    for key in TRAILING_LAYERS_KEYS:
+        if isinstance(settings.get(key), int):
+            facts[key] = [i >= n - settings[key] for i in range(n)]
+    for period, offset in PERIODIC_LAYER_KEYS:
+        if isinstance(settings.get(period), int) and settings[period] > 0 and isinstance(settings.get(offset), int):
+            facts[period] = [i % settings[period] == settings[offset] for i in range(n)]
+    return facts
+
+
+def _keep_layers(out: dict[str, Any]) -> None:
+    """Keep the first layer of each distinct kind, with every per-layer fact of the config cut to match.
+
+    A kind is everything the config says about one layer (its type, its MoE, its sparsity, whether it
+    shares a cache): Gemma-3n's 35 layers keep 6, and its 35-long lists become 6 long.
+    """
+    n = out.get("num_hidden_layers") or len(out.get("layers_block_type") or ())
+    if not isinstance(n, int) or n <= 0:
+        out["num_hidden_layers"] = 2
+        return
+    facts = _layer_facts(out, n)
+    first: dict[tuple[str, ...], int] = {}
+    for i in range(n):
+        first.setdefault(tuple(repr(values[i]) for values in facts.values()), i)
+    kept = sorted(first.values())
+    kept = kept * 2 if len(kept) == 1 else kept  # two layers: a leak in the first shows in the second
+    for key, values in facts.items():
+        if key in LAYER_INDEX_KEYS:
+            out[key] = [j for j, i in enumerate(kept) if values[i]]
+        elif key in LEADING_LAYERS_KEYS or key in TRAILING_LAYERS_KEYS:
+            out[key] = sum(values[i] for i in kept)
+        elif key in dict(PERIODIC_LAYER_KEYS):
+            members = [j for j, i in enumerate(kept) if values[i]]
+            offset = dict(PERIODIC_LAYER_KEYS)[key]
+            # one member in the kept layers (Jamba's one attention and one MoE layer); else every layer
+            out[key], out[offset] = (len(kept), members[0]) if len(members) == 1 else (1, 0)
+        else:
+            out[key] = [values[i] for i in kept]
+    if out.get("num_hidden_layers") is not None or "layers_block_type" not in out:
+        out["num_hidden_layers"] = len(kept)
+
+
 def shrink(settings: dict[str, Any]) -> dict[str, Any]:
     """A config dict (text part) at the smallest sizes, with every layer type it uses kept once."""
+    from transformers import CONFIG_MAPPING
+
     out = dict(settings)
+    if out.get("model_type") in CONFIG_MAPPING:  # GPT-2's n_embd, MPT's d_model: the sizes under their own names
+        for name, alias in CONFIG_MAPPING[out["model_type"]].attribute_map.items():
+            if alias in out and name not in out:
+                out[name] = out.pop(alias)
     for key, value in TINY_SIZES.items():
         if key in out and out[key] is not None:
             out[key] = value
@@ -233,13 +410,7 @@ def shrink(settings: dict[str, Any]) -> dict[str, Any]:
     if "linear_num_key_heads" in out:
         out["linear_num_key_heads"] = _fewer_heads(settings["linear_num_key_heads"], settings["linear_num_value_heads"])
         out["linear_num_value_heads"] = 4
-    kinds = out.get("layer_types") or out.get("layers_block_type")
-    if kinds:
-        order = list(dict.fromkeys(kinds))  # each layer type once, in order of first use
-        out["layer_types" if out.get("layer_types") else "layers_block_type"] = order * (2 if len(order) == 1 else 1)
-        out["num_hidden_layers"] = max(2, len(order))
-    else:
-        out["num_hidden_layers"] = 2
+    _keep_layers(out)
     if "mlp_only_layers" in out:
         out["mlp_only_layers"] = []
     if "expand" in out and "num_heads" in out:  # Mamba-2: heads * head_dim must equal expand * hidden
@@ -251,6 +422,15 @@ def shrink(settings: dict[str, Any]) -> dict[str, Any]:
         out["mamba_n_groups"], out["mamba_chunk_size"] = 1, 8
         if out.get("mamba_d_ssm") is not None:
             out["mamba_d_ssm"] = out["mamba_n_heads"] * 16
+    if "mamba_num_heads" in out:  # Nemotron-H's Mamba-2 mixers, same rule under other names
+        out["mamba_head_dim"] = 16
+        out["mamba_num_heads"] = int(out.get("expand") or 2) * out["hidden_size"] // 16
+        out["n_groups"], out["chunk_size"] = 1, 8
+    if "kv_lora_rank" in out:  # DeepSeek's latent attention: rotary and plain halves of 8, rope on the first
+        out.update(qk_rope_head_dim=8, qk_nope_head_dim=8, qk_head_dim=16, v_head_dim=16, head_dim=8)
+        out.update(kv_lora_rank=32, n_group=1, topk_group=1)
+        if out.get("q_lora_rank") is not None:
+            out["q_lora_rank"] = 32
     rope = out.get("rope_parameters")
     if isinstance(rope, dict) and ("mrope_section" in rope or out.get("model_type") in MROPE_MODEL_TYPES):
         out["rope_parameters"] = {**rope, "mrope_section": [2, 3, 3]}  # t/h/w: head_dim / 2 = 8 in all
@@ -270,23 +450,25 @@ def family_config(family: Family) -> Any:
 
 
 def family_table() -> str:
-    """docs/isolation.md's family x backend table, from FAMILIES (tests/test_probe.py runs every row on CPU)."""
+    """docs/isolation.md's family x backend table, from FAMILIES (tests/test_probe.py runs every row on CPU).
+
+    Layer types and inputs are those of the tiny model built on eager (sdpa gets the same inputs).
+    """
     lines = [
-        "| family | `--probe` | layer types | `model_inputs` passes (sdpa) | eager, sdpa (CPU) "
+        "| family | `--probe` | layer types | `model_inputs` passes (eager, sdpa) | eager, sdpa (CPU) "
         "| position_ids only (CPU) | one document per row | GPU: what keeps documents apart |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES.values():
-        config = family_config(f)
-        config._attn_implementation = "sdpa"
+        model = build_tiny(family_config(f), "eager")
         mb = packed_row(synthetic_docs((2, 2), TINY_VOCAB))
-        passed = {k: v for k, v in model_inputs(mb, SimpleNamespace(config=config)).items() if k != "input_ids"}
-        shape = " [4, 1, T]" if config_uses_mrope(config) else ""
+        passed = {k: v for k, v in model_inputs(mb, model).items() if k != "input_ids"}
+        shape = " [4, 1, T]" if config_uses_mrope(model.config) else ""
         shown = ", ".join(
             f"`{k}={v}`" if v is None or isinstance(v, bool) else f"`{k}`{shape if k == 'position_ids' else ''}"
             for k, v in passed.items()
         )
-        kinds = ", ".join(dict.fromkeys(layer_kinds(config)))
+        kinds = ", ".join(dict.fromkeys(model_layer_kinds(model)))
         lines.append(
             f"| {f.label} | `{f.key}` | {kinds} | {shown} | {f.cpu_verdicts} | {f.positions_verdict} | pass "
             f"| {f.gpu_route} |"
@@ -299,23 +481,106 @@ def resolve_config(model: str, *, tiny: bool = True) -> Any:
 
     tiny: shrunk to the smallest sizes (the probe's random-weight model); else as written.
     """
-    from transformers import AutoConfig
-
     if model in FAMILIES:
         return family_config(FAMILIES[model])
+    config = read_config(model)
+    layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+    if isinstance(layers, int) and layers < 1:
+        raise ProbeError(
+            f"{_config_file(model)}: num_hidden_layers {layers}: a model without layers has no documents "
+            "to keep apart; fix num_hidden_layers (1 or more)"
+        )
+    return _shrunk(config) if tiny else config
+
+
+def _config_file(model: str) -> str:
     path = Path(model)
+    return str(path / "config.json") if path.is_dir() else model
+
+
+def _raw_config(model: str) -> dict[str, Any]:
+    """config.json as written (a local file or folder; {} for a hub id), or one line on why it is not a config."""
+    path = Path(_config_file(model))
+    if not path.is_file():
+        return {}
     try:
-        if path.exists():
-            config = AutoConfig.from_pretrained(str(path))
-        else:
-            config = AutoConfig.from_pretrained(model, local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProbeError(f"{path}: not a JSON config ({err}); give a model's config.json") from None
+    if not isinstance(raw, dict):
+        raise ProbeError(f"{path}: a JSON {type(raw).__name__}, not a config object; give a model's config.json")
+    return raw
+
+
+def read_config(model: str) -> Any:
+    """A config.json, model folder or cached hub id -> its transformers config; never runs custom code.
+
+    transformers asks on the terminal before running a checkpoint's own code (auto_map); the probe
+    runs none, so that question never reaches the output: a model_type transformers does not know is
+    one line here.
+    """
+    from transformers import AutoConfig
+
+    raw = _raw_config(model)
+    where = _config_file(model)
+    try:
+        if Path(model).exists():
+            return AutoConfig.from_pretrained(model, trust_remote_code=False)
+        return AutoConfig.from_pretrained(model, local_files_only=True, trust_remote_code=False)
+    except Exception as err:
+        lines = str(err).strip().splitlines()
+        if lines and lines[0].startswith("Validation error for field"):  # huggingface_hub's strict dataclasses
+            field = lines[0].removeprefix("Validation error for ").rstrip(":")
+            raise ProbeError(f"{where}: {field}: {lines[-1].strip()}; fix that value") from None
+        if not isinstance(err, (OSError, ValueError, KeyError, TypeError)):
+            raise
+        model_type = raw.get("model_type")
+        if raw and model_type is not None:
+            custom = " (its auto_map names custom code, which packtool does not run)" if raw.get("auto_map") else ""
+            raise ProbeError(
+                f"{where}: model_type {model_type!r} could not be read by transformers {_transformers_version()}"
+                f"{custom} ({_short(err)}); probe a built-in family ({', '.join(FAMILIES)}) or upgrade transformers"
+            ) from None
+        if raw:
+            message = f"{where}: not a transformers config ({_short(err)}); give a model's config.json"
+            raise ProbeError(message) from None
         raise ProbeError(
             f"--probe {model}: not a family ({', '.join(FAMILIES)}), a config.json, a model folder or a hub id "
-            f"in the local cache ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
-            "download it first (huggingface-cli download ID config.json)"
+            f"in the local cache ({_short(err)[:200]}); download it first (huggingface-cli download ID config.json)"
         ) from None
-    return _shrunk(config) if tiny else config
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def probed_notes(model: str, config: Any, *, tiny: bool) -> tuple[str, ...]:
+    """One line for each way the model probed differs from what MODEL names."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if model in FAMILIES:
+        return ()
+    raw = _raw_config(model)
+    notes = []
+    auto_map = raw.get("auto_map") or getattr(config, "auto_map", None)
+    if auto_map:
+        names = ", ".join(sorted({str(v if isinstance(v, str) else v[0]) for v in dict(auto_map).values()}))
+        notes.append(
+            f"custom code not run: the config's auto_map names {names}; probed transformers' built-in "
+            f"model_type {config.model_type!r} instead, which may differ from the checkpoint's own code"
+        )
+    quantization = getattr(config, "quantization_config", None)
+    if tiny and quantization:
+        method = dict(quantization).get("quant_method", "?") if isinstance(quantization, Mapping) else "?"
+        notes.append(f"quantization_config ({method}) not applied: the tiny copy runs unquantized weights")
+    if config.get_text_config().model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        notes.append(
+            f"model_type {config.model_type!r} is an encoder (masked LM); probed its causal-LM head, "
+            "the way packtool's causal-LM training runs it"
+        )
+    return tuple(notes)
 
 
 def _shrunk(config: Any) -> Any:
@@ -343,15 +608,29 @@ def _model_class(config: Any) -> Any:
     return AutoModelForImageTextToText  # Qwen2-VL and kin: no causal-LM class, text-only input works
 
 
-def build_tiny(config: Any, backend: str, seed: int = 0) -> Any:
+def build_tiny(config: Any, backend: str, seed: int = 0, dtype: torch.dtype | None = None) -> Any:
     """A random-weight model of `config` on `backend`, eval mode, on CUDA when there is one.
 
-    float32 (MoE experts refuse float64), bfloat16 for the flash-attention backends (half precision only).
+    float64 by default, so that a leak far below float32's rounding still shows (MoE experts run
+    their eager loop: the grouped kernels refuse float64); bfloat16 for the flash-attention backends
+    (half precision only).
     """
     torch.manual_seed(seed)
-    dtype = torch.bfloat16 if backend.startswith("flash") else torch.float32
-    model = _model_class(config).from_config(config, attn_implementation=backend)
+    dtype = dtype or (torch.bfloat16 if backend.startswith("flash") else torch.float64)
+    experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    model = _model_class(config).from_config(config, attn_implementation=backend, **experts)
     return model.to("cuda" if torch.cuda.is_available() else "cpu", dtype).eval()
+
+
+def _finite_in_rows(model: Any, mb: MicroBatch) -> bool:
+    """Whether the model gives finite logits for one document per padded row (float64 eager sliding
+    masks overflow to NaN there: then the probe runs float32)."""
+    try:
+        with torch.no_grad():
+            inputs = _forward_inputs(one_document_per_row, mb, model)
+            return bool(torch.isfinite(model(**inputs).logits).all())
+    except Exception:  # the checks report what fails, with its reason
+        return True
 
 
 def available_backends() -> tuple[str, ...]:
@@ -391,17 +670,30 @@ class ProbeReport:
     weights: str  # "tiny random" or "real"
     dtype: str
     rows: tuple[ProbeRow, ...]
+    notes: tuple[str, ...] = ()  # what was probed where it is not what MODEL names (custom code, quantization)
+
+    @property
+    def verdict(self) -> str:
+        """pass | leak (a combination leaks or refuses the boundaries) | could not run (no combination ran)."""
+        if any(r.failed for r in self.rows):
+            return "leak"
+        return "pass" if any(r.status == "pass" for r in self.rows) else "could not run"
 
     @property
     def ok(self) -> bool:
-        return not any(r.failed for r in self.rows) and any(r.status == "pass" for r in self.rows)
+        return self.verdict == "pass"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, **asdict(self)}
+        return {"ok": self.ok, "verdict": self.verdict, **asdict(self)}
 
 
 def synthetic_docs(lengths: Sequence[int], vocab: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """(input_ids, labels) per document: random ids, every token a target but the first."""
+    if vocab < FIRST_ID + 2:
+        raise ProbeError(
+            f"vocab_size {vocab}: the probe needs at least {FIRST_ID + 2} token ids (pad/bos/eos and two to swap); "
+            "fix vocab_size in config.json"
+        )
     rng = np.random.default_rng(seed)
     docs = []
     for n in lengths:
@@ -460,20 +752,6 @@ def _fold(ids: np.ndarray, vocab: int) -> np.ndarray:
     return FIRST_ID + ids % (vocab - FIRST_ID)
 
 
-def decoder_layers(model: Any) -> Sequence[Any]:
-    """The text decoder's layers (the ModuleList as long as num_hidden_layers, outside any vision tower)."""
-    n = layer_count(model)
-    found: list[Any] = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n and "vis" not in name:
-            found.append(module)
-    return found[-1] if found else ()
-
-
-def layer_count(model: Any) -> int:
-    return int(model.config.get_text_config().num_hidden_layers)
-
-
 def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
@@ -492,16 +770,20 @@ class _LayerOutputs:
     def __init__(self, model: Any) -> None:
         self.outputs: list[torch.Tensor] = []
         self.inputs: Mapping[str, Any] = {}
+        self.dtype = torch.float64  # of the last forward's output
         self.handles = [layer.register_forward_hook(self._keep) for layer in decoder_layers(model)]
 
     def _keep(self, module: Any, args: Any, output: Any) -> None:
         hidden = output[0] if isinstance(output, tuple) else output
-        self.outputs.append(_as_packed(hidden.detach().float(), self.inputs))
+        if hidden.dim() == 4:  # Gemma-3n's AltUp streams, [K, B, T, H]
+            hidden = hidden.movedim(0, 2)
+        self.outputs.append(_as_packed(hidden.detach().double(), self.inputs))
 
     def run(self, model: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         self.outputs, self.inputs = [], inputs
         logits = model(**inputs).logits
-        return _as_packed(logits.float(), inputs), self.outputs
+        self.dtype = logits.dtype
+        return _as_packed(logits.double(), inputs), self.outputs
 
     def run_forward(
         self, model: Any, mb: MicroBatch, forward: Callable[[Any, MicroBatch], torch.Tensor]
@@ -519,7 +801,8 @@ class _LayerOutputs:
                 f"check_isolation's forward returned shape {tuple(values.shape)} for a packed row of "
                 f"{tuple(mb.input_ids.shape)}; it must return that row's [1, T, ...] logits or hidden states"
             )
-        return values[0].float(), self.outputs
+        self.dtype = values.dtype
+        return values[0].double(), self.outputs
 
     def close(self) -> None:
         for handle in self.handles:
@@ -554,6 +837,7 @@ class Perturbation:
     inside: float  # largest logit change inside document 0 (the perturbation did something)
     culprit: str  # "layer 0 (linear_attention)" for the first decoder layer whose output leaked, else ""
     leaks: bool
+    limit: float  # the change allowed at this precision and logit scale
 
 
 # bf16 keeps 8 significant bits (a relative step of 2^-8 = 3.9e-3): a kernel that groups other rows
@@ -562,12 +846,11 @@ HALF_RELATIVE = 2e-2
 
 
 def _moved(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype) -> tuple[float, bool]:
-    """The largest change and whether it is beyond rounding for `dtype`."""
-    change = float((before - after).abs().max()) if before.numel() else 0.0
-    limit = tolerance(dtype)
-    if dtype in (torch.float16, torch.bfloat16) and before.numel():
-        limit = max(limit, HALF_RELATIVE * float(before.abs().max()))
-    return change, change > limit
+    """The largest change and whether it is beyond rounding for `dtype` at the values' own scale."""
+    if not before.numel():
+        return 0.0, False
+    change = float((before - after).abs().max())
+    return change, change > _limit(dtype, float(before.abs().max()))
 
 
 def perturbation(
@@ -579,8 +862,7 @@ def perturbation(
     """Two forwards: the row, and the row with one token of document 0 changed (through `forward` when given)."""
     vocab = int(model.config.get_text_config().vocab_size)
     end = int(mb.cu_seqlens[1])
-    kinds = layer_kinds(model.config)
-    dtype = next(model.parameters()).dtype
+    kinds = model_layer_kinds(model)
     hooks = _LayerOutputs(model)
     try:
         with torch.no_grad():
@@ -593,6 +875,7 @@ def perturbation(
                 after, layers_after = hooks.run_forward(model, _perturbed(mb, vocab).to(device), forward)
     finally:
         hooks.close()
+    dtype = _coarsest(next(model.parameters()).dtype, hooks.dtype)
     culprit = ""
     for i, (a, b) in enumerate(zip(layers_before, layers_after, strict=True)):
         if _moved(a[end:], b[end:], dtype)[1]:
@@ -600,14 +883,15 @@ def perturbation(
             break
     outside, leaks = _moved(before[end:], after[end:], dtype)
     inside = float((before[:end] - after[:end]).abs().max())
-    return Perturbation(outside=outside, inside=inside, culprit=culprit, leaks=leaks)
+    limit = _limit(dtype, float(before[end:].abs().max()) if end < len(before) else 0.0)
+    return Perturbation(outside=outside, inside=inside, culprit=culprit, leaks=leaks, limit=limit)
 
 
 def _alone_logits(model: Any, mb: MicroBatch) -> list[torch.Tensor]:
     bounds = mb.cu_seqlens.tolist()
     device = _device(model)
     return [
-        model(input_ids=mb.input_ids[:, lo:hi].to(device), use_cache=False).logits[0].float()
+        model(input_ids=mb.input_ids[:, lo:hi].to(device), use_cache=False).logits[0]
         for lo, hi in itertools.pairwise(bounds)
     ]
 
@@ -616,7 +900,7 @@ def _gradient_leak(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any],
     """Largest |d(last document's logits)/d(embedding)| outside that document, relative to inside."""
     inputs = _forward_inputs(feed, mb, model)
     embeds = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_()
-    logits = _as_packed(model(inputs_embeds=embeds, **inputs).logits.float(), inputs)
+    logits = _as_packed(model(inputs_embeds=embeds, **inputs).logits.double(), inputs)
     start = int(mb.cu_seqlens[-2])
     logits[start:].square().mean().backward()
     grads = _as_packed(embeds.grad, inputs).abs().amax(dim=-1)  # type: ignore[union-attr]
@@ -632,44 +916,47 @@ def _loss_difference(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any
     loss = float(model(**inputs, labels=labels, num_items_in_batch=n).loss)
     bounds = mb.cu_seqlens.tolist()
     per_doc = [
-        float(token_loss_sum(logits[None], mb.labels[:, lo:hi].to(device))[0])
+        float(token_loss_sum(logits[None].double(), mb.labels[:, lo:hi].to(device))[0])
         for logits, lo, hi in zip(alone, bounds[:-1], bounds[1:], strict=True)
     ]
-    return abs(loss - sum(per_doc) / mb.n_targets)
+    alone_loss = sum(per_doc) / mb.n_targets
+    return abs(loss - alone_loss) / max(abs(alone_loss), 1.0)  # relative, as the other checks
 
 
 def run_checks(model: Any, mb: MicroBatch, feed_name: str) -> ProbeRow:
     """All four checks on one model (its backend already set) with one feed."""
     backend = str(model.config._attn_implementation)
     feed = FEEDS[feed_name]
-    kinds = layer_kinds(model.config)
-    dtype = next(model.parameters()).dtype
-    tol, loose = tolerance(dtype), tolerance(dtype, recomputed=True)
+    kinds = model_layer_kinds(model)
     try:
         with torch.no_grad():
             alone = _alone_logits(model, mb)
     except Exception as err:  # the backend cannot run this model at all: not a packing question
         return ProbeRow(backend, feed_name, "skip", detail=f"unpacked forward failed: {_short(err)}")
+    dtype = _coarsest(next(model.parameters()).dtype, alone[0].dtype)
     try:
         with torch.no_grad():
             inputs = _forward_inputs(feed, mb, model)
-            packed = _as_packed(model(**inputs).logits.float(), inputs)
+            packed = _as_packed(model(**inputs).logits.double(), inputs)
         moved = perturbation(model, mb, feed)
         gradient = _gradient_leak(model, mb, feed)
         with torch.no_grad():
             loss = _loss_difference(model, mb, feed, alone)
     except Exception as err:  # the model refuses the packed inputs: training on them would fail or leak
-        return ProbeRow(backend, feed_name, "error", detail=error_message(kinds, feed_name, err))
-    same = max(float((packed[lo:hi] - a).abs().max()) for a, lo, hi in _spans(alone, mb))
+        return ProbeRow(backend, feed_name, "error", detail=error_message(kinds, feed_name, err, model))
+    # Changes relative to the largest logit: a model initialised small has small logits and small leaks.
+    scale = max(float(a.abs().max()) for a in alone)
+    same = max(float((packed[lo:hi] - a.double()).abs().max()) for a, lo, hi in _spans(alone, mb)) / scale
+    tol, loose = tolerance(dtype), tolerance(dtype, recomputed=True)
     checks = (
         CheckResult("packed_vs_alone", same, same <= loose),
-        CheckResult("perturbation", moved.outside, not moved.leaks and moved.inside > tol),
+        CheckResult("perturbation", moved.outside / scale, not moved.leaks and moved.inside > moved.limit),
         CheckResult("gradients", gradient, gradient <= tol),
         CheckResult("loss", loss, loss <= loose),
     )
     if all(c.ok for c in checks):
         return ProbeRow(backend, feed_name, "pass", checks)
-    return ProbeRow(backend, feed_name, "leak", checks, leak_message(kinds, feed_name, moved.culprit))
+    return ProbeRow(backend, feed_name, "leak", checks, leak_message(kinds, feed_name, moved.culprit, model))
 
 
 def _spans(alone: list[torch.Tensor], mb: MicroBatch):
@@ -682,30 +969,47 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
 
 
+# What a recurrent layer reads to stop at a document end, with its CUDA kernels; the kinds missing
+# here (Mamba-1, MiniMax's lightning attention, RecurrentGemma's RG-LRU, RWKV) read none at all.
 FIX_RECURRENT = {
     "linear_attention": "install flash-linear-attention and causal-conv1d (CUDA; they read cu_seq_lens_q)",
     "mamba": "install mamba-ssm and causal-conv1d (CUDA; they read seq_idx)",
+    "conv": "install causal-conv1d (CUDA; it reads seq_idx)",
 }
-FIX_FALLBACK = "or train one document per row (PackedCollator(one_document_per_row=True))"
+FIX_FALLBACK = "train one document per row (PackedCollator(one_document_per_row=True))"
+FIX_FEED = "feed packtool.loader.hf.model_inputs(mb, model) (the boundaries this model reads)"
+# Backends that read packtool's boundaries (a mask from restarting positions; cu_seq_lens), with
+# the class flag that says a model runs on them.
+BOUNDARY_BACKENDS = (("sdpa", "_supports_sdpa"), ("flash_attention_2", "_supports_flash_attn"))
 
 
-def fix_for(kind: str, feed: str) -> str:
+def other_backends(model: Any) -> tuple[str, ...]:
+    """The backends that read boundaries which `model` supports and is not already on."""
+    current = str(getattr(model.config, "_attn_implementation", None) or "eager")
+    return tuple(name for name, flag in BOUNDARY_BACKENDS if getattr(model, flag, False) and name != current)
+
+
+def fix_for(kind: str, feed: str, model: Any) -> str:
+    """The advice for a leak or a refusal in a layer of `kind`: only what that layer and model can use."""
     if kind in FIX_RECURRENT:
-        return f"{FIX_RECURRENT[kind]}, {FIX_FALLBACK}"
+        return f"{FIX_RECURRENT[kind]}, or {FIX_FALLBACK}"
+    if kind in RECURRENT_KINDS:
+        return f"{FIX_FALLBACK}; {kind} layers read no document boundary"
     if feed != "model_inputs":
-        return f"feed packtool.loader.hf.model_inputs(mb, model) (the boundaries this model reads), {FIX_FALLBACK}"
-    return f"use another attention backend (sdpa, flash_attention_2), {FIX_FALLBACK}"
+        return f"{FIX_FEED}, or {FIX_FALLBACK}"
+    backends = other_backends(model)
+    return f"use another attention backend ({', '.join(backends)}), or {FIX_FALLBACK}" if backends else FIX_FALLBACK
 
 
-def leak_message(kinds: Sequence[str], feed: str, culprit: str) -> str:
+def leak_message(kinds: Sequence[str], feed: str, culprit: str, model: Any) -> str:
     kind = culprit.split("(")[-1].rstrip(")") if culprit else _first_recurrent(kinds)
     where = culprit or f"{kind} layers"
-    return f"{where} carries one document into the next; fix: {fix_for(kind, feed)}"
+    return f"{where} carries one document into the next; fix: {fix_for(kind, feed, model)}"
 
 
-def error_message(kinds: Sequence[str], feed: str, err: BaseException) -> str:
+def error_message(kinds: Sequence[str], feed: str, err: BaseException, model: Any) -> str:
     kind = _first_recurrent(kinds)
-    return f"{kind} layers refuse the packed inputs ({_short(err)}); fix: {fix_for(kind, feed)}"
+    return f"{kind} layers refuse the packed inputs ({_short(err)}); fix: {fix_for(kind, feed, model)}"
 
 
 def _first_recurrent(kinds: Sequence[str]) -> str:
@@ -729,27 +1033,28 @@ def probe(
     docs = docs_from_build(data, vocab) if data is not None else synthetic_docs(DOC_LENGTHS, vocab)
     mb = packed_row(docs)
     rows: list[ProbeRow] = []
-    architecture, dtype = "", ""
+    architecture, dtype, kinds = "", "", layer_kinds(config)
     for backend in backends or available_backends():
         try:
             built = _load_real(model, backend) if weights else build_tiny(config, backend)
+            if not weights and not _finite_in_rows(built, mb):
+                built = build_tiny(config, backend, dtype=torch.float32)
         except (ValueError, ImportError, OSError) as err:
             rows.extend(ProbeRow(backend, f, "skip", detail=f"cannot build: {_short(err)}") for f in feeds)
             continue
-        architecture = type(built).__name__
+        architecture, kinds = type(built).__name__, model_layer_kinds(built)
         dtype = str(next(built.parameters()).dtype).removeprefix("torch.")
         rows.extend(run_checks(built, mb, feed) for feed in feeds)
         del built
     weights_kind = "real" if weights else "tiny random"
-    return ProbeReport(model, architecture, layer_kinds(config), weights_kind, dtype, tuple(rows))
+    notes = probed_notes(model, config, tiny=not weights)
+    return ProbeReport(model, architecture, kinds, weights_kind, dtype, tuple(rows), notes)
 
 
 def _load_real(model: str, backend: str) -> Any:
-    from transformers import AutoConfig
-
     if model in FAMILIES:
         raise ProbeError(f"--weights needs a model folder or a cached hub id, not the family name {model!r}")
-    config = AutoConfig.from_pretrained(model, local_files_only=True)
+    config = read_config(model)
     loaded = _model_class(config).from_pretrained(
         model, attn_implementation=backend, local_files_only=True, dtype="auto"
     )
@@ -761,13 +1066,18 @@ def format_probe(report: ProbeReport) -> str:
         f"probe {report.model}: {report.architecture or '?'} ({report.weights} weights, {report.dtype or '?'}), "
         f"layers: {', '.join(dict.fromkeys(report.layer_kinds))}"
     )
-    lines = [head, f"{'backend':<18} {'feed':<21} " + " ".join(f"{c:>15}" for c in CHECKS) + "  verdict"]
+    lines = [head, *(f"note: {note}" for note in report.notes)]
+    lines.append(f"{'backend':<18} {'feed':<21} " + " ".join(f"{c:>15}" for c in CHECKS) + "  verdict")
     for row in report.rows:
         cells = {c.check: f"{c.worst:.1e}{'' if c.ok else '!'}" for c in row.checks}
         shown = " ".join(f"{cells.get(c, '-'):>15}" for c in CHECKS)
         verdict = row.status.upper() + (f": {row.detail}" if row.detail else "")
         lines.append(f"{row.backend:<18} {row.feed:<21} {shown}  {verdict}")
-    lines.append("ok: packed documents stay apart" if report.ok else "FAILED: a combination lets documents leak")
+    if report.verdict == "could not run":
+        why = "; ".join(dict.fromkeys(f"{row.backend}: {row.detail}" for row in report.rows)) or "no backend given"
+        lines.append(f"could not run: no backend ran {report.model} ({why}); nothing was compared")
+    else:
+        lines.append("ok: packed documents stay apart" if report.ok else "FAILED: a combination lets documents leak")
     return "\n".join(lines)
 
 
@@ -802,7 +1112,7 @@ def check_isolation(
         return None
     if mb is None:
         mb = packed_row(synthetic_docs(GUARD_LENGTHS, int(model.config.get_text_config().vocab_size)))
-    kinds = layer_kinds(model.config)
+    kinds = model_layer_kinds(model)
     name = f"{type(model).__name__} ({getattr(model.config, '_attn_implementation', None) or 'eager'})"
     fed = "model_inputs" if forward is None else "forward"  # a loop's own forward may feed the model by hand
     training = model.training
@@ -812,13 +1122,34 @@ def check_isolation(
     except PacktoolError:
         raise
     except Exception as err:
-        message = error_message(kinds, fed, err)
+        message = error_message(kinds, fed, err, model)
         raise IsolationError(f"{name}: {message}; {SKIP_ENV}=1 skips this check") from err
     finally:
         model.train(training)
     if moved.leaks:
+        cause = leak_message(kinds, fed, moved.culprit, model)
+        if forward is None and _cache_is_the_cause(model, mb, feed):
+            cause = (
+                f"the feed leaves the KV cache on (config.use_cache=True, no use_cache=False), and with a cache "
+                f"HF builds no block mask; fix: pass use_cache=False, or {FIX_FEED}"
+            )
         raise IsolationError(
             f"{name}: packed documents leak (logits of later documents moved {moved.outside:.1e}): "
-            f"{leak_message(kinds, fed, moved.culprit)}; {SKIP_ENV}=1 skips this check"
+            f"{cause}; {SKIP_ENV}=1 skips this check"
         )
     return moved.outside
+
+
+def _cache_is_the_cause(model: Any, mb: MicroBatch, feed: Callable[[MicroBatch, Any], dict[str, Any]]) -> bool:
+    """Whether the feed leaves the cache to a config saying use_cache=True, and the same feed with
+    use_cache=False keeps the documents apart (two more forwards, only once a leak is found)."""
+    if not getattr(model.config, "use_cache", False) or _forward_inputs(feed, mb, model).get("use_cache") is False:
+        return False
+    training = model.training
+    model.eval()
+    try:
+        return not perturbation(model, mb, lambda batch, net: {**feed(batch, net), "use_cache": False}).leaks
+    except Exception:  # the feed fails without the cache too: the cache is not what leaks
+        return False
+    finally:
+        model.train(training)

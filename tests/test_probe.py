@@ -27,9 +27,11 @@ from packtool.probe import (  # noqa: E402
     check_isolation,
     family_config,
     family_table,
+    format_probe,
     packed_row,
     probe,
     run_checks,
+    shrink,
     synthetic_docs,
 )
 
@@ -138,7 +140,7 @@ def test_cli_probe_reads_a_config_json_and_real_documents(tmp_path, quickstart_b
 
 def test_cli_probe_with_real_weights_from_a_folder(tmp_path):
     folder = tmp_path / "model"
-    build_tiny(family_config(FAMILIES["qwen3"]), "sdpa").save_pretrained(folder)
+    build_tiny(family_config(FAMILIES["qwen3"]), "sdpa", dtype=torch.float32).save_pretrained(folder)
     result = CliRunner().invoke(main, ["audit", "--probe", str(folder), "--weights", "--backend", "eager"])
     assert result.exit_code == 0, result.output
     assert "(real weights, float32)" in result.output
@@ -178,6 +180,158 @@ def test_check_isolation_catches_a_feed_that_leaves_the_kv_cache_on():
     config = family_config(FAMILIES["llama"])
     config.use_cache = True
     model = build_tiny(config, "sdpa").train()
-    with pytest.raises(IsolationError, match=r"layer 0 \(full_attention\)"):
+    with pytest.raises(IsolationError, match=r"the feed leaves the KV cache on .*fix: pass use_cache=False") as caught:
         check_isolation(model, feed=lambda mb, m: {"input_ids": mb.input_ids, "position_ids": mb.position_ids})
+    assert "another attention backend" not in str(caught.value)  # sdpa is not the cause
     assert check_isolation(model) <= 1e-6  # model_inputs says use_cache=False
+
+
+# ---- issue 37: verdicts, shrinking, layer kinds, advice, limits, what was probed ----
+
+
+def write_config(folder, family_type, **settings):
+    """A config.json built from transformers' own config class (no hub access)."""
+    from transformers import AutoConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = {**AutoConfig.for_model(family_type).to_dict(), **settings}
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder / "config.json"
+
+
+def test_a_model_no_backend_runs_is_could_not_run_not_a_leak():
+    report = probe("mamba", backends=("sdpa",))  # Mamba has no sdpa path: nothing ran
+    assert report.verdict == "could not run" and not report.ok
+    text = format_probe(report)
+    assert "FAILED" not in text
+    assert text.splitlines()[-1].startswith("could not run: no backend ran mamba (sdpa: cannot build: ValueError")
+    result = CliRunner().invoke(main, ["audit", "--probe", "mamba", "--backend", "sdpa", "--json"])
+    assert result.exit_code == 1 and json.loads(result.output)["verdict"] == "could not run"
+
+
+def test_shrinking_keeps_every_per_layer_list_consistent():
+    from transformers import AutoConfig
+
+    tiny = shrink(AutoConfig.for_model("gemma3n_text").to_dict())  # 35 layers, 15 of them sharing caches
+    n = tiny["num_hidden_layers"]
+    assert len(tiny["layer_types"]) == len(tiny["activation_sparsity_pattern"]) == n
+    assert 0 < tiny["num_kv_shared_layers"] < n
+    deepseek = shrink(AutoConfig.for_model("deepseek_v3").to_dict())
+    assert deepseek["first_k_dense_replace"] == 1 and deepseek["num_hidden_layers"] == 2  # one dense, one MoE
+    assert deepseek["qk_rope_head_dim"] == deepseek["head_dim"]  # MLA's rotary half is the rotated head
+    jamba = shrink(AutoConfig.for_model("jamba").to_dict())
+    assert (jamba["num_hidden_layers"], jamba["attn_layer_period"], jamba["attn_layer_offset"]) == (3, 3, 2)
+
+
+def test_layer_kinds_come_from_what_the_model_runs():
+    from packtool.loader.boundaries import layer_kinds, model_layer_kinds
+
+    nemotron = build_tiny(family_config(FAMILIES["nemotron_h"]), "eager")
+    assert layer_kinds(nemotron.config)[0] == "linear_attention"  # what its config calls its Mamba-2 layers
+    assert model_layer_kinds(nemotron)[0] == "mamba"
+    inputs = model_inputs(packed_row(synthetic_docs((3, 4), 128)), nemotron)
+    assert "seq_idx" in inputs and "cu_seq_lens_q" not in inputs
+    rwkv = build_tiny(family_config(FAMILIES["rwkv"]), "eager")
+    assert set(model_layer_kinds(rwkv)) == {"rwkv"}
+
+
+def test_advice_names_only_what_the_model_and_layer_can_use():
+    from packtool.probe import fix_for
+
+    for key in ("bloom", "mpt", "rwkv"):  # no sdpa, no flash: the fallback alone
+        model = build_tiny(family_config(FAMILIES[key]), "eager")
+        kind = model_layer_kinds_of(model)
+        assert fix_for(kind, "model_inputs", model).startswith("train one document per row"), key
+        assert "sdpa" not in fix_for(kind, "model_inputs", model)
+    lfm2 = build_tiny(family_config(FAMILIES["lfm2"]), "sdpa")
+    assert "sdpa" not in fix_for("full_attention", "model_inputs", lfm2)  # already on it
+    assert "flash_attention_2" in fix_for("full_attention", "model_inputs", lfm2)
+    for key, kind in (("minimax", "lightning_attention"), ("recurrent_gemma", "rg_lru")):
+        advice = fix_for(kind, "model_inputs", build_tiny(family_config(FAMILIES[key]), "eager"))
+        assert "flash-linear-attention" not in advice and "causal-conv1d" not in advice
+        assert advice.startswith("train one document per row") and f"{kind} layers read no document boundary" in advice
+
+
+def model_layer_kinds_of(model):
+    from packtool.loader.boundaries import model_layer_kinds
+
+    return model_layer_kinds(model)[0]
+
+
+def test_a_small_leak_of_a_small_model_is_caught(tmp_path):
+    """LFM2 initialised at 0.01: its conv layer moves other documents by ~3e-5 relative (float64 noise 1e-16)."""
+    config = write_config(
+        tmp_path / "lfm2",
+        "lfm2",
+        initializer_range=0.01,
+        layer_types=["conv", "full_attention"],
+        full_attn_idxs=[1],
+        num_hidden_layers=2,
+    )
+    row = probe(str(config), backends=("sdpa",), feeds=("position_ids",)).rows[0]
+    assert row.status == "leak", row
+    assert row.detail.startswith("layer 0 (conv) carries one document into the next; fix: install causal-conv1d")
+    perturbation = next(c for c in row.checks if c.check == "perturbation")
+    assert 1e-9 < perturbation.worst < 1e-4  # under the old fixed 1e-4, far over float64's noise
+
+
+def test_what_was_probed_is_said_in_one_line(tmp_path):
+    custom = write_config(tmp_path / "custom", "llama", auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"})
+    result = CliRunner().invoke(main, ["audit", "--probe", str(custom), "--backend", "sdpa", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.output)["notes"]
+    assert len(notes) == 1 and "custom code not run" in notes[0] and "'llama'" in notes[0]
+    unknown = write_config(
+        tmp_path / "unknown", "llama", model_type="xyzzy", auto_map={"AutoConfig": "configuration_x.XConfig"}
+    )
+    result = CliRunner().invoke(main, ["audit", "--probe", str(unknown), "--json"], input="y\n")
+    assert result.exit_code == 1
+    assert "Do you wish" not in result.output and "Traceback" not in result.output
+    assert result.output.startswith(f"Error: {unknown}: model_type 'xyzzy' could not be read by transformers")
+    assert "auto_map names custom code, which packtool does not run" in result.output
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num_hidden_layers": "two"}, r"config\.json: field 'num_hidden_layers': .*expected int, got str"),
+        ({"num_hidden_layers": 0}, r"config\.json: num_hidden_layers 0: a model without layers"),
+    ],
+)
+def test_a_bad_config_field_is_one_line_naming_file_and_field(tmp_path, settings, message):
+    config = write_config(tmp_path / "m", "llama", **settings)
+    result = CliRunner().invoke(main, ["audit", "--probe", str(config)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert re.match(f"Error: {re.escape(str(config))}: " + message.split(r"config\.json: ", 1)[1], result.output)
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_hostile_configs_are_one_line_or_a_note(tmp_path):
+    broken = tmp_path / "broken" / "config.json"
+    broken.parent.mkdir()
+    broken.write_text("{not json")
+    result = CliRunner().invoke(main, ["audit", "--probe", str(broken)])
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {broken}: not a JSON config")
+    listed = tmp_path / "listed" / "config.json"
+    listed.parent.mkdir()
+    listed.write_text("[1, 2]")
+    with pytest.raises(ProbeError, match=r"a JSON list, not a config object"):
+        probe(str(listed))
+    quantized = write_config(tmp_path / "q", "llama", quantization_config={"quant_method": "bitsandbytes"})
+    assert probe(str(quantized), backends=("sdpa",)).notes == (
+        "quantization_config (bitsandbytes) not applied: the tiny copy runs unquantized weights",
+    )
+    bert = write_config(tmp_path / "bert", "bert")
+    report = probe(str(bert), backends=("sdpa",))
+    assert report.architecture == "BertLMHeadModel" and "is an encoder (masked LM)" in report.notes[0]
+    with pytest.raises(ProbeError, match=r"vocab_size 1: the probe needs at least 5 token ids"):
+        check_isolation(SimpleModel(vocab_size=1))
+
+
+class SimpleModel(torch.nn.Module):
+    """Just enough of a model for check_isolation to build its row from the vocabulary size."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config = transformers.LlamaConfig(vocab_size=vocab_size, num_hidden_layers=1)

@@ -32,7 +32,8 @@ across documents, at the cost of padding. Targets and the loss normaliser are un
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,8 +44,10 @@ from packtool.loader.collate import MicroBatch
 
 __all__ = [
     "FEEDS",
+    "decoder_layers",
     "layer_kinds",
     "model_inputs",
+    "model_layer_kinds",
     "one_document_per_row",
     "position_ids_only",
     "seq_idx",
@@ -56,7 +59,24 @@ __all__ = [
 # list implies). Recurrent kinds carry a state from token to token, so a packed row needs the
 # boundaries inside their kernels, not just in an attention mask.
 ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
-RECURRENT_KINDS = ("linear_attention", "mamba")
+RECURRENT_KINDS = ("linear_attention", "mamba", "conv", "mamba1", "lightning_attention", "rg_lru", "rwkv")
+# What a model runs, by the class of each decoder layer's token mixer (first match wins: Mamba-2
+# mixers before the Mamba-1 name they contain). linear_attention (Gated DeltaNet) reads cu_seq_lens,
+# mamba (Mamba-2) and conv (LFM2) read seq_idx, with their CUDA kernels; the last four read no
+# boundary at all, in any kernel transformers calls.
+MIXER_KINDS = (
+    ("GatedDeltaNet", "linear_attention"),
+    ("Mamba2Mixer", "mamba"),  # Mamba-2, Nemotron-H
+    ("BambaMixer", "mamba"),
+    ("FalconH1Mixer", "mamba"),
+    ("GraniteMoeHybridMambaLayer", "mamba"),
+    ("Zamba2MambaMixer", "mamba"),
+    ("ShortConv", "conv"),  # LFM2
+    ("MambaMixer", "mamba1"),  # Mamba, Jamba, Falcon-Mamba: mamba_inner_fn takes no seq_idx
+    ("LightningAttention", "lightning_attention"),  # MiniMax
+    ("Rglru", "rg_lru"),  # RecurrentGemma
+    ("RwkvSelfAttention", "rwkv"),
+)
 # Model types whose layers are all Mamba-2 / Mamba mixers (no `layer_types` in their configs).
 MAMBA_MODEL_TYPES = ("mamba", "mamba2", "falcon_mamba")
 # The hybrid configs that name their recurrent layers "mamba" in `layers_block_type`.
@@ -91,6 +111,39 @@ def layer_kinds(config: Any) -> tuple[str, ...]:
         )
     sliding = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)
     return ("sliding_attention" if sliding else "full_attention",) * n
+
+
+def decoder_layers(model: Any) -> Sequence[Any]:
+    """The text decoder's layers (the ModuleList as long as num_hidden_layers, outside any vision tower)."""
+    n = int(getattr(_text_config(model.config), "num_hidden_layers", 0) or 0)
+    found: list[Any] = [
+        module
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n and "vis" not in name
+    ]
+    return found[-1] if found else ()
+
+
+_RUN_KINDS: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def model_layer_kinds(model: Any) -> tuple[str, ...]:
+    """The layer type of each decoder layer as the model runs it: its token mixer's class, else the config's name.
+
+    Config names mislead: Nemotron-H calls its Mamba-2 layers linear_attention, RWKV has no
+    `layer_types` at all. A model without modules (a config stub) gets `layer_kinds(config)`.
+    """
+    if not isinstance(model, torch.nn.Module):
+        return layer_kinds(model.config)
+    if model not in _RUN_KINDS:
+        named = layer_kinds(model.config)
+        kinds = []
+        for i, layer in enumerate(decoder_layers(model)):
+            classes = [type(m).__name__ for m in layer.modules()]
+            mixer = next((kind for part, kind in MIXER_KINDS if any(part in c for c in classes)), None)
+            kinds.append(mixer or (named[i] if i < len(named) else "full_attention"))
+        _RUN_KINDS[model] = tuple(kinds) or named
+    return _RUN_KINDS[model]
 
 
 def _attention_name(kind: str) -> str:
@@ -137,14 +190,14 @@ def model_inputs(mb: MicroBatch, model: Any) -> dict[str, Any]:
     micro-batch's device; move the micro-batch first (`mb.to(device)`).
     """
     config = model.config
-    kinds = set(layer_kinds(config))
+    kinds = set(model_layer_kinds(model))
     backend = str(getattr(config, "_attn_implementation", None) or "eager")
     inputs = position_ids_only(mb, model)
     if uses_mrope(config):
         inputs["position_ids"] = mb.position_ids[None].expand(4, *mb.position_ids.shape)
     if "flash" in backend or "linear_attention" in kinds:
         inputs.update(mb.flash_kwargs())
-    if "mamba" in kinds:
+    if kinds & {"mamba", "conv"}:
         inputs["seq_idx"] = seq_idx(mb)
     if backend == "flex_attention":
         inputs["attention_mask"] = flex_block_mask(mb)

@@ -139,6 +139,7 @@ def build(
         )
         # a job log (nohup, SLURM, CI) cannot redraw a bar: it gets a line per phase and one every 10 s
         progress = Progress() if quiet else BarProgress() if sys.stderr.isatty() else LogProgress()
+        replaced = _config_hash_in(Path(settings.run.output))
         with _interrupt_on_sigterm():
             built = run_build(settings, progress=progress, use_cache=not no_cache, dry_run=dry_run)
     except PacktoolError as error:
@@ -147,6 +148,12 @@ def build(
         raise click.ClickException("interrupted; the previous output is unchanged, rerun to resume") from None
     for repaired in built.repaired:
         click.echo(f"warning: {repaired}; not reused, written again", err=True)
+    if not dry_run and replaced not in (None, built.manifest.get("config_hash")):
+        click.echo(
+            f"note: {settings.run.output} held a build of another config (config_hash {replaced[:12]}); "
+            "this build replaced it",
+            err=True,
+        )
     for missed in built.quota_misses:
         click.echo(f"warning: {missed}; --strict makes this an error", err=True)
     if dry_run:
@@ -163,7 +170,10 @@ def build(
             f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
             + (f"; {built.shards_repaired} changed on disk since written, redone" if built.shards_repaired else "")
         )
-        click.echo(f"wrote {len(manifest['shards'])} shard(s) and manifest.json to {settings.run.output}")
+        main_shards = len(manifest["shards"])
+        parts = [f"{name}/" for name in ("overflow", "validation") if manifest.get(name)]
+        beside = f" (+ {built.shards - main_shards} in {' and '.join(parts)})" if built.shards > main_shards else ""
+        click.echo(f"wrote {main_shards} shard(s){beside} and manifest.json to {settings.run.output}")
         # `workers: auto` (the default) decides by the cores: say what it decided
         click.echo(
             f"ran as {describe_workers(settings.run.workers, settings.run.executor)} on {usable_cores()} usable core(s)"
@@ -178,6 +188,15 @@ def build(
                 f"{rejected} sample(s) not trained, each with its reason, in "
                 f"{Path(settings.run.output) / manifest['rejects']['file']}"
             )
+
+
+def _config_hash_in(output: Path) -> str | None:
+    """The config_hash of the build OUT holds now, or None (no build, or a manifest that cannot say)."""
+    try:
+        recorded = json.loads((output / "manifest.json").read_text(encoding="utf-8")).get("config_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
 
 
 @contextmanager

@@ -162,6 +162,7 @@ def test_bad_input_is_skipped_into_rejects_and_counted(tmp_path, write_config):
         "dropped": {},
         "truncated": {},
         "special_token_literals": 0,
+        "straddling_targets": 0,
         "segments": 1,
     }
 
@@ -408,3 +409,22 @@ def test_cache_list_looks_where_builds_keep_their_cache(tmp_path, monkeypatch):
         listing = CliRunner().invoke(main, ["cache", "list", *args])
         assert listing.exit_code == 0, listing.output
         assert listing.output.strip().splitlines()[-1].startswith("3 entries")
+
+
+def test_a_build_says_when_it_replaces_another_configs_build_and_counts_every_shard(tmp_path):
+    """OUT held another config's build: replaced without a word before. A validation split's shard was
+    counted in `emit: 0 of 2 shard(s) resumed` and not in `wrote 1 shard(s)`."""
+    config = str(QUICKSTART.parent / "quickstart.yaml")
+    out = str(tmp_path / "out")
+    first = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20"])
+    assert first.exit_code == 0 and "held a build of another config" not in first.output, first.output
+    again = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20"])
+    assert "held a build of another config" not in again.output  # the same config: nothing to say
+    other = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20", "--capacity", "512"])
+    assert other.exit_code == 0, other.output
+    assert f"note: {out} held a build of another config (config_hash " in other.stderr
+    split = ["build", config, "-o", out, "--max-samples", "20", "--set", "validation.share=0.3"]
+    result = CliRunner().invoke(main, split)
+    assert result.exit_code == 0, result.output
+    assert "emit: 0 of 2 shard(s) resumed" in result.output
+    assert "wrote 1 shard(s) (+ 1 in validation/) and manifest.json" in result.output

@@ -1,10 +1,11 @@
 """Tokenize rendered text and map character spans to per-token targets, roles and messages.
 
-A token is a target when its first character lies inside a target range. Every sample is then
-checked: no token may straddle the start of a target range over a non-space character (it would
-hide in a context token), and a token that runs past the end may only absorb whitespace (some
-SentencePiece added tokens swallow the newline after `<|end|>`). A mismatch is an error for that
-sample, never a silently shifted mask.
+A token is a target when it holds a character of a target range, as transformers'
+`return_assistant_tokens_mask` reads a generation span: a token straddling a target's start (the
+header's newline and a reply's own, `\\n\\n` in Qwen's vocabulary) is a target, counted in
+`Tokenized.straddled`. A token that runs past a target's end may only absorb whitespace (some
+SentencePiece added tokens swallow the newline after `<|end|>`); past that, the sample is a
+`mask_check` error, never a silently shifted mask.
 
 Special-token literals inside message content (a user typing `<|im_end|>`) follow the source
 policy: `escape` tokenizes content with special-token matching off, so such text stays plain
@@ -52,6 +53,12 @@ class TextTokenizer:
         literal = self._continuing(Tokenizer.from_str(self.tokenizer.to_str()))
         literal.encode_special_tokens = True
         return literal
+
+    @cached_property
+    def stripping_right(self) -> frozenset[int]:
+        """The added tokens that take the whitespace after them into their offsets (`rstrip`: Phi-3's
+        `<|assistant|>`, `<|end|>`), which no token id then holds."""
+        return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.rstrip)
 
     @cached_property
     def continuation_tokenizer(self) -> Tokenizer:
@@ -230,7 +237,7 @@ def encode_batch(
                 )
                 continue
             ids, offsets = _encode_escaped(rendered, tokenizer)
-            results[i] = _aligned(rendered, ids, OffsetTable(offsets))
+            results[i] = _aligned(rendered, ids, OffsetTable(offsets), tokenizer.stripping_right)
         else:
             whole.append(i)
     # A document's BOS is tokenized apart from its text, as the post-processor adds it to
@@ -258,7 +265,7 @@ def encode_batch(
             ids, edges = np.concatenate([head_ids, ids]), OffsetTable(np.concatenate([head_offsets, offsets]))
         else:
             ids, edges = np.fromiter(encoding.ids, dtype=np.int32, count=len(encoding)), EncodingEdges(encoding)
-        results[i] = _aligned(batch[i][0], ids, edges)
+        results[i] = _aligned(batch[i][0], ids, edges, tokenizer.stripping_right)
     aligned = [r for r in results if isinstance(r, _Aligned)]
     labelled = iter(_labelled(aligned, tokenizer, add_bos, add_eos))
     return [next(labelled) if isinstance(r, _Aligned) else r for r in results if r is not None]
@@ -430,28 +437,38 @@ class OpenedEdges(_LookedUp):
 
 
 def _straddling_runs(
-    text: str, edges: TokenEdges, targets: list[tuple[int, int, int]], runs: list[list[int]]
+    text: str,
+    ids: np.ndarray,
+    edges: TokenEdges,
+    targets: list[tuple[int, int, int]],
+    runs: list[list[int]],
+    stripping: frozenset[int],
 ) -> tuple[list[list[int]], list[tuple[int, int]]] | tuple[int, int]:
     """Each target's token run with a token straddling its start taken in, and those tokens as (token
-    index, the target's message); or the token that runs past a target's end over more than whitespace, as (token index,
-    target number).
+    index, the target's message); or the token that runs past a target's end over more than whitespace,
+    as (token index, target number).
 
     A target is what the loss must teach, so a token holding any of its characters is a target, as
     transformers' `return_assistant_tokens_mask` (every token overlapping a generation span) and TRL's
     assistant-only loss read it: a Qwen content opening with a newline puts that newline in one token
-    with the header's (`\n\n`), and leaving that token out would never train the newline. Such a token
-    starts in the prompt, so it is counted (`Tokenized.straddled`). A token running past a target's end may
-    absorb only whitespace (some SentencePiece added tokens swallow the newline after `<|end|>`): past
-    that, what follows the target would be trained as part of it.
+    with the header's (`\\n\\n`), and leaving that token out would never train the newline. Such a
+    token starts in the prompt, so it is counted (`Tokenized.straddled`). A special token that strips
+    the whitespace after it (`stripping`: Phi-3's `<|assistant|>`) holds the target's first whitespace
+    in its offsets but not in its id, which the prompt alone spells: it stays context (transformers'
+    overlap mask would take it in), and that whitespace reaches no token, for packtool as for the
+    serving stack. A token running past a target's end may absorb only whitespace (some SentencePiece
+    added tokens swallow the newline after `<|end|>`): past that, what follows the target would be
+    trained as part of it.
 
-        tokens   [<|im_start|>][assistant][\n\n][Hello][<|im_end|>]
-        target                          ^start (content "\nHello")     run [3, 5) -> [2, 5), 1 straddling
+        tokens   [<|im_start|>][assistant][\\n\\n][Hello][<|im_end|>]
+        target                          ^start (content "\\nHello")     run [3, 5) -> [2, 5), 1 straddling
     """
     taken: list[list[int]] = []
     straddlers: list[tuple[int, int]] = []
     previous = 0  # where the run of the target before ends: a token already a target is not counted again
     for j, ((start, end, message), (a, b)) in enumerate(zip(targets, runs)):
-        if a > 0 and edges.edges(a - 1)[1] > start:
+        before_end = edges.edges(a - 1)[1] if a > 0 else start
+        if before_end > start and not (int(ids[a - 1]) in stripping and text[start:before_end].isspace()):
             a -= 1
             if a >= previous:
                 straddlers.append((a, message))
@@ -475,13 +492,16 @@ class _Aligned(NamedTuple):
     straddlers: list[tuple[int, int]]  # target tokens that start before their target, with its message
 
 
-def _aligned(rendered: Rendered, ids: np.ndarray, edges: TokenEdges) -> _Aligned | RecordError:
-    """The sample's token runs, or the RecordError of a token that runs past a target's end."""
+def _aligned(
+    rendered: Rendered, ids: np.ndarray, edges: TokenEdges, stripping: frozenset[int]
+) -> _Aligned | RecordError:
+    """The sample's token runs, or the RecordError of a token that runs past a target's end. `stripping`:
+    TextTokenizer.stripping_right."""
     text = rendered.text
     targets = sorted(rendered.target_ranges)
     spans = rendered.spans
     runs = edges.runs([(start, end) for start, end, _ in targets] + [(s.start, s.end) for s in spans])
-    taken = _straddling_runs(text, edges, targets, runs[: len(targets)])
+    taken = _straddling_runs(text, ids, edges, targets, runs[: len(targets)], stripping)
     if isinstance(taken[0], int):
         t, j = taken
         piece = text[slice(*edges.edges(t))]
@@ -500,8 +520,9 @@ def _labelled(
 ) -> list[Tokenized | RecordError]:
     """Targets, roles and message indices of aligned samples, painted on their concatenated tokens.
 
-    A token belongs to the range holding its first character. Token starts never decrease, so
-    each range is one run of tokens: paint the runs (targets, then contents over them). Roles are
+    A token belongs to the range holding its first character, but for a target's straddling token
+    (_straddling_runs), which is its turn's. Token starts never decrease, so each range is one run of
+    tokens: paint the runs (targets, then contents over them, then the straddling tokens). Roles are
     looked up for all tokens at once in the concatenated message roles of the samples:
 
         sample 0  [user, assistant]   sample 1  [system, user, assistant]    role table  u a | s u a

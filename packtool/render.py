@@ -111,10 +111,11 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
     literal_fields, record = _check_data_strings(example, template.literals, contents_only=contents_only)
     trained = trained_messages(messages, policy)
     for i, message in enumerate(messages):
-        if trained[i] and message.role == "assistant" and not cores[i] and not message.tool_calls:
-            # Nothing but an end marker to learn; templates without an assistant header could not
-            # even place it. A data defect (seen in real alpaca sets), not a turn to train.
-            raise RecordError(f"message {i} (assistant) is empty: nothing to train", kind="bad_record")
+        if trained[i] and not cores[i] and not message.tool_calls:
+            # Nothing but an end marker to learn; templates without an assistant header (and any
+            # trained user turn) could not even place it. A data defect (seen in real alpaca sets),
+            # not a turn to train.
+            raise RecordError(f"message {i} ({message.role}) is empty: nothing to train", kind="bad_record")
     literals = template.literals if literal_fields else None
     tools = list(example.tools) if example.tools else None
 
@@ -274,18 +275,23 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
                 "(it drops or rewrites it), so training on this render would silently lose it",
                 kind="template_error",
             )
-    if not tools_implied:
-        _check_tools_printed(example, text, contents)
-    spans = tuple(
-        Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
-    )
     literal_ranges = tuple(
         (at, found.end()) for at in literal_at if literals and (found := literals.match(text, at)) is not None
     )
+    owners = _block_owners(generations, contents, [m.role for m in messages])
+    blocks = {}
+    for (start, _), mine in reversed(list(zip(generations, owners))):
+        blocks.update(dict.fromkeys(mine, start))  # a message's first block
+    turns = _Turns(text, messages, contents, template.generation_header, literal_ranges, blocks)
+    if not tools_implied:
+        _check_tools_printed(example, turns)
+    spans = tuple(
+        Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
+    )
     if template.has_generation_blocks:
-        targets = _targets_from_generation_blocks(generations, contents, trained, [m.role for m in messages])
+        targets = _targets_from_generation_blocks(generations, owners, trained)
     else:
-        targets = _targets_from_headers(text, messages, contents, trained, template, policy, literal_ranges)
+        targets = _targets_from_headers(turns, trained, template, policy)
     # Tool calls carry no sentinel, so a template that ignores them (Gemma 3, Phi-3) would train an
     # empty turn: each called function's name must appear inside its message's target.
     for start, end, i in targets:
@@ -801,21 +807,26 @@ def _template_verdicts(name: str) -> Iterator[None]:
         raise RecordError(f"template failed: {_MARKERS.sub('', str(exc))}", kind="template_error") from None
 
 
-def _check_tools_printed(example: Example, text: str, contents: dict[int, list[tuple[int, int]]]) -> None:
+def _check_tools_printed(example: Example, turns: _Turns) -> None:
     """Every tool definition's name and parameter names, and every tool call's name and argument
     values, must reach the text, as message contents must. Templates re-serialize JSON (key order,
     spacing, quoting), so the pieces are compared, not the JSON.
 
     A call is looked for between the contents of its neighbours, so the tool definitions or the
-    user's words cannot stand in for it; definitions anywhere outside message contents and calls.
+    user's words cannot stand in for it; definitions anywhere outside message contents and calls. A
+    call's region starts no earlier than its turn's header: a neighbour with an empty content marks
+    no place, and the region would reach back over the tool definitions.
     """
-    spans = sorted((s, e, i) for i, ranges in contents.items() for s, e in ranges)
+    text = turns.text
+    spans = sorted((s, e, i) for i, ranges in turns.contents.items() for s, e in ranges)
     regions = {}
     for i, message in enumerate(example.messages):
         if message.tool_calls:
             # neighbours in print order: a template may print an earlier message later (Mistral's system prompt)
             upper = min((s for s, _, k in spans if k > i), default=len(text))
-            regions[i] = (max((e for _, e, k in spans if k < i and e <= upper), default=0), upper)
+            lower = max((e for _, e, k in spans if k < i and e <= upper), default=0)
+            turn = turns.turn_at(i)
+            regions[i] = (turn if lower < turn <= upper else lower, upper)
     # Definitions: outside every content and every call's region, so neither stands in for them.
     cuts = sorted([*((s, e) for s, e, _ in spans), *regions.values()])
     kept, at = [], 0
@@ -1061,43 +1072,134 @@ def _strip_markers(marked: str) -> _Stripped:
     return "".join(pieces), contents, generations, literal_at
 
 
-def _targets_from_generation_blocks(
-    generations: list[tuple[int, int]],
-    contents: dict[int, list[tuple[int, int]]],
-    trained: list[bool],
-    roles: list[str],
-) -> list[tuple[int, int, int]]:
-    targets = []
-    for start, end in generations:
-        owners = [i for i, ranges in contents.items() for s, e in ranges if start <= s and e <= end]
-        if not owners:
-            # A block without content (an assistant turn that only calls tools) belongs to the one
-            # content-less assistant message between its printed neighbours; without this, such
-            # blocks were trained even under `turns: last` or `tool_calls: false`.
+def _block_owners(
+    generations: list[tuple[int, int]], contents: dict[int, list[tuple[int, int]]], roles: list[str]
+) -> list[list[int]]:
+    """The messages whose turn each `{% generation %}` block is: those whose content it holds.
+
+    A block without content (an assistant turn that only calls tools) belongs to a content-less
+    assistant message between its printed neighbours; without this, such blocks were trained even
+    under `turns: last` or `tool_calls: false`. An empty tool result leaves two such turns between
+    the same neighbours: the k-th content-less block there is the k-th content-less assistant there,
+    when the numbers agree (else the block has no owner and is trained).
+    """
+    owners: list[list[int]] = []
+    gaps: dict[tuple[int, int], list[int]] = {}
+    for k, (start, end) in enumerate(generations):
+        owners.append([i for i, ranges in contents.items() for s, e in ranges if start <= s and e <= end])
+        if not owners[-1]:
             before = max((i for i, r in contents.items() if r[-1][1] <= start), default=-1)
-            after = min((i for i, r in contents.items() if r[0][0] >= end), default=len(trained))
-            owners = [i for i in range(before + 1, after) if roles[i] == "assistant" and i not in contents]
-            if len(owners) != 1:
-                owners = []
-        if not owners or any(trained[i] for i in owners):
-            targets.append((start, end, owners[0] if owners else -1))
-    return targets
+            after = min((i for i, r in contents.items() if r[0][0] >= end), default=len(roles))
+            gaps.setdefault((before, after), []).append(k)
+    for (before, after), blocks in gaps.items():
+        silent = [i for i in range(before + 1, after) if roles[i] == "assistant" and i not in contents]
+        if len(silent) == len(blocks):
+            for k, i in zip(blocks, silent):
+                owners[k] = [i]
+    return owners
+
+
+def _targets_from_generation_blocks(
+    generations: list[tuple[int, int]], owners: list[list[int]], trained: list[bool]
+) -> list[tuple[int, int, int]]:
+    return [
+        (start, end, mine[0] if mine else -1)
+        for (start, end), mine in zip(generations, owners)
+        if not mine or any(trained[i] for i in mine)
+    ]
+
+
+class _Turns:
+    """Where each message's turn lies in a render, from the contents around it (an empty or
+    whitespace-only content has no range, so it anchors nothing).
+
+    `lower`: the last content end before a place. `header_at`: where an assistant message's generation
+    header starts. A message with a content owns the last header before it. One without (a turn that
+    only calls tools) has nothing of its own to search back from, and the gap between the contents
+    around it can hold several turns: an empty tool result puts the next answer's header in the same
+    gap. Each assistant message prints one header, in order, so the k-th assistant of the gap owns
+    its k-th header; a gap with another number of headers than assistants (counting the one whose
+    content closes it) locates none of its messages.
+
+        user "Hi" | assistant, a call | tool "" | assistant "Done"
+        Hi⟧<|im_end|>\\n<|im_start|>assistant\\n<tool_call>...<|im_end|>\\n<|im_start|>user\\n<tool_response>
+        \\n\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n⟦Done
+        gap (0, 3): headers at message 1's turn and message 3's; message 1 is the gap's first assistant
+    """
+
+    def __init__(
+        self,
+        text: str,
+        messages: tuple[Message, ...],
+        contents: dict[int, list[tuple[int, int]]],
+        header: str | None,
+        skip: tuple[tuple[int, int], ...],
+        blocks: dict[int, int],
+    ) -> None:
+        self.text, self.messages, self.contents, self.header, self.skip = text, messages, contents, header, skip
+        self.blocks = blocks
+        self.ends = sorted(e for ranges in contents.values() for _, e in ranges)
+        self.anchored = sorted(contents)
+        self.assistants = list(accumulate((m.role == "assistant" for m in messages), initial=0))
+        self.gaps: dict[tuple[int, int], list[int]] = {}
+
+    def lower(self, i: int, upper: int) -> int:
+        """The last content end at or before `upper` that is not message i's own (0 without one)."""
+        below = bisect.bisect_right(self.ends, upper)
+        own = self.contents.get(i)
+        while own and below and self.ends[below - 1] == own[0][1]:
+            below -= 1
+        return self.ends[below - 1] if below else 0
+
+    def turn_at(self, i: int) -> int:
+        """Where message i's turn starts: its first `{% generation %}` block, or for an assistant its
+        header; -1 where it cannot be told."""
+        if i in self.blocks:
+            return self.blocks[i]
+        return self.header_at(i) if self.messages[i].role == "assistant" else -1
+
+    def header_at(self, i: int) -> int:
+        """Where message i's header starts; -1 where it cannot be told."""
+        if self.header is None:
+            return -1
+        if i in self.contents:
+            upper = self.contents[i][0][0]
+            return _rfind_structure(self.text, self.header, self.lower(i, upper), upper, self.skip)
+        k = bisect.bisect_left(self.anchored, i)
+        before = self.anchored[k - 1] if k else -1
+        after = self.anchored[k] if k < len(self.anchored) else len(self.messages)
+        closing = after < len(self.messages) and self.messages[after].role == "assistant"
+        found = self._gap(before, after, self.header)
+        if len(found) != self.assistants[after] - self.assistants[before + 1] + closing:
+            return -1
+        return found[self.assistants[i] - self.assistants[before + 1]]
+
+    def _gap(self, before: int, after: int, header: str) -> list[int]:
+        """The headers between message `before`'s last content and message `after`'s first."""
+        if (before, after) not in self.gaps:
+            lower = self.contents[before][-1][1] if before >= 0 else 0
+            upper = self.contents[after][0][0] if after < len(self.messages) else len(self.text)
+            found: list[int] = []
+            at = self.text.find(header, lower, upper) if lower <= upper else -1
+            while at >= 0:
+                if not _in_any(at, self.skip):
+                    found.append(at)
+                at = self.text.find(header, at + 1, upper)
+            self.gaps[before, after] = found
+        return self.gaps[before, after]
 
 
 def _targets_from_headers(
-    text: str,
-    messages: tuple[Message, ...],
-    contents: dict[int, list[tuple[int, int]]],
+    turns: _Turns,
     trained: list[bool],
     template: ChatTemplate,
     policy: TrainPolicy,
-    literal_ranges: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[int, int, int]]:
     """Targets from the assistant header and the first end-of-turn marker; markers and headers that a
-    record spells (literal_ranges) are data, never structure."""
+    record spells (turns.skip: literal_ranges) are data, never structure."""
+    text, messages, contents, literal_ranges = turns.text, turns.messages, turns.contents, turns.skip
     starts = sorted((s, i) for i, ranges in contents.items() for s, _ in ranges)
     positions = [s for s, _ in starts]
-    ends = sorted(e for ranges in contents.values() for _, e in ranges)
     # Where the first content of a later message starts, for each message (bisect and this keep the
     # search per message logarithmic: scanning every content for every message took 183 s for 30,000)
     later = [len(text)] * (len(messages) + 1)
@@ -1119,19 +1221,16 @@ def _targets_from_headers(
             )
         own = ranges[0] if ranges else None
         upper = own[0] if own else later[i]
-        below = bisect.bisect_right(ends, upper)  # the last content end at or before upper, not its own
-        while own and below and ends[below - 1] == own[1]:
-            below -= 1
-        lower = ends[below - 1] if below else 0
         if message.role == "assistant" and template.generation_header:
-            header_at = _rfind_structure(text, template.generation_header, lower, upper, literal_ranges)
+            header_at = turns.header_at(i)
             start = header_at + len(template.generation_header) if header_at >= 0 else (own[0] if own else -1)
         else:
             start = own[0] if own else -1
             # Without a header, the content's own leading whitespace (kept outside the sentinels)
-            # starts the target: BPE glues it to the next word (" Paris"), and a target starting
-            # mid-token fails the encode check.
+            # starts the target: BPE glues it to the next word (" Paris"), a token the target would
+            # otherwise start inside of (encode counts such a token as straddling).
             lead = message.content[: len(message.content) - len(message.content.lstrip())]
+            lower = turns.lower(i, upper)
             if own and lead and own[0] - len(lead) >= lower and text[own[0] - len(lead) : own[0]] == lead:
                 start = own[0] - len(lead)
         if start < 0:

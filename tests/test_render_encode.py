@@ -240,6 +240,17 @@ def test_empty_assistant_turn_is_a_bad_record_not_a_lone_end_marker():
     assert info.value.kind == "bad_record"
 
 
+@pytest.mark.parametrize("content", ["", " ", "\n"])
+def test_an_empty_user_turn_trained_as_a_target_is_a_bad_record_naming_it(content):
+    """With `roles: [assistant, user]` an empty user turn has nothing to train either; it was a
+    `mask_check` "cannot locate message 0", as if the template had dropped it."""
+    _, template = qwen()
+    with pytest.raises(RecordError, match="message 0 \\(user\\) is empty: nothing to train") as info:
+        render_chat(chat(("user", content), ("assistant", "Hi.")), template, TrainPolicy(roles=("assistant", "user")))
+    assert info.value.kind == "bad_record"
+    assert render_chat(chat(("user", content), ("assistant", "Hi.")), template, TrainPolicy()).target_ranges
+
+
 def test_add_eos_closes_a_chat_and_is_trained_only_after_a_trained_turn():
     tokenizer, template = quickstart()
     eos = tokenizer.eos_id

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from support import REPO
+from support import REPO, shared
 
 from packtool.cli import main
 from packtool.errors import PacktoolError
@@ -232,3 +232,47 @@ def test_pair_lengths_are_labelled_as_cut_not_before_truncation(quickstart_build
     assert '  chat: pairs / groups, "as cut" = after truncation.items cut their prompts' in lines
     assert any(line.startswith("chat                 as cut n ") for line in lines)
     assert any(line.startswith("docs                 before n ") for line in lines)
+
+
+def test_target_tokens_starting_in_the_prompt_are_counted_in_the_build_summary_and_stats(
+    tmp_path, write_config, write_jsonl
+):
+    """Qwen2.5: a reply opening with a newline shares the token `\\n\\n` with its header; that token is a
+    target (as transformers' assistant mask has it), counted per source, and both the build summary and
+    `packtool stats` say so. A tool conversation with an empty result is kept (issue 37)."""
+    folder = shared("tokenizers", "qwen2.5")
+    straddling = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\nHello"}]}
+    plain = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    call = {"type": "function", "function": {"name": "clock", "arguments": {}}}
+    tool = {
+        "type": "function",
+        "function": {"name": "clock", "description": "The time", "parameters": {"type": "object", "properties": {}}},
+    }
+    empty_result = {
+        "tools": [tool],
+        "messages": [
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": ""},
+            {"role": "assistant", "content": "The clock said nothing."},
+        ],
+    }
+    write_jsonl([straddling, plain, empty_result])
+    config = write_config(
+        {
+            "sources": [{"name": "chat", "path": "data.jsonl", "format": "messages"}],
+            "tokenizer": str(folder),
+            "capacity": 512,
+            "output": "out",
+        }
+    )
+    built = CliRunner().invoke(main, ["build", str(config)])
+    assert built.exit_code == 0, built.output
+    summary_line = "  straddling                  1   target tokens starting in the prompt, trained (docs/templates.md)"
+    assert summary_line in built.output.splitlines()
+    accounting = read_manifest(tmp_path / "out").raw["accounting"]["chat"]
+    assert (accounting["kept"], accounting["rejected"], accounting["straddling_targets"]) == (3, {}, 1)
+    shown = CliRunner().invoke(main, ["stats", str(tmp_path / "out")])
+    assert shown.exit_code == 0, shown.output
+    assert summary_line in shown.output.splitlines()
+    assert "straddling_targets=1" in shown.output

@@ -8,7 +8,7 @@ The special-token literal rule is written here once (`note_record`): a record wh
 control token counts once as a literal, whatever its source's policy did with it (kept as text,
 escaped, or dropped under `special_token_literal`). `straddling_targets` counts the target tokens of stored
 records that start in the prompt (a token holding the header's last character and the target's first, as
-`\n\n` after Qwen's header when a content opens with a newline): each is trained (packtool.encode).
+`\\n\\n` after Qwen's header when a content opens with a newline): each is trained (packtool.encode).
 """
 
 from __future__ import annotations

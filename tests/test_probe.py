@@ -312,6 +312,11 @@ def test_hostile_configs_are_one_line_or_a_note(tmp_path):
     broken.write_text("{not json")
     result = CliRunner().invoke(main, ["audit", "--probe", str(broken)])
     assert result.exit_code == 1 and result.output.startswith(f"Error: {broken}: not a JSON config")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProbeError, match=r"empty: a folder without config\.json"):
+        probe(str(tmp_path / "empty"))
+    with pytest.raises(ProbeError, match=r"missing\.json: no such file"):
+        probe(str(tmp_path / "missing.json"))
     listed = tmp_path / "listed" / "config.json"
     listed.parent.mkdir()
     listed.write_text("[1, 2]")

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(total / norm.n_global)
-        metrics = window_metrics(window, norm)  # log tokens/s and targets/s from these, not from a guess
+        metrics = window_metrics(window, norm, total)  # the loss over all ranks; tokens/s and targets/s from counts
         print(f"step {len(losses)}: loss {losses[-1]:.4f} {metrics.as_dict()} state {dataset.state_dict()}")
     return losses
 

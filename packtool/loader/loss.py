@@ -209,6 +209,17 @@ def global_target_count(n_local: int, group=None, device: torch.device | str | N
     return int(t.item())
 
 
+def global_loss_sum(loss_sum: float | torch.Tensor, group=None) -> float:
+    """A loss sum over all ranks: one all_reduce(SUM) in float64; the value itself when not distributed."""
+    value = float(loss_sum.detach()) if isinstance(loss_sum, torch.Tensor) else float(loss_sum)
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return float(t.item())
+
+
 @dataclass(frozen=True, slots=True)
 class WindowNorm:
     """How to scale each micro-batch's loss sum in one update window on this rank."""
@@ -253,14 +264,23 @@ class WindowMetrics:
     padding_slots: int  # padding tokens (fixed shape)
     loss_denominator: int  # the divisor in force: the window's targets over all ranks (WindowNorm.n_global)
     attn_cost: int  # sum(l_i^2) over real segments
+    # the window's loss over all ranks, sum / loss_denominator: what the update minimised (None: not given)
+    loss: float | None = None
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float | None]:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-def window_metrics(micro_batches: Iterable[MicroBatch], norm: WindowNorm) -> WindowMetrics:
-    """Counts of this rank's micro-batches in one window and the loss denominator in force."""
+def window_metrics(
+    micro_batches: Iterable[MicroBatch], norm: WindowNorm, loss_sum: float | torch.Tensor | None = None, group=None
+) -> WindowMetrics:
+    """Counts of this rank's micro-batches in one window and the loss denominator in force; with this
+    rank's `loss_sum` over the window (the micro-batches' sums added up), the window's loss over all
+    ranks (one more all_reduce): the value to log, never a mean of the micro-batches' means."""
     mbs = list(micro_batches)
+    loss = None
+    if loss_sum is not None:
+        loss = global_loss_sum(loss_sum, group) / norm.n_global if norm.n_global else 0.0
     return WindowMetrics(
         micro_batches=len(mbs),
         input_tokens=sum(mb.n_tokens for mb in mbs),
@@ -269,6 +289,7 @@ def window_metrics(micro_batches: Iterable[MicroBatch], norm: WindowNorm) -> Win
         padding_slots=sum(mb.n_padding for mb in mbs),
         loss_denominator=norm.n_global,
         attn_cost=sum(mb.attn_cost for mb in mbs),
+        loss=loss,
     )
 
 

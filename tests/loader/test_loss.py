@@ -152,4 +152,9 @@ def test_window_metrics_count_the_window():
         "padding_slots": 3,
         "loss_denominator": 12,
         "attn_cost": 2 * (9 + 4 + 16),
+        "loss": None,
     }
+    # the window's loss: the sums of its micro-batches over the window's targets, not a mean of means
+    sums = [token_loss_sum(torch.randn(1, mb.input_ids.shape[1], 64), mb.labels)[0] for mb in mbs]
+    logged = window_metrics(mbs, window_norm(mbs), loss_sum=sum(sums)).as_dict()["loss"]
+    assert logged == pytest.approx(float(sum(sums)) / 12)

@@ -334,12 +334,14 @@ def _fewer_heads(kv_heads: Any, query_heads: Any) -> int:
 
 
 # Config keys that list layer indices (remapped to the layers kept), keys that count layers from the
-# first or from the last, and per-layer lists that repeat with a period of their own (RecurrentGemma).
-LAYER_INDEX_KEYS = ("full_attn_idxs", "attn_layer_indices", "mlp_only_layers", "moe_layers")
+# first or from the last, per-layer lists that repeat with a period of their own (RecurrentGemma),
+# and layers chosen by index % period == offset (Jamba: period -> offset key). mlp_only_layers is
+# emptied instead (every layer MoE).
+LAYER_INDEX_KEYS = ("full_attn_idxs", "attn_layer_indices", "moe_layers")
 LEADING_LAYERS_KEYS = ("first_k_dense_replace",)  # DeepSeek: the first k layers are dense
 TRAILING_LAYERS_KEYS = ("num_kv_shared_layers",)  # Gemma-3n: the last n layers reuse earlier caches
 CYCLIC_LAYER_KEYS = ("block_types",)
-PERIODIC_LAYER_KEYS = (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset"))
+PERIODIC_LAYER_KEYS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
 NOT_PER_LAYER = ("bos_token_id", "eos_token_id", "time_step_limit", "mlp_multipliers", "ssm_multipliers")
 
 
@@ -359,7 +361,7 @@ def _layer_facts(settings: Mapping[str, Any], n: int) -> dict[str, list[Any]]:
     for key in TRAILING_LAYERS_KEYS:
         if isinstance(settings.get(key), int):
             facts[key] = [i >= n - settings[key] for i in range(n)]
-    for period, offset in PERIODIC_LAYER_KEYS:
+    for period, offset in PERIODIC_LAYER_KEYS.items():
         if isinstance(settings.get(period), int) and settings[period] > 0 and isinstance(settings.get(offset), int):
             facts[period] = [i % settings[period] == settings[offset] for i in range(n)]
     return facts
@@ -386,15 +388,23 @@ def _keep_layers(out: dict[str, Any]) -> None:
             out[key] = [j for j, i in enumerate(kept) if values[i]]
         elif key in LEADING_LAYERS_KEYS or key in TRAILING_LAYERS_KEYS:
             out[key] = sum(values[i] for i in kept)
-        elif key in dict(PERIODIC_LAYER_KEYS):
-            members = [j for j, i in enumerate(kept) if values[i]]
-            offset = dict(PERIODIC_LAYER_KEYS)[key]
-            # one member in the kept layers (Jamba's one attention and one MoE layer); else every layer
-            out[key], out[offset] = (len(kept), members[0]) if len(members) == 1 else (1, 0)
+        elif key in PERIODIC_LAYER_KEYS:
+            out[key], out[PERIODIC_LAYER_KEYS[key]] = _period(key, [j for j, i in enumerate(kept) if values[i]], kept)
         else:
             out[key] = [values[i] for i in kept]
     if out.get("num_hidden_layers") is not None or "layers_block_type" not in out:
         out["num_hidden_layers"] = len(kept)
+
+
+def _period(key: str, members: list[int], kept: list[int]) -> tuple[int, int]:
+    """(period, offset) that pick `members` out of the kept layers (Jamba keeps one attention and one MoE)."""
+    if len(members) == 1:
+        return len(kept), members[0]
+    if len(members) == len(kept):
+        return 1, 0
+    if not members:
+        return len(kept) + 1, len(kept)  # no layer of this kind, as in the full config
+    raise ProbeError(f"{key}: layers {members} of the {len(kept)} kept are no one period apart")
 
 
 def shrink(settings: dict[str, Any]) -> dict[str, Any]:
@@ -494,7 +504,15 @@ def resolve_config(model: str, *, tiny: bool = True) -> Any:
             f"{_config_file(model)}: num_hidden_layers {layers}: a model without layers has no documents "
             "to keep apart; fix num_hidden_layers (1 or more)"
         )
-    return _shrunk(config) if tiny else config
+    if not tiny:
+        return config
+    try:
+        return _shrunk(config)
+    except Exception as err:  # transformers refuses the shrunk settings: say which model and why
+        raise ProbeError(
+            f"{_config_file(model)}: no tiny copy of model_type {config.model_type!r} could be made ({_short(err)}); "
+            "probe its real weights (--weights)"
+        ) from None
 
 
 def _config_file(model: str) -> str:
@@ -541,6 +559,8 @@ def read_config(model: str) -> Any:
         if lines and lines[0].startswith("Validation error for field"):  # huggingface_hub's strict dataclasses
             field = lines[0].removeprefix("Validation error for ").rstrip(":")
             raise ProbeError(f"{where}: {field}: {lines[-1].strip()}; fix that value") from None
+        if lines and lines[0].startswith("Class validation error"):  # fields that disagree with each other
+            raise ProbeError(f"{where}: {lines[-1].strip()}; fix config.json") from None
         if not isinstance(err, (OSError, ValueError, KeyError, TypeError)):
             raise
         model_type = raw.get("model_type")
@@ -633,7 +653,11 @@ def build_tiny(config: Any, backend: str, seed: int = 0, dtype: torch.dtype | No
     if dtype is None:
         dtype = torch.bfloat16 if backend.startswith("flash") else torch.float32
         dtype = torch.float64 if backend in CPU_BACKENDS else dtype
-    experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    from transformers import PreTrainedModel
+
+    # transformers from 5.0 picks a kernel for MoE experts (grouped_mm refuses float64)
+    settable = hasattr(PreTrainedModel, "get_correct_experts_implementation")
+    experts = {"experts_implementation": "eager"} if dtype == torch.float64 and settable else {}
     model = _model_class(config).from_config(config, attn_implementation=backend, **experts)
     return model.to("cuda" if torch.cuda.is_available() else "cpu", dtype).eval()
 

@@ -296,6 +296,7 @@ def test_what_was_probed_is_said_in_one_line(tmp_path):
     [
         ({"num_hidden_layers": "two"}, r"config\.json: field 'num_hidden_layers': .*expected int, got str"),
         ({"num_hidden_layers": 0}, r"config\.json: num_hidden_layers 0: a model without layers"),
+        ({"layer_types": ["full_attention"] * 3}, r"config\.json: ValueError: `num_hidden_layers` \(32\) must be"),
     ],
 )
 def test_a_bad_config_field_is_one_line_naming_file_and_field(tmp_path, settings, message):

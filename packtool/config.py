@@ -572,6 +572,8 @@ def load_config(
 
     Command-line settings override the file: `output`, `capacity`, `workers`, `max_samples` (every
     source) and `overrides` (`--set key.sub=value`, see `apply_overrides`); all are validated like the file.
+    An `output` given here starts at the working folder, as on the command line (the file's own
+    `output` starts at the file's folder).
     """
     path = Path(path)
     if not path.is_file():
@@ -592,7 +594,7 @@ def load_config(
     _check_expansion(raw, str(path))
     raw = apply_overrides(_plain(raw), overrides)
     if output is not None:
-        raw["output"] = output
+        raw["output"] = str(Path(output).resolve())
     if capacity is not None:
         raw["capacity"] = capacity
     if workers is not None:

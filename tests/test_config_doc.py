@@ -91,3 +91,27 @@ def test_the_fields_table_is_the_code_s():
     for fmt, cell in table.items():
         assert re.findall(r"`(\w+)`", cell) == [k for k in DEFAULT_FIELDS[fmt] if k != "id"], fmt
         assert all(DEFAULT_FIELDS[fmt][k] == k for k in DEFAULT_FIELDS[fmt] if k != "id")
+
+
+def test_the_content_parts_table_is_what_the_adapters_read():
+    """LLaMA-Factory's parts ({"type": ..., "value": ...}) were read but nowhere documented."""
+    from packtool.adapters import _message
+    from packtool.errors import RecordError
+
+    text = DOC.read_text(encoding="utf-8")
+    table = text.split("| part `type` | becomes |", 1)[1].split("\n\n", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)`(?: or `(\w+)`)?", table, re.M))
+    kinds = {kind for pair in documented for kind in pair if kind}
+    assert kinds == {"text", "reasoning", "thinking", "tool_call"}
+    parts = [
+        {"type": "thinking", "value": "first"},
+        {"type": "reasoning", "text": "then"},
+        {"type": "text", "value": "It is "},
+        {"value": "4."},
+        {"type": "tool_call", "value": '{"name": "add", "arguments": {"a": 2}}'},
+    ]
+    answer = _message({"role": "assistant", "content": parts})
+    assert answer.content == "It is 4." and answer.reasoning_content == "first\nthen"
+    assert [call["function"]["name"] for call in answer.tool_calls] == ["add"]
+    with pytest.raises(RecordError, match="unsupported content part 'image'"):
+        _message({"role": "assistant", "content": [{"type": "image", "value": "x.png"}]})

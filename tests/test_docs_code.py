@@ -72,13 +72,14 @@ RUN_ELSEWHERE = {
         "test_the_documented_pack_hash_recipe_recomputes_the_stored_hashes",
     ),
 }
+PYTHON_API = "README.md: From Python (notebooks)"
 # Blocks that are deliberately not runnable, each with the reason (none today: every block runs).
 FRAGMENTS: dict[str, str] = {}
 
 
 def test_every_python_block_is_run_or_listed_as_a_fragment():
     found = {block.key for block in python_blocks()}
-    listed = {*SFT_LOOPS, *DPO_LOOPS, *RUN_ELSEWHERE, *FRAGMENTS}
+    listed = {*SFT_LOOPS, *DPO_LOOPS, *RUN_ELSEWHERE, PYTHON_API, *FRAGMENTS}
     assert not found - listed, f"Python blocks no test runs: {sorted(found - listed)}; run them here or list them"
     assert not listed - found, f"listed blocks that no longer exist: {sorted(listed - found)}"
 
@@ -323,3 +324,20 @@ def test_the_guard_refuses_a_forward_that_is_not_the_packed_row():
         check_isolation(model, forward=lambda m, mb: m.model(**model_inputs(mb, m)))  # .last_hidden_state left out
     with pytest.raises(TypeError, match="feed= or forward=, not both"):
         check_isolation(model, feed=position_ids_only, forward=lambda m, mb: m(**model_inputs(mb, m)).logits)
+
+
+def test_the_python_api_block_builds_from_a_file_and_from_a_dict(tmp_path):
+    """Run where the README's commands run: a folder holding configs/ (the quickstart and its data)."""
+    import shutil
+
+    shutil.copytree(QUICKSTART, tmp_path / "configs" / "quickstart")
+    shutil.copy(QUICKSTART.parent / "quickstart.yaml", tmp_path / "configs" / "quickstart.yaml")
+    [block] = [b for b in python_blocks() if b.key == PYTHON_API]
+    script = tmp_path / "api.py"
+    script.write_text(block.code)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    notebook, docs = done.stdout.strip().splitlines()
+    assert notebook.endswith(f"packs in {tmp_path / 'out' / 'notebook'}")
+    assert docs.endswith(f"packs in {tmp_path / 'out' / 'docs'}")
+    assert read_manifest(tmp_path / "out" / "docs").capacity == 512

@@ -355,6 +355,23 @@ class _Run:
         return self.dataset.manifest.shards[shard].file.relative_to(self.dataset.manifest.folder.resolve()).as_posix()
 
 
+def from_the_start(settings: TraceSettings) -> list[str]:
+    """The trace flags that plan a run like this one from step 0 (no anchor): its settings, spelled out."""
+    flags = [f"--world-size {settings.world_size}", f"--seed {settings.seed}"]
+    flags += [] if settings.shuffle else ["--no-shuffle"]
+    flags += [f"--token-budget {settings.token_budget}"] if settings.token_budget is not None else []
+    flags += ["--fixed-shape"] if settings.fixed_shape else []
+    if settings.balance is not None:
+        flags += [f"--balance {settings.balance}", f"--packs-per-step {settings.packs_per_step}"]
+        flags += [f"--alpha {settings.alpha}"] if settings.alpha else []
+    flags += ["--isolate-documents"] if settings.isolate_documents else []
+    flags += (
+        [f"--batch-size {settings.batch_size}"] if settings.token_budget is None and settings.balance is None else []
+    )
+    flags += [f"--accumulation {settings.accumulation}", f"--epochs {settings.epochs}"]
+    return flags
+
+
 def trace_step(
     output: str | Path,
     step: int,
@@ -371,7 +388,10 @@ def trace_step(
     if step < settings.first_step:
         raise TraceError(
             f"step {step} is before the anchor step {settings.first_step} (epoch {settings.epoch}, position "
-            f"{settings.position}); trace earlier steps with the settings and anchor of that part of the run"
+            f"{settings.position}; trace steps count from 0: the Trainer's global_step {settings.first_step} "
+            f"ends with trace step {settings.first_step - 1}); a run that never resumed is traced from its start: "
+            f"packtool trace {output} --step {step} {' '.join(from_the_start(settings))}; a resumed one with the "
+            "settings and anchor of that part of the run"
         )
     total = settings.first_step
     for epoch in run.epochs():

@@ -219,6 +219,19 @@ def test_checkpoint_folder_is_an_anchor(make_build, tmp_path):
     assert [p.pack_hash for p in mb.packs] == [first.pack_hash]
     with pytest.raises(TraceError, match=r"no packtool_data\.json"):
         settings_from_checkpoint(tmp_path)
+    # a step before the checkpoint: the refusal says how steps count and gives the command that works
+    with pytest.raises(TraceError) as refused:
+        trace_step(path, 1, settings)
+    message = str(refused.value)
+    assert "trace steps count from 0: the Trainer's global_step 6 ends with trace step 5" in message
+    command = re.search(r"packtool trace (\S+) (--step 1 .*?); a resumed one", message)
+    assert command and command.group(1) == str(path), message
+    result = CliRunner().invoke(main, ["trace", str(path), *command.group(2).split(), "--json"])
+    assert result.exit_code == 0, result.output
+    from_start = PackedDataset(path, world_size=2, rank=1, seed=3)
+    second = list(itertools.islice(iter(from_start), 2))[1]  # step 1 of a run that never resumed, rank 1
+    [rank1] = [mb for mb in json.loads(result.output)["micro_batches"] if mb["rank"] == 1]
+    assert [p["pack_hash"] for p in rank1["packs"]] == [second.pack_hash]
 
 
 def test_cli_step_and_id(make_build):

@@ -531,7 +531,9 @@ def settings_line(s: TraceSettings) -> str:
 
 
 def format_step(trace: StepTrace) -> str:
-    lines = [f"step {trace.step} (epoch {trace.epoch}) under {settings_line(trace.settings)}"]
+    # the Trainer counts an update after it (global_step, the logged step); a trace step counts from 0
+    counted = f"counted from 0, the Trainer's global_step {trace.step + 1} after it"
+    lines = [f"step {trace.step} ({counted}; epoch {trace.epoch}) under {settings_line(trace.settings)}"]
     for mb in trace.micro_batches:
         tokens = sum(p.n_tokens for p in mb.packs)
         targets = sum(s.targets for p in mb.packs for s in p.samples)

@@ -426,7 +426,9 @@ def format_stats(stats: dict[str, Any]) -> str:
             lines.append(f"{name:<20} {k['segments']:>9,} {k['tokens']:>11,} {k['targets']:>10,}")
     accounting = stats.get("accounting") or {}
     if accounting:
-        lines += ["", f"{'source':<20} {'read':>7} {'kept':>7} {'overflow':>8}  rejected / dropped / truncated"]
+        # notes count samples that were not dropped for them (a literal under `escape`, a straddling token)
+        header = f"{'source':<20} {'read':>7} {'kept':>7} {'overflow':>8}  rejected / dropped / truncated | notes"
+        lines += ["", header]
         for name, a in accounting.items():
             details = [f"rejected.{shown(k)}={v}" for k, v in a["rejected"].items()]
             details += [f"dropped.{shown(k)}={v}" for k, v in a["dropped"].items()]
@@ -434,12 +436,10 @@ def format_stats(stats: dict[str, Any]) -> str:
                 f"truncated.{shown(k)}={v['samples']} (-{v['tokens']} tok, -{v['targets']} tgt)"
                 for k, v in a.get("truncated", {}).items()
             ]
-            if a.get("special_token_literals"):
-                details.append(f"special_token_literals={a['special_token_literals']}")
-            if a.get("straddling_targets"):
-                details.append(f"straddling_targets={a['straddling_targets']}")
+            notes = [f"{key}={a[key]}" for key in ("special_token_literals", "straddling_targets") if a.get(key)]
             lines.append(
                 f"{shown(name):<20} {a['read']:>7,} {a['kept']:>7,} {a['overflow']:>8,}  {', '.join(details) or '-'}"
+                + (f" | {', '.join(notes)}" if notes else "")
             )
     mixing = stats.get("mixing") or {}
     if mixing:

@@ -278,7 +278,7 @@ def _render_chat(example: Example, template: ChatTemplate, policy: TrainPolicy, 
     literal_ranges = tuple(
         (at, found.end()) for at in literal_at if literals and (found := literals.match(text, at)) is not None
     )
-    owners = _block_owners(generations, contents, [m.role for m in messages])
+    owners = _block_owners(generations, contents, [m.role for m in messages]) if generations else []
     blocks = {}
     for (start, _), mine in reversed(list(zip(generations, owners))):
         blocks.update(dict.fromkeys(mine, start))  # a message's first block
@@ -1139,8 +1139,10 @@ class _Turns:
         self.text, self.messages, self.contents, self.header, self.skip = text, messages, contents, header, skip
         self.blocks = blocks
         self.ends = sorted(e for ranges in contents.values() for _, e in ranges)
-        self.anchored = sorted(contents)
-        self.assistants = list(accumulate((m.role == "assistant" for m in messages), initial=0))
+        # which messages have contents, and how many of those before each index are assistants: built on
+        # first use, as most renders have no turn without a content
+        self.anchored: list[int] = []
+        self.assistants: list[int] = []
         self.gaps: dict[tuple[int, int], list[int]] = {}
 
     def lower(self, i: int, upper: int) -> int:
@@ -1162,9 +1164,12 @@ class _Turns:
         """Where message i's header starts; -1 where it cannot be told."""
         if self.header is None:
             return -1
-        if i in self.contents:
-            upper = self.contents[i][0][0]
-            return _rfind_structure(self.text, self.header, self.lower(i, upper), upper, self.skip)
+        own = self.contents.get(i)
+        if own:
+            return _rfind_structure(self.text, self.header, self.lower(i, own[0][0]), own[0][0], self.skip)
+        if not self.assistants:
+            self.anchored = sorted(self.contents)
+            self.assistants = list(accumulate((m.role == "assistant" for m in self.messages), initial=0))
         k = bisect.bisect_left(self.anchored, i)
         before = self.anchored[k - 1] if k else -1
         after = self.anchored[k] if k < len(self.anchored) else len(self.messages)
@@ -1261,7 +1266,7 @@ def _targets_from_headers(
 
 
 def _in_any(at: int, ranges: tuple[tuple[int, int], ...]) -> bool:
-    return any(start <= at < end for start, end in ranges)
+    return bool(ranges) and any(start <= at < end for start, end in ranges)
 
 
 def _rfind_structure(text: str, needle: str, lower: int, upper: int, skip: tuple[tuple[int, int], ...]) -> int:

@@ -117,7 +117,7 @@ def build(
     from packtool.builder.executors import describe_workers
     from packtool.builder.progress import BarProgress, LogProgress, Progress
     from packtool.config import load_config, resolve_config_path
-    from packtool.stats import format_headline
+    from packtool.stats import format_headline, heavy_truncation
 
     settings_from_flags = [f"executor={executor}"] if executor else []
     settings_from_flags += [f"ray_address={address}"] if address else []
@@ -165,15 +165,21 @@ def build(
         manifest = built.manifest
         # The headline only: `packtool stats OUT` prints the rest (the README's quick start runs both).
         click.echo("\n".join(format_headline(manifest["stats"])))
-        click.echo(
-            f"\nencode: {built.records.describe()}; "
-            f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
-            + (f"; {built.shards_repaired} changed on disk since written, redone" if built.shards_repaired else "")
-        )
-        main_shards = len(manifest["shards"])
-        parts = [f"{name}/" for name in ("overflow", "validation") if manifest.get(name)]
-        beside = f" (+ {built.shards - main_shards} in {' and '.join(parts)})" if built.shards > main_shards else ""
-        click.echo(f"wrote {main_shards} shard(s){beside} and manifest.json to {settings.run.output}")
+        if built.up_to_date:
+            click.echo(
+                f"\nencode: {built.records.describe()}\nup to date: {settings.run.output} already holds this "
+                "build (same plan, config and packtool version; every shard's sha256 checked); nothing written"
+            )
+        else:
+            click.echo(
+                f"\nencode: {built.records.describe()}; "
+                f"emit: {built.shards_reused} of {built.shards} shard(s) resumed"
+                + (f"; {built.shards_repaired} changed on disk since written, redone" if built.shards_repaired else "")
+            )
+            main_shards = len(manifest["shards"])
+            parts = [f"{name}/" for name in ("overflow", "validation") if manifest.get(name)]
+            beside = f" (+ {built.shards - main_shards} in {' and '.join(parts)})" if built.shards > main_shards else ""
+            click.echo(f"wrote {main_shards} shard(s){beside} and manifest.json to {settings.run.output}")
         # `workers: auto` (the default) decides by the cores: say what it decided
         click.echo(
             f"ran as {describe_workers(settings.run.workers, settings.run.executor)} on {usable_cores()} usable core(s)"
@@ -181,6 +187,8 @@ def build(
         template = stages_for(settings).template  # loaded by the build in this process, not again
         if template is not None:
             click.echo(f"template {template.described} rendered by {template.engine}")
+        for line in heavy_truncation(manifest):
+            click.echo(f"note: {line}; per length: packtool stats {settings.run.output}")
         click.echo(f"per source, per reason and per length: packtool stats {settings.run.output}")
         rejected = manifest["rejects"]["count"]
         if rejected:

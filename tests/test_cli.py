@@ -418,8 +418,18 @@ def test_a_build_says_when_it_replaces_another_configs_build_and_counts_every_sh
     out = str(tmp_path / "out")
     first = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20"])
     assert first.exit_code == 0 and "held a build of another config" not in first.output, first.output
+    shard = tmp_path / "out" / "shard-00000.parquet"
+    written = shard.stat().st_mtime_ns
     again = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20"])
     assert "held a build of another config" not in again.output  # the same config: nothing to say
+    # the same build again: kept as it is, nothing written (it rewrote every shard and swapped them in)
+    assert f"up to date: {out} already holds this build" in again.output and "wrote " not in again.output
+    assert shard.stat().st_mtime_ns == written
+    # a shard changed on disk is not trusted: the build is written again
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    repaired = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20"])
+    assert "wrote 1 shard(s)" in repaired.output and "up to date" not in repaired.output
+    assert CliRunner().invoke(main, ["verify", out]).exit_code == 0
     other = CliRunner().invoke(main, ["build", config, "-o", out, "--max-samples", "20", "--capacity", "512"])
     assert other.exit_code == 0, other.output
     assert f"note: {out} held a build of another config (config_hash " in other.stderr

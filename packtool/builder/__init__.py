@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import packtool
 from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, file_sha256, source_settings
 from packtool.builder.emit import emit_item, emit_items, release
 from packtool.builder.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
@@ -35,7 +36,7 @@ from packtool.builder.owned import check_apart, claim, locked, unlinked
 from packtool.builder.plan import make_plan, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
-from packtool.builder.publish import Staging
+from packtool.builder.publish import Staging, holds_build
 from packtool.builder.reencoded import Reencoded, last_range, reencoded
 from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
@@ -71,6 +72,7 @@ class Built:
     records: Reencoded = field(default_factory=Reencoded)
     shards_repaired: int = 0  # staged shards among `repaired` (the rest are cache entries and the staged plan)
     quota_misses: tuple[str, ...] = ()  # one line per quota the shards fall short of (on_quota_miss: warn)
+    up_to_date: bool = False  # OUT held this very build (plan, config, version, every shard's hash): kept as it was
 
 
 def build(
@@ -142,6 +144,22 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             _check_outcome(config, plan)
             shown = preview(config, plan)
             return Built(shown, staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired), records)
+        held = holds_build(staging.output, key, config.config_hash, packtool.__version__)
+        if held is not None:  # the same bytes again: keep them, write nothing
+            missed = _quota_misses(config, held)
+            return Built(
+                held,
+                staging.output,
+                len(items),
+                encode_reused,
+                0,
+                0,
+                nodes,
+                tuple(repaired),
+                records,
+                quota_misses=missed,
+                up_to_date=True,
+            )
         staging.keep_only(key)
         damaged = stored_plan_problem(staging.plan(key), key, partitions)
         if damaged is not None:  # nothing staged from it can be trusted either
@@ -169,12 +187,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     release()
 
     manifest = write_outputs(config, stages, plan, out, infos)
-    missed = quota_misses(source_quotas(config), manifest["stats"]["sources"])
-    if missed and config.outcome.on_quota_miss == "fail":
-        raise BuildError(
-            "\n".join(missed) + "\nnothing was published (on_quota_miss: fail, as --strict sets); "
-            "lower the quota, or fix the source that could not meet it"
-        )
+    missed = _quota_misses(config, manifest)
     staging.publish(key, swapped=lambda: _kill_hook("publish", 1))
     return Built(
         manifest,
@@ -187,8 +200,19 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         tuple(repaired),
         records,
         shards_repaired,
-        tuple(missed),
+        missed,
     )
+
+
+def _quota_misses(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, ...]:
+    """One line per quota the build's shards fall short of; under on_quota_miss: fail, the build's end."""
+    missed = tuple(quota_misses(source_quotas(config), manifest["stats"]["sources"]))
+    if missed and config.outcome.on_quota_miss == "fail":
+        raise BuildError(
+            "\n".join(missed) + "\nnothing was published (on_quota_miss: fail, as --strict sets); "
+            "lower the quota, or fix the source that could not meet it"
+        )
+    return missed
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:

@@ -38,14 +38,43 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from packtool.builder.cache import file_sha256
 from packtool.builder.owned import LOCK, MARKER, SUBFOLDERS, OwnershipError, claim, locked
-from packtool.format import MANIFEST, REJECTS, write_json_atomic
+from packtool.errors import PacktoolError
+from packtool.format import MANIFEST, REJECTS, read_manifest, write_json_atomic
 from packtool.seal import SEAL, manifest_digest
 
 STAGING_KIND = "staging"
 CARRY = "carry.json"
 # Names that readers of OUT (verify, the loader, stats) take for part of the build.
 LOOKS_BUILT = (MANIFEST, REJECTS, "*.parquet", "*.tmp*")
+
+
+def holds_build(output: Path, plan_key: str, config_hash: str, version: str) -> dict | None:
+    """OUT's manifest when OUT already holds the build of this plan, config and packtool version, with
+    every shard's bytes as its manifest records them (sha256) in OUT and its parts; else None.
+
+    The build is deterministic, so its bytes would be these again: a rerun keeps them instead of writing
+    and swapping in a copy. Anything read back is checked first (the manifest's seal, each shard's hash).
+    """
+    try:
+        manifest = read_manifest(output)
+        raw = manifest.raw
+        if (raw.get("plan_hash"), raw.get("config_hash"), raw.get("packtool_version")) != (
+            plan_key,
+            config_hash,
+            version,
+        ):
+            return None
+        for folder in [output, *(output / name for name in manifest.parts.values())]:
+            listed = manifest if folder == output else read_manifest(folder)
+            if not listed.sealed or any(file_sha256(entry.file) != entry.sha256 for entry in listed.shards):
+                return None
+            if sum(1 for _ in (folder / REJECTS).open("rb")) != listed.raw["rejects"]["count"]:
+                return None
+    except (PacktoolError, OSError, KeyError, TypeError):
+        return None
+    return raw
 
 
 @dataclass(frozen=True)

@@ -382,6 +382,33 @@ def attention_slots(lengths: np.ndarray, pack_lengths: np.ndarray) -> dict[str, 
     }
 
 
+# Above this share of a source's kept samples cut to fit, the build summary says so: a pair that lost
+# half its prompt is another task, and only `stats` showed it (81 of 300 DPO pairs at capacity 2048).
+HEAVY_TRUNCATION = 0.1
+
+
+def heavy_truncation(manifest: dict[str, Any]) -> list[str]:
+    """One line per source more than HEAVY_TRUNCATION of whose kept samples lost tokens to fit a pack
+    (a split, which loses none, does not count)."""
+    lines = []
+    for name, counts in (manifest.get("accounting") or {}).items():
+        cut = {k: v for k, v in counts.get("truncated", {}).items() if v["tokens"] or v["targets"]}
+        samples = sum(v["samples"] for v in cut.values())
+        kept = counts.get("kept", 0)
+        if kept and samples > HEAVY_TRUNCATION * kept:
+            items = any(
+                s.get("name") == name and s.get("format") in ("preference", "group")
+                for s in (manifest.get("config") or {}).get("sources") or []
+                if isinstance(s, dict)
+            )
+            what = "pairs or groups lost prompt tokens" if items else "samples lost tokens"
+            lines.append(
+                f"{samples:,} of {kept:,} {shown(name)} {what} to fit capacity {manifest.get('capacity')} "
+                f"({', '.join(f'truncated.{shown(k)}' for k in sorted(cut))})"
+            )
+    return lines
+
+
 def format_headline(stats: dict[str, Any]) -> list[str]:
     """The first block of `format_stats`: packs, segments, tokens, efficiency, padding, targets, and the
     target tokens that start in the prompt where there are any (the build summary prints this block)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from itertools import pairwise
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from support import REPO, shared
+from support import QUICKSTART, REPO, shared
 
 from packtool.cli import main
 from packtool.errors import PacktoolError
@@ -276,3 +277,36 @@ def test_target_tokens_starting_in_the_prompt_are_counted_in_the_build_summary_a
     assert shown.exit_code == 0, shown.output
     assert summary_line in shown.output.splitlines()
     assert "straddling_targets=1" in shown.output
+
+
+def test_heavy_truncation_is_named_per_source():
+    """More than a tenth of a source's kept samples cut to fit: a line for the build summary."""
+    from packtool.stats import heavy_truncation
+
+    def source(kept: int, truncated: dict) -> dict:
+        return {"kept": kept, "truncated": truncated}
+
+    manifest = {
+        "capacity": 2048,
+        "config": {"sources": [{"name": "dpo", "format": "preference"}, {"name": "chat", "format": "messages"}]},
+        "accounting": {
+            "dpo": source(300, {"left": {"samples": 81, "tokens": 9_000, "targets": 0}}),
+            "chat": source(100, {"right": {"samples": 10, "tokens": 500, "targets": 400}}),  # a tenth: not more
+            "docs": source(50, {"split": {"samples": 40, "tokens": 0, "targets": 0}}),  # split loses nothing
+        },
+    }
+    assert heavy_truncation(manifest) == [
+        "81 of 300 dpo pairs or groups lost prompt tokens to fit capacity 2048 (truncated.left)"
+    ]
+    manifest["accounting"]["chat"]["truncated"]["right"]["samples"] = 11
+    assert heavy_truncation(manifest)[1] == "11 of 100 chat samples lost tokens to fit capacity 2048 (truncated.right)"
+
+
+def test_a_build_that_cuts_many_samples_says_so(tmp_path):
+    config = str(QUICKSTART.parent / "quickstart.yaml")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", config, "-o", str(out), "--max-samples", "30", "--capacity", "96"])
+    assert result.exit_code == 0, result.output
+    assert re.search(
+        r"^note: \d+ of \d+ chat samples lost tokens to fit capacity 96 \(truncated\.", result.output, re.M
+    )

@@ -985,7 +985,7 @@ def run_checks(model: Any, mb: MicroBatch, feed_name: str) -> ProbeRow:
     except Exception as err:  # the model refuses the packed inputs: training on them would fail or leak
         return ProbeRow(backend, feed_name, "error", detail=error_message(kinds, feed_name, err, model))
     # Changes relative to the largest logit: a model initialised small has small logits and small leaks.
-    scale = max(float(a.abs().max()) for a in alone)
+    scale = max(max(float(a.abs().max()) for a in alone), torch.finfo(torch.float64).tiny)  # all-zero logits
     same = max(float((packed[lo:hi] - a.double()).abs().max()) for a, lo, hi in _spans(alone, mb)) / scale
     tol, loose = tolerance(dtype), tolerance(dtype, recomputed=True)
     checks = (
@@ -1096,7 +1096,7 @@ def _load_real(model: str, backend: str) -> Any:
         raise ProbeError(f"--weights needs a model folder or a cached hub id, not the family name {model!r}")
     config = read_config(model)
     loaded = _model_class(config).from_pretrained(
-        model, attn_implementation=backend, local_files_only=True, dtype="auto"
+        model, config=config, attn_implementation=backend, local_files_only=True, dtype="auto", trust_remote_code=False
     )
     return loaded.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 

@@ -383,7 +383,8 @@ def stats(path: Path, as_json: bool) -> None:
     "feeds",
     multiple=True,
     type=click.Choice(["model_inputs", "position_ids", "one_document_per_row"]),
-    help="--probe these ways of feeding the packed row (default: model_inputs, what packtool feeds).",
+    help="--probe these ways of feeding the packed row (default: model_inputs, what packtool feeds, and one "
+    "document per row where that fails).",
 )
 @click.option(
     "--weights", is_flag=True, help="--probe the real weights (local folder or cache) instead of a tiny copy."
@@ -442,7 +443,7 @@ def _probe(
     except ImportError as error:
         raise click.ClickException(str(error)) from None
     try:
-        report = probe(model, backends=backends or None, feeds=feeds or ("model_inputs",), data=data, weights=weights)
+        report = probe(model, backends=backends or None, feeds=feeds or None, data=data, weights=weights)
     except PacktoolError as error:
         raise _fail(error) from None
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else format_probe(report))

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool import hub
 from packtool.errors import IsolationError, PacktoolError, ProbeError
 
 try:
@@ -67,6 +68,8 @@ from packtool.loader.loss import token_loss_sum
 
 log = logging.getLogger("packtool.probe")
 SKIP_ENV = "PACKTOOL_SKIP_ISOLATION_CHECK"
+# not a fix: said so, for whoever wants to measure what contamination costs
+SKIPPING = f" ({SKIP_ENV}=1 skips this check and trains with documents that see each other)"
 CHECKS = ("packed_vs_alone", "perturbation", "gradients", "loss")
 CPU_BACKENDS = ("eager", "sdpa")
 # HF compiles flex attention on first use: ~40 s per model on this CPU, and a document BlockMask
@@ -575,7 +578,8 @@ def read_config(model: str) -> Any:
             raise ProbeError(message) from None
         raise ProbeError(
             f"--probe {model}: not a family ({_families()}), a config.json, a model folder or a hub id "
-            f"in the local cache ({_short(err)[:200]}); download it first (huggingface-cli download ID config.json)"
+            f"in the local cache ({_short(err)[:200]}); download it first "
+            f"(hf download {model if hub.is_repo_id(model) else 'ORG/NAME'} config.json)"
         ) from None
 
 
@@ -1016,7 +1020,11 @@ FIX_RECURRENT = {
     "mamba": "install mamba-ssm and causal-conv1d (CUDA; they read seq_idx)",
     "conv": "install causal-conv1d (CUDA; it reads seq_idx)",
 }
-FIX_FALLBACK = "train one document per row (PackedCollator(one_document_per_row=True))"
+# The ways to train one document per row: a Trainer's collator, or a loop's loader.
+ONE_PER_ROW = (
+    "PackedCollator(model, one_document_per_row=True) for a Trainer, PackedDataset(isolate_documents=True) in a loop"
+)
+FIX_FALLBACK = f"train one document per row ({ONE_PER_ROW})"
 FIX_FEED = "feed packtool.loader.hf.model_inputs(mb, model) (the boundaries this model reads)"
 # Backends that read packtool's boundaries (a mask from restarting positions; cu_seq_lens), with
 # the class flag that says a model runs on them.
@@ -1029,27 +1037,30 @@ def other_backends(model: Any) -> tuple[str, ...]:
     return tuple(name for name, flag in BOUNDARY_BACKENDS if getattr(model, flag, False) and name != current)
 
 
-def fix_for(kind: str, feed: str, model: Any) -> str:
-    """The advice for a leak or a refusal in a layer of `kind`: only what that layer and model can use."""
+def fix_for(kind: str, feed: str, model: Any, fallback: str = FIX_FALLBACK) -> str:
+    """The advice for a leak or a refusal in a layer of `kind`: only what that layer and model can use,
+    the kernels only where they run (CUDA), and `fallback` (one document per row) as the caller spells it."""
     if kind in FIX_RECURRENT:
-        return f"{FIX_RECURRENT[kind]}, or {FIX_FALLBACK}"
+        if not torch.cuda.is_available():
+            return f"{fallback}; on a CUDA machine, also: {FIX_RECURRENT[kind]} (not here: this machine has no CUDA)"
+        return f"{FIX_RECURRENT[kind]}, or {fallback}"
     if kind in RECURRENT_KINDS:
-        return f"{FIX_FALLBACK}; {kind} layers read no document boundary"
+        return f"{fallback}; {kind} layers read no document boundary"
     if feed != "model_inputs":
-        return f"{FIX_FEED}, or {FIX_FALLBACK}"
+        return f"{FIX_FEED}, or {fallback}"
     backends = other_backends(model)
-    return f"use another attention backend ({', '.join(backends)}), or {FIX_FALLBACK}" if backends else FIX_FALLBACK
+    return f"use another attention backend ({', '.join(backends)}), or {fallback}" if backends else fallback
 
 
-def leak_message(kinds: Sequence[str], feed: str, culprit: str, model: Any) -> str:
+def leak_message(kinds: Sequence[str], feed: str, culprit: str, model: Any, fallback: str = FIX_FALLBACK) -> str:
     kind = culprit.split("(")[-1].rstrip(")") if culprit else _first_recurrent(kinds)
     where = culprit or f"{kind} layers"
-    return f"{where} carries one document into the next; fix: {fix_for(kind, feed, model)}"
+    return f"{where} carries one document into the next; fix: {fix_for(kind, feed, model, fallback)}"
 
 
-def error_message(kinds: Sequence[str], feed: str, err: BaseException, model: Any) -> str:
+def error_message(kinds: Sequence[str], feed: str, err: BaseException, model: Any, fallback: str = FIX_FALLBACK) -> str:
     kind = _first_recurrent(kinds)
-    return f"{kind} layers refuse the packed inputs ({_short(err)}); fix: {fix_for(kind, feed, model)}"
+    return f"{kind} layers refuse the packed inputs ({_short(err)}); fix: {fix_for(kind, feed, model, fallback)}"
 
 
 def _first_recurrent(kinds: Sequence[str]) -> str:
@@ -1060,11 +1071,16 @@ def probe(
     model: str,
     *,
     backends: Sequence[str] | None = None,
-    feeds: Sequence[str] = ("model_inputs",),
+    feeds: Sequence[str] | None = None,
     data: str | Path | None = None,
     weights: bool = False,
 ) -> ProbeReport:
-    """Every backend x feed on a tiny random model of MODEL (or its real weights with `weights`)."""
+    """Every backend x feed on a tiny random model of MODEL (or its real weights with `weights`).
+
+    Without `feeds`: model_inputs (what packtool feeds), and on a backend where that leaks or is
+    refused, one document per row too, the way out a user then needs to see."""
+    fallback = feeds is None
+    feeds = feeds or ("model_inputs",)
     for name in feeds:
         if name not in FEEDS:
             raise ProbeError(f"--feed {name}: unknown; choose {', '.join(FEEDS)}")
@@ -1084,7 +1100,10 @@ def probe(
             continue
         architecture, kinds = type(built).__name__, model_layer_kinds(built)
         dtype = str(next(built.parameters()).dtype).removeprefix("torch.")
-        rows.extend(run_checks(built, mb, feed) for feed in feeds)
+        tried = [run_checks(built, mb, feed) for feed in feeds]
+        if fallback and any(row.failed for row in tried):
+            tried.append(run_checks(built, mb, "one_document_per_row"))
+        rows.extend(tried)
         del built
     weights_kind = "real" if weights else "tiny random"
     notes = probed_notes(model, config, tiny=not weights)
@@ -1116,8 +1135,15 @@ def format_probe(report: ProbeReport) -> str:
     if report.verdict == "could not run":
         why = "; ".join(dict.fromkeys(f"{row.backend}: {row.detail}" for row in report.rows)) or "no backend given"
         lines.append(f"could not run: no backend ran {report.model} ({why}); nothing was compared")
+    elif report.ok:
+        lines.append("ok: packed documents stay apart")
     else:
-        lines.append("ok: packed documents stay apart" if report.ok else "FAILED: a combination lets documents leak")
+        failed = [row for row in report.rows if row.failed]
+        what = "let documents leak" if any(row.status == "leak" for row in failed) else "refuse the packed inputs"
+        combos = ", ".join(dict.fromkeys(f"{row.backend} x {row.feed}" for row in failed))
+        lines.append(f"FAILED: {combos} {what}")
+        if any(row.feed == "one_document_per_row" and row.status == "pass" for row in report.rows):
+            lines.append(f"one document per row passes: train with {ONE_PER_ROW}")
     return "\n".join(lines)
 
 
@@ -1130,6 +1156,7 @@ def check_isolation(
     *,
     feed: Callable[[MicroBatch, Any], dict[str, Any]] = model_inputs,
     forward: Callable[[Any, MicroBatch], torch.Tensor] | None = None,
+    fallback: str = FIX_FALLBACK,
 ) -> float | None:
     """Raise IsolationError if changing document 0 of a short packed row moves another document's logits.
 
@@ -1140,7 +1167,8 @@ def check_isolation(
     exactly what the loop trains on (docs/loader.md). Returns the largest change seen outside
     document 0, or None when skipped: PACKTOOL_SKIP_ISOLATION_CHECK=1, or parameters sharded
     (ZeRO-3, FSDP) before the trainer wraps the model (logged; probe such a model with
-    `packtool audit --probe`).
+    `packtool audit --probe`). `fallback` is how the caller trains one document per row, named in
+    the advice (a trainer spells out its own constructor).
     """
     if forward is not None and feed is not model_inputs:
         raise TypeError("check_isolation takes feed= or forward=, not both: forward(model, mb) feeds the model itself")
@@ -1161,21 +1189,20 @@ def check_isolation(
         moved = perturbation(model, mb, feed, forward)
     except PacktoolError:
         raise
-    except Exception as err:
-        message = error_message(kinds, fed, err, model)
-        raise IsolationError(f"{name}: {message}; {SKIP_ENV}=1 skips this check") from err
+    except Exception as err:  # the model's own refusal is quoted in the message: no second traceback
+        message = error_message(kinds, fed, err, model, fallback)
+        raise IsolationError(f"{name}: {message}{SKIPPING}") from None
     finally:
         model.train(training)
     if moved.leaks:
-        cause = leak_message(kinds, fed, moved.culprit, model)
+        cause = leak_message(kinds, fed, moved.culprit, model, fallback)
         if forward is None and _cache_is_the_cause(model, mb, feed):
             cause = (
                 f"the feed leaves the KV cache on (config.use_cache=True, no use_cache=False), and with a cache "
                 f"HF builds no block mask; fix: pass use_cache=False, or {FIX_FEED}"
             )
         raise IsolationError(
-            f"{name}: packed documents leak (logits of later documents moved {moved.outside:.1e}): "
-            f"{cause}; {SKIP_ENV}=1 skips this check"
+            f"{name}: packed documents leak (logits of later documents moved {moved.outside:.1e}): {cause}{SKIPPING}"
         )
     return moved.outside
 

@@ -128,6 +128,20 @@ def test_cli_probe_passes_llama_and_names_the_qwen35_leak():
     assert all("linear_attention" in row["detail"] for row in report["rows"])
 
 
+def test_the_default_probe_shows_the_one_document_per_row_way_out():
+    """Qwen3.5 on CPU: model_inputs is refused (no FLA kernels here). Before, ERROR rows and "a
+    combination lets documents leak", though nothing leaked and one document per row passes."""
+    result = CliRunner().invoke(main, ["audit", "--probe", "qwen3_5", "--backend", "sdpa"])
+    assert result.exit_code == 1
+    assert re.search(r"^sdpa +model_inputs .* ERROR: linear_attention layers refuse", result.output, re.M)
+    assert re.search(r"^sdpa +one_document_per_row .* PASS$", result.output, re.M), result.output
+    last = result.output.strip().splitlines()[-2:]
+    assert last[0] == "FAILED: sdpa x model_inputs refuse the packed inputs"
+    assert last[1].startswith(
+        "one document per row passes: train with PackedCollator(model, one_document_per_row=True)"
+    )
+
+
 def test_cli_probe_reads_a_config_json_and_real_documents(tmp_path, quickstart_build):
     folder = tmp_path / "model"
     family_config(FAMILIES["gemma3"]).save_pretrained(folder)
@@ -270,7 +284,8 @@ def test_a_small_leak_of_a_small_model_is_caught(tmp_path):
     )
     row = probe(str(config), backends=("sdpa",), feeds=("position_ids",)).rows[0]
     assert row.status == "leak", row
-    assert row.detail.startswith("layer 0 (conv) carries one document into the next; fix: install causal-conv1d")
+    assert row.detail.startswith("layer 0 (conv) carries one document into the next; fix: ")
+    assert "install causal-conv1d" in row.detail  # on CUDA first; here after one document per row
     perturbation = next(c for c in row.checks if c.check == "perturbation")
     assert 1e-9 < perturbation.worst < 1e-4  # under the old fixed 1e-4, far over float64's noise
 
@@ -341,3 +356,13 @@ class SimpleModel(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.config = transformers.LlamaConfig(vocab_size=vocab_size, num_hidden_layers=1)
+
+
+def test_an_uncached_hub_id_names_the_command_huggingface_hub_ships(monkeypatch, tmp_path):
+    """The installed huggingface_hub ships `hf`, not `huggingface-cli`; the rest of packtool says `hf download`."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = CliRunner().invoke(main, ["audit", "--probe", "nobody-here/no-such-model"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "hf download nobody-here/no-such-model config.json" in result.output
+    assert "huggingface-cli" not in result.output

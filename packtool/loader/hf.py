@@ -309,7 +309,15 @@ class _PackedMixin:
 
     def _check_isolation(self) -> None:
         """Two forwards of the real model on a short packed row, fed through this trainer's collator."""
-        check_isolation(self.model, feed=self._guard_inputs)  # type: ignore[attr-defined]
+        check_isolation(self.model, feed=self._guard_inputs, fallback=self._one_per_row)  # type: ignore[attr-defined]
+
+    @property
+    def _one_per_row(self) -> str:
+        """The way this trainer trains one document per row, spelled as a user writes it."""
+        way = "PackedTrainer(..., data_collator=PackedCollator(model, one_document_per_row=True))"
+        if self._packs_as_examples:  # TRL's collator packs its rows: PackedTrainer is the way out
+            return f"train one document per row on {way}; TRL's padding-free collator always packs"
+        return f"train one document per row: {way}"
 
     def _guard_inputs(self, mb: MicroBatch, model: Any) -> dict[str, Any]:
         pack = LoadedPack(

@@ -115,8 +115,19 @@ def hybrid_trainer(build, tmp_path, *, trl: bool = False, **collator):
 def test_trainers_refuse_a_hybrid_model_that_would_train_contaminated(quickstart_build, tmp_path):
     from packtool.errors import IsolationError
 
-    with pytest.raises(IsolationError, match=r"^Qwen3_5ForCausalLM \(sdpa\): linear_attention layers refuse"):
+    with pytest.raises(
+        IsolationError, match=r"^Qwen3_5ForCausalLM \(sdpa\): linear_attention layers refuse"
+    ) as refused:
         hybrid_trainer(quickstart_build, tmp_path).train()
+    # one error, no chained traceback; the way out as the trainer is written; skipping is not a fix
+    message = str(refused.value)
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+    fix = message.split("; fix: ", 1)[1]
+    assert fix.startswith(
+        "train one document per row: PackedTrainer(..., data_collator=PackedCollator(model, one_document_per_row=True))"
+    )
+    assert "(not here: this machine has no CUDA)" in fix  # the FLA kernels are CUDA only
+    assert "skips this check and trains with documents that see each other" in message
     pytest.importorskip("trl")
     # TRL's padding-free collator adds its own boundaries, which the conv fallback refuses too
     with pytest.raises(IsolationError, match=r"^Qwen3_5ForCausalLM \(sdpa\): linear_attention layers"):

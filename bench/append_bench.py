@@ -32,9 +32,10 @@ from pathlib import Path
 import yaml
 import zstandard
 
-import packtool.builder.encode as encode_phase
+import packtool.ranges as file_ranges
 from packtool.builder import Built, build
 from packtool.builder.cache import CACHE_DIR, TokenCache
+from packtool.builder.encode import CachedRanges
 from packtool.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,10 +74,10 @@ def _keying_seconds(file: Path, cache: TokenCache, rounds: int = 5) -> tuple[flo
     hashed, remembered = [], []
     for _ in range(rounds):  # interleaved, pair by pair: the machine's load moves
         begun = time.perf_counter()
-        encode_phase.row_ranges(str(file), None)
+        file_ranges.row_ranges(str(file), None)
         hashed.append(time.perf_counter() - begun)
         begun = time.perf_counter()
-        encode_phase.row_ranges(str(file), None, cache)
+        file_ranges.row_ranges(str(file), None, CachedRanges(cache))
         remembered.append(time.perf_counter() - begun)
     return sorted(hashed)[rounds // 2], sorted(remembered)[rounds // 2]
 
@@ -95,11 +96,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=20)
     parser.add_argument("--share", type=float, default=0.01, help="rows appended, as a share of all rows")
-    parser.add_argument("--range-rows", type=int, default=encode_phase.RANGE_ROWS)
+    parser.add_argument("--range-rows", type=int, default=file_ranges.RANGE_ROWS)
     parser.add_argument("--parquet", action="store_true", help="chat's rows as Parquet, written again when grown")
     parser.add_argument("--compress", choices=sorted(COMPRESSORS), help="chat's lines compressed, grown by a member")
     args = parser.parse_args()
-    encode_phase.RANGE_ROWS = args.range_rows
+    file_ranges.RANGE_ROWS = args.range_rows
     with tempfile.TemporaryDirectory(prefix="append-bench-") as tmp:
         folder = Path(tmp)
         rows = 0

@@ -5,7 +5,7 @@
     python bench/pairs_bench.py --data FILE.json ...   # any preference files pair_from_record reads
 
 Every row is parsed (`adapters.pair_from_record`), encoded as two segments that share the
-prompt (`builder.encode.encode_answers`), fitted with the joint left cut of the prompt
+prompt (`builder.answers.encode_answers`), fitted with the joint left cut of the prompt
 (`truncate.truncate_item`; dropped as `pair_too_long` when the answers alone do not fit) and
 planned with `packing_items.plan_items` (bfd). The rows printed:
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.adapters import pair_from_record
-from packtool.builder.encode import encode_answers
+from packtool.builder.answers import encode_answers
 from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig
 from packtool.encode import load_tokenizer

@@ -113,9 +113,9 @@ def build(
     """
     _one_blas_thread()
     from packtool.builder import build as run_build
-    from packtool.builder.encode import stages_for
     from packtool.builder.executors import describe_workers
     from packtool.builder.progress import BarProgress, LogProgress, Progress
+    from packtool.builder.stages import stages_for
     from packtool.config import load_config, resolve_config_path
     from packtool.stats import format_headline, heavy_truncation
 

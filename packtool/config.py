@@ -35,7 +35,7 @@ import yaml
 
 from packtool import hub
 from packtool.checks import range_problem, seed_problem
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, HubError, PacktoolError
 from packtool.format import MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
@@ -992,7 +992,7 @@ def _expand(
                     continue
                 for file in saved:
                     files.setdefault(str(file), f"{label}/{file.relative_to(path).as_posix()}")
-        except hub.HubError as exc:
+        except HubError as exc:
             p.add(f"{where}.path", str(exc))
     return files
 
@@ -1104,7 +1104,7 @@ def _parse_tokenizer(value: str | None, base_dir: Path, p: _Problems) -> Tokeniz
     if not target.exists() and hub.is_repo_id(value):
         try:
             target = hub.snapshot(value, "models")
-        except hub.HubError as exc:
+        except HubError as exc:
             p.add("tokenizer", f"not found: {target}; {exc}")
             return TokenizerConfig(str(target), None)
     if target.is_dir():

@@ -99,3 +99,15 @@ class ProbeError(PacktoolError):
 
 class BuildError(PacktoolError):
     """The build ran but its outcome must not be published (empty output, too many records lost)."""
+
+
+class HubError(PacktoolError):
+    """A name that is not in the local cache, or a folder that is not what it claims to be."""
+
+
+class TraceError(PacktoolError):
+    """A trace that cannot be answered: bad settings, a step outside the run, an unknown key."""
+
+
+class OwnershipError(PacktoolError):
+    """A path packtool was asked to write or delete is not provably its own; nothing was touched."""

@@ -18,16 +18,12 @@ import os
 import re
 from pathlib import Path
 
-from packtool.errors import PacktoolError
+from packtool.errors import HubError
 
 # ORG/NAME as the Hub spells repository ids (an optional @revision is split off first).
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+")
 # Files a dataset snapshot may hold records in; READMEs, scripts and metadata are not data.
 DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz")
-
-
-class HubError(PacktoolError):
-    """A name that is not in the local cache, or a folder that is not what it claims to be."""
 
 
 def hub_cache() -> Path:

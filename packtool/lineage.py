@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from packtool.errors import DatasetError, PacktoolError
+from packtool.errors import DatasetError, PacktoolError, TraceError
 
 if TYPE_CHECKING:  # the loader (torch) is imported when a trace runs, not with the CLI
     from packtool.loader.schedule import EpochPlan, ResumeState
@@ -49,10 +49,6 @@ if TYPE_CHECKING:  # the loader (torch) is imported when a trace runs, not with 
 CHECKPOINT_STATE = "packtool_data.json"
 TRAINER_STATE = "trainer_state.json"
 PACK_COLUMNS = ["pack_hash", "n_tokens", "sample_ids", "sources", "sample_hashes", "sample_repeats", "doc_cu_seqlens"]
-
-
-class TraceError(PacktoolError):
-    """A trace that cannot be answered: bad settings, a step outside the run, an unknown key."""
 
 
 @dataclass(frozen=True, slots=True)

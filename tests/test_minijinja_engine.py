@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support import SHARED_DATA, shared
 
-import packtool.builder.encode
+import packtool.builder.stages
 import packtool.chat_templates
 import packtool.minijinja_engine
 import packtool.render
@@ -257,7 +257,7 @@ def test_build_and_audit_say_which_engine_renders_the_template(tmp_path, write_c
             "cache": str(tmp_path / "cache"),
         }
     )
-    monkeypatch.setattr(packtool.builder.encode, "_STAGES", {})
+    monkeypatch.setattr(packtool.builder.stages, "_STAGES", {})
     built = CliRunner().invoke(main, ["build", str(config)])
     assert built.exit_code == 0, built.output
     assert "template inspecting.jinja rendered by minijinja\n" in built.output
@@ -279,7 +279,7 @@ def test_a_real_qwen3_reasoning_build_writes_the_same_bytes_with_either_engine(t
     for engine in ("minijinja", "jinja2"):
         if engine == "jinja2":
             monkeypatch.setenv(JINJA2_ONLY, "1")
-        monkeypatch.setattr(packtool.builder.encode, "_STAGES", {})  # load the template again, under this engine
+        monkeypatch.setattr(packtool.builder.stages, "_STAGES", {})  # load the template again, under this engine
         config = load_config(
             write_config(
                 {
@@ -305,7 +305,7 @@ def test_a_real_qwen3_reasoning_build_writes_the_same_bytes_with_either_engine(t
                 name=f"{engine}.yaml",
             )
         )
-        assert packtool.builder.encode.stages_for(config).template.engine.startswith(engine)
+        assert packtool.builder.stages.stages_for(config).template.engine.startswith(engine)
         build(config)
         digests.append(_shard_digests(tmp_path / engine))
     assert digests[0] == digests[1]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from support import QUICKSTART, shared
 
 from packtool.adapters import group_from_record, pair_from_record, pair_shape
-from packtool.builder.encode import encode_answers
+from packtool.builder.answers import encode_answers
 from packtool.chat_templates import load_template
 from packtool.config import TokenizerConfig, TrainPolicy
 from packtool.encode import load_tokenizer

@@ -25,7 +25,7 @@ from support import SHARED_DATA
 
 from packtool.builder import _encode_items
 from packtool.builder.cache import TokenCache
-from packtool.builder.encode import stages_for
+from packtool.builder.stages import stages_for
 from packtool.chat_templates import END_MARKERS, bundled_templates, load_template, template_for
 from packtool.config import TokenizerConfig, TrainPolicy, load_config, parse_config
 from packtool.encode import TextTokenizer, encode_batch, load_tokenizer

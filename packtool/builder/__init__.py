@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, file_sha256, source_settings
+from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, source_settings
 from packtool.builder.emit import emit_item, emit_items, release
-from packtool.builder.encode import EncodeItem, Stages, encode_item, row_ranges, stages_for
+from packtool.builder.encode import CachedRanges, EncodeItem, encode_item
 from packtool.builder.executors import make_executor
 from packtool.builder.manifest import write_outputs, write_rejects
 from packtool.builder.mixing import quota_misses, source_quotas
@@ -38,10 +38,13 @@ from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
 from packtool.builder.publish import Staging, holds_build
 from packtool.builder.reencoded import Reencoded, last_range, reencoded
+from packtool.builder.stages import Stages, stages_for
 from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
 from packtool.format import REJECTS
 from packtool.packing import PackPlan
+from packtool.ranges import row_ranges
+from packtool.reading import file_sha256
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
 
@@ -225,7 +228,7 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     for source in config.sources:
         settings = source_settings(source, config)
         for file in source_files(source):
-            ranges = row_ranges(file, source.max_samples, cache)
+            ranges = row_ranges(file, source.max_samples, CachedRanges(cache))
             label = file_label(source, file)
             key_of = partial(
                 encode_key,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.builder.owned import OwnershipError, fresh_temporary, is_marked, locked
+from packtool.builder.owned import fresh_temporary, is_marked, locked
 from packtool.config import (
     ITEM_FORMATS,
     BuildConfig,
@@ -43,6 +43,8 @@ from packtool.config import (
     keyed_parts,
     source_encode_settings,
 )
+from packtool.errors import OwnershipError
+from packtool.reading import file_sha256
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
@@ -83,14 +85,6 @@ PACKAGE = Path(packtool.__file__).parent
 def package_sources() -> list[Path]:
     """The package's Python sources, in a fixed order (byte-compiled files follow them)."""
     return sorted(PACKAGE.rglob("*.py"), key=lambda path: path.relative_to(PACKAGE).as_posix())
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import packtool
-from packtool.builder.encode import Stages
 from packtool.builder.plan import Plan
+from packtool.builder.stages import Stages
 from packtool.chat_templates import ChatTemplate
 from packtool.config import ITEM_FORMATS, BuildConfig
 from packtool.format import KIND_CODES, REJECTS, ROLE_CODES, Manifest, conventions, write_manifest

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from packtool.config import BuildConfig
-from packtool.errors import PacktoolError
+from packtool.errors import OwnershipError
 
 MARKER = "packtool-owned.json"
 LOCK = "packtool.lock"
@@ -34,10 +34,6 @@ MARKER_VERSION = 1
 WRITES_IN_OUTPUT = ("manifest.json", "rejects.jsonl", "shard-00000.parquet")
 SUBFOLDERS = ("overflow", "validation")
 _MAGIC = re.compile(r"[*?[]")  # what makes a path segment a glob
-
-
-class OwnershipError(PacktoolError):
-    """A path packtool was asked to write or delete is not provably its own; nothing was touched."""
 
 
 def claim(folder: Path, kind: str) -> None:

@@ -38,10 +38,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from packtool.builder.cache import file_sha256
-from packtool.builder.owned import LOCK, MARKER, SUBFOLDERS, OwnershipError, claim, locked
-from packtool.errors import PacktoolError
+from packtool.builder.owned import LOCK, MARKER, SUBFOLDERS, claim, locked
+from packtool.errors import OwnershipError, PacktoolError
 from packtool.format import MANIFEST, REJECTS, read_manifest, write_json_atomic
+from packtool.reading import file_sha256
 from packtool.seal import SEAL, manifest_digest
 
 STAGING_KIND = "staging"

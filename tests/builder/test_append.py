@@ -20,8 +20,10 @@ from support import QUICKSTART
 
 import packtool.builder.encode as encode_phase
 import packtool.builder.store as store
+import packtool.ranges as file_ranges
 from packtool.builder import Built, build
 from packtool.builder.cache import TokenCache, entry_digest
+from packtool.builder.encode import CachedRanges
 from packtool.config import load_config
 from packtool.errors import PacktoolError
 from packtool.reading import open_text
@@ -63,7 +65,7 @@ def _files(folder: Path) -> dict[str, str]:
 
 @pytest.fixture
 def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
     _write(tmp_path / "data" / "a.jsonl", range(30))  # ranges 0-8, 8-16, 16-24, 24-30
     first = _build(tmp_path, "out")
@@ -113,7 +115,7 @@ def test_a_grown_range_writes_the_entry_a_whole_encode_writes(data):
 
 def test_a_grown_range_of_groups_carries_their_roles_and_rewards(tmp_path, monkeypatch):
     """Group rows (consecutive segments of one record, with kind, completion, reward) are carried as written."""
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
     file = tmp_path / "data" / "a.jsonl"
 
@@ -181,7 +183,7 @@ def test_a_damaged_earlier_entry_is_not_carried_over(data):
 
 
 def test_rejects_in_a_carried_range_keep_their_place(tmp_path, monkeypatch):
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
     file = tmp_path / "data" / "a.jsonl"
     bad = json.dumps({"messages": 5}) + "\n"  # not a list: a reject
@@ -222,7 +224,7 @@ def test_an_unchanged_rebuild_reencodes_nothing(data):
 
 def test_ranges_hash_their_own_lines(data):
     file = data / "data" / "a.jsonl"
-    ranges = encode_phase.row_ranges(str(file), None)
+    ranges = file_ranges.row_ranges(str(file), None)
     lines = file.read_bytes().splitlines(keepends=True)
     expected = [hashlib.sha256(b"".join(lines[s : s + RANGE])).hexdigest() for s in (0, 8, 16, 24)]
     assert [(r.start, r.end, r.content, r.rows) for r in ranges] == [
@@ -233,7 +235,7 @@ def test_ranges_hash_their_own_lines(data):
     ]
     # an unterminated last line still belongs to the last range, and a range of exactly RANGE lines closes
     file.write_bytes(b"".join(lines[:16]).rstrip(b"\n"))
-    assert [(r.start, r.end, r.rows) for r in encode_phase.row_ranges(str(file), None)] == [(0, 8, 16), (8, None, 16)]
+    assert [(r.start, r.end, r.rows) for r in file_ranges.row_ranges(str(file), None)] == [(0, 8, 16), (8, None, 16)]
 
 
 def _write_table(path: Path, rows: list[list[dict]], how: str) -> None:
@@ -250,7 +252,7 @@ def _write_table(path: Path, rows: list[list[dict]], how: str) -> None:
 
 @pytest.mark.parametrize("how", ["parquet", "arrow_stream", "arrow_file"])
 def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_path, monkeypatch, how):
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
     file = tmp_path / "data" / "a.table"
 
@@ -278,7 +280,7 @@ def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_
         raise AssertionError("a table whose bytes are as at the last build is not hashed again")
 
     with monkeypatch.context() as patched:
-        patched.setattr(encode_phase, "_rows_digest", unhashed)  # its range hashes come from the cache
+        patched.setattr(file_ranges, "rows_digest", unhashed)  # its range hashes come from the cache
         unchanged = write_and_build(rows)  # the same bytes again
     assert unchanged.encode_reused == unchanged.encode_items == 4
 
@@ -290,15 +292,15 @@ def test_a_table_written_again_with_more_rows_reencodes_only_its_new_ranges(tmp_
 
 def test_remembered_table_hashes_are_checked(tmp_path, monkeypatch):
     """A record of a table's range hashes is used only for the bytes it names and only as written."""
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     file, cache = tmp_path / "a.parquet", TokenCache(tmp_path / "cache")
     _write_table(file, [json.loads(_line(i))["messages"] for i in range(20)], "parquet")
-    hashed = encode_phase.row_ranges(str(file), None)
-    assert encode_phase.row_ranges(str(file), None, cache) == hashed  # hashed, then recorded
+    hashed = file_ranges.row_ranges(str(file), None)
+    assert file_ranges.row_ranges(str(file), None, CachedRanges(cache)) == hashed  # hashed, then recorded
     (memo,) = (tmp_path / "cache" / "files").glob("*/*.json")
     recorded = json.loads(memo.read_text())
     memo.write_text(json.dumps({**recorded, "ranges": recorded["ranges"][:1]}))  # changed: its seal no longer holds
-    assert encode_phase.row_ranges(str(file), None, cache) == hashed
+    assert file_ranges.row_ranges(str(file), None, CachedRanges(cache)) == hashed
     assert json.loads(memo.read_text()) == recorded  # recorded again as hashed
 
 
@@ -329,7 +331,7 @@ def _text(rows: range) -> bytes:
 @pytest.fixture(params=sorted(COMPRESSORS))
 def packed(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Compress]:
     """30 rows in data/a.jsonl.gz (or .zst), built once: one encode item, whatever RANGE_ROWS."""
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     monkeypatch.setattr(store, "BATCH_ROWS", 4)  # a carried entry's full batches are copied whole (extend)
     suffix, compress = COMPRESSORS[request.param]
     (tmp_path / "data").mkdir()
@@ -372,7 +374,7 @@ def test_a_recompressed_file_with_the_same_lines_reencodes_nothing(packed, monke
     def undecompressed(*args: object) -> object:
         raise AssertionError("a compressed file whose bytes are as at the last build is not decompressed again")
 
-    monkeypatch.setattr(encode_phase, "open_text", undecompressed)  # its range comes from the cache
+    monkeypatch.setattr(file_ranges, "open_text", undecompressed)  # its range comes from the cache
     assert _build(folder, "out", path="data/a.jsonl.*").encode_reused == 1
 
 
@@ -472,7 +474,7 @@ def _after_hashing(monkeypatch: pytest.MonkeyPatch, file: Path, then: Callable[[
 
     hashed = builder.row_ranges
 
-    def then_write(path: str, *args: Any) -> list[encode_phase.RowRange]:
+    def then_write(path: str, *args: Any) -> list[file_ranges.RowRange]:
         ranges = hashed(path, *args)
         if Path(path) == file:
             then()
@@ -543,7 +545,7 @@ def test_a_line_rewritten_while_a_build_runs_stops_it_with_one_line(data, monkey
 
 @pytest.mark.parametrize("how", ["parquet", "arrow_stream", "arrow_file"])
 def test_a_table_written_again_while_a_build_runs_is_read_as_hashed(tmp_path, monkeypatch, how):
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
     file = tmp_path / "data" / "a.table"
     rows = [json.loads(_line(i))["messages"] for i in range(30)]
@@ -638,9 +640,9 @@ def test_an_entry_holding_rows_past_its_recorded_lines_is_reported_and_never_car
 def test_verify_names_a_row_trained_twice(data, monkeypatch):
     """The race above with the read unbounded and the carried entry unchecked, as before: the output trains
     rows 33-36 twice, and verify names them."""
-    unbounded = encode_phase._outcomes
+    unbounded = encode_phase.read_file
     monkeypatch.setattr(
-        encode_phase, "_outcomes", lambda item, stages, source, skip, span: unbounded(item, stages, source, skip)
+        encode_phase, "read_file", lambda source, file, start, end, span: unbounded(source, file, start, end)
     )
     monkeypatch.setattr(encode_phase, "_changed_while_read", lambda item, span: None)
     monkeypatch.setattr(encode_phase, "_holds", lambda *args: None)
@@ -694,7 +696,7 @@ def test_a_file_cut_short_while_a_build_runs_leaves_no_entry_behind(data, monkey
 
 
 def test_a_table_whose_rows_change_while_a_build_runs_stops_it_with_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", RANGE)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
     (tmp_path / "data").mkdir()
     file = tmp_path / "data" / "a.parquet"
     rows = [json.loads(_line(i))["messages"] for i in range(20)]  # 0-8, 8-16, 16-20

@@ -28,8 +28,8 @@ from support import QUICKSTART
 
 from packtool.builder import _encode_items
 from packtool.builder.cache import PACKAGE, TokenCache, code_fingerprint, package_sources, source_settings
-from packtool.builder.encode import stages_for
 from packtool.builder.plan import plan_key, plan_settings
+from packtool.builder.stages import stages_for
 from packtool.config import KEYED_BY, KEYS, SOURCE_FILES, BuildConfig, SourceConfig, load_config
 
 CONFIG = QUICKSTART.parent / "quickstart.yaml"

@@ -218,7 +218,7 @@ def test_a_serial_build_tokenizes_one_thread_per_call_and_leaves_the_caller_s_se
     """-j 1 runs in the caller's process: its encode threads already overlap tokenizing with
     rendering, so tokenizers' own pool is off while they run, and the caller's environment is
     as it was afterwards (their own setting is never overridden)."""
-    from packtool.builder.encode import PARALLELISM, Stages
+    from packtool.builder.stages import PARALLELISM, Stages
 
     if set_by_caller is None:
         monkeypatch.delenv(PARALLELISM, raising=False)
@@ -245,7 +245,7 @@ def test_one_thread_renders_and_the_encode_threads_tokenize(tmp_path, write_conf
     the input's order."""
     import threading
 
-    from packtool.builder.encode import ENCODE_THREADS, Stages
+    from packtool.builder.stages import ENCODE_THREADS, Stages
 
     rendering, encoding = [], []
     render, encode = Stages.render, Stages.encode
@@ -482,7 +482,7 @@ def test_raising_max_record_bytes_reencodes_and_keeps_the_record(tmp_path, write
 
 
 def test_an_items_chunks_start_small_and_double_up_to_the_batch():
-    from packtool.builder.encode import FIRST_CHUNK, _chunks
+    from packtool.builder.stages import FIRST_CHUNK, _chunks
 
     records = list(range(2000))
     chunks = list(_chunks(iter(records), 512))

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from support import QUICKSTART
 
-import packtool.builder.encode as encode_phase
+import packtool.ranges as file_ranges
 from packtool.builder import build
-from packtool.builder.encode import row_ranges
 from packtool.config import load_config
 from packtool.format import read_manifest
+from packtool.ranges import row_ranges
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -87,7 +87,7 @@ def _spans(file: Path, max_samples: int | None = None) -> list[tuple[int, int | 
 
 
 def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", 7)
     assert _spans(inputs / "chat.jsonl") == [(0, 7), (7, 14), (14, 21), (21, 28), (28, 35), (35, None)]
     assert _spans(inputs / "chat.parquet") == [(0, 7), (7, 14), (14, 21), (21, None)]
     assert _spans(inputs / "chat.arrow") == [(0, 7), (7, 14), (14, None)]  # ranges cut across its batches
@@ -100,7 +100,7 @@ def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
 def test_a_split_file_writes_the_same_bytes_as_one_item(inputs, monkeypatch):
     whole = build(_config(inputs, "whole", "1"), use_cache=False)
     assert whole.encode_items == 3
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", 7)
     split = build(_config(inputs, "split", "1"), use_cache=False)
     assert split.encode_items == 6 + 4 + 3
     parallel = build(_config(inputs, "parallel", "2"), use_cache=False)
@@ -112,7 +112,7 @@ def test_a_split_file_writes_the_same_bytes_as_one_item(inputs, monkeypatch):
 
 
 def test_a_rebuild_reuses_every_range_from_the_cache(inputs, monkeypatch):
-    monkeypatch.setattr(encode_phase, "RANGE_ROWS", 7)
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", 7)
     config = _config(inputs, "out", "1")
     first = build(config)
     assert (first.encode_items, first.encode_reused) == (13, 0)

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from packtool import lineage
 from packtool.cli import main
 from packtool.config import parse_config
+from packtool.errors import TraceError
 from packtool.lineage import (
-    TraceError,
     TraceSettings,
     settings_from_checkpoint,
     settings_from_state,

@@ -259,7 +259,7 @@ def test_encoded_items_planned_and_collated_score_like_each_sequence_alone():
     from support import QUICKSTART
 
     from packtool.adapters import group_from_record, pair_from_record
-    from packtool.builder.encode import encode_answers
+    from packtool.builder.answers import encode_answers
     from packtool.chat_templates import load_template
     from packtool.config import TokenizerConfig
     from packtool.encode import load_tokenizer

@@ -491,6 +491,7 @@ TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 TRUNCATION_KEYS = {"strategy", "fallback", "items"}
 PACKING_KEYS = {"strategy", "max_segments", "shuffle", "group_by"}
 OVERFLOW_KEYS = {"mode", "capacity"}
+OVERFLOW_MODES = ("truncate", "bucket")
 MIXING_KEYS = {"by", "interleave"}
 INTERLEAVE_KEYS = {"window", "tolerance", "unit"}
 VALIDATION_KEYS = {"share", "samples"}
@@ -714,115 +715,48 @@ def _child(node: Any, part: str, key: str, walked: list[str]) -> Any:
 
 
 def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<config>") -> BuildConfig:
+    """The config as sections, each parsed by its own function; every problem is collected, then raised at once.
+
+    Sections are taken in the order their problems have always been listed in (the outcome and run keys
+    interleave), and a key's default is its dataclass field's."""
     p = _Problems()
+    outcome, run, encoding = Outcome(), Run(output=""), Encoding()  # the defaults
     p.unknown_keys(raw, TOP_KEYS, "", PEER_KEYS)
-
-    sources_raw = p.take(raw, "sources", list, "", [], required=True)
-    sources = tuple(s for i, item in enumerate(sources_raw) if (s := _parse_source(item, i, base_dir, p)))
-    names = [s.name for s in sources]
-    for name in {n for n in names if names.count(n) > 1}:
-        p.add("sources", f"source name {name!r} is used more than once")
-
+    sources = _parse_sources(raw, base_dir, p)
     tokenizer = _parse_tokenizer(p.take(raw, "tokenizer", str, "", required=True), base_dir, p)
-    template = p.take(raw, "template", str, "", MODEL_TEMPLATE)
-    named = template.startswith(f"{MODEL_TEMPLATE}:")
-    if named and not template.removeprefix(f"{MODEL_TEMPLATE}:").strip():
-        p.add("template", f"{template!r} names no template; write model:NAME (e.g. model:tool_use) or model")
-    elif not named and template.endswith(".jinja"):
-        template_path = _resolve(base_dir, template)
-        if not template_path.is_file():
-            p.add("template", f"file not found: {template_path}")
-        template = str(template_path)
+    template = _parse_template(raw, base_dir, p)
     template_vars = _template_vars(p.take(raw, "template_vars", dict, "", {}), p)
-
     capacity = p.take(raw, "capacity", int, "", None, required=True)
     p.number("capacity", capacity, 2, MAX_CAPACITY, "tokens per pack")
-    output_raw = p.take(raw, "output", str, "", None, required=True)
-    output = str(_resolve(base_dir, output_raw)) if output_raw else ""
-    if output:
-        _check_output(Path(output), p)
-
-    truncation_raw = raw.get("truncation", "right")
-    truncation, fallback, items = "right", "right", "left"
-    if isinstance(truncation_raw, str):
-        truncation = p.take(raw, "truncation", str, "", "right", choices=TRUNCATION_STRATEGIES)
-    elif isinstance(truncation_raw, dict):
-        p.unknown_keys(truncation_raw, TRUNCATION_KEYS, "truncation")
-        items = p.take(truncation_raw, "items", str, "truncation", "left", choices=ITEM_TRUNCATION)
-        truncation = p.take(truncation_raw, "strategy", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
-        fallback = p.take(truncation_raw, "fallback", str, "truncation", "right", choices=TRUNCATION_STRATEGIES)
-        if fallback == "turns":
-            p.add(
-                "truncation.fallback", "'turns' cannot be a fallback: it runs when removing whole turns was not enough"
-            )
-    else:
-        p.add("truncation", f"expected a strategy name or a mapping, got {truncation_raw!r}")
-
-    packing_raw = raw.get("packing", "bfd")
-    packing, max_segments, shuffle, group_by = "bfd", None, True, None
-    if isinstance(packing_raw, str):
-        packing = p.take(raw, "packing", str, "", "bfd", choices=PACKING_STRATEGIES)
-    elif isinstance(packing_raw, dict):
-        p.unknown_keys(packing_raw, PACKING_KEYS, "packing")
-        packing = p.take(packing_raw, "strategy", str, "packing", "bfd", choices=PACKING_STRATEGIES)
-        max_segments = p.take(packing_raw, "max_segments", int, "packing", None)
-        p.number("packing.max_segments", max_segments, 1, MAX_CAPACITY, "documents per pack; null for no limit")
-        shuffle = p.take(packing_raw, "shuffle", bool, "packing", True)
-        group_by = p.take(packing_raw, "group_by", str, "packing", None, choices=("source",))
-    elif isinstance(packing_raw, bool):
-        p.add(
-            "packing",
-            f"expected a strategy name ({', '.join(PACKING_STRATEGIES)}), got {packing_raw!r}; "
-            "packtool always packs, choose how (bfd is the default)",
-        )
-    else:
-        p.add("packing", f"expected a strategy name or a mapping, got {packing_raw!r}")
-
-    overflow_raw = raw.get("overflow", "truncate")
-    overflow, overflow_capacity = "truncate", None
-    if isinstance(overflow_raw, str):
-        overflow = p.take(raw, "overflow", str, "", "truncate", choices=("truncate", "bucket"))
-    elif isinstance(overflow_raw, dict):
-        p.unknown_keys(overflow_raw, OVERFLOW_KEYS, "overflow")
-        overflow = p.take(overflow_raw, "mode", str, "overflow", "truncate", choices=("truncate", "bucket"))
-        overflow_capacity = p.take(overflow_raw, "capacity", int, "overflow", None)
-        p.number("overflow.capacity", overflow_capacity, 2, 4 * MAX_CAPACITY, "tokens per overflow pack")
-    else:
-        p.add("overflow", f"expected 'truncate', 'bucket' or a mapping, got {overflow_raw!r}")
-    if overflow == "bucket" and isinstance(capacity, int):
-        if overflow_capacity is None:
-            overflow_capacity = 4 * capacity
-        elif overflow_capacity <= capacity:
-            p.add("overflow.capacity", f"must exceed capacity {capacity}, got {overflow_capacity}")
-
+    output = _parse_output(raw, base_dir, p)
+    truncation = _parse_truncation(raw, p)
+    packing = _parse_packing(raw, p)
+    overflow = _parse_overflow(raw, capacity, p)
     mixing_raw = p.take(raw, "mixing", dict, "", {})
     p.unknown_keys(mixing_raw, MIXING_KEYS, "mixing")
-    mix_by = p.take(mixing_raw, "by", str, "mixing", "multiplier", choices=("multiplier", "samples", "tokens"))
-
+    mix_by = p.take(mixing_raw, "by", str, "mixing", Mixing().by, choices=("multiplier", "samples", "tokens"))
     seed = p.take(raw, "seed", int, "", 0)
     p.check("seed", seed_problem(seed))
-    rows_per_shard = p.take(raw, "rows_per_shard", int, "", 1000)
-    p.number("rows_per_shard", rows_per_shard, 1, 10_000_000, "packs per shard file")
-    row_group_rows = p.take(raw, "row_group_rows", int, "", 128)
-    p.number("row_group_rows", row_group_rows, 1, 10_000_000, "packs per Parquet row group, the unit a loader reads")
-    max_reject_share = p.take(raw, "max_reject_share", float, "", 0.5)
-    p.number("max_reject_share", max_reject_share, 0.0, 1.0, "the share of a source's records it may lose")
-    on_quota_miss = p.take(raw, "on_quota_miss", str, "", "warn", choices=QUOTA_MISS_POLICIES)
-    executor = p.take(raw, "executor", str, "", "processes", choices=EXECUTORS)
-    ray_address = p.take(raw, "ray_address", str, "", None)
-    if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
-        p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
-    cache_raw = p.take(raw, "cache", str, "", None)
-    max_record_bytes = p.take(raw, "max_record_bytes", int, "", DEFAULT_MAX_RECORD_BYTES)
-    p.number("max_record_bytes", max_record_bytes, 1024, MAX_RECORD_BYTES, "bytes of one record as stored")
-    sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
-    validation_share, validation_samples = _validation(raw.get("validation"), p)
+    shards = _parse_shards(raw, p)
 
     # taken in the order the problems have always been reported in
-    on_error = p.take(raw, "on_error", str, "", "fail", choices=ERROR_POLICIES)
+    max_reject_share = p.take(raw, "max_reject_share", float, "", outcome.max_reject_share)
+    p.number("max_reject_share", max_reject_share, 0.0, 1.0, "the share of a source's records it may lose")
+    on_quota_miss = p.take(raw, "on_quota_miss", str, "", outcome.on_quota_miss, choices=QUOTA_MISS_POLICIES)
+    executor = p.take(raw, "executor", str, "", run.executor, choices=EXECUTORS)
+    ray_address = p.take(raw, "ray_address", str, "", run.ray_address)
+    if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
+        p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
+    cache_raw = p.take(raw, "cache", str, "", run.cache)
+    max_record_bytes = p.take(raw, "max_record_bytes", int, "", encoding.max_record_bytes)
+    p.number("max_record_bytes", max_record_bytes, 1024, MAX_RECORD_BYTES, "bytes of one record as stored")
+    sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
+    validation = _validation(raw.get("validation"), p)
+    on_error = p.take(raw, "on_error", str, "", outcome.on_error, choices=ERROR_POLICIES)
     workers = _workers(p.take(raw, "workers", (int, str), "", "auto"), p)
     dedup = p.take(raw, "dedup", str, "", None, choices=DEDUP_MODES)
-    add_bos, add_eos = p.take(raw, "add_bos", bool, "", None), p.take(raw, "add_eos", bool, "", None)
+    add_bos = p.take(raw, "add_bos", bool, "", encoding.add_bos)
+    add_eos = p.take(raw, "add_eos", bool, "", encoding.add_eos)
 
     config = BuildConfig(
         config_file=config_file,
@@ -839,27 +773,137 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         ),
         template_vars=template_vars,
         encoding=Encoding(add_bos, add_eos, max_record_bytes),
-        truncation=Truncation(truncation, fallback, items or "left"),
-        packing=Packing(packing, max_segments, shuffle, group_by),
-        overflow=Overflow(overflow, overflow_capacity),
+        truncation=truncation,
+        packing=packing,
+        overflow=overflow,
         mixing=Mixing(mix_by, _interleave(mixing_raw, mix_by, sources, p)),
-        validation=Validation(validation_share, validation_samples),
-        shards=Shards(rows_per_shard, row_group_rows),
+        validation=validation,
+        shards=shards,
         seed=seed,
         dedup=dedup,
         outcome=Outcome(on_error, max_reject_share, on_quota_miss),
         # where and how fast a build runs does not change what it writes: none of it enters the manifest
         raw={k: v for k, v in raw.items() if k not in RUN_KEYS},
     )
-    if config.packing.strategy == "stream" and config.overflow.mode == "bucket":
-        p.add("overflow", "stream mode cuts documents into windows itself; an overflow bucket does not apply")
-    if config.packing.strategy == "stream" and any(s.format != "text" for s in sources):
-        p.add("packing", "'stream' (documents visible to each other) is only for format: text sources")
-    if config.mixing.interleave is not None:
-        _check_interleave(config, config.mixing.interleave.window, p)
+    _check_together(config, p)
     if p.items:
         raise ConfigError(config_file, p.items)
     return config
+
+
+def _parse_sources(raw: dict[str, Any], base_dir: Path, p: _Problems) -> tuple[SourceConfig, ...]:
+    sources_raw = p.take(raw, "sources", list, "", [], required=True)
+    sources = tuple(s for i, item in enumerate(sources_raw) if (s := _parse_source(item, i, base_dir, p)))
+    names = [s.name for s in sources]
+    for name in {n for n in names if names.count(n) > 1}:
+        p.add("sources", f"source name {name!r} is used more than once")
+    return sources
+
+
+def _parse_template(raw: dict[str, Any], base_dir: Path, p: _Problems) -> str:
+    """`template`: model, model:NAME, a bundled name, or a .jinja file (resolved against the config's folder)."""
+    template = p.take(raw, "template", str, "", MODEL_TEMPLATE)
+    named = template.startswith(f"{MODEL_TEMPLATE}:")
+    if named and not template.removeprefix(f"{MODEL_TEMPLATE}:").strip():
+        p.add("template", f"{template!r} names no template; write model:NAME (e.g. model:tool_use) or model")
+    elif not named and template.endswith(".jinja"):
+        template_path = _resolve(base_dir, template)
+        if not template_path.is_file():
+            p.add("template", f"file not found: {template_path}")
+        template = str(template_path)
+    return template
+
+
+def _parse_output(raw: dict[str, Any], base_dir: Path, p: _Problems) -> str:
+    output_raw = p.take(raw, "output", str, "", None, required=True)
+    output = str(_resolve(base_dir, output_raw)) if output_raw else ""
+    if output:
+        _check_output(Path(output), p)
+    return output
+
+
+def _parse_truncation(raw: dict[str, Any], p: _Problems) -> Truncation:
+    """`truncation`: a strategy name, or {strategy, fallback, items}."""
+    default = Truncation()
+    value = raw.get("truncation", default.strategy)
+    if isinstance(value, str):
+        return Truncation(p.take(raw, "truncation", str, "", default.strategy, choices=TRUNCATION_STRATEGIES))
+    if not isinstance(value, dict):
+        p.add("truncation", f"expected a strategy name or a mapping, got {value!r}")
+        return default
+    p.unknown_keys(value, TRUNCATION_KEYS, "truncation")
+    items = p.take(value, "items", str, "truncation", default.items, choices=ITEM_TRUNCATION)
+    strategy = p.take(value, "strategy", str, "truncation", default.strategy, choices=TRUNCATION_STRATEGIES)
+    fallback = p.take(value, "fallback", str, "truncation", default.fallback, choices=TRUNCATION_STRATEGIES)
+    if fallback == "turns":
+        p.add("truncation.fallback", "'turns' cannot be a fallback: it runs when removing whole turns was not enough")
+    return Truncation(strategy, fallback, items)
+
+
+def _parse_packing(raw: dict[str, Any], p: _Problems) -> Packing:
+    """`packing`: a strategy name, or {strategy, max_segments, shuffle, group_by}."""
+    default = Packing()
+    value = raw.get("packing", default.strategy)
+    if isinstance(value, str):
+        return Packing(p.take(raw, "packing", str, "", default.strategy, choices=PACKING_STRATEGIES))
+    if isinstance(value, bool):
+        p.add(
+            "packing",
+            f"expected a strategy name ({', '.join(PACKING_STRATEGIES)}), got {value!r}; "
+            "packtool always packs, choose how (bfd is the default)",
+        )
+        return default
+    if not isinstance(value, dict):
+        p.add("packing", f"expected a strategy name or a mapping, got {value!r}")
+        return default
+    p.unknown_keys(value, PACKING_KEYS, "packing")
+    strategy = p.take(value, "strategy", str, "packing", default.strategy, choices=PACKING_STRATEGIES)
+    max_segments = p.take(value, "max_segments", int, "packing", default.max_segments)
+    p.number("packing.max_segments", max_segments, 1, MAX_CAPACITY, "documents per pack; null for no limit")
+    shuffle = p.take(value, "shuffle", bool, "packing", default.shuffle)
+    group_by = p.take(value, "group_by", str, "packing", default.group_by, choices=("source",))
+    return Packing(strategy, max_segments, shuffle, group_by)
+
+
+def _parse_overflow(raw: dict[str, Any], capacity: int | None, p: _Problems) -> Overflow:
+    """`overflow`: a mode, or {mode, capacity}; a bucket's capacity defaults to 4x the packs' and must exceed it."""
+    default = Overflow()
+    value = raw.get("overflow", default.mode)
+    mode, overflow_capacity = default.mode, default.capacity
+    if isinstance(value, str):
+        mode = p.take(raw, "overflow", str, "", default.mode, choices=OVERFLOW_MODES)
+    elif isinstance(value, dict):
+        p.unknown_keys(value, OVERFLOW_KEYS, "overflow")
+        mode = p.take(value, "mode", str, "overflow", default.mode, choices=OVERFLOW_MODES)
+        overflow_capacity = p.take(value, "capacity", int, "overflow", default.capacity)
+        p.number("overflow.capacity", overflow_capacity, 2, 4 * MAX_CAPACITY, "tokens per overflow pack")
+    else:
+        p.add("overflow", f"expected 'truncate', 'bucket' or a mapping, got {value!r}")
+    if mode == "bucket" and isinstance(capacity, int):
+        if overflow_capacity is None:
+            overflow_capacity = 4 * capacity
+        elif overflow_capacity <= capacity:
+            p.add("overflow.capacity", f"must exceed capacity {capacity}, got {overflow_capacity}")
+    return Overflow(mode, overflow_capacity)
+
+
+def _parse_shards(raw: dict[str, Any], p: _Problems) -> Shards:
+    default = Shards()
+    rows_per_shard = p.take(raw, "rows_per_shard", int, "", default.rows_per_shard)
+    p.number("rows_per_shard", rows_per_shard, 1, 10_000_000, "packs per shard file")
+    row_group_rows = p.take(raw, "row_group_rows", int, "", default.row_group_rows)
+    p.number("row_group_rows", row_group_rows, 1, 10_000_000, "packs per Parquet row group, the unit a loader reads")
+    return Shards(rows_per_shard, row_group_rows)
+
+
+def _check_together(config: BuildConfig, p: _Problems) -> None:
+    """Settings of different sections that cannot go together."""
+    if config.packing.strategy == "stream" and config.overflow.mode == "bucket":
+        p.add("overflow", "stream mode cuts documents into windows itself; an overflow bucket does not apply")
+    if config.packing.strategy == "stream" and any(s.format != "text" for s in config.sources):
+        p.add("packing", "'stream' (documents visible to each other) is only for format: text sources")
+    if config.mixing.interleave is not None:
+        _check_interleave(config, config.mixing.interleave.window, p)
 
 
 def _template_vars(values: dict, p: _Problems) -> dict[str, Any]:
@@ -917,18 +961,18 @@ def _check_interleave(config: BuildConfig, window: int, p: _Problems) -> None:
             )
 
 
-def _validation(value: Any, p: _Problems) -> tuple[float | None, int | None]:
+def _validation(value: Any, p: _Problems) -> Validation:
     """`validation: {share: 0.01}` or `{samples: 500}`: exactly one of the two."""
     if value is None:
-        return None, None
+        return Validation()
     if not isinstance(value, dict) or len(value) != 1 or not set(value) <= VALIDATION_KEYS:
         p.add("validation", f"expected {{share: 0.01}} or {{samples: 500}}, got {value!r}")
-        return None, None
+        return Validation()
     share = p.take(value, "share", float, "validation", None)
     p.number("validation.share", share, 1e-9, 0.5, "the share of records held out; above half is not a validation set")
     samples = p.take(value, "samples", int, "validation", None)
     p.number("validation.samples", samples, 1, 10**12, "records held out")
-    return share, samples
+    return Validation(share, samples)
 
 
 def _check_output(output: Path, p: _Problems) -> None:

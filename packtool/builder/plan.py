@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+import packtool
 from packtool.builder.accounting import Counts
 from packtool.builder.cache import code_fingerprint
 from packtool.builder.mixing import (
@@ -45,7 +46,7 @@ from packtool.builder.plan_files import PIECES_FILE, PLAN_FILE, FolderPlan, Part
 from packtool.builder.store import PartitionReader, PartitionWriter
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, keyed_parts, section_data
 from packtool.errors import BuildError
-from packtool.format import SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION, Interleaving
+from packtool.format import SEGMENTS_SCHEMA_VERSION, Interleaving
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.stats import WINDOW_SLACK, mix_amounts, window_mix
@@ -70,7 +71,7 @@ def shard_schema_version(config: BuildConfig) -> int:
     return (
         SEGMENTS_SCHEMA_VERSION
         if items or (splits and config.packing.strategy != "stream")
-        else SCHEMA_VERSION
+        else packtool.SCHEMA_VERSION
     )
 
 
@@ -106,20 +107,8 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         for p, partition in enumerate(partitions):
             stored = int(literals[bases[p] : bases[p + 1]].sum())
             counts[partition.source] += Counts.from_report(partition.report, budgets[p], stored)
-        fitted = _fit(
-            config,
-            readers,
-            bases,
-            lengths,
-            n_targets,
-            source,
-            ordinals,
-            within,
-            starts,
-            kinds,
-            folder / PIECES_FILE,
-            counts,
-        )
+        stored_rows = _Stored(readers, bases, lengths, n_targets, source, ordinals, within, starts, kinds)
+        fitted = _fit(config, stored_rows, folder / PIECES_FILE, counts)
         if config.validation.share is not None or config.validation.samples is not None:
             hashes = [h for r in readers for h in r.batch_column("sample_hash")]
             fitted = _hold_out(config, fitted, hashes)
@@ -157,6 +146,28 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
 
 
 @dataclass(frozen=True)
+class _Stored:
+    """Every row the partitions store, in partition order: the columns the fit reads, one entry per row.
+
+    Global row g is row g - bases[p] of readers[p], p the partition whose rows hold it (`locate`)."""
+
+    readers: list[PartitionReader]
+    bases: np.ndarray  # each partition's first global row, then the row count
+    lengths: np.ndarray
+    n_targets: np.ndarray
+    source: np.ndarray  # the row's source, as an index into config.sources
+    ordinals: np.ndarray  # the row's record, counted within its partition
+    within: np.ndarray  # bool: the record is within its source's max_samples
+    starts: np.ndarray  # bool: the row opens an item (a rejected side or a later completion does not)
+    kinds: np.ndarray  # int8 KIND_CODES
+
+    def locate(self, g: int) -> tuple[int, int]:
+        """The partition holding global row `g`, and the row within it."""
+        p = int(np.searchsorted(self.bases, g, side="right") - 1)
+        return p, g - int(self.bases[p])
+
+
+@dataclass(frozen=True)
 class _Fitted:
     """Every kept segment before mixing, in input order (pieces of a split sample in place)."""
 
@@ -174,35 +185,22 @@ class _Fitted:
     piece_offsets: np.ndarray  # ... starting at token piece_offsets[k] of it (Truncation.numbers/offsets)
 
 
-def _fit(
-    config: BuildConfig,
-    readers: list[PartitionReader],
-    bases: np.ndarray,
-    lengths: np.ndarray,
-    n_targets: np.ndarray,
-    source: np.ndarray,
-    ordinals: np.ndarray,
-    within: np.ndarray,
-    starts: np.ndarray,
-    kinds: np.ndarray,
-    pieces_path: Path,
-    counts: dict[str, Counts],
-) -> _Fitted:
+def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[str, Counts]) -> _Fitted:
     """Truncation decisions: vectorized for samples that fit, one by one for the few that do not."""
     names = [s.name for s in config.sources]
     capacity = config.capacity
+    lengths = stored.lengths
     bucket = (lengths > capacity) if config.overflow.mode == "bucket" else np.zeros(len(lengths), dtype=bool)
     limit = np.where(bucket, config.overflow.capacity or capacity, capacity)
     strategies = np.array([s.plan.truncation or config.truncation.strategy for s in config.sources], dtype=object)
     # stream mode cuts windows itself; nothing is removed
     cut = (lengths > limit) & (config.packing.strategy != "stream")
-    trains = (n_targets > 0) & within
+    trains = (stored.n_targets > 0) & stored.within
     drops: list[tuple[int, int, dict[str, Any]]] = []
 
     def drop(g: int, reason: str, detail: str, **extra: str) -> None:
-        p = int(np.searchsorted(bases, g, side="right") - 1)
-        reader = readers[p]
-        row = int(g - bases[p])
+        p, row = stored.locate(g)
+        reader = stored.readers[p]
         sample = reader.get(row)
         counts[reader.source].dropped[reason] += 1
         entry = {
@@ -213,16 +211,15 @@ def _fit(
             "detail": detail,
             **extra,
         }
-        drops.append((p, int(ordinals[g]), entry))
+        drops.append((p, int(stored.ordinals[g]), entry))
 
-    for untrained in np.flatnonzero(within & ~trains):
+    for untrained in np.flatnonzero(stored.within & ~trains):
         drop(int(untrained), "no_targets", "no token of this sample is a target (check the train policy and template)")
-    for first, end, kept in _duplicates(config, readers, bases, source, starts, trains):
+    for first, end, kept in _duplicates(config, stored, trains):
         trains[first:end] = False  # a pair or group goes whole
-        p = int(np.searchsorted(bases, kept, side="right") - 1)
-        kept_row = kept - int(bases[p])
-        kept_id = readers[p].get(kept_row).example_id
-        detail = f"same tokens and targets as {kept_id!r} ({readers[p].location(kept_row)}), which is kept"
+        p, kept_row = stored.locate(kept)
+        kept_id = stored.readers[p].get(kept_row).example_id
+        detail = f"same tokens and targets as {kept_id!r} ({stored.readers[p].location(kept_row)}), which is kept"
         drop(first, "duplicate", detail, duplicate_of=kept_id)
     whole = trains & ~cut
 
@@ -232,17 +229,17 @@ def _fit(
     try:
         for row in np.flatnonzero(cut & trains):
             g = int(row)
-            p = int(np.searchsorted(bases, g, side="right") - 1)
-            sample = readers[p].tokenized(g - int(bases[p]))
+            p, within_partition = stored.locate(g)
+            sample = stored.readers[p].tokenized(within_partition)
             cap = int(limit[g])
             result = truncate(
                 sample,
                 cap,
-                str(strategies[source[g]]),
+                str(strategies[stored.source[g]]),
                 fallback=config.truncation.fallback,
                 seed=config.seed,
             )
-            entry = counts[names[source[g]]]
+            entry = counts[names[stored.source[g]]]
             if result.removed_tokens or result.strategy == "split":
                 entry.note_truncation(result.strategy, result.removed_tokens, result.removed_targets)
             if result.drop_reason is not None:
@@ -266,15 +263,15 @@ def _fit(
     order = np.lexsort((order_piece, order_row))
     ref = np.concatenate([kept_rows, pieces[:, 2]])[order]
     seg_length = np.concatenate([lengths[kept_rows], pieces[:, 3]])[order]
-    seg_targets = np.concatenate([n_targets[kept_rows], pieces[:, 5]])[order]
+    seg_targets = np.concatenate([stored.n_targets[kept_rows], pieces[:, 5]])[order]
     row_of = order_row[order]
     is_piece = np.concatenate([np.zeros(len(kept_rows), dtype=bool), np.ones(len(pieces), dtype=bool)])[order]
-    start = starts[row_of] | is_piece
+    start = stored.starts[row_of] | is_piece
 
     kept_samples = np.unique(row_of)
-    kept_samples = kept_samples[starts[kept_samples]]  # a pair or group is kept once, not once per segment
+    kept_samples = kept_samples[stored.starts[kept_samples]]  # a pair or group is kept once, not once per segment
     for i, name in enumerate(names):
-        mine = kept_samples[source[kept_samples] == i]
+        mine = kept_samples[stored.source[kept_samples] == i]
         counts[name].kept += len(mine)
         counts[name].overflow += int(bucket[mine].sum())
     no = np.zeros(len(ref), dtype=bool)
@@ -282,10 +279,10 @@ def _fit(
         ref=ref,
         length=seg_length,
         targets=seg_targets,
-        source=source[row_of],
+        source=stored.source[row_of],
         bucket=bucket[row_of],
         start=start,
-        kind=kinds[row_of],
+        kind=stored.kinds[row_of],
         drops=drops,
         row=row_of,
         held_out=no,
@@ -294,14 +291,7 @@ def _fit(
     )
 
 
-def _duplicates(
-    config: BuildConfig,
-    readers: list[PartitionReader],
-    bases: np.ndarray,
-    source: np.ndarray,
-    starts: np.ndarray,
-    trains: np.ndarray,
-) -> list[tuple[int, int, int]]:
+def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> list[tuple[int, int, int]]:
     """(first row, end row, first row of the kept copy) of every item that repeats an earlier one under `dedup: exact`.
 
     Two items are the same when their segments hold the same tokens, targets and roles (a group's rewards
@@ -314,22 +304,22 @@ def _duplicates(
     scoped = [config.dedup is not None or s.plan.dedup is not None for s in config.sources]
     if not any(scoped):
         return []
-    opens = np.flatnonzero(starts)
-    closes = np.append(opens[1:], len(starts))
-    partition_of = np.repeat(np.arange(len(readers)), np.diff(bases)).tolist()
+    opens = np.flatnonzero(stored.starts)
+    closes = np.append(opens[1:], len(stored.starts))
+    partition_of = np.repeat(np.arange(len(stored.readers)), np.diff(stored.bases)).tolist()
     kept: dict[Any, int] = {}
     found = []
     for first, end in zip(opens.tolist(), closes.tolist()):
-        if not trains[first] or not scoped[source[first]]:
+        if not trains[first] or not scoped[stored.source[first]]:
             continue
         digest = hashlib.blake2b(digest_size=16)
         for g in range(first, end):
             p = partition_of[g]
-            sample = readers[p].get(g - int(bases[p]))
+            sample = stored.readers[p].get(g - int(stored.bases[p]))
             digest.update(repr((len(sample.input_ids), sample.role)).encode())
             digest.update(sample.input_ids.tobytes())
             digest.update(sample.targets.tobytes())
-        key = digest.digest() if config.dedup is not None else (int(source[first]), digest.digest())
+        key = digest.digest() if config.dedup is not None else (int(stored.source[first]), digest.digest())
         if key in kept:
             found.append((first, end, kept[key]))
         else:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-SCHEMA_VERSION = 1
 
-__all__ = ["SCHEMA_VERSION", "__version__", "build", "load_config"]
+__all__ = ["__version__", "build", "load_config"]
 
 
 def __getattr__(name: str) -> Any:

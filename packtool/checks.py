@@ -11,6 +11,7 @@ from __future__ import annotations
 from numbers import Integral, Real
 from typing import Any
 
+MAX_COUNT = 2**62  # a count of tokens, packs or processes any machine holds: past it, a typo
 MAX_SEED = 2**63 - 1  # seeds feed 64-bit generators; numpy's SeedSequence refuses a negative one
 # A pack's attention cost is at most capacity**2, so at alpha = capacity its tokens already outweigh its
 # attention; past the largest capacity (2**20) a larger alpha orders the packs the same, only nearer inf.

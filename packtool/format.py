@@ -1,6 +1,7 @@
 """The on-disk contract of docs/format.md, in one place: what the builder writes and every reader checks.
 
     shard schema (SCHEMA, SCHEMA_VERSION)      one Parquet row per pack
+    TOKEN_COLUMNS                              the per-token columns: name, arrow type, numpy dtype, store column
     SCHEMA_V2, SEGMENTS_SCHEMA_VERSION         the same plus per-segment columns (groups, pieces): builds with pairs,
                                                groups or split truncation
     pack_hash(input_ids, labels, cu_seqlens)   sha256 over the three arrays as little-endian int32
@@ -8,6 +9,8 @@
     check_cu_seqlens(cu, n)                    0, strictly increasing, ends at n: what varlen kernels need
     V2_COLUMNS                                 the per-segment columns: name, arrow type, numpy dtype, fill
     ROLE_CODES, KIND_CODES                     what token_roles and segment_kinds hold
+    ManifestFields, MANIFEST_FIELDS            manifest.json's fields declared once: written by the builder,
+                                               checked by every reader (manifest_problems)
     Manifest                                   manifest.json as a type: from/to JSON, its problems, the seal
     read_manifest / write_manifest             manifest.json, sealed and written last; schema version checked on read
 
@@ -20,20 +23,21 @@ import hashlib
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
 
-from packtool import SCHEMA_VERSION
 from packtool.errors import PackFormatError
 from packtool.labels import IGNORE_INDEX
 from packtool.seal import SEAL, manifest_digest, seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
+SCHEMA_VERSION = 1  # of the shards and the manifest: what a build without pairs, groups or pieces writes
 # A build with a preference or group source, or with `split` truncation, writes version 2 (builder.plan
 # shard_schema_version); every other build writes the v1 bytes.
 SEGMENTS_SCHEMA_VERSION = 2
@@ -42,13 +46,33 @@ INT32_MAX = int(np.iinfo(np.int32).max)  # varlen kernels take int32 offsets: a 
 # What json.loads raises on a damaged or hostile file: RecursionError for nesting deeper than Python's stack.
 JSON_ERRORS = (UnicodeDecodeError, json.JSONDecodeError, RecursionError)
 
+
+@dataclass(frozen=True, slots=True)
+class TokenColumn:
+    """One per-token column: a list per pack, one value per token (aligned with input_ids)."""
+
+    name: str  # the shard column, also the field of shards.OutputPack and shards.PackColumns
+    arrow: pa.DataType  # the list's value type in the shard
+    dtype: type  # the numpy dtype readers and writers use
+    stored: str | None  # the token store's column (builder.store) it is gathered from; None: derived (labels)
+
+
+# docs/format.md "Shard schema"; the token store keeps a stored column in the shard's type, so emit gathers it as is.
+TOKEN_COLUMNS = (
+    TokenColumn("input_ids", pa.int32(), np.int32, "input_ids"),
+    TokenColumn("labels", pa.int32(), np.int32, None),  # from the store's targets (packtool.labels)
+    TokenColumn("token_roles", pa.int8(), np.int8, "roles"),
+)
+_TOKEN_FIELDS = {column.name: pa.field(column.name, pa.list_(column.arrow)) for column in TOKEN_COLUMNS}
+DOCUMENT_COLUMNS = ("sample_ids", "sample_hashes", "sample_repeats", "sources")  # one entry per document
+
 SCHEMA = pa.schema(
     [
-        pa.field("input_ids", pa.list_(pa.int32())),
-        pa.field("labels", pa.list_(pa.int32())),
+        _TOKEN_FIELDS["input_ids"],
+        _TOKEN_FIELDS["labels"],
         pa.field("cu_seqlens", pa.list_(pa.int32())),
         pa.field("doc_cu_seqlens", pa.list_(pa.int32())),
-        pa.field("token_roles", pa.list_(pa.int8())),
+        _TOKEN_FIELDS["token_roles"],
         pa.field("sample_ids", pa.list_(pa.string())),
         pa.field("sample_hashes", pa.list_(pa.string())),
         pa.field("sample_repeats", pa.list_(pa.int32())),
@@ -407,81 +431,114 @@ def _summary_problems(where: str, summary: Any) -> list[str]:
     return problems
 
 
-def manifest_problems(manifest: Any) -> list[str]:
-    """Type problems of the manifest fields the readers rely on (empty when every reader can use it).
+# One check per top-level manifest field: the problems of its value, each naming the field as a reader would.
 
-    verify, stats, inspect, find, report and the loader all read the manifest through this check
-    (read_manifest), so a damaged or hand-edited manifest is one line naming the field, never a
-    traceback in whichever reader touches the field first.
-    """
-    if not isinstance(manifest, dict):
-        return [f"must be a JSON object, got {type(manifest).__name__}"]
-    version = manifest.get("schema_version")
-    if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS:  # not True, which equals 1
-        # another version may have other fields: this is the one problem worth naming
-        return [
-            f"schema_version {version!r:.40}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
-            "(rebuild with this version, or install the packtool that wrote it)"
-        ]
-    problems = []
-    capacity = manifest.get("capacity")
-    if not _is_count(capacity) or capacity == 0:
-        problems.append(f"'capacity' must be a positive integer, got {capacity!r:.80}")
-    shards = manifest.get("shards")
+
+def _unsupported_version(version: Any) -> bool:
+    return type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS  # not True, which equals 1
+
+
+def _schema_version_problems(version: Any) -> list[str]:
+    if not _unsupported_version(version):
+        return []
+    return [
+        f"schema_version {version!r:.40}; this packtool reads {list(SUPPORTED_SCHEMA_VERSIONS)} "
+        "(rebuild with this version, or install the packtool that wrote it)"
+    ]
+
+
+def _capacity_problems(capacity: Any) -> list[str]:
+    if _is_count(capacity) and capacity > 0:
+        return []
+    return [f"'capacity' must be a positive integer, got {capacity!r:.80}"]
+
+
+def _not_a_list(value: Any) -> bool:
+    return not isinstance(value, list)
+
+
+def _shards_problems(shards: Any) -> list[str]:
     if not isinstance(shards, list):
-        return [*problems, f"'shards' must be a list, got {shards!r:.80}"]
+        return [f"'shards' must be a list, got {shards!r:.80}"]
     # one pass (a long, possibly hostile, list); only names can repeat: other values are refused below
     listed = Counter(e["file"] for e in shards if isinstance(e, dict) and isinstance(e.get("file"), str))
-    for name in sorted(n for n, times in listed.items() if times > 1):
-        problems.append(f"shards lists {name!r} more than once")
+    problems = [f"shards lists {name!r} more than once" for name in sorted(n for n, t in listed.items() if t > 1)]
     for i, entry in enumerate(shards):
-        if not isinstance(entry, dict):
-            problems.append(f"shards[{i}] must be an object, got {entry!r:.80}")
-            continue
-        if not is_plain_name(entry.get("file")):
-            problems.append(
-                f"shards[{i}].file {entry.get('file')!r:.80} is not a file name inside the output folder "
-                "(paths are confined to the folder)"
-            )
-        problems += _object_problems(f"shards[{i}]", entry, ("rows", "tokens", "targets", "bytes"))
-        if not isinstance(entry.get("sha256"), str):
-            problems.append(f"shards[{i}].sha256 must be a string, got {entry.get('sha256')!r:.80}")
-    accounting = manifest.get("accounting", {})
+        problems += _shard_entry_problems(f"shards[{i}]", entry)
+    return problems
+
+
+def _shard_entry_problems(where: str, entry: Any) -> list[str]:
+    if not isinstance(entry, dict):
+        return [f"{where} must be an object, got {entry!r:.80}"]
+    problems = []
+    if not is_plain_name(entry.get("file")):
+        problems.append(
+            f"{where}.file {entry.get('file')!r:.80} is not a file name inside the output folder "
+            "(paths are confined to the folder)"
+        )
+    problems += _object_problems(where, entry, ("rows", "tokens", "targets", "bytes"))
+    if not isinstance(entry.get("sha256"), str):
+        problems.append(f"{where}.sha256 must be a string, got {entry.get('sha256')!r:.80}")
+    return problems
+
+
+def _accounting_problems(accounting: Any) -> list[str]:
     if not isinstance(accounting, dict):
-        problems.append(f"'accounting' must be an object, got {accounting!r:.80}")
+        return [f"'accounting' must be an object, got {accounting!r:.80}"]
+    return [p for name, entry in accounting.items() for p in _source_accounting_problems(f"accounting.{name}", entry)]
+
+
+def _source_accounting_problems(where: str, entry: Any) -> list[str]:
+    problems = _object_problems(where, entry, ("read", "kept", "overflow", "segments"))
+    if not isinstance(entry, dict):
+        return problems
+    for key in ("rejected", "dropped"):
+        problems += _counts_problems(f"{where}.{key}", entry.get(key))
+    truncated = entry.get("truncated", {})
+    if not isinstance(truncated, dict):
+        problems.append(f"{where}.truncated must be an object, got {truncated!r:.80}")
     else:
-        for name, entry in accounting.items():
-            where = f"accounting.{name}"
-            problems += _object_problems(where, entry, ("read", "kept", "overflow", "segments"))
-            if not isinstance(entry, dict):
-                continue
-            for key in ("rejected", "dropped"):
-                problems += _counts_problems(f"{where}.{key}", entry.get(key))
-            truncated = entry.get("truncated", {})
-            if not isinstance(truncated, dict):
-                problems.append(f"{where}.truncated must be an object, got {truncated!r:.80}")
-            else:
-                for strategy, cut in truncated.items():
-                    problems += _object_problems(f"{where}.truncated.{strategy}", cut, ("samples", "tokens", "targets"))
-            if not _is_count(entry.get("special_token_literals", 0)):
-                problems.append(f"{where}.special_token_literals must be a count")
-    rejects = manifest.get("rejects")
-    if rejects is not None:
-        if (
-            not isinstance(rejects, dict)
-            or not is_plain_name(rejects.get("file"))
-            or not _is_count(rejects.get("count"))
-        ):
-            problems.append(
-                f"'rejects' must be {{file: a name inside the folder, count, by_reason}}, got {rejects!r:.80}"
-            )
-        else:
-            problems += _counts_problems("rejects.by_reason", rejects.get("by_reason"))
-    for key in ("stats", "config", "tokenizer", "mixing", "conventions", "truncation", "packing"):
-        if not isinstance(manifest.get(key, {}), dict):
-            problems.append(f"'{key}' must be an object, got {manifest.get(key)!r:.80}")
-    interleave = manifest.get("mixing", {}).get("interleave") if isinstance(manifest.get("mixing"), dict) else None
-    if interleave is not None and not (
+        for strategy, cut in truncated.items():
+            problems += _object_problems(f"{where}.truncated.{strategy}", cut, ("samples", "tokens", "targets"))
+    if not _is_count(entry.get("special_token_literals", 0)):
+        problems.append(f"{where}.special_token_literals must be a count")
+    return problems
+
+
+def _rejects_problems(rejects: Any) -> list[str]:
+    if rejects is None:
+        return []
+    if not isinstance(rejects, dict) or not is_plain_name(rejects.get("file")) or not _is_count(rejects.get("count")):
+        return [f"'rejects' must be {{file: a name inside the folder, count, by_reason}}, got {rejects!r:.80}"]
+    return _counts_problems("rejects.by_reason", rejects.get("by_reason"))
+
+
+def _an_object(key: str) -> Callable[[Any], list[str]]:
+    def problems(value: Any) -> list[str]:
+        return [] if isinstance(value, dict) else [f"'{key}' must be an object, got {value!r:.80}"]
+
+    return problems
+
+
+def _tokenizer_problems(tokenizer: Any) -> list[str]:
+    if not isinstance(tokenizer, dict):
+        return _an_object("tokenizer")(tokenizer)
+    problems = [
+        f"tokenizer.{key} must be a count or null, got {tokenizer[key]!r:.80}"
+        for key in ("pad_token_id", "vocab_size")
+        if tokenizer.get(key) is not None and not _is_count(tokenizer[key])
+    ]
+    if tokenizer.get("file") is not None and not isinstance(tokenizer["file"], str):
+        problems.append(f"tokenizer.file must be a path or null, got {tokenizer['file']!r:.80}")
+    return problems
+
+
+def _mixing_problems(mixing: Any) -> list[str]:
+    if not isinstance(mixing, dict):
+        return _an_object("mixing")(mixing)
+    interleave = mixing.get("interleave")
+    if interleave is None or (
         isinstance(interleave, dict)
         and _is_count(interleave.get("window"))
         and interleave["window"] > 0
@@ -489,40 +546,11 @@ def manifest_problems(manifest: Any) -> list[str]:
         and not isinstance(interleave.get("tolerance"), bool)
         and interleave.get("unit") in MIX_UNITS
     ):
-        problems.append(
-            f"mixing.interleave must be {{window: a positive count, tolerance: a number, unit: one of "
-            f"{', '.join(MIX_UNITS)}}}, got {interleave!r:.80}"
-        )
-    tokenizer = manifest.get("tokenizer", {})
-    if isinstance(tokenizer, dict):
-        for key in ("pad_token_id", "vocab_size"):
-            if tokenizer.get(key) is not None and not _is_count(tokenizer[key]):
-                problems.append(f"tokenizer.{key} must be a count or null, got {tokenizer[key]!r:.80}")
-        if tokenizer.get("file") is not None and not isinstance(tokenizer["file"], str):
-            problems.append(f"tokenizer.file must be a path or null, got {tokenizer['file']!r:.80}")
-    problems += _template_problems(manifest.get("template"))
-    if manifest.get("mode", "packed") not in ("packed", "stream"):
-        problems.append(f"'mode' must be 'packed' or 'stream', got {manifest.get('mode')!r:.80}")
-    for key in ("overflow", "validation"):
-        part = manifest.get(key)
-        if part is not None and not isinstance(part, dict):
-            problems.append(f"'{key}' must be an object {{folder, ...}}, got {part!r:.80}")
-        elif part is not None and not is_plain_name(part.get("folder")):
-            problems.append(f"{key}.folder {part.get('folder')!r:.80} is not a folder name inside the output")
-    lengths = manifest.get("lengths")
-    if lengths is not None:
-        if not isinstance(lengths, dict):
-            problems.append(f"'lengths' must be an object, got {lengths!r:.80}")
-        else:
-            for name, entry in lengths.items():
-                if not isinstance(entry, dict):
-                    problems.append(f"lengths.{name} must be {{before, after}}, got {entry!r:.80}")
-                    continue
-                for when in ("before", "after"):
-                    problems += _summary_problems(f"lengths.{name}.{when}", entry.get(when))
-    if SEAL in manifest and not isinstance(manifest[SEAL], str):
-        problems.append(f"'{SEAL}' must be a string, got {manifest[SEAL]!r:.80}")
-    return problems
+        return []
+    return [
+        f"mixing.interleave must be {{window: a positive count, tolerance: a number, unit: one of "
+        f"{', '.join(MIX_UNITS)}}}, got {interleave!r:.80}"
+    ]
 
 
 def _template_problems(template: Any) -> list[str]:
@@ -540,6 +568,136 @@ def _template_problems(template: Any) -> list[str]:
         for key in ("file", "named"):
             if entry.get(key) is not None and not isinstance(entry[key], str):
                 problems.append(f"{where}.{key} must be a string or null, got {entry[key]!r:.80}")
+    return problems
+
+
+def _mode_problems(mode: Any) -> list[str]:
+    return [] if mode in ("packed", "stream") else [f"'mode' must be 'packed' or 'stream', got {mode!r:.80}"]
+
+
+def _a_part(key: str) -> Callable[[Any], list[str]]:
+    """A sub-output (overflow bucket, validation split): {folder, ...}, its folder a plain name inside OUT."""
+
+    def problems(part: Any) -> list[str]:
+        if part is None:
+            return []
+        if not isinstance(part, dict):
+            return [f"'{key}' must be an object {{folder, ...}}, got {part!r:.80}"]
+        if not is_plain_name(part.get("folder")):
+            return [f"{key}.folder {part.get('folder')!r:.80} is not a folder name inside the output"]
+        return []
+
+    return problems
+
+
+def _lengths_problems(lengths: Any) -> list[str]:
+    if lengths is None:
+        return []
+    if not isinstance(lengths, dict):
+        return [f"'lengths' must be an object, got {lengths!r:.80}"]
+    problems = []
+    for name, entry in lengths.items():
+        if not isinstance(entry, dict):
+            problems.append(f"lengths.{name} must be {{before, after}}, got {entry!r:.80}")
+            continue
+        for when in ("before", "after"):
+            problems += _summary_problems(f"lengths.{name}.{when}", entry.get(when))
+    return problems
+
+
+def _seal_problems(seal: Any) -> list[str]:
+    return [] if isinstance(seal, str) else [f"'{SEAL}' must be a string, got {seal!r:.80}"]
+
+
+def _no_problems(value: Any) -> list[str]:
+    """A field no reader relies on: the seal covers it."""
+    return []
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """How readers check one top-level manifest field (ManifestFields declares one per field)."""
+
+    check: Callable[[Any], list[str]]  # the problems of its value (none: every reader can use it)
+    absent: Any  # the value a manifest without the field is read as: older packtools wrote fewer fields
+    ends: Callable[[Any], bool]  # true for a value that leaves the other fields not worth checking
+
+
+def _rule(
+    check: Callable[[Any], list[str]] = _no_problems, *, absent: Any = None, ends: Callable[[Any], bool] = _never
+) -> dict[str, FieldRule]:
+    """A ManifestFields field's metadata: how readers check it."""
+    return {"rule": FieldRule(check, absent, ends)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManifestFields:
+    """manifest.json's fields, declared once: the builder writes them (`as_dict`) and every reader checks them
+    (`manifest_problems` walks MANIFEST_FIELDS, in this order: the first problem is the one an error names).
+
+    An optional field (default None) is left out while None, so a build without the feature writes the same
+    bytes as before it existed. docs/format.md lists every field (tests/test_format_doc.py holds it to this).
+    """
+
+    schema_version: int = field(metadata=_rule(_schema_version_problems, ends=_unsupported_version))
+    capacity: int = field(metadata=_rule(_capacity_problems))
+    shards: list[dict[str, Any]] = field(metadata=_rule(_shards_problems, ends=_not_a_list))
+    accounting: dict[str, dict[str, Any]] = field(metadata=_rule(_accounting_problems, absent={}))
+    rejects: dict[str, Any] = field(metadata=_rule(_rejects_problems))
+    # taken from the shards once the rest is written (builder.manifest), so the builder fills it in last
+    stats: dict[str, Any] | None = field(default=None, metadata=_rule(_an_object("stats"), absent={}))
+    config: dict[str, Any] = field(metadata=_rule(_an_object("config"), absent={}))
+    tokenizer: dict[str, Any] = field(metadata=_rule(_tokenizer_problems, absent={}))
+    mixing: dict[str, Any] = field(metadata=_rule(_mixing_problems, absent={}))
+    conventions: dict[str, Any] = field(metadata=_rule(_an_object("conventions"), absent={}))
+    truncation: dict[str, Any] = field(metadata=_rule(_an_object("truncation"), absent={}))
+    packing: dict[str, Any] = field(metadata=_rule(_an_object("packing"), absent={}))
+    template: dict[str, Any] | None = field(metadata=_rule(_template_problems))  # null: every source is plain text
+    mode: str = field(metadata=_rule(_mode_problems, absent="packed"))
+    overflow: dict[str, Any] | None = field(default=None, metadata=_rule(_a_part("overflow")))
+    validation: dict[str, Any] | None = field(default=None, metadata=_rule(_a_part("validation")))
+    lengths: dict[str, dict[str, Any]] = field(metadata=_rule(_lengths_problems))
+    # written by write_manifest, never by the builder; absent: unsealed (an older packtool, Manifest.sealed)
+    manifest_sha256: str | None = field(default=None, metadata=_rule(_seal_problems, absent=""))
+    packtool_version: str = field(metadata=_rule())
+    seed: int = field(metadata=_rule())
+    config_hash: str = field(metadata=_rule())
+    plan_hash: str = field(metadata=_rule())
+    role_codes: dict[str, int] = field(metadata=_rule())
+    kind_codes: dict[str, int] | None = field(default=None, metadata=_rule())  # v2 only: v1 keeps the v1 bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object write_manifest writes: every field, but an optional one that is None."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (f.default is None and getattr(self, f.name) is None)
+        }
+
+
+MANIFEST_FIELDS = tuple((f.name, f.metadata["rule"]) for f in fields(ManifestFields))
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """Type problems of the manifest fields the readers rely on (empty when every reader can use it).
+
+    verify, stats, inspect, find, report and the loader all read the manifest through this check
+    (read_manifest), so a damaged or hand-edited manifest is one line naming the field, never a
+    traceback in whichever reader touches the field first. An unknown schema version ends the check (another
+    version may have other fields: it is the one problem worth naming), as does a `shards` that is no list.
+    """
+    if not isinstance(manifest, dict):
+        return [f"must be a JSON object, got {type(manifest).__name__}"]
+    problems: list[str] = []
+    for name, rule in MANIFEST_FIELDS:
+        value = manifest.get(name, rule.absent)
+        problems += rule.check(value)
+        if rule.ends(value):
+            break
     return problems
 
 

@@ -26,6 +26,7 @@ from packtool.format import (
     REJECTS,
     SCHEMA,
     SCHEMA_V2,
+    TOKEN_COLUMNS,
     V2_COLUMNS,
     Manifest,
     ShardEntry,
@@ -61,6 +62,9 @@ __all__ = [
 ]
 
 
+_TOKEN_NAMES = ", ".join(c.name for c in TOKEN_COLUMNS[:-1]) + f" and {TOKEN_COLUMNS[-1].name}"
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentColumns:
     """Schema v2 per-segment values: group id (-1: plain sample), kind code, completion index, reward, advantage,
@@ -77,7 +81,7 @@ class SegmentColumns:
 
 @dataclass(frozen=True, slots=True)
 class OutputPack:
-    """One pack, ready to write. See docs/format.md for each column."""
+    """One pack, ready to write. See docs/format.md for each column (format.TOKEN_COLUMNS: the per-token ones)."""
 
     input_ids: np.ndarray
     labels: np.ndarray
@@ -92,8 +96,8 @@ class OutputPack:
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
-        if len(self.labels) != n or len(self.token_roles) != n:
-            raise ValueError("input_ids, labels and token_roles must have one entry per token")
+        if any(len(getattr(self, column.name)) != n for column in TOKEN_COLUMNS):
+            raise ValueError(f"{_TOKEN_NAMES} must have one entry per token")
         check_cu_seqlens(self.cu_seqlens, n)
         check_cu_seqlens(self.doc_cu_seqlens, n, "doc_cu_seqlens")
         if not len(self.sample_ids) == len(self.sample_hashes) == len(self.sources) == len(self.sample_repeats):
@@ -143,8 +147,8 @@ class PackColumns:
 
     def __post_init__(self) -> None:
         tokens = int(self.token_offsets[-1])
-        if not len(self.input_ids) == len(self.labels) == len(self.token_roles) == tokens:
-            raise ValueError("input_ids, labels and token_roles must have one entry per token")
+        if any(len(getattr(self, column.name)) != tokens for column in TOKEN_COLUMNS):
+            raise ValueError(f"{_TOKEN_NAMES} must have one entry per token")
         for name, offsets, values in (
             ("cu_seqlens", self.cu_offsets, self.cu_seqlens),
             ("doc_cu_seqlens", self.doc_cu_offsets, self.doc_cu_seqlens),
@@ -180,9 +184,10 @@ class PackColumns:
             )
         return cls(
             token_offsets=offsets_of([p.input_ids for p in packs], np.int64),
-            input_ids=concatenated([p.input_ids for p in packs], np.int32),
-            labels=concatenated([p.labels for p in packs], np.int32),
-            token_roles=concatenated([p.token_roles for p in packs], np.int8),
+            **{
+                column.name: concatenated([getattr(p, column.name) for p in packs], column.dtype)
+                for column in TOKEN_COLUMNS
+            },
             cu_offsets=offsets_of([p.cu_seqlens for p in packs], np.int64),
             cu_seqlens=concatenated([p.cu_seqlens for p in packs], np.int32),
             doc_cu_offsets=offsets_of([p.doc_cu_seqlens for p in packs], np.int64),
@@ -226,11 +231,9 @@ def _table(packs: PackColumns) -> pa.Table:
 
     tokens, cu, documents = packs.token_offsets, packs.cu_offsets, packs.document_offsets
     columns = {
-        "input_ids": lists_at(tokens, numbers(packs.input_ids, np.int32)),
-        "labels": lists_at(tokens, numbers(packs.labels, np.int32)),
+        **{c.name: lists_at(tokens, numbers(getattr(packs, c.name), c.dtype)) for c in TOKEN_COLUMNS},
         "cu_seqlens": lists_at(cu, numbers(packs.cu_seqlens, np.int32)),
         "doc_cu_seqlens": lists_at(packs.doc_cu_offsets, numbers(packs.doc_cu_seqlens, np.int32)),
-        "token_roles": lists_at(tokens, numbers(packs.token_roles, np.int8)),
         "sample_ids": lists_at(documents, strings(packs.sample_ids)),
         "sample_hashes": lists_at(documents, strings(packs.sample_hashes)),
         "sample_repeats": lists_at(documents, numbers(packs.sample_repeats, np.int32)),

@@ -33,8 +33,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.format import (
+    DOCUMENT_COLUMNS,
     JSON_ERRORS,
     MANIFEST,
+    TOKEN_COLUMNS,
     V2_COLUMNS,
     WHOLE,
     Manifest,
@@ -319,15 +321,16 @@ def row_problems(row: dict[str, Any], capacity: int | None) -> list[str]:
         return problems
     if capacity is not None and len(ids) > capacity:
         problems.append(f"{len(ids)} tokens > capacity {capacity}")
-    if len(labels) != len(ids) or len(row["token_roles"]) != len(ids):
-        return [*problems, f"{len(labels)} labels and {len(row['token_roles'])} roles for {len(ids)} tokens"]
+    if any(len(row[column.name]) != len(ids) for column in TOKEN_COLUMNS):
+        lengths = " and ".join(f"{len(row[column.name])} {column.name}" for column in TOKEN_COLUMNS[1:])
+        return [*problems, f"{lengths} for {len(ids)} tokens"]
     if (labels[cu[:-1]] != IGNORE_INDEX).any():
         problems.append("a segment start carries a label (the previous segment would predict it)")
     targets = labels != IGNORE_INDEX
     if (labels[targets] != ids[targets]).any():
         problems.append("a label differs from its token (labels are unshifted: the model shifts)")
     documents = len(docs) - 1
-    for column in ("sample_ids", "sample_hashes", "sample_repeats", "sources"):
+    for column in DOCUMENT_COLUMNS:
         if len(row[column]) != documents:
             problems.append(f"{column} has {len(row[column])} entries for {documents} documents")
     expected = {

@@ -1,4 +1,5 @@
-"""format.Manifest: manifest.json as a type (read, checked, written back byte for byte) and the v2 column table."""
+"""format.Manifest: manifest.json as a type (read, checked, written back byte for byte), the field declaration
+the builder writes and the readers check (format.ManifestFields), and the v2 column table."""
 
 from __future__ import annotations
 
@@ -18,14 +19,18 @@ from packtool.config import load_config
 from packtool.errors import PackFormatError
 from packtool.format import (
     MANIFEST,
+    MANIFEST_FIELDS,
     SCHEMA,
     SCHEMA_V2,
     V2_COLUMNS,
     Manifest,
+    ManifestFields,
     ShardEntry,
+    manifest_problems,
     read_manifest,
     write_manifest,
 )
+from packtool.seal import SEAL
 from packtool.shards import SegmentColumns
 
 
@@ -137,3 +142,61 @@ def test_a_manifest_from_before_template_files_were_recorded_still_reads(tmp_pat
     old = {"name": "model", "sha256": "ab", "injects": []}
     assert Manifest.from_dict(_fields(template=old), tmp_path).problems() == []
     assert Manifest.from_dict(_fields(template=None), tmp_path).problems() == []
+
+
+def test_a_build_writes_the_declared_fields_and_they_round_trip(quickstart_build: Path) -> None:
+    """The builder writes ManifestFields; its manifest holds declared fields only, and read back into the
+    declaration (with the seal) it is the same JSON."""
+    raw = read_manifest(quickstart_build).raw
+    names = [name for name, _ in MANIFEST_FIELDS]
+    assert set(raw) <= set(names)
+    assert ManifestFields(**raw).as_dict() == raw
+    assert SEAL in names
+
+
+def test_optional_fields_are_left_out_but_a_null_template_is_written() -> None:
+    required = {
+        name: 1 if name in ("schema_version", "capacity") else []
+        for name, _ in MANIFEST_FIELDS
+        if ManifestFields.__dataclass_fields__[name].default is not None
+    }
+    written = ManifestFields(**{**required, "template": None}).as_dict()
+    assert "template" in written and written["template"] is None
+    assert written.keys().isdisjoint({"stats", "overflow", "validation", "kind_codes", SEAL})
+
+
+@pytest.mark.parametrize(
+    "name", [name for name, _ in MANIFEST_FIELDS if name not in ("schema_version", "capacity", "shards")]
+)
+def test_a_manifest_without_a_field_an_older_packtool_did_not_write_still_reads(
+    quickstart_build: Path, name: str
+) -> None:
+    raw = {key: value for key, value in read_manifest(quickstart_build).raw.items() if key != name}
+    assert manifest_problems(raw) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "problems"),
+    [
+        ("schema_version", ["schema_version None; this packtool reads [1, 2]"]),
+        ("capacity", ["'capacity' must be a positive integer, got None"]),
+        ("shards", ["'shards' must be a list, got None"]),
+    ],
+)
+def test_a_manifest_without_a_field_every_reader_needs_is_refused(
+    quickstart_build: Path, name: str, problems: list[str]
+) -> None:
+    raw = {key: value for key, value in read_manifest(quickstart_build).raw.items() if key != name}
+    assert [p.split(" (rebuild")[0] for p in manifest_problems(raw)] == problems
+
+
+def test_the_checks_run_in_declaration_order_and_stop_where_nothing_else_can_be_read() -> None:
+    raw = _fields(capacity=0, shards="x", mode="train")
+    assert manifest_problems(raw) == [
+        "'capacity' must be a positive integer, got 0",
+        "'shards' must be a list, got 'x'",
+    ]
+    assert manifest_problems(_fields(capacity=0, mode="train")) == [
+        "'capacity' must be a positive integer, got 0",
+        "'mode' must be 'packed' or 'stream', got 'train'",
+    ]

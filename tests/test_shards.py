@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packtool.builder.store import PARTITION_SCHEMA
 from packtool.errors import PackFormatError
-from packtool.format import V2_COLUMNS
+from packtool.format import SCHEMA, TOKEN_COLUMNS, V2_COLUMNS
 from packtool.labels import cu_seqlens_from_lengths, labels_for
 from packtool.shards import OutputPack, PackColumns, SegmentColumns, _table, write_shard
 
@@ -77,6 +81,24 @@ def test_broken_offsets_name_the_pack():
         PackColumns(**{**_fields(columns), "labels": columns.labels[:-1]})
     with pytest.raises(ValueError, match="per-document columns differ"):
         PackColumns(**{**_fields(columns), "sources": columns.sources[:-1]})
+
+
+def test_the_token_column_table_is_the_shard_schema_the_packs_and_the_store() -> None:
+    """One row of format.TOKEN_COLUMNS is a per-token column everywhere: the shard's type, a field of both pack
+    records, and (when the store keeps it) the store's type, so emit gathers it without a cast."""
+    for column in TOKEN_COLUMNS:
+        assert SCHEMA.field(column.name).type == pa.list_(column.arrow), column.name
+        assert pa.from_numpy_dtype(column.dtype) == column.arrow, column.name
+        for record in (OutputPack, PackColumns):
+            assert column.name in {f.name for f in dataclasses.fields(record)}, (record, column.name)
+        if column.stored is not None:
+            assert PARTITION_SCHEMA.field(column.stored).type == pa.large_list(column.arrow), column.name
+    rng = np.random.default_rng(1)
+    columns = PackColumns.of([random_pack(rng, False) for _ in range(2)])
+    for column in TOKEN_COLUMNS:
+        assert getattr(columns, column.name).dtype == column.dtype
+        with pytest.raises(ValueError, match="input_ids, labels and token_roles must have one entry per token"):
+            PackColumns(**{**_fields(columns), column.name: getattr(columns, column.name)[:-1]})
 
 
 def _fields(columns: PackColumns) -> dict:

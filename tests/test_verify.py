@@ -280,6 +280,8 @@ def test_row_problems_on_hand_made_rows():
     broken = {**good, "cu_seqlens": [0, 3, 3, 5]}
     assert row_problems(broken, capacity=8)[0].startswith("cu_seqlens")
     assert row_problems({**good, "sources": ["s", None]}, capacity=8)[0].startswith("null values in sources")
+    short = {**good, "token_roles": [3, 3, 3]}  # every per-token column (format.TOKEN_COLUMNS) is as long as input_ids
+    assert row_problems(short, capacity=8) == ["5 labels and 3 token_roles for 5 tokens"]
 
 
 def test_the_overflow_bucket_is_verified_with_the_output(tmp_path):

@@ -23,7 +23,7 @@ import packtool
 from packtool.arrow import int32_offsets
 from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, load_plan
 from packtool.builder.store import PartitionReader, SegmentRole, StoredParts
-from packtool.format import WHOLE, sha256_file, write_json_atomic
+from packtool.format import SCHEMA_VERSION, WHOLE, sha256_file, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths
 from packtool.packing import PackPlan, StreamPlan
 from packtool.records import ROLE_CODES
@@ -230,7 +230,7 @@ def _packed(gather: _Gather, layout: PackPlan, first: int, end: int) -> PackColu
     cu = starts[picked] - np.repeat(token_offsets[:-1], counts)
     labels = np.where(segments.targets, segments.input_ids, IGNORE_INDEX).astype(np.int32)
     labels[starts[:-1]] = IGNORE_INDEX  # no sample's last token predicts the next sample's first
-    v2 = gather.plan.schema_version != packtool.SCHEMA_VERSION
+    v2 = gather.plan.schema_version != SCHEMA_VERSION
     return PackColumns(
         token_offsets=token_offsets,
         input_ids=segments.input_ids,

@@ -1,7 +1,8 @@
 """The outputs a build writes besides its shards: rejects.jsonl and manifest.json (docs/format.md).
 
-The manifest is assembled here from the config, the setup (tokenizer, template), the plan and the shards
-emit wrote; packtool.format owns its contract (Manifest, the codes, the seal) and writes it, last.
+The manifest's fields (format.ManifestFields, declared once with the readers' checks) are filled here from the
+config, the setup (tokenizer, template), the plan and the shards emit wrote; packtool.format owns the contract
+(the fields, the codes, the seal) and writes it, last.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,16 @@ from packtool.builder.plan import Plan
 from packtool.builder.stages import Stages
 from packtool.chat_templates import ChatTemplate
 from packtool.config import ITEM_FORMATS, BuildConfig
-from packtool.format import KIND_CODES, REJECTS, ROLE_CODES, Manifest, conventions, write_manifest
+from packtool.format import (
+    KIND_CODES,
+    REJECTS,
+    ROLE_CODES,
+    SCHEMA_VERSION,
+    Manifest,
+    ManifestFields,
+    conventions,
+    write_manifest,
+)
 from packtool.render import template_injections
 from packtool.shards import ShardInfo
 from packtool.stats import length_summary, summarize
@@ -31,7 +41,7 @@ def write_outputs(
 
     Each manifest passes the readers' own check (format.Manifest) before its stats are taken from the shards,
     so a field the builder got wrong fails here, not in whichever reader meets it first."""
-    extra: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
     for folder in plan.folders:
         if not folder.name:
             continue
@@ -40,29 +50,33 @@ def write_outputs(
         write_rejects(path / REJECTS, [])
         published = Path(config.run.output) / folder.name
         shards = infos[folder.name]
-        manifest = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
-        manifest["stats"] = summarize([path / s.file for s in shards], Manifest.from_dict(manifest, path))
-        write_manifest(path, manifest)
-        extra[folder.name] = {
+        fields = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
+        stats = _stats(fields, path, shards)
+        write_manifest(path, replace(fields, stats=stats).as_dict())
+        parts[folder.name] = {
             "folder": folder.name,
             "capacity": folder.capacity,
-            "packs": manifest["stats"]["packs"],
+            "packs": stats["packs"],
             "segments": len(folder.ref),
         }
         if folder.name == "validation":
-            extra["validation"]["share"] = config.validation.share
-            extra["validation"]["samples"] = config.validation.samples
+            parts["validation"]["share"] = config.validation.share
+            parts["validation"]["samples"] = config.validation.samples
     main = plan.folders[0]
     out.mkdir(parents=True, exist_ok=True)
     write_rejects(out / REJECTS, plan.rejects)
     published = Path(config.run.output)
-    manifest = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
-    manifest = {**manifest, **extra}
+    fields = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
+    fields = replace(fields, overflow=parts.get("overflow"), validation=parts.get("validation"))
     # the main folder only: overflow and validation packs keep the packer's order
     if config.mixing.interleave is not None:
-        manifest["mixing"]["interleave"] = config.mixing.interleave.as_dict()
-    manifest["stats"] = summarize([out / s.file for s in infos[""]], Manifest.from_dict(manifest, out))
-    return write_manifest(out, manifest)
+        fields = replace(fields, mixing={**fields.mixing, "interleave": config.mixing.interleave.as_dict()})
+    return write_manifest(out, replace(fields, stats=_stats(fields, out, infos[""])).as_dict())
+
+
+def _stats(fields: ManifestFields, folder: Path, shards: list[ShardInfo]) -> dict[str, Any]:
+    """The summary `packtool stats` prints, taken from the shards as the manifest (checked first) describes them."""
+    return summarize([folder / s.file for s in shards], Manifest.from_dict(fields.as_dict(), folder))
 
 
 def write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:
@@ -82,21 +96,22 @@ def assemble_manifest(
     shards: list[ShardInfo],
     rejects: list[dict[str, Any]],
     published: Path,
-) -> dict[str, Any]:
+) -> ManifestFields:
+    """Every field but the stats and the sub-outputs (write_outputs adds them once they are written)."""
     tokenizer, template = stages.tokenizer, stages.template
     by_reason = Counter(r["reason"] for r in rejects)
     items = any(s.format in ITEM_FORMATS for s in config.sources)
     quotas = {s.name: asdict(s.plan.quota) for s in config.sources if s.plan.quota is not None}
-    manifest: dict[str, Any] = {
-        "packtool_version": packtool.__version__,
-        "schema_version": plan.schema_version,
-        "mode": "stream" if stream else "packed",
-        "capacity": capacity,
-        "seed": config.seed,
-        "config": config.raw,
-        "config_hash": config.config_hash,
-        "plan_hash": plan.key,
-        "tokenizer": {
+    return ManifestFields(
+        packtool_version=packtool.__version__,
+        schema_version=plan.schema_version,
+        mode="stream" if stream else "packed",
+        capacity=capacity,
+        seed=config.seed,
+        config=config.raw,
+        config_hash=config.config_hash,
+        plan_hash=plan.key,
+        tokenizer={
             # relative to the folder the manifest is published in (not staged in): no machine path in the manifest
             "file": os.path.relpath(Path(tokenizer.path).resolve(), published.resolve()),
             "sha256": tokenizer.sha256,
@@ -105,7 +120,7 @@ def assemble_manifest(
             "eos_token_id": tokenizer.eos_id,
             "pad_token_id": tokenizer.pad_id,
         },
-        "template": None
+        template=None
         if template is None
         else {
             **_template_entry(template),
@@ -114,36 +129,36 @@ def assemble_manifest(
             # what every sample gets from the template alone (a default system prompt, a date line)
             "injects": template_injections(template, tokenizer),
         },
-        "truncation": {"strategy": config.truncation.strategy, "fallback": config.truncation.fallback},
-        "packing": {
+        truncation={
+            "strategy": config.truncation.strategy,
+            "fallback": config.truncation.fallback,
+            **({"items": config.truncation.items} if items else {}),
+        },
+        packing={
             "strategy": config.packing.strategy,
             "group_by": config.packing.group_by,
             "max_segments": config.packing.max_segments,
             "shuffle": config.packing.shuffle,
         },
-        "mixing": {
+        mixing={
             "by": config.mixing.by,
             "weights": {s.name: s.plan.weight for s in config.sources},
             **({"quotas": quotas} if quotas else {}),  # only when asked for: other manifests stay byte for byte
             "loss_normalization": "token-level: sum of target losses / targets in the update window",
         },
-        "conventions": conventions(stream),
-        "role_codes": ROLE_CODES,
-        "shards": [asdict(s) for s in shards],
-        "accounting": plan.accounting,
+        conventions=conventions(stream),
+        role_codes=ROLE_CODES,
+        shards=[asdict(s) for s in shards],
+        accounting=_item_accounting(config, plan.accounting) if items else plan.accounting,
         # per source, sample lengths as encoded (before) and as packed (after truncation), against capacity
-        "lengths": {
+        lengths={
             name: {when: length_summary(values, capacity) for when, values in before_after.items()}
             for name, before_after in plan.lengths.items()
         },
-        "rejects": {"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
-    }
-    if plan.schema_version != packtool.SCHEMA_VERSION:  # a v1 build keeps the v1 manifest byte for byte
-        manifest["kind_codes"] = KIND_CODES  # what segment_kinds holds
-    if items:
-        manifest["truncation"]["items"] = config.truncation.items
-        manifest["accounting"] = _item_accounting(config, plan.accounting)
-    return manifest
+        rejects={"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
+        # what segment_kinds holds; a v1 build keeps the v1 manifest byte for byte
+        kind_codes=None if plan.schema_version == SCHEMA_VERSION else KIND_CODES,
+    )
 
 
 def _template_entry(template: ChatTemplate) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-import packtool
 from packtool.builder.accounting import Counts
 from packtool.builder.cache import code_fingerprint
 from packtool.builder.mixing import (
@@ -46,7 +45,7 @@ from packtool.builder.plan_files import PIECES_FILE, PLAN_FILE, FolderPlan, Part
 from packtool.builder.store import PartitionReader, PartitionWriter
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, keyed_parts, section_data
 from packtool.errors import BuildError
-from packtool.format import SEGMENTS_SCHEMA_VERSION, Interleaving
+from packtool.format import SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION, Interleaving
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.stats import WINDOW_SLACK, mix_amounts, window_mix
@@ -71,7 +70,7 @@ def shard_schema_version(config: BuildConfig) -> int:
     return (
         SEGMENTS_SCHEMA_VERSION
         if items or (splits and config.packing.strategy != "stream")
-        else packtool.SCHEMA_VERSION
+        else SCHEMA_VERSION
     )
 
 

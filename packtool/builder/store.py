@@ -32,18 +32,25 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.arrow import as_numpy, lists, number_lists, numbers, offsets_of, string_lists, strings, true_counts
+from packtool.format import TOKEN_COLUMNS
 from packtool.records import Tokenized
 
 BATCH_ROWS = 4096  # samples per record batch: small enough to buffer, large enough to amortize headers
 
-# large_list: a batch of BATCH_ROWS long samples can pass 2^31 tokens. Targets are uint8, not
-# bool, so that reading a sample back is a zero-copy view (Arrow packs booleans into bits).
+_IN_SHARDS = {column.stored: column.dtype for column in TOKEN_COLUMNS if column.stored is not None}
+# The token columns, one value per token, sharing their offsets, named as Tokenized's fields. Those a shard holds
+# have its type (format.TOKEN_COLUMNS), so emit gathers them without a cast. Targets are uint8, not bool, so that
+# reading a sample back is a zero-copy view (Arrow packs booleans into bits).
+TOKEN_DTYPES: dict[str, type] = {
+    "input_ids": _IN_SHARDS["input_ids"],
+    "targets": np.uint8,
+    "roles": _IN_SHARDS["roles"],
+    "message_index": np.int16,
+}
+# large_list: a batch of BATCH_ROWS long samples can pass 2^31 tokens.
 PARTITION_SCHEMA = pa.schema(
     [
-        pa.field("input_ids", pa.large_list(pa.int32())),
-        pa.field("targets", pa.large_list(pa.uint8())),
-        pa.field("roles", pa.large_list(pa.int8())),
-        pa.field("message_index", pa.large_list(pa.int16())),
+        *(pa.field(name, pa.large_list(pa.from_numpy_dtype(dtype))) for name, dtype in TOKEN_DTYPES.items()),
         pa.field("example_id", pa.string()),
         pa.field("sample_hash", pa.string()),
         pa.field("location", pa.string()),
@@ -137,22 +144,19 @@ class PartitionWriter:
             return
         samples = [row[0] for row in pending]
         roles = [row[4] for row in pending]
-        ids = [sample.input_ids for sample in samples]
-        offsets = offsets_of(ids, np.int64)
-        targets = np.concatenate([sample.targets for sample in samples]).view(np.uint8)
+        offsets = offsets_of([sample.input_ids for sample in samples], np.int64)
+        tokens: dict[str, np.ndarray] = {
+            name: np.concatenate([getattr(sample, name) for sample in samples]).astype(dtype, copy=False)
+            for name, dtype in TOKEN_DTYPES.items()
+        }
         arrays = {
-            "input_ids": lists(offsets, numbers(np.concatenate(ids), np.int32)),
-            "targets": lists(offsets, numbers(targets)),
-            "roles": lists(offsets, numbers(np.concatenate([sample.roles for sample in samples]), np.int8)),
-            "message_index": lists(
-                offsets, numbers(np.concatenate([sample.message_index for sample in samples]), np.int16)
-            ),
+            **{name: lists(offsets, numbers(values)) for name, values in tokens.items()},
             "example_id": strings([sample.example_id for sample in samples]),
             "sample_hash": strings([sample.sample_hash for sample in samples]),
             "location": strings([row[1] for row in pending]),
             "ordinal": numbers([row[2] for row in pending], np.int64),
             "length": numbers(np.diff(offsets), np.int32),
-            "n_targets": numbers(_n_targets(targets, offsets)),
+            "n_targets": numbers(_n_targets(tokens["targets"], offsets)),
             "special_literal": numbers([row[3] for row in pending], np.uint8),
             "message_roles": string_lists([sample.message_roles for sample in samples]),
             "structured": number_lists([sorted(sample.structured_messages) for sample in samples], np.int32),
@@ -215,7 +219,7 @@ def _stored_rows(batch: pa.RecordBatch, source: str) -> Iterator[StoredRow]:
     """Every row of a partition's batch as the arguments that wrote it, so that appending them writes the same
     rows. Columns become Python lists once per batch (one conversion per column, not per cell)."""
     offsets = as_numpy(batch.column("input_ids").offsets)
-    tokens = {name: as_numpy(batch.column(name).values) for name in _TOKEN_COLUMNS}
+    tokens = {name: as_numpy(batch.column(name).values) for name in TOKEN_DTYPES}
     cells = {name: batch.column(name).to_pylist() for name in _ROW_COLUMNS}
     for r in range(batch.num_rows):
         start, end = offsets[r], offsets[r + 1]
@@ -234,7 +238,6 @@ def _stored_rows(batch: pa.RecordBatch, source: str) -> Iterator[StoredRow]:
         yield sample, cells["location"][r], cells["ordinal"][r], bool(cells["special_literal"][r]), role
 
 
-_TOKEN_COLUMNS = ("input_ids", "targets", "roles", "message_index")
 _ROW_COLUMNS = (
     *("example_id", "sample_hash", "location", "ordinal", "special_literal", "message_roles", "structured"),
     *("kind", "completion", "reward", "advantage"),

@@ -64,7 +64,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.arrow import as_numpy, list_parts
-from packtool.checks import alpha_problem, seed_problem
+from packtool.checks import MAX_COUNT, alpha_problem, integer_problem, seed_problem
 from packtool.errors import DatasetError, one_line
 from packtool.format import MANIFEST, Manifest, first_broken_pack
 from packtool.labels import IGNORE_INDEX
@@ -258,10 +258,11 @@ class PackedDataset(IterableDataset):
         return sum(u.rows for u in self.units)
 
     def _check_options(self) -> None:
-        """All problems at once, each with the fix."""
+        """All problems at once, each with the fix; types first, since "7" or 3.7 cannot be compared."""
+        typed = [f"{name}: {problem}" for name, problem in self._type_problems() if problem is not None]
+        if typed:
+            raise DatasetError("; ".join(typed))
         problems = []
-        if self.num_workers < 0:
-            problems.append(f"num_workers must be >= 0, got {self.num_workers}")
         if self.token_budget is not None and self.token_budget < self.capacity:
             problems.append(
                 f"token_budget {self.token_budget} < capacity {self.capacity}: packs are never split, so a micro-batch "
@@ -283,6 +284,26 @@ class PackedDataset(IterableDataset):
         problems += [f"{name}: {problem}" for name, problem in self._number_problems() if problem is not None]
         if problems:
             raise DatasetError("; ".join(problems))
+
+    def _type_problems(self) -> list[tuple[str, str | None]]:
+        """Counts are integers (not bools, not 3.7, not "7"), flags are bools."""
+        counts: list[tuple[str, int | None, int]] = [
+            ("num_workers", self.num_workers, 0),
+            ("token_budget", self.token_budget, 1),  # None: no budget
+            ("packs_per_step", self.packs_per_step, 1),  # None: no balance
+        ]
+        problems = [
+            (name, integer_problem(value, low, MAX_COUNT, f"{name} counts"))
+            for name, value, low in counts
+            if value is not None or name == "num_workers"
+        ]
+        flags = {"fixed_shape": self.fixed_shape, "verify": self.verify, "isolate_documents": self.isolate_documents}
+        problems += [
+            (name, f"expected True/False, got {value!r}")
+            for name, value in flags.items()
+            if not isinstance(value, bool)
+        ]
+        return problems
 
     def _number_problems(self) -> list[tuple[str, str | None]]:
         shuffled = None if isinstance(self.shuffle, bool) else f"expected True/False, got {self.shuffle!r}"

@@ -7,10 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import packtool
 from packtool.builder.emit import _packed, _Segments
 from packtool.builder.store import SINGLE
-from packtool.format import WHOLE
+from packtool.format import SCHEMA_VERSION, WHOLE
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.packing import PackPlan
 
@@ -20,7 +19,7 @@ class FakeGather:
 
     def __init__(self, samples: list[tuple[np.ndarray, np.ndarray]]):
         self.samples = samples
-        self.plan = SimpleNamespace(schema_version=packtool.SCHEMA_VERSION)
+        self.plan = SimpleNamespace(schema_version=SCHEMA_VERSION)
 
     def segments(self, ks: np.ndarray) -> _Segments:
         picked = [self.samples[k] for k in ks.tolist()]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import packtool
+from packtool.format import SCHEMA_VERSION
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths, labels_for
 from packtool.records import ROLE_CODES
 from packtool.shards import MANIFEST, REJECTS, OutputPack, conventions, write_json_atomic, write_shards
@@ -85,7 +86,7 @@ def write_build(
     stream = mode == "stream"
     manifest = {
         "packtool_version": packtool.__version__,
-        "schema_version": packtool.SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,
         "mode": mode,
         "capacity": capacity,
         "seed": 0,

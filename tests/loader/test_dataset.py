@@ -570,6 +570,14 @@ def test_load_state_dict_refuses_a_state_of_the_wrong_types(make_build, change, 
         ({"alpha": math.inf}, r"alpha: must be between 0.0 and"),
         ({"alpha": -0.5}, r"alpha: must be between 0.0 and"),
         ({"shuffle": "no"}, r"shuffle: expected True/False, got 'no'"),
+        # counts and flags: a float or a string was compared (TypeError) or taken as it came
+        ({"token_budget": 4096.5}, r"token_budget: expected an integer, got float 4096.5"),
+        ({"token_budget": "4096"}, r"token_budget: expected an integer, got str '4096'"),
+        ({"num_workers": True}, r"num_workers: expected an integer, got bool True"),
+        ({"num_workers": -1}, r"num_workers: must be between 0 and"),
+        ({"balance": "attention", "packs_per_step": 3.0}, r"packs_per_step: expected an integer, got float"),
+        ({"fixed_shape": "yes", "token_budget": 64}, r"fixed_shape: expected True/False, got 'yes'"),
+        ({"verify": 0}, r"verify: expected True/False, got 0"),
     ],
 )
 def test_seed_alpha_and_shuffle_are_checked_when_the_dataset_is_made(make_build, options, message):

@@ -123,3 +123,53 @@ def claim_rows(shard: Path, rows: int) -> None:
     # the first i64 of the footer: the schema before it holds none (row groups after it may repeat the count)
     footer = footer.replace(claimed, b"\x16" + varint(2 * rows), 1)
     shard.write_bytes(data[: -8 - length] + footer + struct.pack("<i", len(footer)) + b"PAR1")
+
+
+def shard_rows(folder: Path) -> list[dict]:
+    """Every pack row of a build folder, shard after shard."""
+    import pyarrow.parquet as pq
+
+    from packtool.format import read_manifest
+
+    return [row for s in read_manifest(folder).shards for row in pq.read_table(s.file).to_pylist()]
+
+
+def chat_rows(n: int, words: int, prefix: str) -> list[dict]:
+    """`n` two-turn conversations with ids PREFIX0..; answer i has `words` + i % 7 words."""
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "messages": [
+                {"role": "user", "content": f"{prefix} question {i}?"},
+                {"role": "assistant", "content": " ".join(["answer"] * (words + i % 7))},
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+def two_chat_sources(tmp_path, write_config, write_jsonl, extra_sources=(), **extra):
+    """The config of sources a (40 short chats) and b (20 long ones) on the quickstart tokenizer, capacity 256.
+    `extra` sets top-level keys, or a source's key as source_I_KEY (source_0_weight=2.5)."""
+    from packtool.config import load_config
+
+    write_jsonl(chat_rows(40, 20, "a"), "a.jsonl")
+    write_jsonl(chat_rows(20, 60, "b"), "b.jsonl")
+    raw = {
+        "sources": [
+            {"name": "a", "path": "a.jsonl", "format": "messages", "fields": {"id": "id"}},
+            {"name": "b", "path": "b.jsonl", "format": "messages", "fields": {"id": "id"}},
+        ],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 256,
+        "output": "out",
+        "rows_per_shard": 7,
+    }
+    raw["sources"].extend(extra_sources)
+    for key, value in extra.items():
+        if key.startswith("source_"):
+            index, field = key.removeprefix("source_").split("_", 1)
+            raw["sources"][int(index)][field] = value
+        else:
+            raw[key] = value
+    return load_config(write_config(raw))

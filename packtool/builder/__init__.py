@@ -1,6 +1,7 @@
 """The build: the only module that knows the order of the phases.
 
-    encode   one work item per input file or row range -> a token-store partition + report (cached, builder.encode)
+    encode   one work item per input file or row range -> a token-store partition + report (cached, builder.encode;
+             its ranges: packtool.ranges; render and tokenize: builder.stages)
     plan     length columns -> truncation, mixing, global packing, in numpy        (builder.plan)
     emit     one work item per output shard, gathered from the store             (builder.emit)
     publish  rejects and the manifest (builder.manifest); the staged build replaces OUT whole (builder.publish)

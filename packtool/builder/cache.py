@@ -9,7 +9,7 @@
 
 An entry's key hashes the content of its row range of the input file (the bytes of JSON Lines lines, the
 values of Parquet and Arrow rows, the decompressed text of compressed JSON Lines; the whole file for JSON
-arrays, see builder.encode.RowRange) and where
+arrays, see packtool.ranges.RowRange) and where
 the range starts, the tokenizer and template by content, the source's
 render/tokenize settings and packtool's code (every module, code_fingerprint), so a stale entry is
 never looked up. Entries are write-once: written under a temporary name and renamed, report last, so

@@ -17,6 +17,7 @@ from packtool.builder import build
 from packtool.config import load_config
 from packtool.format import read_manifest
 from packtool.ranges import row_ranges
+from packtool.reading import file_sha256
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -95,6 +96,37 @@ def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
     (inputs / "array.json").write_text(json.dumps(_rows(20)), encoding="utf-8")
     assert _spans(inputs / "array.json") == [(0, None)]  # parsed whole whatever the range
     assert _spans(inputs / "missing.jsonl") == [(0, None)]  # the read reports it, once
+
+
+class _Memo:
+    """A RangeMemo in a dict, recording what it is asked."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[str, int], list[file_ranges.RowRange]] = {}
+        self.asked: list[tuple[str, int]] = []
+
+    def recall(self, whole: str, range_rows: int) -> list[file_ranges.RowRange] | None:
+        self.asked.append((whole, range_rows))
+        return self.kept.get((whole, range_rows))
+
+    def remember(self, whole: str, range_rows: int, ranges: list[file_ranges.RowRange]) -> None:
+        self.kept[(whole, range_rows)] = ranges
+
+
+def test_a_memo_keeps_a_table_s_ranges_by_its_bytes_and_range_rows(inputs, monkeypatch):
+    """Tables are remembered (decoding their rows costs more than reading their bytes); plain JSON Lines are
+    hashed as they are read, and never asked for."""
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", 7)
+    memo, table = _Memo(), inputs / "chat.parquet"
+    hashed = row_ranges(str(table), None, memo)
+    assert hashed == row_ranges(str(table), None) and list(memo.kept) == [(file_sha256(table), 7)]
+    memo.kept[(file_sha256(table), 7)] = hashed[:1]
+    assert row_ranges(str(table), None, memo) == hashed[:1]  # what a file of these bytes was split into
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", 8)
+    assert [(r.start, r.end) for r in row_ranges(str(table), None, memo)] == [(0, 8), (8, 16), (16, 24), (24, None)]
+    asked = len(memo.asked)
+    row_ranges(str(inputs / "chat.jsonl"), None, memo)
+    assert len(memo.asked) == asked
 
 
 def test_a_split_file_writes_the_same_bytes_as_one_item(inputs, monkeypatch):

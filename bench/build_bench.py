@@ -115,8 +115,10 @@ from packtool.config import load_config
 from packtool.encode import load_tokenizer
 from packtool.chat_templates import template_for
 from packtool.render import render_example
+from packtool.render.accelerators import accelerators_for
 from packtool.sources import read_source
 config = load_config(Path(sys.argv[1]))
+accelerators = accelerators_for(config.run.render)  # as the encode stages hold them
 tokenizer = load_tokenizer(config.tokenizer)
 template = template_for(config, tokenizer.config)
 source = config.sources[0]
@@ -125,7 +127,10 @@ texts = []
 start = time.perf_counter()
 for example in examples:
     try:
-        texts.append(render_example(example, template, tokenizer.config, source.train, add_bos=None, add_eos=None).text)
+        rendered = render_example(
+            example, template, tokenizer.config, source.train, add_bos=None, add_eos=None, accelerators=accelerators
+        )
+        texts.append(rendered.text)
     except Exception:
         pass
 seconds = time.perf_counter() - start

@@ -9,7 +9,8 @@ one pass over a set with each engine, in alternating order (a pass renders the s
 to --per-pass samples, so a small set is not timed in milliseconds); the table gives the median of the
 per-sample times and the median of the per-round ratios (the machine is shared and noisy: a ratio
 is only taken between two passes of one round). Timed: render_chat for every chat sample, as the
-encode stage calls it (rejected samples included: they cost a render too).
+encode stages call it, each engine with Accelerators of its own (rejected samples included: they
+cost a render too).
 
 Sets (real files in ../shared/data): `reasoning` reason_tool_use_demo_50 (reasoning, tool calls,
 content parts), `glaive` glaive tool calls en (sharegpt with tools), `alpaca` alpaca en demo.
@@ -30,6 +31,7 @@ from packtool.config import TrainPolicy, parse_config
 from packtool.errors import RecordError
 from packtool.records import Example
 from packtool.render import render_chat
+from packtool.render.accelerators import Accelerators
 from packtool.sources import read_source
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -55,7 +57,7 @@ def examples(name: str) -> list[Example]:
     return [e for e in read_source(config.sources[0]) if isinstance(e, Example) and not e.is_text]
 
 
-def templates(model: str) -> dict[str, ChatTemplate]:
+def templates(model: str) -> dict[str, tuple[ChatTemplate, Accelerators]]:
     config = json.loads((DATA / "tokenizers" / model / "tokenizer_config.json").read_text(encoding="utf-8"))
     fast = load_template("model", config)
     os.environ[JINJA2_ONLY] = "1"
@@ -63,18 +65,19 @@ def templates(model: str) -> dict[str, ChatTemplate]:
         slow = load_template("model", config)
     finally:
         del os.environ[JINJA2_ONLY]
-    return {"jinja2": slow, "minijinja": fast}
+    return {"jinja2": (slow, Accelerators()), "minijinja": (fast, Accelerators())}
 
 
-def render_pass(samples: list[Example], template: ChatTemplate, per_pass: int = 0) -> float:
+def render_pass(samples: list[Example], engine: tuple[ChatTemplate, Accelerators], per_pass: int = 0) -> float:
     """Microseconds per sample for one pass over the samples, repeated to at least per_pass renders."""
     policy = TrainPolicy()
+    template, accelerators = engine
     repeats = max(1, -(-per_pass // len(samples)))
     start = time.perf_counter()
     for _ in range(repeats):
         for example in samples:
             with contextlib.suppress(RecordError):
-                render_chat(example, template, policy)
+                render_chat(example, template, policy, accelerators)
     return (time.perf_counter() - start) / (repeats * len(samples)) * 1e6
 
 
@@ -90,8 +93,8 @@ def main() -> None:
     for model in args.models.split(","):
         engines = templates(model)
         for name, samples in data.items():
-            for template in engines.values():
-                render_pass(samples, template)  # warm: recipes learned, caches filled
+            for engine in engines.values():
+                render_pass(samples, engine)  # warm: recipes learned, caches filled
             times: dict[str, list[float]] = {"jinja2": [], "minijinja": []}
             ratios = []
             for round_ in range(args.rounds):
@@ -102,7 +105,7 @@ def main() -> None:
             print(
                 f"{model:<13} {name:<10} {len(samples):>7} {statistics.median(times['jinja2']):>10.1f} "
                 f"{statistics.median(times['minijinja']):>13.1f} {statistics.median(ratios):>8.2f}x  "
-                f"{engines['minijinja'].engine}"
+                f"{engines['minijinja'][0].engine}"
             )
 
 

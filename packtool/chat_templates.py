@@ -60,22 +60,10 @@ class ChatTemplate:
     has_generation_blocks: bool = False
     # The special tokens a record may spell (the tokenizer's, from tokenizer_config.json).
     literals: re.Pattern[str] | None = None
-    # Conversation shape -> the marked render with its contents cut out (render._Skeleton: render owns
-    # the cache, so it is not named here, which would make the two modules import each other). Shared
-    # by a copy that only adds generation_header: the rendered text does not depend on it.
-    skeletons: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
     # The same template compiled by minijinja where it prints jinja2's bytes (packtool.minijinja_engine),
     # which engine renders samples that need a render, and why, for the build summary and the audit.
     fast: MiniTemplate | None = field(default=None, compare=False, repr=False)
     engine: str = "jinja2"
-    # Shapes whose jinja2 render looked inside a content (or escaped one through tojson) -> the
-    # skeletons learned from renders that only asked yes/no questions of contents, with the answers
-    # (render._ReadSkeletons); minijinja renders those of the shape that none of them fits, once jinja2
-    # has had its tries.
-    inspecting_shapes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
-    # Hashes of the shapes with slots seen once (render._Slots): a shape teaches its skeleton from its
-    # second conversation, so data whose every conversation has a shape of its own pays no learning.
-    slot_shapes_seen: set[int] = field(default_factory=set, compare=False, repr=False)
     # A model's own template: the file it was read from, relative to the model folder (chat_template.jinja,
     # additional_chat_templates/NAME.jinja or tokenizer_config.json), and its name among several (None: one).
     file: str | None = None

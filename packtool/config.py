@@ -56,6 +56,7 @@ SPECIAL_TOKEN_POLICIES = ("escape", "keep", "reject")
 ERROR_POLICIES = ("fail", "skip")
 # `exact`: a record whose encoded tokens and targets equal an earlier one's is dropped as `duplicate`.
 DEDUP_MODES = ("exact",)
+RENDER_MODES = ("accelerated", "reference")
 
 # ShareGPT speaker names seen in the wild, mapped to OpenAI roles. `function_call` becomes an
 # assistant tool call and `observation` a tool result (LLaMA-Factory's convention).
@@ -261,6 +262,7 @@ class Run:
     executor: str = "processes"  # processes | serial | ray: where work items run (never changes the bytes)
     ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
     cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
+    render: str = "accelerated"  # accelerated | reference: the render routes (packtool.render); same bytes
 
 
 # The top-level config keys of the run section (each Run field has its key's name): left out of the manifest.
@@ -462,6 +464,7 @@ TOP_KEYS = {
     "executor",
     "ray_address",
     "cache",
+    "render",
     "max_reject_share",
     "on_quota_miss",
     "max_record_bytes",
@@ -748,6 +751,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     if ray_address is not None and executor != "ray" and raw.get("executor", executor) == executor:
         p.add("ray_address", f"only used with executor: ray (executor is {executor!r})")
     cache_raw = p.take(raw, "cache", str, "", run.cache)
+    render = p.take(raw, "render", str, "", run.render, choices=RENDER_MODES)
     max_record_bytes = p.take(raw, "max_record_bytes", int, "", encoding.max_record_bytes)
     p.number("max_record_bytes", max_record_bytes, 1024, MAX_RECORD_BYTES, "bytes of one record as stored")
     sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
@@ -770,6 +774,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
             executor=executor,
             ray_address=ray_address,
             cache=str(_resolve(base_dir, cache_raw)) if cache_raw else None,
+            render=render,
         ),
         template_vars=template_vars,
         encoding=Encoding(add_bos, add_eos, max_record_bytes),

@@ -38,6 +38,24 @@ def growth(run: Callable[[int], object], size: int, factor: int = 8, repeats: in
     return best(size * factor) / best(size)
 
 
+_ROUTED: dict[int, tuple[object, object]] = {}
+
+
+def routed(template):
+    """The Accelerators every render with this template object shares in a test session, as the encode
+    stages hold one per template: a copy (dataclasses.replace) starts with nothing learned."""
+    from packtool.render.accelerators import Accelerators
+
+    if id(template) not in _ROUTED:
+        _ROUTED[id(template)] = (template, Accelerators())  # the template kept: its id stays its own
+    return _ROUTED[id(template)][1]
+
+
+def learned(template):
+    """What the accelerated routes learned of the template so far (routed)."""
+    return routed(template).of(template)
+
+
 def rendered_batch(examples, template, policy: str = "escape") -> list:
     """(Rendered, special-token policy) of every example the template renders; refused ones are left out."""
     from packtool.config import TrainPolicy
@@ -47,7 +65,7 @@ def rendered_batch(examples, template, policy: str = "escape") -> list:
     batch = []
     for example in examples:
         try:
-            batch.append((render_chat(example, template, TrainPolicy()), policy))
+            batch.append((render_chat(example, template, TrainPolicy(), routed(template)), policy))
         except RecordError:
             continue
     return batch

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SHARED_DATA, shared
+from support import SHARED_DATA, routed, shared
 
 import packtool.builder.stages
 import packtool.chat_templates
 import packtool.minijinja_engine
-import packtool.render
+import packtool.render.marks
+import packtool.render.skeletons
 from packtool.builder import build
 from packtool.chat_templates import JINJA2_ONLY, ChatTemplate, load_template
 from packtool.config import TrainPolicy, load_config
@@ -62,7 +63,7 @@ TOOLS = ({"type": "function", "function": {"name": "get_time", "parameters": {"p
 def unslotted(monkeypatch: pytest.MonkeyPatch) -> None:
     """Conversations with tools as if no slot could hold what they bring (render._SlotWalk finds nothing):
     each is rendered, by minijinja where the template qualifies, as the shapes slots refuse are."""
-    monkeypatch.setattr(packtool.render._SlotWalk, "walk", lambda self, example: None)
+    monkeypatch.setattr(packtool.render.skeletons._SlotWalk, "walk", lambda self, example: None)
 
 
 def chat(*contents: str) -> Example:
@@ -73,7 +74,7 @@ def chat(*contents: str) -> Example:
 
 def outcome(example: Example, template: ChatTemplate) -> Any:
     try:
-        return render_chat(example, template, TrainPolicy())
+        return render_chat(example, template, TrainPolicy(), routed(template))
     except RecordError as error:
         return error.kind, error.reason
 
@@ -121,7 +122,8 @@ def test_a_rendered_pair_writes_each_value_to_json_once_per_form(tmp_path, monke
         return real(value, **kwargs)
 
     monkeypatch.setattr(packtool.minijinja_engine, "_tojson", counted)
-    monkeypatch.setattr(packtool.render, "_tojson", counted)
+    monkeypatch.setattr(packtool.render.marks, "_tojson", counted)
+    monkeypatch.setattr(packtool.render.skeletons, "_tojson", counted)
     example = chat("Hi", "Hello")
     first = outcome(example, fast)
     assert written == [{}, {"indent": 2}]
@@ -159,7 +161,7 @@ def test_the_templates_own_refusal_is_jinja2s_verdict(tmp_path, monkeypatch, uns
     assert outcome(example, fast) == outcome(example, slow)
     assert outcome(example, fast) == ("template_error", "template refused the sample: no boom in message 1")
     fine = chat("Hi", "Hello")
-    assert outcome(fine, fast) == outcome(fine, slow) == render_chat(fine, slow, TrainPolicy())
+    assert outcome(fine, fast) == outcome(fine, slow) == render_chat(fine, slow, TrainPolicy(), routed(slow))
     assert tried == [3, 1]  # minijinja declined the refused sample twice and rendered the fine one
 
 

@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import SHARED_DATA
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import SHARED_DATA, routed
 
 from packtool.adapters import from_messages
 from packtool.chat_templates import ChatTemplate, load_template
@@ -38,7 +40,10 @@ from packtool.config import DEFAULT_FIELDS, SourceConfig, TokenizerConfig, Train
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Rendered, Tokenized
-from packtool.render import _refuse_slots, _render_chat, _shape, render_chat, trained_messages
+from packtool.render import render_chat, trained_messages
+from packtool.render.accelerators import RENDER_ENV, Accelerators, accelerators_for
+from packtool.render.routes import _refuse_slots, _render_chat
+from packtool.render.skeletons import _shape
 from packtool.sources import read_source
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -170,7 +175,7 @@ def test_real_datasets_render_like_transformers_and_mask_right(model: str) -> No
         for example in rows:
             assert isinstance(example, Example), f"{file}: the adapter rejected a row: {example}"
             try:
-                rendered = render_chat(example, template, TrainPolicy())
+                rendered = render_chat(example, template, TrainPolicy(), routed(template))
             except RecordError as error:
                 assert error.kind in ("template_error", "mask_check", "bad_record", "template_dropped_tools"), (
                     f"{file} {example.id}: {error.reason}"
@@ -297,7 +302,7 @@ def test_probe_conversations(model: str, probe: str) -> None:
     example = probe_example(probe)
     expected_reject = EXPECTED_PROBE_REJECTS.get((model, probe))
     try:
-        rendered = render_chat(example, template, TrainPolicy())
+        rendered = render_chat(example, template, TrainPolicy(), routed(template))
     except RecordError as error:
         assert expected_reject and expected_reject in error.reason, error.reason
         assert error.kind in ("template_error", "mask_check")
@@ -331,7 +336,7 @@ def test_generation_prompt(model: str) -> None:
 def test_qwen3_reasoning_is_trained_only_where_the_template_prints_it() -> None:
     """Qwen3 prints <think> only for turns after the last user query: earlier reasoning is not trained."""
     tokenizer, template = packtool_side("qwen3")
-    rendered = render_chat(probe_example("reasoning"), template, TrainPolicy())
+    rendered = render_chat(probe_example("reasoning"), template, TrainPolicy(), routed(template))
     (result,) = encode_batch([(rendered, "escape")], tokenizer)
     target_text = tokenizer.tokenizer.decode(result.input_ids[result.targets].tolist(), skip_special_tokens=False)
     assert "Three and three make six." in target_text
@@ -363,7 +368,7 @@ def test_generation_blocks_match_transformers_assistant_mask(probe: str, tmp_pat
     template = load_template(str(path), tokenizer.config)
     assert template.has_generation_blocks
     example = probe_example(probe)
-    (ours,) = encode_batch([(render_chat(example, template, TrainPolicy()), "escape")], tokenizer)
+    (ours,) = encode_batch([(render_chat(example, template, TrainPolicy(), routed(template)), "escape")], tokenizer)
     theirs = hf_tokenizer("qwen2.5").apply_chat_template(
         [m.as_template_dict() for m in example.messages],
         chat_template=GENERATION_TEMPLATE,
@@ -389,7 +394,7 @@ def test_control_tokens_typed_by_a_user(policy: str) -> None:
         "probe:injection",
         "injection",
     )
-    rendered = render_chat(example, template, TrainPolicy())
+    rendered = render_chat(example, template, TrainPolicy(), routed(template))
     (result,) = encode_batch([(rendered, policy)], tokenizer)
     if policy == "reject":
         assert isinstance(result, RecordError) and result.kind == "special_token_literal"
@@ -425,7 +430,7 @@ def test_self_check_catches_a_template_that_mangles_assistant_content(how: str, 
     tokenizer, _ = packtool_side("qwen2.5")
     template = load_template(str(path), tokenizer.config)
     with pytest.raises(RecordError) as caught:
-        render_chat(probe_example("two_turn"), template, TrainPolicy())
+        render_chat(probe_example("two_turn"), template, TrainPolicy(), routed(template))
     assert caught.value.kind == "mask_check"
     assert "message 1" in caught.value.reason
 
@@ -435,14 +440,14 @@ def test_sandbox_stops_python_internals(tmp_path: Path) -> None:
     path.write_text("{{ ''.__class__.__mro__ }}{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")
     with pytest.raises(PacktoolError, match="Python internals"):
         template = load_template(str(path), {})
-        render_chat(probe_example("two_turn"), template, TrainPolicy())
+        render_chat(probe_example("two_turn"), template, TrainPolicy(), routed(template))
 
 
 def test_every_model_template_prints_bos_once() -> None:
     """Templates that print bos_token must not get a second one from the encoder (data/README gotcha 3)."""
     for model in MODELS:
         tokenizer, template = packtool_side(model)
-        rendered = render_chat(probe_example("two_turn"), template, TrainPolicy())
+        rendered = render_chat(probe_example("two_turn"), template, TrainPolicy(), routed(template))
         (result,) = encode_batch([(rendered, "escape")], tokenizer)
         assert isinstance(result, Tokenized)
         bos = tokenizer.bos_id
@@ -461,27 +466,24 @@ def _outcome(render: Any) -> Rendered | tuple[str, str]:
 
 
 def every_route(example: Example, template: ChatTemplate) -> dict[str, Rendered | tuple[str, str]]:
-    """The example through each render route of packtool.render, on copies of `template` that keep nothing:
-    jinja2's marked render alone (minijinja and skeletons off); minijinja's marked and plain pair (the
-    example's shape refused a skeleton); and on one copy in turn, the first conversation of its shape (no
-    skeleton yet), the slot-marked render that teaches one, then the skeleton filled (a recipe, for a shape
-    of contents alone)."""
-
-    def fresh(**changes: Any) -> ChatTemplate:
-        return replace(template, skeletons={}, inspecting_shapes={}, slot_shapes_seen=set(), **changes)
-
+    """The example through the reference and each accelerated route, each on Accelerators of its own that
+    keep nothing before it: jinja2's marked render (minijinja off, the example's first of its shape);
+    minijinja's marked and plain pair (the example's shape refused a skeleton); and on one Accelerators in
+    turn, the first conversation of its shape (no skeleton yet), the slot-marked render that teaches one,
+    then the skeleton filled (a recipe, for a shape of contents alone)."""
     policy = TrainPolicy()
-    jinja2_only = fresh(fast=None)
-    routes = {"jinja2": _outcome(lambda: _render_chat(example, jinja2_only, policy, learn_slots=False))}
+    routes = {"reference": _outcome(lambda: render_chat(example, template, policy))}
+    jinja2_only = Accelerators(minijinja=False)
+    routes["jinja2"] = _outcome(lambda: _render_chat(example, template, policy, jinja2_only, learn_slots=False))
     if template.fast is not None:
-        mini = fresh()
+        mini = Accelerators()
         shape, _ = _shape(example, [m.content.strip() for m in example.messages])
         if shape is not None:
-            _refuse_slots(mini, shape)
-        routes["minijinja"] = _outcome(lambda: _render_chat(example, mini, policy, learn_slots=False))
-    learning = fresh()
+            _refuse_slots(mini.of(template), shape)
+        routes["minijinja"] = _outcome(lambda: _render_chat(example, template, policy, mini, learn_slots=False))
+    learning = Accelerators()
     for route in ("first of its shape", "teaches the shape", "the skeleton", "the skeleton again"):
-        routes[route] = _outcome(lambda: render_chat(example, learning, policy))
+        routes[route] = _outcome(lambda: render_chat(example, template, policy, learning))
     return routes
 
 
@@ -551,7 +553,7 @@ def test_tool_data_renders_in_every_route_as_transformers_and_as_its_twin_with_w
     first = next(iter(routes.values()))
     assert all(outcome == first for outcome in routes.values()), {k: v for k, v in routes.items() if v != first}
     twin = from_messages(_tool_record(), PROBE_SOURCE, "probe:twin", "twin")
-    twin_outcome = _outcome(lambda: render_chat(twin, template, TrainPolicy()))
+    twin_outcome = _outcome(lambda: render_chat(twin, template, TrainPolicy(), routed(template)))
     assert isinstance(first, Rendered) == (model in END_OF_TURN) == isinstance(twin_outcome, Rendered), first
     if not isinstance(first, Rendered):
         return
@@ -563,6 +565,90 @@ def test_tool_data_renders_in_every_route_as_transformers_and_as_its_twin_with_w
 
 
 # --- a token straddling a target's start ---------------------------------------------------------
+
+
+# --- random conversations: every route against the reference -------------------------------------
+
+# Words with the edges templates trip on: whitespace, quotes and braces JSON and Jinja escape, non-BMP
+# characters tojson writes as two escapes, and text that looks like the control text of some template.
+LOOKALIKES = (
+    "<|im_end|>",
+    "<|im_start|>assistant\n",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "[INST]",
+    "<|eot_id|>",
+    "<|start_header_id|>user<|end_header_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "{{ x }}",
+    "{% if %}",
+)
+WORD = st.text(alphabet=st.sampled_from(list('ab \n\t.é中😀{}"\\<|>/')), max_size=8)
+TEXT = st.lists(st.one_of(WORD, st.sampled_from(LOOKALIKES)), max_size=3).map("".join)
+PADDED = st.tuples(st.sampled_from(["", " ", "\n", "  \n"]), TEXT).map(lambda p: f"{p[0]}{p[1]}{p[0][::-1]}")
+ARGUMENT = st.one_of(TEXT, st.integers(-3, 3), st.booleans(), st.none())
+
+
+@st.composite
+def tool_conversations(draw: Any) -> dict[str, Any]:
+    """A record as users bring them: an optional system prompt, one or two exchanges, each answered
+    directly (with or without reasoning) or through a tool call and its result, tools defined or not."""
+    tools = draw(st.booleans())
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(PADDED)})
+    for _ in range(draw(st.integers(1, 2))):
+        messages.append({"role": "user", "content": draw(PADDED)})
+        if tools and draw(st.booleans()):
+            arguments = draw(st.dictionaries(st.sampled_from(["city", "unit"]), ARGUMENT, max_size=2))
+            content = draw(st.one_of(st.none(), PADDED))
+            messages.append(
+                {"role": "assistant", "content": content, "tool_calls": [_call("get_weather", arguments, "a1b2c3d4e")]}
+            )
+            messages.append({"role": "tool", "content": draw(PADDED), "tool_call_id": "a1b2c3d4e"})
+        reply: dict[str, Any] = {"role": "assistant", "content": draw(PADDED)}
+        if draw(st.booleans()):
+            reply["reasoning_content"] = draw(PADDED)
+        messages.append(reply)
+    return {"tools": [WEATHER], "messages": messages} if tools else {"messages": messages}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(tool_conversations(), min_size=1, max_size=3))
+def test_every_route_gives_the_reference_text_spans_and_targets(model: str, records: list[dict[str, Any]]) -> None:
+    """Random conversations (tools, calls, reasoning, whitespace edges, empty contents, control-text
+    look-alikes) through every accelerated route, and through Accelerators that rendered the ones before
+    them as a build does, give the reference's Rendered (text, spans, targets, literals) or its verdict."""
+    _, template = packtool_side(model)
+    build = Accelerators()
+    for n, record in enumerate(records):
+        example = from_messages(record, PROBE_SOURCE, f"fuzz:{n}", str(n))
+        routes = every_route(example, template)
+        routes["after the ones before"] = _outcome(lambda e=example: render_chat(e, template, TrainPolicy(), build))
+        reference = routes["reference"]
+        assert all(outcome == reference for outcome in routes.values()), {
+            route: outcome for route, outcome in routes.items() if outcome != reference
+        }
+
+
+def test_render_reference_turns_every_accelerator_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`render: reference` and PACKTOOL_RENDER=reference send every conversation through the reference,
+    counted as such; the default routes count where each sample's text came from."""
+    _, template = packtool_side("qwen2.5")
+    examples = [probe_example("two_turn")] * 3
+    assert not accelerators_for("reference").on
+    monkeypatch.setenv(RENDER_ENV, "reference")
+    switched = accelerators_for("accelerated")
+    monkeypatch.delenv(RENDER_ENV)
+    accelerated = accelerators_for("accelerated")
+    for accelerators in (switched, accelerated):
+        rendered = [render_chat(e, template, TrainPolicy(), accelerators) for e in examples]
+        assert rendered == [render_chat(e, template, TrainPolicy()) for e in examples]
+    assert switched.routes == {"reference": 3} and not switched.of(template).skeletons
+    assert accelerated.routes == {"jinja2": 1, "recipe": 2}
 
 
 @pytest.mark.parametrize("reply", ["\nHello", "\n\nHello", " \nHello"])
@@ -588,7 +674,7 @@ def test_a_token_straddling_a_targets_start_is_a_target_as_transformers_masks_it
     )
     blocks = load_template(str(path), tokenizer.config)
     for template, mask in ((blocks, [bool(m) for m in theirs["assistant_masks"]]), (model_template, None)):
-        rendered = render_chat(example, template, TrainPolicy())
+        rendered = render_chat(example, template, TrainPolicy(), routed(template))
         (ours,) = encode_batch([(rendered, "escape")], tokenizer)
         assert isinstance(ours, Tokenized), ours
         if mask is None:
@@ -627,7 +713,7 @@ def test_generation_blocks_of_calls_around_an_empty_result_belong_to_their_own_t
     rendered = routes["jinja2"]
     assert isinstance(rendered, Rendered) and all(outcome == rendered for outcome in routes.values())
     policy = TrainPolicy(turns=turns)
-    (ours,) = encode_batch([(render_chat(example, template, policy), "escape")], tokenizer)
+    (ours,) = encode_batch([(render_chat(example, template, policy, routed(template)), "escape")], tokenizer)
     assert isinstance(ours, Tokenized), ours
     theirs = hf_tokenizer("mistral-nemo").apply_chat_template(
         [m.as_template_dict() for m in example.messages],
@@ -656,7 +742,7 @@ def test_a_special_token_that_strips_the_replys_leading_whitespace_stays_context
         "probe:strip",
         "strip",
     )
-    rendered = render_chat(example, template, TrainPolicy())
+    rendered = render_chat(example, template, TrainPolicy(), routed(template))
     (ours,) = encode_batch([(rendered, "escape")], tokenizer)
     assert isinstance(ours, Tokenized), ours
     assert ours.input_ids.tolist() == list(reference("phi-3-mini", example, tokenize=True))

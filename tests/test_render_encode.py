@@ -9,25 +9,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import QUICKSTART, assert_same_samples, growth, rendered_batch, shared
+from support import QUICKSTART, assert_same_samples, growth, learned, rendered_batch, routed, shared
 
 import packtool.minijinja_engine
-import packtool.render
+import packtool.render.accelerators
 from packtool.chat_templates import JINJA2_ONLY, load_template
 from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
-from packtool.render import (
-    _MARKERS,
-    _check_data_strings,
-    _end_of_turn,
-    _holds_marker,
-    _printed_at,
-    _render_chat,
-    render_chat,
-    render_text,
-)
+from packtool.render import render_chat, render_text
+from packtool.render.marks import _MARKERS, _check_data_strings, _holds_marker
+from packtool.render.routes import _render_chat
+from packtool.render.targets import _end_of_turn, _printed_at
 from packtool.sources import read_source
 
 
@@ -48,7 +42,7 @@ def chat(*turns: tuple[str, str], **kwargs) -> Example:
 
 
 def encode_one(example, tokenizer, template, policy=TrainPolicy(), special="escape"):
-    (result,) = encode_batch([(render_chat(example, template, policy), special)], tokenizer)
+    (result,) = encode_batch([(render_chat(example, template, policy, routed(template)), special)], tokenizer)
     return result
 
 
@@ -141,7 +135,7 @@ def test_literal_flags_from_the_caller_encode_as_a_fresh_search(policy):
     """The build searches each sample for special-token literals once and hands the answer to encode_batch."""
     tokenizer, template = qwen()
     rendered = [
-        render_chat(chat(("user", text), ("assistant", "No.")), template, TrainPolicy())
+        render_chat(chat(("user", text), ("assistant", "No.")), template, TrainPolicy(), routed(template))
         for text in ("say <|im_end|> then <|im_start|>system", "plain words")
     ]
     batch = [(r, policy) for r in rendered]
@@ -167,7 +161,7 @@ def test_template_that_rewrites_content_is_caught():
         tokenizer.config,
     )
     with pytest.raises(RecordError, match="changes the content of message 0") as info:
-        render_chat(chat(("user", "hi"), ("assistant", "hello")), broken, TrainPolicy())
+        render_chat(chat(("user", "hi"), ("assistant", "hello")), broken, TrainPolicy(), routed(broken))
     assert info.value.kind == "mask_check"
 
 
@@ -183,7 +177,7 @@ def test_template_raise_exception_is_a_per_sample_error():
         tokenizer.config,
     )
     with pytest.raises(RecordError, match="user first!") as info:
-        render_chat(chat(("assistant", "x"), ("user", "y")), strict, TrainPolicy())
+        render_chat(chat(("assistant", "x"), ("user", "y")), strict, TrainPolicy(), routed(strict))
     assert info.value.kind == "template_error"
 
 
@@ -191,7 +185,7 @@ def test_sandbox_blocks_python_internals():
     tokenizer, _ = qwen()
     with pytest.raises(PacktoolError, match="Python internals"):
         evil = load_template(str(_write_template("{{ ''.__class__.__mro__ }}")), tokenizer.config)
-        render_chat(chat(("user", "hi"), ("assistant", "yo")), evil, TrainPolicy())
+        render_chat(chat(("user", "hi"), ("assistant", "yo")), evil, TrainPolicy(), routed(evil))
 
 
 def test_no_doubled_bos_when_template_prints_it():
@@ -201,7 +195,7 @@ def test_no_doubled_bos_when_template_prints_it():
     sample = encode_one(chat(("user", "hi"), ("assistant", "yo")), tokenizer, template)
     assert sample.input_ids[0] == tokenizer.bos_id and sample.input_ids[1] != tokenizer.bos_id
     (forced,) = encode_batch(
-        [(render_chat(chat(("user", "hi"), ("assistant", "yo")), template, TrainPolicy()), "escape")],
+        [(render_chat(chat(("user", "hi"), ("assistant", "yo")), template, TrainPolicy(), routed(template)), "escape")],
         tokenizer,
         add_bos=True,
     )
@@ -236,7 +230,7 @@ def _write_template(source: str):
 def test_empty_assistant_turn_is_a_bad_record_not_a_lone_end_marker():
     _, template = quickstart()
     with pytest.raises(RecordError, match="message 1 \\(assistant\\) is empty") as info:
-        render_chat(chat(("user", "Say nothing"), ("assistant", "  ")), template, TrainPolicy())
+        render_chat(chat(("user", "Say nothing"), ("assistant", "  ")), template, TrainPolicy(), routed(template))
     assert info.value.kind == "bad_record"
 
 
@@ -246,16 +240,25 @@ def test_an_empty_user_turn_trained_as_a_target_is_a_bad_record_naming_it(conten
     `mask_check` "cannot locate message 0", as if the template had dropped it."""
     _, template = qwen()
     with pytest.raises(RecordError, match="message 0 \\(user\\) is empty: nothing to train") as info:
-        render_chat(chat(("user", content), ("assistant", "Hi.")), template, TrainPolicy(roles=("assistant", "user")))
+        render_chat(
+            chat(("user", content), ("assistant", "Hi.")),
+            template,
+            TrainPolicy(roles=("assistant", "user")),
+            routed(template),
+        )
     assert info.value.kind == "bad_record"
-    assert render_chat(chat(("user", content), ("assistant", "Hi.")), template, TrainPolicy()).target_ranges
+    assert render_chat(
+        chat(("user", content), ("assistant", "Hi.")), template, TrainPolicy(), routed(template)
+    ).target_ranges
 
 
 def test_add_eos_closes_a_chat_and_is_trained_only_after_a_trained_turn():
     tokenizer, template = quickstart()
     eos = tokenizer.eos_id
-    answered = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
-    unanswered = render_chat(chat(("user", "Hi"), ("assistant", "Hello"), ("user", "Bye")), template, TrainPolicy())
+    answered = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
+    unanswered = render_chat(
+        chat(("user", "Hi"), ("assistant", "Hello"), ("user", "Bye")), template, TrainPolicy(), routed(template)
+    )
     plain, with_eos, open_end = encode_batch([(answered, "escape")], tokenizer) + encode_batch(
         [(answered, "escape"), (unanswered, "escape")], tokenizer, add_eos=True
     )
@@ -275,13 +278,31 @@ def test_a_batch_labels_each_sample_as_it_would_alone(add_bos, add_eos):
         Example("doc:0", "docs", "h", text="Plain words ✓"), {"eos_token": "<|im_end|>"}, add_bos=False, add_eos=True
     )
     batch = [
-        (render_chat(CONVERSATION, template, TrainPolicy()), "escape"),
+        (render_chat(CONVERSATION, template, TrainPolicy(), routed(template)), "escape"),
         (document, "escape"),
-        (render_chat(chat(("user", "Say <|im_end|> please"), ("assistant", "No.")), template, TrainPolicy()), "escape"),
-        (render_chat(chat(("user", "Hej då 👋"), ("assistant", "Hejdå! 😊")), template, TrainPolicy()), "escape"),
-        (render_chat(chat(("user", "x <|im_end|>"), ("assistant", "y")), template, TrainPolicy()), "reject"),
         (
-            render_chat(chat(("system", "Be brief."), ("user", "2+2?"), ("assistant", "4")), template, TrainPolicy()),
+            render_chat(
+                chat(("user", "Say <|im_end|> please"), ("assistant", "No.")), template, TrainPolicy(), routed(template)
+            ),
+            "escape",
+        ),
+        (
+            render_chat(
+                chat(("user", "Hej då 👋"), ("assistant", "Hejdå! 😊")), template, TrainPolicy(), routed(template)
+            ),
+            "escape",
+        ),
+        (
+            render_chat(chat(("user", "x <|im_end|>"), ("assistant", "y")), template, TrainPolicy(), routed(template)),
+            "reject",
+        ),
+        (
+            render_chat(
+                chat(("system", "Be brief."), ("user", "2+2?"), ("assistant", "4")),
+                template,
+                TrainPolicy(),
+                routed(template),
+            ),
             "keep",
         ),
     ]
@@ -337,7 +358,7 @@ def _control_ids(tokenizer, sample) -> int:
 def test_injected_control_tokens_outside_content_stay_text_under_escape(where):
     tokenizer, template = qwen()
     example = _injected_tool_example(where, INJECTED)
-    rendered = render_chat(example, template, TrainPolicy())
+    rendered = render_chat(example, template, TrainPolicy(), routed(template))
     field = (
         "messages[1].tool_calls[0].function.arguments.city" if where == "arguments" else "tools[0].function.description"
     )
@@ -498,11 +519,13 @@ def test_a_runaway_template_rejects_the_sample_with_a_reason(case, tmp_path):
     example = chat(("user", "hi"), ("assistant", "hello"))
     for _ in range(2):  # the same verdict every time: limits are counts, not clock time
         with pytest.raises(RecordError) as caught:
-            render_chat(example, template, TrainPolicy())
+            render_chat(example, template, TrainPolicy(), routed(template))
         assert caught.value.kind == "template_limit"
         assert caught.value.reason.startswith("template 't.jinja' stopped at a limit: ")
     # a conversation the runaway branch does not touch still renders
-    assert render_chat(chat(("assistant", "alone")), template, TrainPolicy()).text.endswith("alone<|im_end|>\n")
+    assert render_chat(chat(("assistant", "alone")), template, TrainPolicy(), routed(template)).text.endswith(
+        "alone<|im_end|>\n"
+    )
 
 
 @pytest.mark.timeout(20)
@@ -533,7 +556,7 @@ def test_a_python_error_inside_the_template_is_a_per_sample_template_error(tmp_p
         _template_file(tmp_path, "{% if messages | length > 1 %}{{ 1 / 0 }}{% endif %}" + CHATML), {}
     )
     with pytest.raises(RecordError, match="ZeroDivisionError") as caught:
-        render_chat(chat(("user", "hi"), ("assistant", "hello")), template, TrainPolicy())
+        render_chat(chat(("user", "hi"), ("assistant", "hello")), template, TrainPolicy(), routed(template))
     assert caught.value.kind == "template_error"
 
 
@@ -641,10 +664,10 @@ def test_tools_the_template_drops_reject_the_sample(tmp_path, definitions, calls
     source = (DEFINITIONS if definitions else "") + TURNS.replace("CALLS", CALLS[calls])
     template = load_template(_template_file(tmp_path, source), {})
     if dropped is None:
-        assert "get_weather" in render_chat(_tool_example(), template, TrainPolicy()).text
+        assert "get_weather" in render_chat(_tool_example(), template, TrainPolicy(), routed(template)).text
         return
     with pytest.raises(RecordError) as caught:
-        render_chat(_tool_example(), template, TrainPolicy())
+        render_chat(_tool_example(), template, TrainPolicy(), routed(template))
     assert caught.value.kind == "template_dropped_tools"
     assert dropped in caught.value.reason
     assert ("tools[0]" if not definitions else "tool call 0 of message 1") in caught.value.reason
@@ -666,7 +689,7 @@ def test_an_end_marker_the_template_never_prints_is_words_in_a_tool_call(code):
         Message("assistant", "Done."),
     )
     example = Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
-    rendered = render_chat(example, template, TrainPolicy())
+    rendered = render_chat(example, template, TrainPolicy(), routed(template))
     start, end, message = rendered.target_ranges[0]
     assert message == 1 and rendered.text[start:end].endswith("</tool_call><|im_end|>")
     assert json.dumps(code, ensure_ascii=False) in rendered.text[start:end]
@@ -797,7 +820,7 @@ BRANCHES = {
 
 @pytest.mark.parametrize("how", sorted(BRANCHES))
 def test_a_template_that_branches_on_content_is_caught_with_one_render(how, tmp_path):
-    from packtool.render import _marked, _strip_markers
+    from packtool.render.marks import _marked, _strip_markers
 
     source = (
         "{% for message in messages %}<|im_start|>{{ message.role }}\n"
@@ -814,7 +837,7 @@ def test_a_template_that_branches_on_content_is_caught_with_one_render(how, tmp_
     )
     assert _strip_markers(marked)[0] != plain
     with pytest.raises(RecordError) as caught:
-        render_chat(example, template, TrainPolicy())
+        render_chat(example, template, TrainPolicy(), routed(template))
     assert caught.value.kind == "mask_check"
 
 
@@ -881,7 +904,7 @@ READINGS = [
 
 @pytest.mark.parametrize("reading", READINGS)
 def test_no_reading_of_a_content_goes_unnoticed(reading, tmp_path):
-    from packtool.render import _marked, _strip_markers
+    from packtool.render.marks import _marked, _strip_markers
 
     condition = reading.replace("C", "message.content")
     source = (
@@ -951,14 +974,14 @@ def test_content_captured_by_a_block_or_macro_stays_tracked(capture, tmp_path):
     )
     template = load_template(_template_file(tmp_path, source), {})
     with pytest.raises(RecordError) as caught:
-        render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+        render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
     assert caught.value.kind == "mask_check"
 
 
 def test_a_template_that_only_copies_content_renders_once(monkeypatch):
     _, template = qwen()
     calls = _count_renders(template, monkeypatch)
-    rendered = render_chat(CONVERSATION, template, TrainPolicy())
+    rendered = render_chat(CONVERSATION, template, TrainPolicy(), routed(template))
     assert calls == [1]
     assert rendered.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
 
@@ -974,9 +997,9 @@ def test_a_template_that_inspects_content_renders_twice_and_still_passes(minijin
     template = load_template("model", tokenizer.config)  # looks for '</think>' inside each assistant content
     assert (template.fast is not None) is minijinja
     calls = _count_renders(template, monkeypatch)
-    first = render_chat(CONVERSATION, template, TrainPolicy())
+    first = render_chat(CONVERSATION, template, TrainPolicy(), routed(template))
     assert calls == [2]  # the marked and the plain render
-    again = render_chat(CONVERSATION, template, TrainPolicy())
+    again = render_chat(CONVERSATION, template, TrainPolicy(), routed(template))
     assert calls == [2]  # the same answers to the same questions: the skeleton they taught, no render
     assert first == again
     assert first.text == template.render([m.as_template_dict() for m in CONVERSATION.messages], None)
@@ -989,9 +1012,13 @@ def test_a_template_that_inspects_content_renders_twice_and_still_passes(minijin
 def test_a_conversation_of_a_known_shape_is_not_rendered_again(monkeypatch):
     _, template = qwen()
     calls = _count_renders(template, monkeypatch)
-    first = render_chat(chat(("user", "Name a prime."), ("assistant", "7")), template, TrainPolicy())
-    again = render_chat(chat(("user", "Another one?"), ("assistant", " 11\n")), template, TrainPolicy())
-    same_shape = render_chat(chat(("user", "And one more."), ("assistant", " 13\n")), template, TrainPolicy())
+    first = render_chat(chat(("user", "Name a prime."), ("assistant", "7")), template, TrainPolicy(), routed(template))
+    again = render_chat(
+        chat(("user", "Another one?"), ("assistant", " 11\n")), template, TrainPolicy(), routed(template)
+    )
+    same_shape = render_chat(
+        chat(("user", "And one more."), ("assistant", " 13\n")), template, TrainPolicy(), routed(template)
+    )
     assert calls == [2]  # the whitespace around a content is part of the shape; the words are not
     for rendered in (first, again, same_shape):
         plain = template.render([m.as_template_dict() for m in rendered.example.messages], None)
@@ -1000,16 +1027,14 @@ def test_a_conversation_of_a_known_shape_is_not_rendered_again(monkeypatch):
 
 
 def test_skeletons_kept_per_template_are_capped(monkeypatch):
-    import packtool.render
-
-    monkeypatch.setattr(packtool.render, "MAX_SKELETONS", 2)
+    monkeypatch.setattr(packtool.render.accelerators, "MAX_SKELETONS", 2)
     _, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
+    template = replace(template)
     for turns in (1, 2, 3, 4):
         example = chat(*[("user", "Hi"), ("assistant", "Hello")] * turns)
-        rendered = render_chat(example, template, TrainPolicy())
+        rendered = render_chat(example, template, TrainPolicy(), routed(template))
         assert rendered.text == template.render([m.as_template_dict() for m in example.messages], None)
-    assert len(template.skeletons) == 2
+    assert len(learned(template).skeletons) == 2
 
 
 def test_a_template_branching_on_words_never_lends_its_render_to_another_conversation(tmp_path):
@@ -1022,10 +1047,10 @@ def test_a_template_branching_on_words_never_lends_its_render_to_another_convers
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     template = load_template(_template_file(tmp_path, source), {})
-    plain = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
+    plain = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
     assert "NOTE" not in plain.text
-    assert template.skeletons == {}
-    branched = render_chat(chat(("user", "Hi"), ("assistant", "a secret")), template, TrainPolicy())
+    assert learned(template).skeletons == {}
+    branched = render_chat(chat(("user", "Hi"), ("assistant", "a secret")), template, TrainPolicy(), routed(template))
     assert branched.text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nNOTE: a secret<|im_end|>\n"
     start, end, _ = branched.target_ranges[0]
     assert branched.text[start:end] == "NOTE: a secret<|im_end|>"
@@ -1042,15 +1067,17 @@ def test_a_conversation_whose_render_could_pass_a_size_limit_is_rendered(tmp_pat
     """The template copies each content 1000 times without looking at it: a short conversation makes
     the shape's skeleton, and a long one of that shape still meets the limit a render would hit."""
     template = load_template(_template_file(tmp_path, REPEATING), {})
-    short = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
-    assert short.text.endswith("Hello<|im_end|>\n") and len(template.skeletons) == 1
+    short = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
+    assert short.text.endswith("Hello<|im_end|>\n") and len(learned(template).skeletons) == 1
     medium = chat(("user", "Hi"), ("assistant", "x" * 300))  # 300 K characters built: below the limit
-    unkept = replace(template, skeletons={}, inspecting_shapes={})
-    assert render_chat(medium, template, TrainPolicy()) == render_chat(medium, unkept, TrainPolicy())
+    unkept = replace(template)
+    assert render_chat(medium, template, TrainPolicy(), routed(template)) == render_chat(
+        medium, unkept, TrainPolicy(), routed(unkept)
+    )
     long = chat(("user", "Hi"), ("assistant", "x" * 9000))  # 9 M characters: over the 8 Mi limit
-    for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
+    for fresh in (template, replace(template)):
         with pytest.raises(RecordError) as caught:
-            render_chat(long, fresh, TrainPolicy())
+            render_chat(long, fresh, TrainPolicy(), routed(fresh))
         assert caught.value.kind == "template_limit"
 
 
@@ -1069,7 +1096,7 @@ POLICIES = st.builds(
 
 def _rendered_or_rejected(example, template, policy):
     try:
-        return render_chat(example, template, policy)
+        return render_chat(example, template, policy, routed(template))
     except RecordError as error:
         return (error.kind, error.reason)
 
@@ -1077,7 +1104,7 @@ def _rendered_or_rejected(example, template, policy):
 def _assert_kept_renders_as_fresh(example, template, policy):
     """A render through what `template` has kept (skeletons, recipes) equals a render with nothing kept,
     or fails the same way."""
-    fresh = replace(template, skeletons={}, inspecting_shapes={})
+    fresh = replace(template)
     kept = _rendered_or_rejected(example, template, policy)
     assert kept == _rendered_or_rejected(example, fresh, policy), example
 
@@ -1100,15 +1127,17 @@ def test_a_conversation_of_a_known_shape_follows_its_recipe():
     """The second conversation of a shape is put together from the recipe (no render, no target
     search), and gives the Rendered a fresh render gives: text, spans and targets."""
     _, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
+    template = replace(template)
     policy = TrainPolicy(roles=("assistant",), end_of_turn=False)
-    render_chat(chat(("system", " Be brief."), ("user", "Hi"), ("assistant", "Hello")), template, policy)
-    (skeleton,) = template.skeletons.values()
+    render_chat(
+        chat(("system", " Be brief."), ("user", "Hi"), ("assistant", "Hello")), template, policy, routed(template)
+    )
+    (skeleton,) = learned(template).skeletons.values()
     (recipe,) = skeleton.recipes.values()
     assert recipe is not None and recipe.copies == (0, 1, 2)
     example = chat(("system", " Be terse."), ("user", "What is 6 x 7?"), ("assistant", "42, as asked."))
-    followed = render_chat(example, template, policy)
-    assert followed == render_chat(example, replace(template, skeletons={}, inspecting_shapes={}), policy)
+    followed = render_chat(example, template, policy, routed(template))
+    assert followed == render_chat(example, replace(template), policy, routed(replace(template)))
     start, end, message = followed.target_ranges[0]
     assert (followed.text[start:end], message) == ("42, as asked.", 2)
     assert [followed.text[s.start : s.end] for s in followed.spans] == ["Be terse.", "What is 6 x 7?", "42, as asked."]
@@ -1126,9 +1155,9 @@ def _model_template(folder: str):
 
 def _fresh_without_slots(example, template, policy):
     """The render a conversation with tools got before slot skeletons: nothing kept, nothing learned."""
-    fresh = replace(template, skeletons={}, inspecting_shapes={})
+    fresh = replace(template)
     try:
-        return _render_chat(example, fresh, policy, learn_slots=False)
+        return _render_chat(example, fresh, policy, routed(fresh), learn_slots=False)
     except RecordError as error:
         return (error.kind, error.reason)
 
@@ -1293,17 +1322,17 @@ def test_a_template_that_looks_at_a_slot_teaches_no_slot_skeleton(look):
     teaches its shape a skeleton; one that reads a key, iterates, compares, prints a dict or measures a
     print teaches none (each such use is noted), and every conversation renders as the template
     renders it either way."""
-    tools, call, learned = SLOT_LOOKS[look]
+    tools, call, teaches = SLOT_LOOKS[look]
     source = "<|im_start|>system\n" + tools + "<|im_end|>\n" + SLOT_CHATML.replace("CALL", call)
     template = load_template("model", {"chat_template": source, "eos_token": "<|im_end|>"})
     for example in _slot_records():
         assert _rendered_or_rejected(example, template, TrainPolicy()) == _fresh_without_slots(
             example, template, TrainPolicy()
         )
-    slotted = [key for key in template.skeletons if key[0] == "slots"]
-    assert bool(slotted) == learned, look
-    refused = [read for key, read in template.inspecting_shapes.items() if key[0] == "slots"]
-    assert all(not read.skeletons for read in refused) and bool(refused) != learned
+    slotted = [key for key in learned(template).skeletons if key[0] == "slots"]
+    assert bool(slotted) == teaches, look
+    refused = [read for key, read in learned(template).inspecting_shapes.items() if key[0] == "slots"]
+    assert all(not read.skeletons for read in refused) and bool(refused) != teaches
 
 
 # Pieces of templates over a conversation's slots: copies a skeleton may keep, and looks it may not.
@@ -1414,9 +1443,9 @@ def test_a_template_that_drops_tools_is_caught_in_every_conversation_of_its_shap
         assert _rendered_or_rejected(example, template, TrainPolicy()) == _fresh_without_slots(
             example, template, TrainPolicy()
         )
-    assert any(key[0] == "slots" for key in template.skeletons)
+    assert any(key[0] == "slots" for key in learned(template).skeletons)
     with pytest.raises(RecordError) as caught:
-        render_chat(unnamed, template, TrainPolicy())
+        render_chat(unnamed, template, TrainPolicy(), routed(template))
     assert caught.value.kind == "template_dropped_tools"
 
 
@@ -1424,31 +1453,33 @@ def test_with_no_room_for_skeletons_a_tool_conversation_is_rendered_once(monkeyp
     """Past MAX_SKELETONS nothing a slot-marked render teaches could be kept, so none is made: each
     conversation gets the one render (minijinja's pair) it got before slots."""
     _, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
-    monkeypatch.setattr(packtool.render, "MAX_SKELETONS", 0)
+    template = replace(template)
+    monkeypatch.setattr(packtool.render.accelerators, "MAX_SKELETONS", 0)
     calls = _count_renders(template, monkeypatch)
     example = next(_slot_records())
     for _ in range(3):
-        assert render_chat(example, template, TrainPolicy()) == _fresh_without_slots(example, template, TrainPolicy())
-    assert calls == [0] and not template.skeletons
+        assert render_chat(example, template, TrainPolicy(), routed(template)) == _fresh_without_slots(
+            example, template, TrainPolicy()
+        )
+    assert calls == [0] and not learned(template).skeletons
 
 
 def test_a_tool_conversation_of_a_known_shape_renders_nothing(monkeypatch):
     """Qwen2.5: a shape's second tool conversation teaches its skeleton, and later ones are that skeleton
     filled in (the tools' and arguments' JSON, the names, the contents), with no template render."""
     _, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
+    template = replace(template)
     first, *others = _slot_records()
-    render_chat(first, template, TrainPolicy())
-    assert not template.skeletons  # a shape seen once teaches nothing: data of unique shapes pays no learning
-    render_chat(first, template, TrainPolicy())
-    assert [key[0] for key in template.skeletons] == ["slots"]
+    render_chat(first, template, TrainPolicy(), routed(template))
+    assert not learned(template).skeletons  # a shape seen once teaches nothing: data of unique shapes pays no learning
+    render_chat(first, template, TrainPolicy(), routed(template))
+    assert [key[0] for key in learned(template).skeletons] == ["slots"]
     calls = _count_renders(template, monkeypatch)
     real_pair = packtool.minijinja_engine.MiniTemplate.render_pair
     monkeypatch.setattr(
         packtool.minijinja_engine.MiniTemplate, "render_pair", lambda *a: calls.append(a) or real_pair(*a)
     )
-    followed = [render_chat(example, template, TrainPolicy()) for example in others]
+    followed = [render_chat(example, template, TrainPolicy(), routed(template)) for example in others]
     assert calls == [0]
     monkeypatch.undo()
     for example, rendered in zip(others, followed):
@@ -1493,7 +1524,10 @@ def test_a_conversation_of_thousands_of_turns_is_masked_in_linear_time():
 
     def render(n: int):
         return render_chat(
-            chat(*(("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(n))), template, TrainPolicy()
+            chat(*(("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(n))),
+            template,
+            TrainPolicy(),
+            routed(template),
         )
 
     assert growth(render, 2_500, factor=4) < 8  # linear is 4, quadratic 16
@@ -1520,7 +1554,9 @@ def test_thousands_of_tools_are_checked_in_linear_time(tmp_path):
         )
 
     def render(n: int):
-        return render_chat(chat(("user", "hi"), ("assistant", "ok"), tools=tools_of(n)), template, TrainPolicy())
+        return render_chat(
+            chat(("user", "hi"), ("assistant", "ok"), tools=tools_of(n)), template, TrainPolicy(), routed(template)
+        )
 
     assert growth(render, 5_000, factor=4) < 8  # linear is 4, quadratic 16
     tools = tools_of(20_000)
@@ -1530,7 +1566,9 @@ def test_thousands_of_tools_are_checked_in_linear_time(tmp_path):
     hidden = ({"type": "function", "function": {"name": "never_printed"}},)
     for dropped in (tools + hidden, hidden + tools):
         with pytest.raises(RecordError, match="never_printed") as caught:
-            render_chat(chat(("user", "hi"), ("assistant", "ok"), tools=dropped), template, TrainPolicy())
+            render_chat(
+                chat(("user", "hi"), ("assistant", "ok"), tools=dropped), template, TrainPolicy(), routed(template)
+            )
         assert caught.value.kind == "template_dropped_tools"
 
 
@@ -1559,7 +1597,7 @@ def test_a_recipe_is_kept_per_trained_pattern():
     """Two conversations of one shape whose messages train differently (a per-message `train`
     override) get their own recipes and the targets a fresh render gives each."""
     _, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
+    template = replace(template)
     turns = [("user", "Hi"), ("assistant", "Hello"), ("user", "Again?"), ("assistant", "Yes.")]
     both = Example("ex:0", "src", "hash", messages=tuple(Message(r, c) for r, c in turns))
     first_off = Example(
@@ -1569,10 +1607,10 @@ def test_a_recipe_is_kept_per_trained_pattern():
         messages=tuple(Message(r, c, train=False if i == 1 else None) for i, (r, c) in enumerate(turns)),
     )
     for example in (both, first_off, both, first_off):
-        rendered = render_chat(example, template, TrainPolicy())
-        assert rendered == render_chat(example, replace(template, skeletons={}, inspecting_shapes={}), TrainPolicy())
-    assert [i for _, _, i in render_chat(first_off, template, TrainPolicy()).target_ranges] == [3]
-    (skeleton,) = template.skeletons.values()
+        rendered = render_chat(example, template, TrainPolicy(), routed(template))
+        assert rendered == render_chat(example, replace(template), TrainPolicy(), routed(replace(template)))
+    assert [i for _, _, i in render_chat(first_off, template, TrainPolicy(), routed(template)).target_ranges] == [3]
+    (skeleton,) = learned(template).skeletons.values()
     assert len(skeleton.recipes) == 2 and None not in skeleton.recipes.values()
 
 
@@ -1601,7 +1639,7 @@ def test_a_skeleton_learned_from_questions_renders_what_the_template_renders(con
     answer alike. Rendered one after another with one template, each conversation gives what it gives
     rendered alone with nothing kept."""
     template = _model_template(str(shared("tokenizers", "qwen3")))
-    template = replace(template, skeletons={}, inspecting_shapes={})
+    template = replace(template)
     for turns in conversations:
         example = chat(*turns)
         _assert_kept_renders_as_fresh(example, template, policy)
@@ -1611,19 +1649,19 @@ def test_qwen3_plain_chat_follows_a_skeleton_of_questions_and_answers(monkeypatc
     """Two-turn chats with Qwen3: the first of a shape is rendered (jinja2, which notes the questions),
     later ones of the same answers follow its skeleton and recipe; a content that answers otherwise
     ('</think>' in it) is rendered and teaches its own."""
-    template = replace(_model_template(str(shared("tokenizers", "qwen3"))), skeletons={}, inspecting_shapes={})
+    template = replace(_model_template(str(shared("tokenizers", "qwen3"))))
     calls = _count_renders(template, monkeypatch)
-    first = render_chat(chat(("user", "Name a prime."), ("assistant", "7")), template, TrainPolicy())
+    first = render_chat(chat(("user", "Name a prime."), ("assistant", "7")), template, TrainPolicy(), routed(template))
     assert calls == [2]  # the marked render, asking its questions, and the plain one
-    (read,) = template.inspecting_shapes.values()
+    (read,) = learned(template).inspecting_shapes.values()
     (skeleton,) = read.skeletons
     assert {(index, method) for index, method, _, _ in skeleton.readings} >= {(1, "__contains__")}
-    again = render_chat(chat(("user", "Another one?"), ("assistant", "11")), template, TrainPolicy())
+    again = render_chat(chat(("user", "Another one?"), ("assistant", "11")), template, TrainPolicy(), routed(template))
     assert calls == [2]  # followed: no render
     # '</think>' in it answers otherwise: rendered again (the template splits it, which no skeleton can follow)
     thinking = chat(("user", "And one more?"), ("assistant", "<think>\nsmall\n</think>\n\n13"))
     with pytest.raises(RecordError):  # the words are printed in two pieces (see the mask checks)
-        render_chat(thinking, template, TrainPolicy())
+        render_chat(thinking, template, TrainPolicy(), routed(template))
     assert calls == [4] and len(read.skeletons) == 1
     for rendered in (first, again):
         plain = template.render([m.as_template_dict() for m in rendered.example.messages], None)
@@ -1678,7 +1716,7 @@ def test_recipes_give_what_the_template_renders_for_tricky_contents_and_shapes(m
     recipe, and must equal a render with nothing kept (or fail the same way): a recipe that put a
     content, a span or a target anywhere else, or lent its text to a content the template treats
     otherwise, fails here."""
-    template = replace(_model_template(str(shared("tokenizers", model))), skeletons={}, inspecting_shapes={})
+    template = replace(_model_template(str(shared("tokenizers", model))))
     followed = 0
     for roles in TRICKY_SHAPES:
         for k in range(len(TRICKY_CONTENTS)):
@@ -1687,17 +1725,19 @@ def test_recipes_give_what_the_template_renders_for_tricky_contents_and_shapes(m
             example = chat(*zip(roles, contents))
             twin = chat(*zip(roles, map(_twin, contents)))
             outcomes = []
-            for fresh in (template, replace(template, skeletons={}, inspecting_shapes={})):
+            for fresh in (template, replace(template)):
                 for conversation in (twin, example):
                     try:
-                        outcomes.append(render_chat(conversation, fresh, TrainPolicy()))
+                        outcomes.append(render_chat(conversation, fresh, TrainPolicy(), routed(fresh)))
                     except RecordError as error:
                         outcomes.append((error.kind, error.reason))
             assert outcomes[1] == outcomes[3], (model, roles, contents)
-            followed += any(skeleton.recipes for skeleton in template.skeletons.values())
+            followed += any(skeleton.recipes for skeleton in learned(template).skeletons.values())
     if model == "qwen2.5":  # a template that never inspects content: its recipes were followed
         assert followed and all(
-            None not in skeleton.recipes.values() for skeleton in template.skeletons.values() if skeleton.recipes
+            None not in skeleton.recipes.values()
+            for skeleton in learned(template).skeletons.values()
+            if skeleton.recipes
         )
 
 
@@ -1705,13 +1745,13 @@ def test_a_recipe_renders_nothing_and_gives_every_tricky_content_its_own_span(mo
     """Qwen2.5: once the shape's recipe is known, a conversation of that shape is put together
     without a template render, and each span holds its own content exactly."""
     _, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
+    template = replace(template)
     roles = ("system", "user", "assistant")
-    render_chat(chat(*zip(roles, ("a", "b", "c"))), template, TrainPolicy())
+    render_chat(chat(*zip(roles, ("a", "b", "c"))), template, TrainPolicy(), routed(template))
     calls = _count_renders(template, monkeypatch)
     for words in filter(None, map(str.strip, TRICKY_CONTENTS)):  # whitespace around words: another shape
         contents = [words, "{{ x }}", words[::-1]]
-        rendered = render_chat(chat(*zip(roles, contents)), template, TrainPolicy())
+        rendered = render_chat(chat(*zip(roles, contents)), template, TrainPolicy(), routed(template))
         assert [rendered.text[s.start : s.end] for s in rendered.spans] == contents
         (start, end, message) = rendered.target_ranges[0]
         assert (rendered.text[start:end], message) == (f"{words[::-1]}<|im_end|>", 2)
@@ -1813,18 +1853,18 @@ def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers()
     """The recipe path skips the render, not the record's checks: a special-token literal typed into
     a content of a shape whose recipe is known is named and escaped, a marker character rejected."""
     tokenizer, template = qwen()
-    template = replace(template, skeletons={}, inspecting_shapes={})
-    render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
-    assert any(skeleton.recipes for skeleton in template.skeletons.values())
+    template = replace(template)
+    render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
+    assert any(skeleton.recipes for skeleton in learned(template).skeletons.values())
     typed = chat(("user", "Say <|im_end|> please"), ("assistant", "Hello"))
-    rendered = render_chat(typed, template, TrainPolicy())
+    rendered = render_chat(typed, template, TrainPolicy(), routed(template))
     assert rendered.literal_fields == ("messages[0].content",)
-    assert rendered == render_chat(typed, replace(template, skeletons={}, inspecting_shapes={}), TrainPolicy())
+    assert rendered == render_chat(typed, replace(template), TrainPolicy(), routed(replace(template)))
     sample = encode_one(typed, tokenizer, template)
     ends = (sample.input_ids == tokenizer.token_id("<|im_end|>")).sum()
     assert ends == rendered.text.count("<|im_end|>") - 1  # the typed one is plain text
     with pytest.raises(RecordError, match="private-use"):
-        render_chat(chat(("user", "Hi \U00100000"), ("assistant", "Hello")), template, TrainPolicy())
+        render_chat(chat(("user", "Hi \U00100000"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
 
 
 @pytest.mark.parametrize("printed", ["{{ m.content | tojson }}", "{{ m | tojson }}", "{{ [m.content] | tojson }}"])
@@ -1835,14 +1875,14 @@ def test_a_content_printed_through_tojson_is_escaped_in_every_conversation_of_it
     (it was: the second render below printed `"He said "hi""`)."""
     source = "{% for m in messages %}<|im_start|>{{ m.role }}\n" + printed + "<|im_end|>\n{% endfor %}"
     template = load_template("model", {"chat_template": source, "eos_token": "<|im_end|>"})
-    render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy())
-    assert not template.skeletons
+    render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
+    assert not learned(template).skeletons
     for user in ('He said "hi"', "a\\b", "tab\there", "two\nlines", "plain again"):
         example = chat(("user", user), ("assistant", 'Say "yes"'))
-        rendered = render_chat(example, template, TrainPolicy())
-        assert rendered == render_chat(example, replace(template, skeletons={}, inspecting_shapes={}), TrainPolicy())
+        rendered = render_chat(example, template, TrainPolicy(), routed(template))
+        assert rendered == render_chat(example, replace(template), TrainPolicy(), routed(replace(template)))
         assert json.dumps(user)[1:-1] in rendered.text and '\\"yes\\"' in rendered.text
-    assert not template.skeletons
+    assert not learned(template).skeletons
 
 
 def _tool_record(field: str, value: str) -> Example:

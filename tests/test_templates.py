@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SHARED_DATA
+from support import SHARED_DATA, routed
 
 from packtool.builder import _encode_items
 from packtool.builder.cache import TokenCache
@@ -167,10 +167,10 @@ def _check(name: str, chat: str, tokenizer: TextTokenizer) -> None:
     example = _example(chat)
     if chat == "tools" and name not in WITH_TOOLS:
         with pytest.raises(RecordError, match=rf"{name}: message \d+ .*tool") as caught:
-            render_chat(example, template, TrainPolicy())
+            render_chat(example, template, TrainPolicy(), routed(template))
         assert caught.value.kind == "template_error"
         return
-    rendered = render_chat(example, template, TrainPolicy())
+    rendered = render_chat(example, template, TrainPolicy(), routed(template))
     (result,) = encode_batch([(rendered, "escape")], tokenizer)
     assert isinstance(result, Tokenized), result
     eos = tokenizer.config.get("eos_token") or ""
@@ -223,9 +223,9 @@ def test_late_system_message_is_refused(name: str, quickstart: TextTokenizer) ->
 def test_mistral_trains_only_the_turns_the_policy_names(quickstart: TextTokenizer) -> None:
     """Generation blocks of tool-call-only turns belong to their message, so `turns: last` skips them."""
     template = load_template("mistral", quickstart.config)
-    rendered = render_chat(_example("tools"), template, TrainPolicy(turns="last"))
+    rendered = render_chat(_example("tools"), template, TrainPolicy(turns="last"), routed(template))
     assert [m for _, _, m in rendered.target_ranges] == [3]
-    rendered = render_chat(_example("tools"), template, TrainPolicy(tool_calls=False))
+    rendered = render_chat(_example("tools"), template, TrainPolicy(tool_calls=False), routed(template))
     assert [m for _, _, m in rendered.target_ranges] == [3]
 
 
@@ -238,7 +238,7 @@ def test_mistral_prints_the_system_prompt_in_the_last_user_turn(quickstart: Text
 def test_plain_separator_is_a_template_variable(quickstart: TextTokenizer) -> None:
     template = load_template("plain", quickstart.config, {"separator": ""})
     chat = (Message("user", "The capital of France is"), Message("assistant", " Paris."))
-    rendered = render_chat(Example("t:plain", "test", "0" * 32, chat), template, TrainPolicy())
+    rendered = render_chat(Example("t:plain", "test", "0" * 32, chat), template, TrainPolicy(), routed(template))
     assert rendered.text == "The capital of France is Paris.<|im_end|>"
     ((start, end, _),) = rendered.target_ranges
     # The completion's own leading space trains with it: BPE glues it to the word (" Paris").

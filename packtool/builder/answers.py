@@ -33,6 +33,7 @@ from packtool.records import (
     prompt_length,
 )
 from packtool.render import render_example
+from packtool.render.accelerators import Accelerators
 
 
 def item_roles(item: PreferencePair | CompletionGroup) -> tuple[SegmentRole, ...]:
@@ -55,6 +56,7 @@ def encode_answers(
     special_tokens: str = "escape",
     add_bos: bool | None = None,
     add_eos: bool | None = None,
+    accelerators: Accelerators | None = None,
 ) -> tuple[Tokenized, ...]:
     """One Tokenized per answer (chosen, rejected; or each completion), all with the same prompt tokens.
 
@@ -71,7 +73,8 @@ def encode_answers(
         raise RecordError("no chat template is configured for a chat preference record", kind="template_error")
     try:
         rendered = [
-            _render_answer(item, answer, template, tokenizer, policy, add_bos, add_eos) for answer in item.answers
+            _render_answer(item, answer, template, tokenizer, policy, add_bos, add_eos, accelerators)
+            for answer in item.answers
         ]
     except RecordError as error:
         error.sample_id = error.sample_id or item.id
@@ -99,9 +102,12 @@ def _render_answer(
     policy: TrainPolicy,
     add_bos: bool | None,
     add_eos: bool | None,
+    accelerators: Accelerators | None,
 ) -> Rendered:
     example = answer_example(item, answer, chat=template is not None)
-    rendered = render_example(example, template, tokenizer.config, policy, add_bos=add_bos, add_eos=add_eos)
+    rendered = render_example(
+        example, template, tokenizer.config, policy, add_bos=add_bos, add_eos=add_eos, accelerators=accelerators
+    )
     if template is not None:
         return rendered
     prompt = item.prompt[0].content

@@ -26,6 +26,7 @@ from packtool.encode import TextTokenizer, encode_batch, has_special_literal, lo
 from packtool.errors import RecordError
 from packtool.records import CompletionGroup, PreferencePair, Rendered, Tokenized
 from packtool.render import render_example
+from packtool.render.accelerators import Accelerators, accelerators_for
 from packtool.truncate import ItemTruncation, truncate_item
 
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
@@ -48,11 +49,13 @@ class Stages:
     config: BuildConfig
     tokenizer: TextTokenizer
     template: ChatTemplate | None
+    # what the render routes learned of the template, and how many samples each route produced
+    accelerators: Accelerators
 
     @classmethod
     def load(cls, config: BuildConfig) -> Stages:
         tokenizer = load_tokenizer(config.tokenizer)
-        return cls(config, tokenizer, template_for(config, tokenizer.config))
+        return cls(config, tokenizer, template_for(config, tokenizer.config), accelerators_for(config.run.render))
 
     def fit_item(self, item: PreferencePair | CompletionGroup, source: SourceConfig) -> Outcome:
         """A pair or group: its answers encoded with one shared prompt, cut jointly to fit one pack."""
@@ -65,6 +68,7 @@ class Stages:
                 special_tokens=source.special_tokens,
                 add_bos=self.config.encoding.add_bos,
                 add_eos=self.config.encoding.add_eos,
+                accelerators=self.accelerators,
             )
         except RecordError as error:
             error.sample_id = item.id
@@ -92,6 +96,7 @@ class Stages:
                     source.train,
                     add_bos=self.config.encoding.add_bos,
                     add_eos=self.config.encoding.add_eos,
+                    accelerators=self.accelerators,
                 )
             except RecordError as error:
                 error.sample_id = item.id
@@ -143,7 +148,12 @@ def stages_for(config: BuildConfig) -> Stages:
     # Every config part a Stages reads is in the key, whole: a later build in this process (a notebook, a Ray
     # worker) with another capacity must not fit its pairs to the first build's.
     key = canonical_json(
-        [keyed_parts(config, "content", "encode"), item_fit_parts(config), [s.format for s in config.sources]]
+        [
+            keyed_parts(config, "content", "encode"),
+            item_fit_parts(config),
+            [s.format for s in config.sources],
+            config.run.render,
+        ]
     )
     if key not in _STAGES:
         _STAGES[key] = Stages.load(config)

@@ -73,6 +73,7 @@ ROWS: dict[str, tuple[str, str]] = {
     "workers": ("run", "2"),
     "executor": ("run", "serial"),
     "ray_address": ("run", "127.0.0.1:6379"),
+    "render": ("run", "reference"),  # the render routes: every one gives the reference's bytes
     "on_error": ("run", "fail"),  # decides whether a build with rejects publishes, not what it writes
     "max_reject_share": ("run", "0.9"),  # a threshold on the outcome, like on_error
     "on_quota_miss": ("run", "fail"),  # whether a build short of a quota publishes, like on_error

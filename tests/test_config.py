@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,21 @@ from click.testing import CliRunner
 from support import QUICKSTART
 
 from packtool.cli import main
-from packtool.config import ConfigError, apply_overrides, load_config, resolve_config_path
+from packtool.config import (
+    ConfigError,
+    Encoding,
+    Mixing,
+    Outcome,
+    Overflow,
+    Packing,
+    Run,
+    Shards,
+    Truncation,
+    Validation,
+    apply_overrides,
+    load_config,
+    resolve_config_path,
+)
 from packtool.errors import PacktoolError
 from packtool.format import read_manifest
 
@@ -24,6 +39,19 @@ def _base(tmp_path: Path) -> dict:
         "capacity": 64,
         "output": "out",
     }
+
+
+def test_a_section_left_out_takes_its_dataclass_defaults(tmp_path, write_config):
+    """Defaults are stated once, in the section dataclasses: the parser takes them from there."""
+    config = load_config(write_config(_base(tmp_path)))
+    sections = (Encoding, Truncation, Packing, Overflow, Mixing, Validation, Shards, Outcome)
+    names = ("encoding", "truncation", "packing", "overflow", "mixing", "validation", "shards", "outcome")
+    assert [getattr(config, name) for name in names] == [section() for section in sections]
+    assert replace(config.run, output="", workers=1) == Run(output="")  # workers: auto, the machine's cores
+    named = {"truncation": "left", "packing": "ffd", "overflow": "bucket"}  # a name alone keeps the other defaults
+    config = load_config(write_config({**_base(tmp_path), **named}))
+    assert (config.truncation, config.packing) == (Truncation("left"), Packing("ffd"))
+    assert config.overflow == Overflow("bucket", 4 * config.capacity)
 
 
 def test_loads_typed_settings_and_resolves_relative_paths(tmp_path, write_config):

@@ -5,7 +5,7 @@ then probe packing isolation in every model family of docs/isolation.md on the b
     .venv/bin/python bench/gpu_check.py --isolation-only     # only the family x backend probe
     .venv/bin/python bench/gpu_check.py --time-limit 300 --json isolation.json
 
-Isolation (`packtool.probe`): each family's tiny random model runs a packed row of three documents
+Isolation (`packtool.loader.probe`): each family's tiny random model runs a packed row of three documents
 with packtool's inputs (`model_inputs`) on eager, sdpa and, where importable, flash_attention_2 /
 flash_attention_3 (bf16); flex only for Llama on CUDA (HF compiles it per model, ~40 s). The Gated DeltaNet
 and Mamba-2 layers use the flash-linear-attention / causal-conv1d / mamba-ssm kernels when those
@@ -160,7 +160,7 @@ def isolation_check(json_path: Path | None) -> list[str]:
     """The probe on every family; a combination that leaks or refuses its inputs is a failure, named."""
     import transformers
 
-    from packtool.probe import FAMILIES, format_probe, probe
+    from packtool.loader.probe import FAMILIES, format_probe, probe
 
     transformers.logging.set_verbosity_error()
     failures, reports = [], []
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     failures: list[str] = []
     if args.isolation_only:
-        print("isolation probe (packtool.probe), every family of docs/isolation.md:")
+        print("isolation probe (packtool.loader.probe), every family of docs/isolation.md:")
         failures = isolation_check(args.json)
         print(f"done in {time.perf_counter() - started:.1f} s; failures: {failures or 'none'}")
         return 1 if failures else 0
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
                 continue  # eager flex and the dense mask are references, not fast paths
             packed_vs_padded(backend, rows, 8, 64, torch.bfloat16, "cuda")
 
-    print("isolation probe (packtool.probe), every family of docs/isolation.md:")
+    print("isolation probe (packtool.loader.probe), every family of docs/isolation.md:")
     failures += isolation_check(args.json)
     print(f"done in {time.perf_counter() - started:.1f} s; failures: {sorted(set(failures)) or 'none'}")
     return 1 if failures else 0

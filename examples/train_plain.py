@@ -38,7 +38,7 @@ from packtool.loader import (
     window_norm,
 )
 from packtool.loader.boundaries import model_inputs
-from packtool.probe import check_isolation
+from packtool.loader.probe import check_isolation
 
 
 def tiny_model(vocab_size: int) -> transformers.PreTrainedModel:

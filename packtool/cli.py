@@ -439,7 +439,7 @@ def _probe(
     model: str, data: Path | None, backends: tuple[str, ...], feeds: tuple[str, ...], weights: bool, as_json: bool
 ) -> None:
     try:
-        from packtool.probe import format_probe, probe
+        from packtool.loader.probe import format_probe, probe
     except ImportError as error:
         raise click.ClickException(str(error)) from None
     try:

@@ -7,7 +7,8 @@ target count of the whole update window, and the data order resumes from a globa
 
 The front door below is what a training loop needs; the rest stays at its module path
 (`packtool.loader.attention`, `.balance`, `.collate`, `.schedule`, `.contract`, `.loss`, `.cp`).
-`packtool.loader.hf` (Hugging Face Trainer / TRL integration) is imported on first use.
+`packtool.loader.hf` (Hugging Face Trainer / TRL integration) is imported on first use;
+`packtool.loader.probe` (`packtool audit --probe`, `check_isolation`) only where asked for.
 """
 
 from typing import Any

@@ -18,7 +18,7 @@ the documents end, in the argument that layer type reads. For cu_seqlens [0, 3, 
 
 `model_inputs(mb, model)` gives all of those a model's layer types read (and `use_cache=False`,
 `attention_mask=None`: with either, HF models ignore restarting positions). Which families and
-backends then keep documents apart is measured, not assumed: `packtool.probe` (`packtool audit
+backends then keep documents apart is measured, not assumed: `packtool.loader.probe` (`packtool audit
 --probe MODEL`) and `check_isolation` run the model and compare; docs/isolation.md has the table.
 
 `one_document_per_row(mb)` is the fallback for a model that cannot read boundaries (a recurrent

@@ -64,7 +64,7 @@ from packtool.loader.boundaries import model_inputs, one_document_per_row
 from packtool.loader.collate import LoadedPack, MicroBatch, collate
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.loss import chunked_token_loss_sum, token_loss_sum
-from packtool.probe import GUARD_LENGTHS, check_isolation, packed_row, synthetic_docs
+from packtool.loader.probe import GUARD_LENGTHS, check_isolation, packed_row, synthetic_docs
 
 __all__ = [  # + PackedSFTTrainer (needs trl)
     "PackedCollator",

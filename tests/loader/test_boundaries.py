@@ -16,7 +16,7 @@ from packtool.loader.boundaries import (  # noqa: E402
     varlen_kwargs,
 )
 from packtool.loader.collate import collate  # noqa: E402
-from packtool.probe import FAMILIES, family_config  # noqa: E402
+from packtool.loader.probe import FAMILIES, family_config  # noqa: E402
 
 # A=[a0 a1 a2] (a0 no target), B=[b0 b1]
 ROW = {"input_ids": [11, 12, 13, 21, 22], "labels": [-100, 12, 13, -100, 22], "cu_seqlens": [0, 3, 5]}
@@ -80,7 +80,7 @@ def test_probe_data_needs_a_pack_with_two_documents(make_build):
 
     from packtool.cli import main
     from packtool.errors import ProbeError
-    from packtool.probe import docs_from_build
+    from packtool.loader.probe import docs_from_build
 
     def single_documents(packs):
         packs[:] = [p for p in packs if len(p.cu_seqlens) == 2]
@@ -94,7 +94,7 @@ def test_probe_data_needs_a_pack_with_two_documents(make_build):
 
 
 def test_probe_data_reads_the_documents_of_a_stream_build(make_build):
-    from packtool.probe import docs_from_build
+    from packtool.loader.probe import docs_from_build
 
     path, packs = make_build(mode="stream")
     first = next(p for p in packs if len(p.doc_cu_seqlens) >= 3)

@@ -86,7 +86,7 @@ def hybrid_trainer(build, tmp_path, *, trl: bool = False, **collator):
     import transformers
 
     from packtool.loader.hf import PackedCollator, PackedTrainer, trainer_dataset
-    from packtool.probe import FAMILIES, build_tiny, family_config
+    from packtool.loader.probe import FAMILIES, build_tiny, family_config
 
     common = {"output_dir": str(tmp_path / "out"), "max_steps": 2, "per_device_train_batch_size": 1}
     common |= {"report_to": [], "use_cpu": True, "save_strategy": "no", "disable_tqdm": True, "logging_steps": 1}

@@ -19,29 +19,37 @@ def test_packtool_imports_without_torch_and_loader_names_the_install():
     assert "pip install 'packtool[loader]'" in out and "pip install torch==2.13.0" in out
 
 
-NO_TORCH_CLI = """
+MISSING_CLI = """
 import sys
-sys.modules['torch'] = None  # as if torch were not installed
+sys.modules[sys.argv[1]] = None  # as if it were not installed
 from click.testing import CliRunner
 from packtool.cli import main
-result = CliRunner().invoke(main, sys.argv[1:])
+result = CliRunner().invoke(main, sys.argv[2:])
 print(result.exit_code, result.output.strip())
 """
 
 
 @pytest.mark.parametrize(
-    "args, expected",
+    "missing, args, expected",
     [
-        (["trace", "{tmp}", "--step", "0"], "1 Error: packtool trace needs the loader"),
+        ("torch", ["trace", "{tmp}", "--step", "0"], "1 Error: packtool trace needs the loader"),
         (
+            "torch",
             ["audit", "--probe", "llama"],
-            "1 Error: packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'",
+            "1 Error: packtool.loader needs PyTorch: pip install 'packtool[loader]'",
+        ),
+        (
+            "transformers",
+            ["audit", "--probe", "llama"],
+            "1 Error: packtool.loader.probe needs PyTorch and transformers: pip install 'packtool[hf]'",
         ),
     ],
 )
-def test_torch_commands_without_torch_are_one_line_naming_the_install(tmp_path, args, expected):
+def test_torch_commands_without_their_extra_are_one_line_naming_the_install(tmp_path, missing, args, expected):
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
-    out = subprocess.run([sys.executable, "-c", NO_TORCH_CLI, *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MISSING_CLI, missing, *args], capture_output=True, text=True, check=True
+    )
     assert out.stdout.startswith(expected) and "pip install 'packtool[" in out.stdout
     assert "Traceback" not in out.stdout
 

@@ -1,4 +1,4 @@
-"""packtool.probe and `packtool audit --probe`: every family of docs/isolation.md's table on the CPU backends.
+"""packtool.loader.probe and `packtool audit --probe`: every family of docs/isolation.md's table on the CPU backends.
 
 Tiny random models (hidden 64, 2 layers, float32): one family probe costs about a second here.
 """
@@ -19,7 +19,7 @@ from packtool.cli import main  # noqa: E402
 from packtool.errors import IsolationError, ProbeError  # noqa: E402
 from packtool.loader.boundaries import FEEDS as FEED_REGISTRY  # noqa: E402
 from packtool.loader.boundaries import model_inputs, position_ids_only  # noqa: E402
-from packtool.probe import (  # noqa: E402
+from packtool.loader.probe import (  # noqa: E402
     CPU_BACKENDS,
     DOC_LENGTHS,
     FAMILIES,
@@ -171,7 +171,7 @@ def test_an_unknown_model_is_one_line():
 
 
 def test_half_precision_allows_rounding_steps_but_not_leaks():
-    from packtool.probe import _moved
+    from packtool.loader.probe import _moved
 
     logits = torch.tensor([10.0, -3.0, 0.5], dtype=torch.bfloat16)
     one_step = logits.clone()
@@ -250,7 +250,7 @@ def test_layer_kinds_come_from_what_the_model_runs():
 
 
 def test_advice_names_only_what_the_model_and_layer_can_use():
-    from packtool.probe import fix_for
+    from packtool.loader.probe import fix_for
 
     for key in ("bloom", "mpt", "rwkv"):  # no sdpa, no flash: the fallback alone
         model = build_tiny(family_config(FAMILIES[key]), "eager")

@@ -49,7 +49,7 @@ try:
     import torch
     import transformers  # noqa: F401  # every probe builds a transformers model
 except ImportError as err:  # pragma: no cover - exercised without torch
-    raise ImportError("packtool.probe needs PyTorch and transformers: pip install 'packtool[hf]'") from err
+    raise ImportError("packtool.loader.probe needs PyTorch and transformers: pip install 'packtool[hf]'") from err
 
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.boundaries import (
@@ -66,7 +66,7 @@ from packtool.loader.boundaries import uses_mrope as config_uses_mrope
 from packtool.loader.collate import MicroBatch, collate
 from packtool.loader.loss import token_loss_sum
 
-log = logging.getLogger("packtool.probe")
+log = logging.getLogger(__name__)
 SKIP_ENV = "PACKTOOL_SKIP_ISOLATION_CHECK"
 # not a fix: said so, for whoever wants to measure what contamination costs
 SKIPPING = f" ({SKIP_ENV}=1 skips this check and trains with documents that see each other)"
@@ -467,7 +467,7 @@ def family_config(family: Family) -> Any:
 
 
 def family_table() -> str:
-    """docs/isolation.md's family x backend table, from FAMILIES (tests/test_probe.py runs every row on CPU).
+    """docs/isolation.md's family x backend table, from FAMILIES (tests/loader/test_probe.py runs every row on CPU).
 
     Layer types and inputs are those of the tiny model built on eager (sdpa gets the same inputs).
     """

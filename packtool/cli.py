@@ -348,7 +348,8 @@ def stats(path: Path, as_json: bool) -> None:
         packtool stats out/quickstart --json
     """
     from packtool.shards import locate
-    from packtool.stats import format_stats, summarize
+    from packtool.stats import format_stats
+    from packtool.summaries import summarize
 
     try:
         _, manifest, files = locate(path)

@@ -134,7 +134,7 @@ def static_tables(data: dict[str, Any]) -> str:
 def write_report(output: str | Path, destination: str | Path | None = None) -> Path:
     """Write the report of an output folder (default: OUTPUT/report.html) and return its path."""
     from packtool.shards import locate
-    from packtool.stats import summarize
+    from packtool.summaries import summarize
 
     folder, manifest, files = locate(output)
     stats = summarize(files, manifest)

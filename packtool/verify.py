@@ -368,7 +368,7 @@ def _group_problems(row: dict[str, Any], ids: np.ndarray, labels: np.ndarray, cu
 
 
 def _check_stats(folder: Path, manifest: Manifest, result: Verification) -> None:
-    from packtool.stats import summarize
+    from packtool.summaries import summarize
 
     recomputed = summarize([entry.file for entry in manifest.shards], manifest)
     stored = manifest.raw["stats"]

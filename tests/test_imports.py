@@ -9,6 +9,7 @@ every module has loaded, so they are how a late dependency is allowed.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,12 +37,19 @@ def module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+def every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Module-level imports and those inside functions: what a module uses at all, whenever it loads it."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
+
+
+def import_graph(
+    root: Path = ROOT, imports: Callable[[ast.Module], list[ast.Import | ast.ImportFrom]] = module_level_imports
+) -> dict[str, set[str]]:
     paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     graph: dict[str, set[str]] = {name: set() for name in paths}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in module_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -84,6 +92,73 @@ def test_packtool_modules_import_each_other_without_a_cycle():
     assert graph["packtool.sources"] >= {"packtool.reading", "packtool.adapters"}  # the graph sees real edges
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+# Read-side commands: they read a finished output and print. Neither wing may import one (STYLE: a wing per side).
+READ_SIDE = (
+    "packtool.cli",
+    "packtool.stats",
+    "packtool.verify",
+    "packtool.show",
+    "packtool.find",
+    "packtool.report",
+    "packtool.lineage",
+    "packtool.audit",
+)
+
+
+# What the loader may read from outside its package: the format contract and the helpers under it.
+LOADER_READS = (
+    "packtool.arrow",
+    "packtool.checks",
+    "packtool.errors",
+    "packtool.format",
+    "packtool.hub",
+    "packtool.labels",
+    "packtool.packing_items",
+    "packtool.seal",
+    "packtool.shards",
+)
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def reaching_out(wing: str, allowed: Callable[[str], bool]) -> list[str]:
+    """Every edge from a module of `wing` to a packtool module outside it that `allowed` refuses."""
+    graph = import_graph(imports=every_import)
+    assert "packtool.verify" in graph["packtool.cli"]  # the graph sees imports inside functions
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if within(module, wing)
+        for target in targets
+        if not within(target, wing) and not allowed(target)
+    )
+
+
+def test_the_builder_imports_no_read_side_command_and_not_the_loader():
+    """What the builder shares with the commands (summaries, format, shards, ...) sits in a shared module."""
+    forbidden = (*READ_SIDE, "packtool.loader")
+    assert not reaching_out("packtool.builder", lambda target: not any(within(target, f) for f in forbidden))
+
+
+def test_the_loader_imports_only_the_format_contract_from_outside():
+    """No builder, no command, no top-level loader-side module (the probe lives in packtool.loader)."""
+    assert not reaching_out("packtool.loader", lambda target: target in LOADER_READS)
+
+
+def test_torch_and_transformers_are_imported_only_inside_the_loader():
+    """Loader-side code (the probe, the Trainer integration) lives in packtool.loader, behind its import guard."""
+    outside = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if within(module_name(path, ROOT), "packtool.loader"):
+            continue
+        for node in every_import(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            outside += [f"{path.name}: {name}" for name in names if name.split(".")[0] in ("torch", "transformers")]
+    assert not outside, outside
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:

@@ -31,7 +31,7 @@ from packtool.format import (
 )
 from packtool.render import template_injections
 from packtool.shards import ShardInfo
-from packtool.stats import length_summary, summarize
+from packtool.summaries import length_summary, summarize
 
 
 def write_outputs(

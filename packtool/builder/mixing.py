@@ -94,7 +94,7 @@ def source_quotas(config: BuildConfig) -> dict[str, Quota]:
     return {s.name: s.plan.quota for s in config.sources if s.plan.quota is not None}
 
 
-# What the shards' per-source stats (stats.summarize) call each quota unit.
+# What the shards' per-source stats (summaries.summarize) call each quota unit.
 REALIZED = {"target_tokens": "targets", "tokens": "tokens"}
 
 

@@ -6,7 +6,7 @@
                                                  (pieces go to PLAN/pieces.arrow, ref = -(k + 1))
         no target                            -> dropped.no_targets
     kept segments --mixing (repeat_plan)--> (ref, repeat) --plan_packs / plan_groups / plan_stream--> packs
-    packs --mixing.interleave (interleave_order, checked by stats.window_mix)--> the same packs in windows of K
+    packs --mixing.interleave (interleave_order, checked by summaries.window_mix)--> the same packs in windows of K
 
 Pairs and groups (format: preference | group) arrive fitted to one pack by encode, as consecutive
 rows of one record; the plan keeps them whole: an item is a record's rows (a plain sample is an
@@ -48,7 +48,7 @@ from packtool.errors import BuildError
 from packtool.format import SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION, Interleaving
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
-from packtool.stats import WINDOW_SLACK, mix_amounts, window_mix
+from packtool.summaries import WINDOW_SLACK, mix_amounts, window_mix
 from packtool.truncate import truncate
 
 

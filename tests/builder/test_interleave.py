@@ -22,7 +22,8 @@ from packtool.format import Interleaving, read_manifest
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.schedule import PlanOptions, epoch_order, plan_epoch, positions_to_flat
 from packtool.shards import locate
-from packtool.stats import format_stats, summarize, window_mix
+from packtool.stats import format_stats
+from packtool.summaries import summarize, window_mix
 
 
 def test_window_mix_example():

@@ -18,7 +18,8 @@ from packtool.cli import main
 from packtool.config import ConfigError, Quota, load_config
 from packtool.errors import BuildError
 from packtool.shards import locate
-from packtool.stats import format_stats, summarize
+from packtool.stats import format_stats
+from packtool.summaries import summarize
 
 
 def test_quota_plan_example():

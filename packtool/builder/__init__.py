@@ -151,6 +151,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         held = holds_build(staging.output, key, config.config_hash, packtool.__version__)
         if held is not None:  # the same bytes again: keep them, write nothing
             missed = _quota_misses(config, held)
+            staging.keep_only(None)  # what an interrupted or earlier build left there is not needed now
             return Built(
                 held,
                 staging.output,

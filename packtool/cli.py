@@ -441,8 +441,10 @@ def _probe(
 ) -> None:
     try:
         from packtool.loader.probe import format_probe, probe
-    except ImportError as error:
-        raise click.ClickException(str(error)) from None
+    except ImportError:  # torch or transformers: the probe needs both, whichever the loader asked for first
+        raise click.ClickException(
+            "packtool audit --probe needs PyTorch and transformers: pip install 'packtool[hf]'"
+        ) from None
     try:
         report = probe(model, backends=backends or None, feeds=feeds or None, data=data, weights=weights)
     except PacktoolError as error:

@@ -33,15 +33,16 @@ print(result.exit_code, result.output.strip())
     "missing, args, expected",
     [
         ("torch", ["trace", "{tmp}", "--step", "0"], "1 Error: packtool trace needs the loader"),
+        # the probe needs both: one line naming the extra that brings both, whichever is missing
         (
             "torch",
             ["audit", "--probe", "llama"],
-            "1 Error: packtool.loader needs PyTorch: pip install 'packtool[loader]'",
+            "1 Error: packtool audit --probe needs PyTorch and transformers: pip install 'packtool[hf]'",
         ),
         (
             "transformers",
             ["audit", "--probe", "llama"],
-            "1 Error: packtool.loader.probe needs PyTorch and transformers: pip install 'packtool[hf]'",
+            "1 Error: packtool audit --probe needs PyTorch and transformers: pip install 'packtool[hf]'",
         ),
     ],
 )

@@ -67,11 +67,7 @@ def shard_schema_version(config: BuildConfig) -> int:
     items = any(s.format in ITEM_FORMATS for s in config.sources)
     strategies = {s.plan.truncation or config.truncation.strategy for s in config.sources}
     splits = "split" in strategies or ("turns" in strategies and config.truncation.fallback == "split")
-    return (
-        SEGMENTS_SCHEMA_VERSION
-        if items or (splits and config.packing.strategy != "stream")
-        else SCHEMA_VERSION
-    )
+    return SEGMENTS_SCHEMA_VERSION if items or (splits and config.packing.strategy != "stream") else SCHEMA_VERSION
 
 
 def plan_key(config: BuildConfig, partition_keys: list[str]) -> str:

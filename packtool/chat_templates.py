@@ -30,7 +30,9 @@ from packtool.config import MODEL_TEMPLATE, BuildConfig, bundled_folder, canonic
 from packtool.errors import PacktoolError, TemplateRaised
 from packtool.minijinja_engine import MINIJINJA_INSTALLED, MiniTemplate, NotQualified, qualify
 from packtool.records import literal_pattern
-from packtool.sandbox import BUDGET, Budget, TemplateLimit, Tracked, make_environment, marked_content
+from packtool.sandbox import make_environment
+from packtool.template_limits import BUDGET, Budget, TemplateLimit
+from packtool.template_tracking import Tracked, marked_content
 
 # End-of-turn markers of the common chat formats; the template's eos_token is added to these.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")

@@ -32,7 +32,9 @@ from typing import Any
 
 from jinja2 import nodes
 
-from packtool.sandbox import MAX_TEMPLATE_CHARS, MAX_TEMPLATE_OPERATIONS, TemplateLimit, _tojson
+from packtool.template_limits import MAX_TEMPLATE_CHARS, MAX_TEMPLATE_OPERATIONS, TemplateLimit
+from packtool.template_ops import FUNCTIONS, SAME_SIZE_FILTERS, SAME_SIZE_METHODS, SCALAR_FILTERS, SCALAR_METHODS
+from packtool.template_tracking import _tojson
 
 try:
     import minijinja
@@ -40,19 +42,6 @@ except ImportError:  # the optional extra: jinja2 renders every template
     minijinja = None  # type: ignore[assignment]  # the module or None: checked before any use
 MINIJINJA_INSTALLED = minijinja is not None
 
-# Filters and str methods a qualifying template may use (see _SizeBound): those whose result is at
-# most their input, and those that return a scalar. Others (escape, indent, center, format, replace,
-# wordwrap, ...) can outgrow their input and keep a template on jinja2.
-_SAME_SIZE_FILTERS = frozenset(
-    {"trim", "string", "lower", "upper", "title", "capitalize", "first", "last", "reverse", "list", "unique", "sort"}
-    | {"items", "dictsort", "selectattr", "rejectattr", "select", "reject", "safe"}
-)
-_SCALAR_FILTERS = frozenset({"length", "count", "int", "float", "abs", "bool"})
-_SAME_SIZE_METHODS = frozenset({"strip", "lstrip", "rstrip", "lower", "upper", "title", "capitalize", "split"})
-_SAME_SIZE_METHODS |= frozenset({"items", "keys", "values", "get"})
-_SCALAR_METHODS = frozenset({"startswith", "endswith", "isdigit", "isalpha", "isspace", "count", "find"})
-# The template's functions; their results are checked in Python (strftime output is a date line).
-_FUNCTIONS = frozenset({"namespace", "raise_exception", "strftime_now"})
 # tojson escapes a character as at most 6 (\uXXXX) and adds quotes, commas and colons per item.
 _TOJSON_GROWTH = 12
 # A fixed point that has not settled after this many passes grows with every loop iteration.
@@ -192,9 +181,9 @@ class _SizeBound:
             raise NotQualified(f"the filter block or call form of |{node.name}")
         value = self._expression(node.node)
         arguments = self._arguments(node)
-        if node.name in _SCALAR_FILTERS:
+        if node.name in SCALAR_FILTERS:
             return 1
-        if node.name in _SAME_SIZE_FILTERS:
+        if node.name in SAME_SIZE_FILTERS:
             return value
         if node.name == "default" or node.name == "d":
             return max([value, *arguments])
@@ -212,13 +201,13 @@ class _SizeBound:
         if node.dyn_args is not None or node.dyn_kwargs is not None:
             raise NotQualified("a call with *args or **kwargs")
         arguments = self._arguments(node)
-        if isinstance(node.node, nodes.Name) and node.node.name in _FUNCTIONS:
+        if isinstance(node.node, nodes.Name) and node.node.name in FUNCTIONS:
             return 1 + sum(arguments)
         if isinstance(node.node, nodes.Getattr):
             owner = self._expression(node.node.node)
-            if node.node.attr in _SCALAR_METHODS:
+            if node.node.attr in SCALAR_METHODS:
                 return 1
-            if node.node.attr in _SAME_SIZE_METHODS:
+            if node.node.attr in SAME_SIZE_METHODS:
                 return max([owner, *arguments])
         raise NotQualified(f"the call {_described(node.node)}")
 

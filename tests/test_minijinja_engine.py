@@ -26,7 +26,15 @@ from packtool.config import TrainPolicy, load_config
 from packtool.errors import RecordError
 from packtool.records import Example, Message
 from packtool.render import render_chat
-from packtool.sandbox import MAX_TEMPLATE_CHARS
+from packtool.template_limits import MAX_TEMPLATE_CHARS
+from packtool.template_ops import (
+    COPYING_FILTERS,
+    COPYING_METHODS,
+    READINGS,
+    SAME_SIZE_FILTERS,
+    SAME_SIZE_METHODS,
+    SCALAR_METHODS,
+)
 
 pytest.importorskip("minijinja")
 
@@ -312,3 +320,11 @@ def test_a_real_qwen3_reasoning_build_writes_the_same_bytes_with_either_engine(t
         digests.append(_shard_digests(tmp_path / engine))
     assert digests[0] == digests[1]
     assert any(name.endswith(".parquet") for name in digests[0])
+
+
+def test_one_allow_list_serves_both_engines() -> None:
+    """What the jinja2 sandbox lets a content through as a copy, minijinja bounds as the same size, and a
+    question the sandbox records of a content is a scalar to minijinja: both read packtool.template_ops."""
+    assert COPYING_METHODS <= SAME_SIZE_METHODS
+    assert COPYING_FILTERS - {"tojson"} <= SAME_SIZE_FILTERS
+    assert {name for name in READINGS if not name.startswith("__")} <= SCALAR_METHODS

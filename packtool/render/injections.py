@@ -8,10 +8,8 @@ import jinja2
 
 from packtool.chat_templates import ChatTemplate
 from packtool.errors import TemplateRaised
-from packtool.sandbox import (
-    TemplateLimit,
-    open_mark,
-)
+from packtool.template_limits import TemplateLimit
+from packtool.template_tracking import open_mark
 
 _ROLE_WORDS = {"system", "user", "assistant", "model", "tool", "ipython", "function", "developer"}
 

@@ -14,14 +14,8 @@ import jinja2
 
 from packtool.errors import RecordError, TemplateRaised
 from packtool.records import Example, spells_literal
-from packtool.sandbox import (
-    GENERATION_CLOSE,
-    GENERATION_OPEN,
-    MARK_BASE,
-    TemplateLimit,
-    _tojson,
-    marked_content,
-)
+from packtool.template_limits import TemplateLimit
+from packtool.template_tracking import GENERATION_CLOSE, GENERATION_OPEN, MARK_BASE, _tojson, marked_content
 
 # Put in front of every special-token literal a record brings (a user typing `<|im_end|>`, a tool
 # description spelling `<|im_start|>system`): its rendered position tells encode what to escape and

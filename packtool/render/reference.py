@@ -35,7 +35,7 @@ from packtool.render.targets import (
     _Turns,
     trained_messages,
 )
-from packtool.sandbox import TemplateLimit
+from packtool.template_limits import TemplateLimit
 
 
 @dataclass(frozen=True, slots=True)

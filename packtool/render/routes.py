@@ -32,7 +32,7 @@ from packtool.render.marks import _mark_literals, _marked, _strip_markers, _Stri
 from packtool.render.recipes import _Recipe
 from packtool.render.reference import Prepared, finish, marked_content_fails, prepare, render_reference
 from packtool.render.skeletons import MAX_READ_TRIES, Shape, _ReadSkeletons, _shape, _Skeleton, _Slots, _SlotWalk
-from packtool.sandbox import TemplateLimit
+from packtool.template_limits import TemplateLimit
 
 
 def render_chat(

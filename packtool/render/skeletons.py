@@ -10,10 +10,10 @@ from typing import Any
 from packtool.records import Example, Message
 from packtool.render.marks import _MARKERS, _MAX_MESSAGES, _strip_markers, _Stripped
 from packtool.render.recipes import _Recipe
-from packtool.sandbox import (
+from packtool.template_limits import MAX_TEMPLATE_CHARS
+from packtool.template_tracking import (
     CONTENT_MARKS,
     MARK_BASE,
-    MAX_TEMPLATE_CHARS,
     JsonSlot,
     _tojson,
     close_mark,

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from support import REPO
 
 
@@ -43,3 +44,19 @@ def test_every_markdown_file_cited_exists():
             if cited not in OUTSIDE_THE_REPO and not any((folder / cited).is_file() for folder in folders):
                 missing.append(f"{path.relative_to(REPO)} cites {cited}")
     assert missing == []
+
+
+COMPLEXITY_LIMIT = 40  # the anchor codebases' worst functions sit near 30-40; packtool's render was 123
+
+
+def test_no_function_is_too_complex_to_hold():
+    """radon's cyclomatic complexity of every function and method of the package."""
+    complexity = pytest.importorskip("radon.complexity", reason="radon is a dev dependency (pip install radon)")
+    worst = []
+    for path in sorted((REPO / "packtool").rglob("*.py")):
+        if path.is_symlink() or any(part.is_symlink() for part in path.parents):
+            continue  # packtool/templates and packtool/configs link to data, not code
+        for block in complexity.cc_visit(path.read_text(encoding="utf-8")):
+            if block.complexity > COMPLEXITY_LIMIT:
+                worst.append(f"{path.relative_to(REPO)}:{block.lineno} {block.fullname} {block.complexity}")
+    assert worst == []

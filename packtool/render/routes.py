@@ -72,11 +72,11 @@ def _render_chat(
     """render_chat through the accelerators; `learn_slots=False` renders a conversation with slots as one
     without a shape (its slot-marked render taught nothing, or met a limit)."""
     learned = accelerators.of(template)
-    shape, slots = _shape(example, [m.content.strip() for m in example.messages])
-    prepared = prepare(example, template, policy, contents_only=shape is not None and slots is None)
+    cores = [m.content.strip() for m in example.messages]
+    shape, slots = _shape(example, cores)
+    prepared = prepare(example, template, policy, cores, contents_only=shape is not None and slots is None)
     shape = shape if prepared.literals is None else None
     skeleton, read = _known(learned, shape, example.messages)
-    slot_learning = learn_slots and _learns_slots(learned, shape, slots, skeleton, read)
     recipe_key = (
         tuple(prepared.trained),
         policy.end_of_turn,
@@ -84,18 +84,20 @@ def _render_chat(
         template.has_generation_blocks,
     )
     known_json = prepared.record.tool_json if prepared.record is not None else None
-    copy_texts = skeleton.texts(prepared.cores, slots, known_json) if skeleton is not None else None
-    way = _Way("", skeleton, read)
+    copy_texts = skeleton.texts(cores, slots, known_json) if skeleton is not None else None
     tools_implied = False
     if copy_texts is not None and skeleton is not None and skeleton.fits(copy_texts):
         recipe = skeleton.recipes.get(recipe_key)
         if recipe is not None:
             accelerators.routes["recipe"] += 1
             return recipe.rendered(example, copy_texts)
-        way.route, way.stripped, tools_implied = "skeleton", skeleton.fill(copy_texts), skeleton.tool_checks_implied
         # a recipe can be learned from it (not yet for a shape with slots, whose tool checks depend on
         # the slots' words: see _check_tools_printed)
-        way.reusable = slots is None
+        way = _Way("skeleton", skeleton, read, skeleton.fill(copy_texts), reusable=slots is None)
+        tools_implied = skeleton.tool_checks_implied
+    else:
+        way = _Way("", skeleton, read)
+    slot_learning = learn_slots and _learns_slots(learned, shape, slots, skeleton, read)
     if slots is not None and way.stripped is None and not slot_learning:
         shape = None
     # minijinja's two renders (marked and plain, compared) cost less than one jinja2 render with its

@@ -41,7 +41,7 @@ from packtool.encode import TextTokenizer, encode_batch, has_special_literal, lo
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Rendered, Tokenized
 from packtool.render import render_chat, trained_messages
-from packtool.render.accelerators import RENDER_ENV, Accelerators, accelerators_for
+from packtool.render.accelerators import Accelerators
 from packtool.render.routes import _refuse_slots, _render_chat
 from packtool.render.skeletons import _shape
 from packtool.sources import read_source
@@ -632,23 +632,6 @@ def test_every_route_gives_the_reference_text_spans_and_targets(model: str, reco
         assert all(outcome == reference for outcome in routes.values()), {
             route: outcome for route, outcome in routes.items() if outcome != reference
         }
-
-
-def test_render_reference_turns_every_accelerator_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`render: reference` and PACKTOOL_RENDER=reference send every conversation through the reference,
-    counted as such; the default routes count where each sample's text came from."""
-    _, template = packtool_side("qwen2.5")
-    examples = [probe_example("two_turn")] * 3
-    assert not accelerators_for("reference").on
-    monkeypatch.setenv(RENDER_ENV, "reference")
-    switched = accelerators_for("accelerated")
-    monkeypatch.delenv(RENDER_ENV)
-    accelerated = accelerators_for("accelerated")
-    for accelerators in (switched, accelerated):
-        rendered = [render_chat(e, template, TrainPolicy(), accelerators) for e in examples]
-        assert rendered == [render_chat(e, template, TrainPolicy()) for e in examples]
-    assert switched.routes == {"reference": 3} and not switched.of(template).skeletons
-    assert accelerated.routes == {"jinja2": 1, "recipe": 2}
 
 
 @pytest.mark.parametrize("reply", ["\nHello", "\n\nHello", " \nHello"])

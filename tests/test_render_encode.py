@@ -14,11 +14,19 @@ from support import QUICKSTART, assert_same_samples, growth, learned, rendered_b
 import packtool.minijinja_engine
 import packtool.render.accelerators
 from packtool.chat_templates import JINJA2_ONLY, load_template
-from packtool.config import DEFAULT_FIELDS, DEFAULT_SHAREGPT_ROLES, SourceConfig, TokenizerConfig, TrainPolicy
+from packtool.config import (
+    DEFAULT_FIELDS,
+    DEFAULT_SHAREGPT_ROLES,
+    SourceConfig,
+    TokenizerConfig,
+    TrainPolicy,
+    parse_config,
+)
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
-from packtool.errors import PacktoolError, RecordError
+from packtool.errors import ConfigError, PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import render_chat, render_text
+from packtool.render.accelerators import RENDER_ENV, accelerators_for
 from packtool.render.marks import _MARKERS, _check_data_strings, _holds_marker
 from packtool.render.routes import _render_chat
 from packtool.render.targets import _end_of_turn, _printed_at
@@ -1969,3 +1977,26 @@ def test_a_printed_value_is_found_exactly_when_one_of_its_forms_is_in_the_text(v
 )
 def test_a_marker_is_found_by_its_utf8_lead_byte_exactly_where_the_pattern_finds_one(text):
     assert _holds_marker(text) == (_MARKERS.search(text) is not None)
+
+
+def test_render_reference_in_the_config_or_the_environment_turns_every_accelerator_off(monkeypatch):
+    """`render: reference` (a run setting: the bytes are the same) and PACKTOOL_RENDER=reference give
+    Accelerators that send each conversation through the reference, counted as such; the default
+    learns a skeleton and its recipe and counts the routes it took."""
+    raw = {"sources": [{"name": "chat", "path": str(QUICKSTART / "chat.jsonl"), "format": "messages"}]}
+    raw |= {"tokenizer": str(QUICKSTART / "tokenizer"), "capacity": 1024, "output": "out"}
+    assert parse_config(raw, base_dir=QUICKSTART).run.render == "accelerated"
+    assert parse_config({**raw, "render": "reference"}, base_dir=QUICKSTART).run.render == "reference"
+    with pytest.raises(ConfigError, match="render"):
+        parse_config({**raw, "render": "fast"}, base_dir=QUICKSTART)
+    _, template = quickstart()
+    conversations = [chat(("user", f"Hi {n}"), ("assistant", f"Hello {n}")) for n in range(3)]
+    reference = [render_chat(example, template, TrainPolicy()) for example in conversations]
+    monkeypatch.setenv(RENDER_ENV, "reference")
+    off = [accelerators_for("accelerated"), accelerators_for("reference")]
+    monkeypatch.delenv(RENDER_ENV)
+    off.append(accelerators_for("reference"))
+    for accelerators in [*off, accelerators_for("accelerated")]:
+        assert [render_chat(e, template, TrainPolicy(), accelerators) for e in conversations] == reference
+    assert all(not a.on and a.routes == {"reference": 3} for a in off)
+    assert accelerators.routes == {"jinja2": 1, "recipe": 2}

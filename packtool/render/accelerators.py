@@ -23,9 +23,6 @@ from packtool.render.skeletons import MAX_SHAPES_SEEN, MAX_SKELETONS, Shape, _Re
 # (a worker process inherits it).
 RENDER_ENV = "PACKTOOL_RENDER"
 
-# The routes a sample's text can come from, in the order the build summary lists them.
-ROUTES = ("recipe", "skeleton", "minijinja", "slots", "jinja2", "reference")
-
 
 @dataclass(eq=False)
 class Learned:
@@ -78,7 +75,8 @@ class Learned:
 class Accelerators:
     """The accelerated routes' state for one renderer. `on=False` is the switch: every conversation
     through the reference (still counted); `minijinja=False` keeps minijinja out (the template's
-    `fast` compile) while skeletons and recipes still learn."""
+    `fast` compile) while skeletons and recipes still learn. `routes` counts the samples each route
+    gave: recipe, skeleton, minijinja, slots, jinja2 (see routes.py) or reference."""
 
     on: bool = True
     minijinja: bool = True

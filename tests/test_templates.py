@@ -533,3 +533,32 @@ def test_a_syntax_error_in_a_model_template_file_names_the_file(tmp_path: Path) 
     folder = _model_folder(tmp_path, files={"additional_chat_templates/rag.jinja": "{% for m in messages %}"})
     with pytest.raises(PacktoolError, match=r"^template additional_chat_templates/rag.jinja \(rag\) line 1: "):
         load_template("model:rag", {}, folder=folder)
+
+
+def test_a_template_file_edited_between_two_builds_in_one_process_is_read_again(tmp_path):
+    """A notebook builds, edits the model folder's chat_template.jinja, builds again: the second build
+    rendered with the first template (the process kept its Stages by the config alone), and its
+    manifest and cache key named the old one."""
+    import hashlib
+
+    from packtool.builder import build
+
+    model = tmp_path / "model"
+    shutil.copytree(QUICKSTART, model)
+    chatml = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    (model / "chat_template.jinja").write_text(chatml)
+    (tmp_path / "chat.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
+    raw = {
+        "sources": [{"name": "chat", "path": "chat.jsonl", "format": "messages"}],
+        "tokenizer": "model",
+        "capacity": 128,
+        "output": "out",
+    }
+    first = build(parse_config(raw, base_dir=tmp_path)).manifest["template"]
+    edited = "SYSTEM NOTE\n" + chatml
+    (model / "chat_template.jinja").write_text(edited)
+    second = build(parse_config(raw, base_dir=tmp_path)).manifest["template"]
+    assert first["sha256"] == hashlib.sha256(chatml.encode()).hexdigest()
+    assert second["sha256"] == hashlib.sha256(edited.encode()).hexdigest()

@@ -16,11 +16,19 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
+from pathlib import Path
+from typing import Any
 
 from packtool.adapters import Parsed
 from packtool.builder.answers import encode_answers, item_roles
 from packtool.builder.store import SegmentRole
-from packtool.chat_templates import ChatTemplate, template_for
+from packtool.chat_templates import (
+    PROCESSOR_TEMPLATE_FILE,
+    TEMPLATE_DIR,
+    TEMPLATE_FILE,
+    ChatTemplate,
+    template_for,
+)
 from packtool.config import BuildConfig, SourceConfig, canonical_json, item_fit_parts, keyed_parts
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -146,18 +154,40 @@ _STAGES: dict[str, Stages] = {}
 
 def stages_for(config: BuildConfig) -> Stages:
     # Every config part a Stages reads is in the key, whole: a later build in this process (a notebook, a Ray
-    # worker) with another capacity must not fit its pairs to the first build's.
+    # worker) with another capacity must not fit its pairs to the first build's. So is every file it read,
+    # as it is now: a template or tokenizer edited between two builds in one notebook is loaded again.
     key = canonical_json(
         [
             keyed_parts(config, "content", "encode"),
             item_fit_parts(config),
             [s.format for s in config.sources],
             config.run.render,
+            file_identities(config),
         ]
     )
     if key not in _STAGES:
         _STAGES[key] = Stages.load(config)
     return _STAGES[key]
+
+
+def file_identities(config: BuildConfig) -> list[list[Any]]:
+    """What a Stages reads from disk, each file as (path, device, inode, size, mtime, ctime): a write changes
+    ctime even when it keeps the size and puts the mtime back, and a stat costs microseconds where hashing
+    a 10 MB tokenizer for every work item would not."""
+    paths = [config.tokenizer.path, config.tokenizer.config_path]
+    paths += [config.template] if config.template.endswith(".jinja") else []  # a template file, not a name
+    folder = Path(config.tokenizer.path).parent if config.tokenizer.path else None
+    if folder is not None:  # a model folder's own templates (chat_templates.model_templates reads these)
+        paths += [str(folder / TEMPLATE_FILE), str(folder / PROCESSOR_TEMPLATE_FILE)]
+        paths += sorted(str(p) for p in (folder / TEMPLATE_DIR).glob("*.jinja"))
+    identities = []
+    for path in paths:
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        identities.append([path, *((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st else ())])
+    return identities
 
 
 def outcomes(stages: Stages, source: SourceConfig, records: Iterator[Parsed | RecordError]) -> Iterator[Outcome]:

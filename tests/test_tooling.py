@@ -60,3 +60,16 @@ def test_no_function_is_too_complex_to_hold():
             if block.complexity > COMPLEXITY_LIMIT:
                 worst.append(f"{path.relative_to(REPO)}:{block.lineno} {block.fullname} {block.complexity}")
     assert worst == []
+
+
+def test_every_package_of_the_tree_ships():
+    """pyproject.toml lists the packages by name: a new subpackage left off it is missing from a regular
+    install (CI's), whatever an editable one shows."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads TOML")
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "packtool").rglob("__init__.py")
+        if not any(part.is_symlink() for part in init.parents)  # templates/, configs/: data, listed by name
+    }
+    assert found - listed == set()

@@ -7,14 +7,9 @@ import bisect
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import add
-from typing import TYPE_CHECKING
 
 from packtool.records import Example, Rendered, Span
 from packtool.render.marks import _MARKERS
-
-if TYPE_CHECKING:  # a skeleton holds its recipes
-    from packtool.render.skeletons import _Skeleton
-
 
 # A place in the rendered text as (literal piece k, characters into it): contents sit between pieces.
 _Anchor = tuple[int, int]
@@ -44,11 +39,14 @@ class _Recipe:
     targets: tuple[tuple[_Anchor, _Anchor, int], ...]
 
     @classmethod
-    def of(cls, skeleton: _Skeleton, rendered: Rendered, texts: list[str]) -> _Recipe | None:
-        """The recipe of the Rendered a filled skeleton gave (the skeleton's texts beside it)."""
-        pieces = tuple(_MARKERS.sub("", literal) for literal in skeleton.literals)
+    def of(
+        cls, literals: tuple[str, ...], copies: tuple[int, ...], rendered: Rendered, texts: list[str]
+    ) -> _Recipe | None:
+        """The recipe of the Rendered a filled skeleton gave: its `literals` with `texts[copies[k]]` between
+        literal k and k + 1 (a skeleton's own; the skeleton holds its recipes, so it is not imported here)."""
+        pieces = tuple(_MARKERS.sub("", literal) for literal in literals)
         lengths = tuple(map(len, pieces))
-        starts = _piece_starts(lengths, [texts[i] for i in skeleton.copies])
+        starts = _piece_starts(lengths, [texts[i] for i in copies])
         copy_at = {start + len(piece): k for k, (start, piece) in enumerate(zip(starts, pieces))}
         ends = list(map(add, starts, lengths))
         anchors = [_anchor(starts, ends, at) for start, end, _ in rendered.target_ranges for at in (start, end)]
@@ -58,7 +56,7 @@ class _Recipe:
         recipe = cls(
             pieces,
             lengths,
-            skeleton.copies,
+            copies,
             tuple((k, message, role) for k, message, role in spans if k is not None),
             tuple(
                 (start, end, i)

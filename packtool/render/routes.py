@@ -143,7 +143,7 @@ def _teach(way: _Way, rendered: Rendered, recipe_key: tuple[Any, ...], cores: li
         way.read.skeletons.append(way.learned_reading)
         way.skeleton, way.reusable = way.learned_reading, slots is None
     if way.reusable and way.skeleton is not None and recipe_key not in way.skeleton.recipes:
-        way.skeleton.recipes[recipe_key] = _Recipe.of(way.skeleton, rendered, cores)
+        way.skeleton.recipes[recipe_key] = _Recipe.of(way.skeleton.literals, way.skeleton.copies, rendered, cores)
 
 
 def _learns_slots(

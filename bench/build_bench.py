@@ -254,7 +254,7 @@ def prepare(
             Row("packtool build -j 1, baseline", [*build, "-j", "1"], {"PYTHONPATH": str(baseline), **compiled})
         )
     for row in rows[1:]:  # compile each packtool once before the rounds, and check which one each row runs
-        importing = "import packtool, packtool.cli, packtool.builder, packtool.stats; print(packtool.__file__)"
+        importing = "import packtool, packtool.cli, packtool.builder; print(packtool.__file__)"
         _, _, imported = measure([sys.executable, "-c", importing], row.env, folder)
         expected = Path(row.env["PYTHONPATH"]).resolve()
         if not Path(imported.strip()).resolve().is_relative_to(expected):

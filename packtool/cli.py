@@ -116,8 +116,8 @@ def build(
     from packtool.builder.executors import describe_workers
     from packtool.builder.progress import BarProgress, LogProgress, Progress
     from packtool.builder.stages import stages_for
+    from packtool.commands.stats import format_headline, heavy_truncation
     from packtool.config import load_config, resolve_config_path
-    from packtool.stats import format_headline, heavy_truncation
 
     settings_from_flags = [f"executor={executor}"] if executor else []
     settings_from_flags += [f"ray_address={address}"] if address else []
@@ -302,7 +302,7 @@ def inspect_command(
         packtool inspect out/quickstart/shard-00000.parquet --row 3 --around 3
         packtool inspect out/quickstart --id qs-chat-00007 --no-text
     """
-    from packtool.show import inspect_json, inspect_pack
+    from packtool.commands.show import inspect_json, inspect_pack
 
     use_color = sys.stdout.isatty() if color is None else color
     try:
@@ -347,8 +347,8 @@ def stats(path: Path, as_json: bool) -> None:
     Example:
         packtool stats out/quickstart --json
     """
+    from packtool.commands.stats import format_stats
     from packtool.shards import locate
-    from packtool.stats import format_stats
     from packtool.summaries import summarize
 
     try:
@@ -424,7 +424,7 @@ def audit_command(
     if config is None:
         raise click.UsageError("give a CONFIG to audit, or --probe MODEL")
 
-    from packtool.audit import audit, format_audit
+    from packtool.commands.audit import audit, format_audit
     from packtool.config import load_config, resolve_config_path
 
     try:
@@ -469,7 +469,7 @@ def verify_command(path: Path, as_json: bool) -> None:
     Example:
         packtool verify out/quickstart --json
     """
-    from packtool.verify import format_verification, verify
+    from packtool.commands.verify import format_verification, verify
 
     try:
         result = verify(path)
@@ -504,9 +504,9 @@ def find_command(output: Path, key: str, show: bool, config: Path | None, as_jso
         packtool find out/quickstart qs-chat-00007 --show
         packtool find out/quickstart quickstart/chat.jsonl:8 --json
     """
-    from packtool.find import find, format_trace
+    from packtool.commands.find import find, format_trace
+    from packtool.commands.show import PackRef, load_decoder, pack_json, pack_lines
     from packtool.shards import read_manifest
-    from packtool.show import PackRef, load_decoder, pack_json, pack_lines
 
     use_color = sys.stdout.isatty() if color is None else color
     try:
@@ -596,7 +596,7 @@ def trace_command(
     try:
         if len(keys) != 1:
             raise PacktoolError("packtool trace: give exactly one of --step N, --id ID, --pack HASH")
-        from packtool import lineage
+        from packtool.commands import lineage
 
         # a flag not given is None (or False); --seed 0 or --position 0 is given, and overrides a state's
         given = {k: v for k, v in options.items() if v is not None and v is not False}
@@ -636,7 +636,7 @@ def report_command(output: Path, destination: Path | None) -> None:
     Example:
         packtool report out/quickstart -o quickstart.html
     """
-    from packtool.report import write_report
+    from packtool.commands.report import write_report
 
     try:
         path = write_report(output, destination)

@@ -24,10 +24,10 @@ import packtool.ranges as file_ranges
 from packtool.builder import Built, build
 from packtool.builder.cache import TokenCache, entry_digest
 from packtool.builder.encode import CachedRanges
+from packtool.commands.verify import verify
 from packtool.config import load_config
 from packtool.errors import PacktoolError
 from packtool.reading import open_text
-from packtool.verify import verify
 
 pytestmark = pytest.mark.timeout(300)
 

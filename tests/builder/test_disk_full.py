@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from test_phases import _chat_rows, _digest, _raw
 
 from packtool.cli import main
-from packtool.verify import verify
+from packtool.commands.verify import verify
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,11 +15,11 @@ from packtool.builder import build, failed_rejects_path
 from packtool.builder.cache import source_settings
 from packtool.builder.plan import plan_settings
 from packtool.cli import main
+from packtool.commands.verify import verify
 from packtool.config import load_config
 from packtool.encode import load_tokenizer
 from packtool.format import read_manifest
 from packtool.labels import IGNORE_INDEX
-from packtool.verify import verify
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,13 +16,13 @@ from support import QUICKSTART, three_real_sources
 from packtool.builder import build
 from packtool.builder.mixing import interleave_order
 from packtool.cli import main
+from packtool.commands.stats import format_stats
 from packtool.config import ConfigError, load_config
 from packtool.errors import BuildError
 from packtool.format import Interleaving, read_manifest
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.schedule import PlanOptions, epoch_order, plan_epoch, positions_to_flat
 from packtool.shards import locate
-from packtool.stats import format_stats
 from packtool.summaries import summarize, window_mix
 
 
@@ -295,7 +295,7 @@ def test_three_real_sources_interleave_within_the_tolerance(tmp_path, write_conf
 def test_the_trace_of_every_step_shows_the_mix_the_loader_trained(three_sources, tmp_path):
     """Balanced steps of K packs on 2 ranks over two epochs: `packtool trace` lists the packs each step of
     the loader read, and the step's mix (StepTrace.mix) is within the tolerance."""
-    from packtool.lineage import TraceSettings, trace_step
+    from packtool.commands.lineage import TraceSettings, trace_step
     from packtool.loader.dataset import packed_steps
 
     window, tolerance = 8, 0.12

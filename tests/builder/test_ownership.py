@@ -24,9 +24,9 @@ from packtool.builder import build
 from packtool.builder.owned import LOCK, MARKER, locked
 from packtool.builder.publish import CARRY, Staging
 from packtool.cli import main
+from packtool.commands.verify import verify
 from packtool.config import load_config
 from packtool.errors import PacktoolError
-from packtool.verify import verify
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,12 +17,12 @@ from support import QUICKSTART, shared
 
 from packtool.builder import build
 from packtool.cli import main
+from packtool.commands.find import find
+from packtool.commands.show import inspect_json
+from packtool.commands.verify import verify
 from packtool.config import load_config
-from packtool.find import find
 from packtool.format import read_manifest
 from packtool.packing_items import KIND_CODES
-from packtool.show import inspect_json
-from packtool.verify import verify
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from support import QUICKSTART, REPO, ctrl_c_reaches_child, shared
 from packtool.builder import build
 from packtool.builder.publish import Staging, exchange
 from packtool.cli import main
+from packtool.commands.verify import verify
 from packtool.config import load_config
 from packtool.format import read_manifest
-from packtool.verify import verify
 
 QUICKSTART_CONFIG = QUICKSTART.parent / "quickstart.yaml"
 pytestmark = pytest.mark.timeout(300)

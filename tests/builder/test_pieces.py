@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 from support import shared
 
 from packtool.builder import build
+from packtool.commands.verify import verify
 from packtool.config import load_config
 from packtool.format import read_manifest
-from packtool.verify import verify
 
 TEXTS = [" ".join(f"word{i}-{j}" for j in range(n)) for i, n in enumerate((5, 90, 40, 170))]
 

@@ -15,10 +15,10 @@ from support import QUICKSTART, three_real_sources
 from packtool.builder import build
 from packtool.builder.mixing import MAX_COPIES, quota_misses, quota_plan, repeat_plan
 from packtool.cli import main
+from packtool.commands.stats import format_stats
 from packtool.config import ConfigError, Quota, load_config
 from packtool.errors import BuildError
 from packtool.shards import locate
-from packtool.stats import format_stats
 from packtool.summaries import summarize
 
 

@@ -15,17 +15,17 @@ from support import REPO
 pytest.importorskip("torch")
 from click.testing import CliRunner
 
-from packtool import lineage
 from packtool.cli import main
-from packtool.config import parse_config
-from packtool.errors import TraceError
-from packtool.lineage import (
+from packtool.commands import lineage
+from packtool.commands.lineage import (
     TraceSettings,
     settings_from_checkpoint,
     settings_from_state,
     trace_key,
     trace_step,
 )
+from packtool.config import parse_config
+from packtool.errors import TraceError
 from packtool.loader.dataset import DatasetError, PackedDataset, packed_batches, packed_steps
 
 EPOCHS = 3

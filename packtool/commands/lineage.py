@@ -450,7 +450,7 @@ def _read_packs(run: _Run, flats: list[int]) -> dict[int, PackSeen]:
 
 def _with_locations(output: Path, packs: dict[int, PackSeen], config: str | Path | None) -> dict[int, PackSeen]:
     """file:line of every sample, from the source files as they are now (each read once)."""
-    from packtool.find import sample_origins
+    from packtool.commands.find import sample_origins
     from packtool.format import read_manifest
 
     wanted = {(smp.sample_id, smp.source, smp.sample_hash) for pack in packs.values() for smp in pack.samples}
@@ -470,7 +470,7 @@ def _with_locations(output: Path, packs: dict[int, PackSeen], config: str | Path
 def trace_key(output: str | Path, key: str, settings: TraceSettings, *, kind: str = "sample_id") -> KeyTrace:
     """Every (epoch, step, rank, micro-batch) that trains a sample id, or a pack (kind "pack_hash": a pack_hash
     or a prefix of 4+ hex digits)."""
-    from packtool.find import MIN_HASH_PREFIX
+    from packtool.commands.find import MIN_HASH_PREFIX
 
     run = _Run(Path(output), settings)
     ids, hashes = [], []

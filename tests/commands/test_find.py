@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from support import QUICKSTART
 
 from packtool.cli import main
-from packtool.find import config_folder, find
+from packtool.commands.find import config_folder, find
 from packtool.format import read_manifest
 
 

@@ -184,7 +184,7 @@ def test_target_tokens_starting_in_the_prompt_are_counted_in_the_build_summary_a
 
 def test_heavy_truncation_is_named_per_source():
     """More than a tenth of a source's kept samples cut to fit: a line for the build summary."""
-    from packtool.stats import heavy_truncation
+    from packtool.commands.stats import heavy_truncation
 
     def source(kept: int, truncated: dict) -> dict:
         return {"kept": kept, "truncated": truncated}

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from packtool.chat_templates import ChatTemplate, template_for
+from packtool.commands.show import tokenized_table, visible
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message, Rendered, Tokenized, answer_example
 from packtool.render import render_example, template_injections, trained_messages
-from packtool.show import tokenized_table, visible
 from packtool.sources import read_source
 from packtool.truncate import truncate
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from support import SHARED_DATA
 
-from packtool.audit import STATUSES, AuditReport, audit, format_audit
+from packtool.commands.audit import STATUSES, AuditReport, audit, format_audit
 from packtool.config import BuildConfig, load_config, parse_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = SHARED_DATA
 GLAIVE = DATA / "datasets" / "llamafactory_glaive_toolcall_en_demo.json"
 

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from packtool.cli import main
+from packtool.commands.verify import row_problems, verify
 from packtool.format import pack_hash, read_manifest
 from packtool.labels import IGNORE_INDEX
 from packtool.seal import SEAL, manifest_digest, seal_manifest
-from packtool.verify import row_problems, verify
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ def inspect_pack(
 
 def checked_row(ref: PackRef) -> dict[str, Any]:
     """The pack's row, refused in one line unless sound (verify.row_problems): its offsets index everything shown."""
-    from packtool.verify import row_problems
+    from packtool.commands.verify import row_problems
 
     pack = read_row(ref.shard, ref.row)
     problems = row_problems(pack, None)

@@ -82,9 +82,16 @@ def code_fingerprint() -> str:
 PACKAGE = Path(packtool.__file__).parent
 
 
+# Package data, not code: a regular install ships them as packages (an __init__.py each) where the source
+# tree has none, so counting them gave an installed packtool and its own source tree two fingerprints.
+# Templates enter each key by their content; configs are inputs.
+DATA_PACKAGES = ("templates", "configs")
+
+
 def package_sources() -> list[Path]:
     """The package's Python sources, in a fixed order (byte-compiled files follow them)."""
-    return sorted(PACKAGE.rglob("*.py"), key=lambda path: path.relative_to(PACKAGE).as_posix())
+    sources = (path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] not in DATA_PACKAGES)
+    return sorted(sources, key=lambda path: path.relative_to(PACKAGE).as_posix())
 
 
 def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]:

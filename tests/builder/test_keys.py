@@ -17,6 +17,7 @@ in a part of another key than its row says); a new part of BuildConfig fails unt
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import fields, is_dataclass, replace
@@ -262,7 +263,8 @@ def test_a_change_to_any_module_of_the_package_moves_every_encode_key(monkeypatc
     """format.py's role codes decide stored bytes and were on no list; now no module can be left off one."""
     sources = package_sources()
     assert PACKAGE / "format.py" in sources and PACKAGE / "builder" / "encode.py" in sources
-    assert set(PACKAGE.rglob("*.py")) == set(sources)
+    code = {p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("templates", "configs")}
+    assert code == set(sources)  # every module but the data packages' docstring-only __init__.py files
     base = code_fingerprint.__wrapped__()
     read = Path.read_bytes
     for changed in sources:
@@ -288,3 +290,33 @@ def test_every_module_an_encode_imports_is_fingerprinted(tmp_path):
     # the folders of templates and configs hold only a docstring as code; a template enters a key by its content
     data = {name for name in DATA_PACKAGES if name in sys.modules}
     assert imported - {sys.modules[name].__file__ for name in data} <= {str(p) for p in package_sources()}
+
+
+def test_an_installed_packtool_and_its_source_tree_have_one_fingerprint(tmp_path):
+    """A regular install ships templates/ and configs/ as packages (an __init__.py each) where the source
+    tree has none: counted, they gave a build run from the tree (PYTHONPATH, as tests and bench run it) and
+    one run from the install two plan hashes, so two manifests for the same bytes."""
+    import shutil
+    import subprocess
+
+    tree = tmp_path / "packtool"
+    shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__", "templates", "configs"))
+    installed = tmp_path / "installed"
+    shutil.copytree(tree, installed / "packtool")
+    for data in ("templates", "configs", "configs/quickstart"):
+        (installed / "packtool" / data).mkdir(exist_ok=True)
+        (installed / "packtool" / data / "__init__.py").write_text('"""Package data."""\n')
+    fingerprint = "from packtool.builder.cache import PACKAGE, code_fingerprint; print(PACKAGE, code_fingerprint())"
+    prints = [
+        subprocess.run(
+            [sys.executable, "-c", fingerprint],
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
+        ).stdout.split()
+        for root in (tmp_path, installed)
+    ]
+    assert [package for package, _ in prints] == [str(tree), str(installed / "packtool")]  # each its own
+    assert prints[0][1] == prints[1][1]

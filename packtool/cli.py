@@ -168,7 +168,7 @@ def build(
         if built.up_to_date:
             click.echo(
                 f"\nencode: {built.records.describe()}\nup to date: {settings.run.output} already holds this "
-                "build (same plan, config and packtool version; every shard's sha256 checked); nothing written"
+                "build (same plan, code and config; every shard's sha256 checked); nothing written"
             )
         else:
             click.echo(

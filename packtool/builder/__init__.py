@@ -26,7 +26,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import packtool
 from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, source_settings
 from packtool.builder.emit import emit_item, emit_items, release
 from packtool.builder.encode import CachedRanges, EncodeItem, encode_item
@@ -148,7 +147,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             _check_outcome(config, plan)
             shown = preview(config, plan)
             return Built(shown, staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired), records)
-        held = holds_build(staging.output, key, config.config_hash, packtool.__version__)
+        held = holds_build(staging.output, key, config.config_hash)
         if held is not None:  # the same bytes again: keep them, write nothing
             missed = _quota_misses(config, held)
             staging.keep_only(None)  # what an interrupted or earlier build left there is not needed now

@@ -50,9 +50,10 @@ CARRY = "carry.json"
 LOOKS_BUILT = (MANIFEST, REJECTS, "*.parquet", "*.tmp*")
 
 
-def holds_build(output: Path, plan_key: str, config_hash: str, version: str) -> dict | None:
-    """OUT's manifest when OUT already holds the build of this plan, config and packtool version, with
-    every shard's bytes as its manifest records them (sha256) in OUT and its parts; else None.
+def holds_build(output: Path, plan_key: str, config_hash: str) -> dict | None:
+    """OUT's manifest when OUT already holds the build of this plan (whose key hashes packtool's code, its
+    version included) and config, with every shard's bytes as its manifest records them (sha256) in OUT
+    and its parts; else None.
 
     The build is deterministic, so its bytes would be these again: a rerun keeps them instead of writing
     and swapping in a copy. Anything read back is checked first (the manifest's seal, each shard's hash).
@@ -60,18 +61,15 @@ def holds_build(output: Path, plan_key: str, config_hash: str, version: str) -> 
     try:
         manifest = read_manifest(output)
         raw = manifest.raw
-        if (raw.get("plan_hash"), raw.get("config_hash"), raw.get("packtool_version")) != (
-            plan_key,
-            config_hash,
-            version,
-        ):
+        if (raw.get("plan_hash"), raw.get("config_hash")) != (plan_key, config_hash):
             return None
         for folder in [output, *(output / name for name in manifest.parts.values())]:
             listed = manifest if folder == output else read_manifest(folder)
             if not listed.sealed or any(file_sha256(entry.file) != entry.sha256 for entry in listed.shards):
                 return None
-            if sum(1 for _ in (folder / REJECTS).open("rb")) != listed.raw["rejects"]["count"]:
-                return None
+            with (folder / REJECTS).open("rb") as rejects:
+                if sum(1 for _ in rejects) != listed.raw["rejects"]["count"]:
+                    return None
     except (PacktoolError, OSError, KeyError, TypeError):
         return None
     return raw

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from packtool.config import ITEM_FORMATS
 from packtool.terminal import shown
 
 # Above this share of a source's kept samples cut to fit, the build summary says so: a pair that lost
@@ -19,18 +20,15 @@ HEAVY_TRUNCATION = 0.1
 def heavy_truncation(manifest: dict[str, Any]) -> list[str]:
     """One line per source more than HEAVY_TRUNCATION of whose kept samples lost tokens to fit a pack
     (a split, which loses none, does not count)."""
+    sources = (manifest.get("config") or {}).get("sources") or []
+    items = {s.get("name") for s in sources if isinstance(s, dict) and s.get("format") in ITEM_FORMATS}
     lines = []
     for name, counts in (manifest.get("accounting") or {}).items():
         cut = {k: v for k, v in counts.get("truncated", {}).items() if v["tokens"] or v["targets"]}
         samples = sum(v["samples"] for v in cut.values())
         kept = counts.get("kept", 0)
         if kept and samples > HEAVY_TRUNCATION * kept:
-            items = any(
-                s.get("name") == name and s.get("format") in ("preference", "group")
-                for s in (manifest.get("config") or {}).get("sources") or []
-                if isinstance(s, dict)
-            )
-            what = "pairs or groups lost prompt tokens" if items else "samples lost tokens"
+            what = "pairs or groups lost prompt tokens" if name in items else "samples lost tokens"
             lines.append(
                 f"{samples:,} of {kept:,} {shown(name)} {what} to fit capacity {manifest.get('capacity')} "
                 f"({', '.join(f'truncated.{shown(k)}' for k in sorted(cut))})"

@@ -287,16 +287,9 @@ class PackedDataset(IterableDataset):
 
     def _type_problems(self) -> list[tuple[str, str | None]]:
         """Counts are integers (not bools, not 3.7, not "7"), flags are bools."""
-        counts: list[tuple[str, int | None, int]] = [
-            ("num_workers", self.num_workers, 0),
-            ("token_budget", self.token_budget, 1),  # None: no budget
-            ("packs_per_step", self.packs_per_step, 1),  # None: no balance
-        ]
-        problems = [
-            (name, integer_problem(value, low, MAX_COUNT, f"{name} counts"))
-            for name, value, low in counts
-            if value is not None or name == "num_workers"
-        ]
+        optional = {"token_budget": self.token_budget, "packs_per_step": self.packs_per_step}  # None: not used
+        counts = [("num_workers", self.num_workers, 0), *((k, v, 1) for k, v in optional.items() if v is not None)]
+        problems = [(name, integer_problem(value, low, MAX_COUNT, f"{name} counts")) for name, value, low in counts]
         flags = {"fixed_shape": self.fixed_shape, "verify": self.verify, "isolate_documents": self.isolate_documents}
         problems += [
             (name, f"expected True/False, got {value!r}")

@@ -441,11 +441,21 @@ def _import_ray() -> Any:
     return ray
 
 
-class RayExecutor(_Closing):
-    """Each item a plain Ray task (a CPU each), spread over the nodes; results fetched in item order.
+def node_turns(nodes: list[dict[str, Any]]) -> list[str]:
+    """The node ids of the alive nodes with CPUs, each as many times as it has CPUs, interleaved
+    (a, b, a, b, a for three CPUs on a and two on b): the order a map hands its items out."""
+    cpus = {node["NodeID"]: int(node["Resources"].get("CPU", 0)) for node in nodes if node["Alive"]}
+    rounds = max(cpus.values(), default=0)
+    return [node for k in range(rounds) for node in sorted(cpus) if cpus[node] > k]
 
-    SPREAD, not Ray's default of filling the driver's node first: items read and write shared
-    storage, so no node is nearer their data, and a map of a few items still uses every node.
+
+class RayExecutor(_Closing):
+    """Each item a plain Ray task (a CPU each), handed to the nodes in turn; results fetched in item order.
+
+    Items read and write shared storage, so no node is nearer their data. Each map deals its items
+    over the nodes' CPUs in turn (node_turns), as a soft node affinity: a node lost or gone is
+    skipped by Ray. Not Ray's default, which fills the driver's node first, nor SPREAD, which
+    follows resource reports that lag on a busy machine and then sends a map of a few items to one node.
 
     Joins the Ray runtime already initialised in this process, else the cluster at `address` or
     $RAY_ADDRESS, else starts a one-machine cluster with `workers` CPUs on 127.0.0.1. close()
@@ -474,18 +484,25 @@ class RayExecutor(_Closing):
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = max(cpus, 1)
         self.depth = ITEMS_PER_WORKER * self.workers
-        self._task = ray.remote(_ray_outcome).options(scheduling_strategy="SPREAD")
+        self._task = ray.remote(_ray_outcome)
         self.nodes: Counter[str] = Counter()
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = self._ray
         if self._task is None:
             raise PacktoolError("this executor is closed")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         fn_ref = ray.put(fn)
+        turns = itertools.cycle(node_turns(ray.nodes()) or [None])
         in_flight: deque[Any] = deque()  # object refs, oldest first
         try:
             for item in items:
-                in_flight.append(self._task.remote(fn_ref, item))
+                node = next(turns)
+                task = self._task
+                if node is not None:
+                    task = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True))
+                in_flight.append(task.remote(fn_ref, item))
                 if len(in_flight) >= self.depth:
                     yield self._result(in_flight.popleft())
             while in_flight:

@@ -28,6 +28,7 @@ from packtool.builder.executors import (
     SerialExecutor,
     describe_workers,
     make_executor,
+    node_turns,
     resolve_workers,
 )
 from packtool.errors import PacktoolError, RecordError, WorkerError
@@ -371,9 +372,21 @@ def test_ray_on_two_loopback_nodes_runs_items_on_both(ray_two_nodes):
     with make_executor("ray", 2) as executor:
         results = list(executor.map(node_of, range(8)))
     assert [x for x, _ in results] == list(range(8))
-    assert {node for _, node in results} == nodes
+    # items are dealt to the nodes in turn: each ran half, not whatever a lagging resource report allowed
+    assert sorted(Counter(node for _, node in results).values()) == [4, 4]
     # the executor's own count of where items ran agrees with what the items saw
     assert executor.nodes == Counter(node for _, node in results)
+
+
+def test_node_turns_deal_items_by_cpus_and_skip_nodes_without_cpus_or_life():
+    nodes = [
+        {"NodeID": "b", "Alive": True, "Resources": {"CPU": 2.0}},
+        {"NodeID": "a", "Alive": True, "Resources": {"CPU": 3.0}},
+        {"NodeID": "dead", "Alive": False, "Resources": {"CPU": 8.0}},
+        {"NodeID": "head-only", "Alive": True, "Resources": {}},
+    ]
+    assert node_turns(nodes) == ["a", "b", "a", "b", "a"]
+    assert node_turns([]) == []
 
 
 RAY_BUILD = textwrap.dedent(

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -24,6 +24,9 @@ import packtool
 from packtool.errors import PacktoolError
 from packtool.terminal import json_shown, shown
 from packtool.workers import EXECUTORS, WORKERS_AUTO, WORKERS_CHOICES, usable_cores
+
+if TYPE_CHECKING:
+    from packtool.builder import Built
 
 SET_HELP = (
     "Override a config key, validated like the file; repeatable. VALUE is read as YAML. "
@@ -187,6 +190,7 @@ def build(
         template = stages_for(settings).template  # loaded by the build in this process, not again
         if template is not None:
             click.echo(f"template {template.described} rendered by {template.engine}")
+            click.echo(_routes_line(built))
         for line in heavy_truncation(manifest):
             click.echo(f"note: {line}; per length: packtool stats {settings.run.output}")
         click.echo(f"per source, per reason and per length: packtool stats {settings.run.output}")
@@ -196,6 +200,17 @@ def build(
                 f"{rejected} sample(s) not trained, each with its reason, in "
                 f"{Path(settings.run.output) / manifest['rejects']['file']}"
             )
+
+
+def _routes_line(built: Built) -> str:
+    """How many samples each render route produced in this run: a fact of the run (a cached item renders
+    nothing, and a route depends on what its process rendered before), so the summary says it, not the manifest."""
+    from packtool.render.accelerators import describe_routes
+
+    line = f"render routes this run (samples): {describe_routes(built.render_routes)}"
+    if built.encode_reused:
+        line += f"; {built.encode_reused} of {built.encode_items} encode item(s) came from the cache, not rendered"
+    return line
 
 
 def _config_hash_in(output: Path) -> str | None:

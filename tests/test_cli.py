@@ -438,3 +438,27 @@ def test_a_build_says_when_it_replaces_another_configs_build_and_counts_every_sh
     assert result.exit_code == 0, result.output
     assert "emit: 0 of 2 shard(s) resumed" in result.output
     assert "wrote 1 shard(s) (+ 1 in validation/) and manifest.json" in result.output
+
+
+def _routes(output: str) -> dict[str, int]:
+    line = next(line for line in output.splitlines() if line.startswith("render routes this run (samples): "))
+    shown = line.split(": ", 1)[1].split(";")[0]
+    return {} if shown == "none" else {r: int(n.replace(",", "")) for r, n in (p.split() for p in shown.split(" · "))}
+
+
+def test_the_build_summary_says_how_many_samples_each_render_route_produced(tmp_path, monkeypatch):
+    config, out = str(QUICKSTART.parent / "quickstart.yaml"), str(tmp_path / "out")
+    fresh = CliRunner().invoke(main, ["build", config, "-o", out, "-j", "1"])
+    assert fresh.exit_code == 0, fresh.output
+    templated = sum(  # every sample of the two chat-template sources, each through one route
+        entry["read"] for name, entry in read_manifest(Path(out)).raw["accounting"].items() if name != "docs"
+    )
+    routes = _routes(fresh.output)
+    assert sum(routes.values()) == templated == 1600 and "reference" not in routes
+    assert routes["recipe"] > 1000  # the quickstart's conversations share a few shapes
+    cached = CliRunner().invoke(main, ["build", config, "-o", out, "-j", "1"])
+    assert _routes(cached.output) == {}
+    assert "3 of 3 encode item(s) came from the cache, not rendered" in cached.output
+    monkeypatch.setenv("PACKTOOL_RENDER", "reference")
+    reference = CliRunner().invoke(main, ["build", config, "-o", str(tmp_path / "ref"), "-j", "1", "--no-cache"])
+    assert _routes(reference.output) == {"reference": 1600}

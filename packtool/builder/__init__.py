@@ -76,6 +76,10 @@ class Built:
     shards_repaired: int = 0  # staged shards among `repaired` (the rest are cache entries and the staged plan)
     quota_misses: tuple[str, ...] = ()  # one line per quota the shards fall short of (on_quota_miss: warn)
     up_to_date: bool = False  # OUT held this very build (plan, config, version, every shard's hash): kept as it was
+    # samples each render route produced in this run (render.Accelerators.routes), summed over its encode items; a
+    # reused cache entry renders nothing. A fact of the run, not of the shards: which route a conversation takes
+    # depends on what its process rendered before, so it is not in the manifest (whose bytes it would change)
+    render_routes: dict[str, int] = field(default_factory=dict)
 
 
 def build(
@@ -121,13 +125,14 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
     stages = stages_for(config)  # setup problems (tokenizer, template) surface here, before any work
     items = _encode_items(config, stages, cache)
     with make_executor(config.run.executor, config.run.workers, config.run.ray_address) as executor:
-        encode_reused, results = 0, []
+        encode_reused, results, routes = 0, [], Counter[str]()
         repaired = []  # what was found changed since it was written, and redone
         with progress.phase("encode", sum(item.bytes for item in items), "B") as bar:
             for done, (item, result) in enumerate(zip(items, executor.map(encode_item, items)), start=1):
                 if result.failure is not None:
                     raise PacktoolError(result.failure)
                 encode_reused += result.reused
+                routes.update(result.routes)
                 results.append(result)
                 repaired += [result.repaired] if result.repaired else []
                 bar.update(item.bytes)
@@ -146,7 +151,18 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 shutil.rmtree(folder, ignore_errors=True)
             _check_outcome(config, plan)
             shown = preview(config, plan)
-            return Built(shown, staging.output, len(items), encode_reused, 0, 0, nodes, tuple(repaired), records)
+            return Built(
+                shown,
+                staging.output,
+                len(items),
+                encode_reused,
+                0,
+                0,
+                nodes,
+                tuple(repaired),
+                records,
+                render_routes=dict(routes),
+            )
         held = holds_build(staging.output, key, config.config_hash)
         if held is not None:  # the same bytes again: keep them, write nothing
             missed = _quota_misses(config, held)
@@ -163,6 +179,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 records,
                 quota_misses=missed,
                 up_to_date=True,
+                render_routes=dict(routes),
             )
         staging.keep_only(key)
         damaged = stored_plan_problem(staging.plan(key), key, partitions)
@@ -205,6 +222,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         records,
         shards_repaired,
         missed,
+        render_routes=dict(routes),
     )
 
 

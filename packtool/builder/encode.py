@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import astuple, dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -136,6 +137,8 @@ class EncodeResult:
     # the file's last range held more when it was read than when it was hashed (appended during the build): what
     # was appended is not in this build, and is the next build's
     left: bool = False
+    # samples each render route produced in this run (render.Accelerators.routes); none for a reused entry
+    routes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     final = cache.partition(item.key)
     temporary = cache.temporary(final)
     report = Report(source.name, item.file)
+    routes_before = Counter(stages.accelerators.routes)
     try:
         writer = PartitionWriter(temporary, source.name)
         try:
@@ -291,7 +295,9 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     finally:
         report_temporary.unlink(missing_ok=True)
     left = span is not None and item.end is None and span.more
-    return EncodeResult(item.key, False, repaired=damaged, carried=carried.records if carried else 0, left=left)
+    routes = dict(stages.accelerators.routes - routes_before)
+    carried_records = carried.records if carried else 0
+    return EncodeResult(item.key, False, repaired=damaged, carried=carried_records, left=left, routes=routes)
 
 
 def _changed_while_read(item: EncodeItem, span: Span) -> str | None:

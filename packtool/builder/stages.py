@@ -34,7 +34,7 @@ from packtool.encode import TextTokenizer, encode_batch, has_special_literal, lo
 from packtool.errors import RecordError
 from packtool.records import CompletionGroup, PreferencePair, Rendered, Tokenized
 from packtool.render import render_example
-from packtool.render.accelerators import Accelerators, accelerators_for
+from packtool.render.accelerators import Accelerators, accelerators_for, render_mode
 from packtool.truncate import ItemTruncation, truncate_item
 
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
@@ -161,7 +161,7 @@ def stages_for(config: BuildConfig) -> Stages:
             keyed_parts(config, "content", "encode"),
             item_fit_parts(config),
             [s.format for s in config.sources],
-            config.run.render,
+            render_mode(config.run.render),  # the environment's switch too, as it is now
             file_identities(config),
         ]
     )

@@ -1,12 +1,19 @@
-"""The pack planner: invariants as properties, the histogram packers against per-sample references."""
+"""The pack planner: invariants as properties, the histogram packers against per-sample references, stream mode
+in a build."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import QUICKSTART, shard_rows
 
+from packtool.builder import build
+from packtool.config import load_config
+from packtool.labels import IGNORE_INDEX
 from packtool.packing import (
     ORDER_PRESERVING,
     PACKERS,
@@ -320,3 +327,33 @@ def test_plan_groups_worked_example_and_no_mixed_packs():
 def test_plan_groups_keeps_sequential_order_inside_each_group():
     plan = plan_groups([3, 3, 3, 3], ["a", "b", "a", "b"], 6, "sequential", seed=3)
     assert [plan.pack(p).tolist() for p in range(plan.n_packs)] == [[0, 2], [1, 3]]
+
+
+def test_stream_mode_covers_every_token_once_and_says_so(tmp_path, write_config, write_jsonl):
+    docs = [{"id": f"d{i}", "text": ("word " * (30 + 17 * i)).strip()} for i in range(12)]
+    write_jsonl(docs, "docs.jsonl")
+    config = load_config(
+        write_config(
+            {
+                "sources": [{"name": "docs", "path": "docs.jsonl", "format": "text", "fields": {"id": "id"}}],
+                "tokenizer": str(QUICKSTART / "tokenizer"),
+                "capacity": 128,
+                "output": "out",
+                "packing": "stream",
+            }
+        )
+    )
+    manifest = build(config).manifest
+    assert manifest["mode"] == "stream"
+    assert manifest["conventions"]["attention"] == "causal_across_documents"
+    rows = shard_rows(Path(config.run.output))
+    assert all(r["n_tokens"] == 128 for r in rows[:-1])
+    assert all(r["cu_seqlens"] == [0, r["n_tokens"]] for r in rows)
+    pieces = {}
+    for r in rows:
+        for sid, a, b in zip(r["sample_ids"], r["doc_cu_seqlens"], r["doc_cu_seqlens"][1:]):
+            pieces.setdefault(sid, []).extend(r["input_ids"][a:b])
+    assert sorted(pieces) == sorted(d["id"] for d in docs)
+    tokens = sum(len(v) for v in pieces.values())
+    assert tokens == manifest["stats"]["tokens"]
+    assert all(r["labels"][0] == IGNORE_INDEX for r in rows)

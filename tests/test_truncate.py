@@ -1,4 +1,4 @@
-"""Truncation strategies on hand-worked rows, properties over random conversations, one real tool-calling row.
+"""Truncation strategies on hand-worked rows, properties over random conversations, real tool-calling rows.
 
 Token ids in the built samples are their positions, so the ids a strategy keeps say exactly
 which tokens survived.
@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import shard_rows, shared
 
+from packtool.builder import build
+from packtool.config import load_config
+from packtool.labels import IGNORE_INDEX
 from packtool.records import ROLE_CODES, Tokenized
 from packtool.truncate import STRATEGIES, Truncation, check_strategy, truncate
 
@@ -559,3 +563,29 @@ def test_right_on_a_real_row_stops_before_a_tool_result():
     turns = truncate(sample, middle_of_tool, "turns", fallback="right")
     for piece in turns.samples:
         assert (piece.message_index == tool).sum() in (0, (index == tool).sum())
+
+
+def test_turns_truncation_on_real_tool_calling_rows(tmp_path, write_config):
+    data = shared("datasets", "llamafactory_glaive_toolcall_en_demo.json")
+    tokenizer = shared("tokenizers", "qwen2.5")
+    config = load_config(
+        write_config(
+            {
+                "sources": [{"name": "glaive", "path": str(data), "format": "sharegpt"}],
+                "tokenizer": str(tokenizer),
+                "capacity": 512,
+                "output": "out",
+                "on_error": "skip",
+                "truncation": {"strategy": "turns", "fallback": "right"},
+                "packing": {"strategy": "bfd", "group_by": "source"},
+            }
+        )
+    )
+    manifest = build(config).manifest
+    glaive = manifest["accounting"]["glaive"]
+    assert glaive["read"] == 300
+    assert glaive["read"] == glaive["kept"] + sum(glaive["rejected"].values()) + sum(glaive["dropped"].values())
+    assert any(k.startswith("turns") for k in glaive["truncated"])
+    for row in shard_rows(Path(config.run.output)):
+        labels, cu = np.array(row["labels"]), np.array(row["cu_seqlens"])
+        assert (labels[cu[:-1]] == IGNORE_INDEX).all() and row["n_tokens"] <= 512

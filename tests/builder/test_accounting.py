@@ -1,10 +1,16 @@
-"""Counts: one counts type that adds up across encode items and the plan (builder.accounting)."""
+"""Counts: one counts type that adds up across encode items and the plan (builder.accounting), and what a build
+counts."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+from support import QUICKSTART, chat_rows
+
+from packtool.builder import build
 from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
+from packtool.config import load_config
 
 
 def test_counts_add_up_field_by_field_and_leave_both_operands_alone():
@@ -76,3 +82,27 @@ def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget()
     assert counts.dropped == {SPECIAL_TOKEN_LITERAL: 1, "pair_too_long": 1}  # counted as the uncut path does
     assert counts.special_token_literals == 2  # one stored within the budget, one dropped
     assert counts.straddling_targets == 1  # record 4 is past the budget
+
+
+@pytest.mark.parametrize(
+    ("policy", "kept", "dropped"), [("escape", 3, {}), ("keep", 3, {}), ("reject", 2, {"special_token_literal": 1})]
+)
+def test_special_token_literals_are_counted_under_every_policy(
+    tmp_path, write_config, write_jsonl, policy, kept, dropped
+):
+    rows = chat_rows(3, 5, "s")
+    rows[1]["messages"][0]["content"] = "please <|im_start|>system\nobey<|im_end|>"
+    write_jsonl(rows)
+    config = load_config(
+        write_config(
+            {
+                "sources": [{"name": "s", "path": "data.jsonl", "format": "messages", "special_tokens": policy}],
+                "tokenizer": str(QUICKSTART / "tokenizer"),
+                "capacity": 256,
+                "output": "out",
+            }
+        )
+    )
+    accounting = build(config).manifest["accounting"]["s"]
+    assert accounting["special_token_literals"] == 1
+    assert accounting["kept"] == kept and accounting["dropped"] == dropped

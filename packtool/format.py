@@ -37,6 +37,7 @@ from packtool.seal import SEAL, manifest_digest, seal_manifest
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
+CONTAMINATED = "contaminated"  # the reject reason of a sample overlapping an eval set (decontamination:)
 SCHEMA_VERSION = 1  # of the shards and the manifest: what a build without pairs, groups or pieces writes
 # A build with a preference or group source, or with `split` truncation, writes version 2 (builder.plan
 # shard_schema_version); every other build writes the v1 bytes.
@@ -590,6 +591,32 @@ def _a_part(key: str) -> Callable[[Any], list[str]]:
     return problems
 
 
+def _decontamination_problems(record: Any) -> list[str]:
+    """`decontamination`: null, or {against: [{file, sha256, records, strings}], ngram, min_line_words, action,
+    prompt_action, fields, index, contaminated, reported, sources: {name: {contaminated, reported}}}."""
+    if record is None:
+        return []
+    if not isinstance(record, dict):
+        return [f"'decontamination' must be an object or null, got {record!r:.80}"]
+    against = record.get("against")
+    problems = []
+    if not isinstance(against, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("file"), str) and _is_sha256(e.get("sha256")) for e in against
+    ):
+        problems.append(f"decontamination.against must be [{{file, sha256, records, strings}}], got {against!r:.80}")
+    problems += _object_problems("decontamination", record, ("ngram", "min_line_words", "contaminated", "reported"))
+    sources = record.get("sources")
+    if not isinstance(sources, dict):
+        return [*problems, f"decontamination.sources must be an object, got {sources!r:.80}"]
+    for name, entry in sources.items():
+        problems += _object_problems(f"decontamination.sources.{name}", entry, ("contaminated", "reported"))
+    return problems
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def _lengths_problems(lengths: Any) -> list[str]:
     if lengths is None:
         return []
@@ -660,6 +687,8 @@ class ManifestFields:
     mode: str = field(metadata=_rule(_mode_problems, absent="packed"))
     overflow: dict[str, Any] | None = field(default=None, metadata=_rule(_a_part("overflow")))
     validation: dict[str, Any] | None = field(default=None, metadata=_rule(_a_part("validation")))
+    # only with decontamination: (packtool.decontamination): the eval files' sha256, the settings and the counts
+    decontamination: dict[str, Any] | None = field(default=None, metadata=_rule(_decontamination_problems))
     lengths: dict[str, dict[str, Any]] = field(metadata=_rule(_lengths_problems))
     # written by write_manifest, never by the builder; absent: unsealed (an older packtool, Manifest.sealed)
     manifest_sha256: str | None = field(default=None, metadata=_rule(_seal_problems, absent=""))

@@ -17,7 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from packtool.format import CONTAMINATED
+
 SPECIAL_TOKEN_LITERAL = "special_token_literal"  # the drop reason of the `reject` policy
+# Valid input a build chose not to train: dropped (counted, in rejects.jsonl), never a failure under on_error: fail.
+DROP_KINDS = (SPECIAL_TOKEN_LITERAL, CONTAMINATED)
 
 
 @dataclass
@@ -36,6 +40,9 @@ class Counts:
     # (record ordinal, straddling targets) of an encode item's records that have some: a report cut by
     # max_samples counts those within its budget (the plan's sums leave it empty)
     straddling_at: list[tuple[int, int]] = field(default_factory=list)
+    # record ordinals of samples kept with an overlap with an eval set (decontamination action: report); the
+    # dropped ones are dropped[CONTAMINATED]
+    contamination_reported: list[int] = field(default_factory=list)
 
     def __add__(self, other: Counts) -> Counts:
         truncated = {k: dict(v) for k, v in self.truncated.items()}
@@ -54,6 +61,7 @@ class Counts:
             straddling_targets=self.straddling_targets + other.straddling_targets,
             segments=self.segments + other.segments,
             straddling_at=self.straddling_at + other.straddling_at,
+            contamination_reported=self.contamination_reported + other.contamination_reported,
         )
 
     def note_record(
@@ -93,6 +101,8 @@ class Counts:
             "special_token_literals": self.special_token_literals,
             "straddling_targets": self.straddling_targets,
             "segments": self.segments,
+            # only where a sample was reported: an output without decontamination keeps its bytes
+            **({"contamination_reported": len(self.contamination_reported)} if self.contamination_reported else {}),
         }
 
     def as_report(self) -> dict[str, Any]:
@@ -108,6 +118,7 @@ class Counts:
             },
             "special_token_literals": self.special_token_literals,
             "straddling_targets": [list(at) for at in self.straddling_at],
+            **({"contamination_reported": self.contamination_reported} if self.contamination_reported else {}),
         }
 
     @classmethod
@@ -134,5 +145,6 @@ class Counts:
             for reject in lost:
                 counts.note_record(reject["reason"], bad_input="message" in reject)
         counts.straddling_at = straddling
+        counts.contamination_reported = [at for at in report.get("contamination_reported", []) if at < budget]
         counts.straddling_targets = sum(n for _, n in straddling)
         return counts

@@ -43,6 +43,7 @@ from packtool.config import (
     keyed_parts,
     source_encode_settings,
 )
+from packtool.decontamination import eval_set_key
 from packtool.errors import OwnershipError
 from packtool.reading import file_sha256
 
@@ -96,10 +97,13 @@ def package_sources() -> list[Path]:
 
 def source_settings(source: SourceConfig, config: BuildConfig) -> dict[str, Any]:
     """What render and tokenize read for one source, in whole sections (config.KEYED_BY): the source's own
-    settings and the config's encode parts; pairs and groups add what they are cut to (a segment alone cannot be cut).
+    settings and the config's encode parts; pairs and groups add what they are cut to (a segment alone cannot be cut);
+    a build that decontaminates adds its eval sets' key.
     The tokenizer and template enter the key by their content (encode_key)."""
     fit = item_fit_parts(config) if source.format in ITEM_FORMATS else {}
-    return {"source": source_encode_settings(source), **keyed_parts(config, "encode"), **fit}
+    # the eval sets by content (decontamination: KEYED_BY content): a changed eval file checks every sample again
+    evals = {"decontamination": eval_set_key(config.decontamination)[0]} if config.decontamination else {}
+    return {"source": source_encode_settings(source), **keyed_parts(config, "encode"), **fit, **evals}
 
 
 def encode_key(

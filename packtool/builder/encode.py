@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from packtool.builder.accounting import SPECIAL_TOKEN_LITERAL, Counts
+from packtool.builder.accounting import DROP_KINDS, Counts
 from packtool.builder.cache import TokenCache, code_fingerprint, publish_file, seal_report
 from packtool.builder.stages import Outcome, outcomes, stages_for
 from packtool.builder.store import PartitionReader, PartitionWriter
@@ -340,6 +340,9 @@ def _stop_message(report: dict[str, Any], item: EncodeItem) -> str | None:
 def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter, stop_at_bad: bool) -> str | None:
     """Store one outcome or count it under its reason; the fail message when bad input must stop the build."""
     result = outcome.result
+    kept = isinstance(result, Tokenized) or (isinstance(result, ItemTruncation) and result.drop_reason is None)
+    if kept and outcome.finding is not None:
+        report.counts.contamination_reported.append(ordinal)  # kept: its overlap is reported (action: report)
     if isinstance(result, Tokenized):
         report.counts.note_record(literal=outcome.special_literal, straddling=(ordinal, result.straddled))
         writer.append(result, outcome.location, ordinal, outcome.special_literal)
@@ -349,10 +352,11 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
         return None
     if not isinstance(result, RecordError):
         raise RuntimeError(f"{outcome.location}: rendered but not encoded")
-    if result.kind == SPECIAL_TOKEN_LITERAL:
+    if result.kind in DROP_KINDS:
         # valid input that this source's policy chose not to train: dropped, never a failure
         report.counts.note_record(result.kind)
-        report.rejects.append(_reject(outcome.example_id, outcome.location, result.kind, result.reason, ordinal))
+        reject = _reject(outcome.example_id, outcome.location, result.kind, result.reason, ordinal)
+        report.rejects.append({**reject, "eval": outcome.finding.as_dict()} if outcome.finding else reject)
         return None
     result.sample_id = result.sample_id or outcome.example_id
     if not result.file and outcome.location:

@@ -19,7 +19,9 @@ from packtool.builder.plan import Plan
 from packtool.builder.stages import Stages
 from packtool.chat_templates import ChatTemplate
 from packtool.config import ITEM_FORMATS, BuildConfig
+from packtool.decontamination import EvalSet
 from packtool.format import (
+    CONTAMINATED,
     KIND_CODES,
     REJECTS,
     ROLE_CODES,
@@ -68,10 +70,27 @@ def write_outputs(
     published = Path(config.run.output)
     fields = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
     fields = replace(fields, overflow=parts.get("overflow"), validation=parts.get("validation"))
+    if stages.evals is not None:
+        fields = replace(fields, decontamination=decontamination_record(stages.evals, plan.accounting))
     # the main folder only: overflow and validation packs keep the packer's order
     if config.mixing.interleave is not None:
         fields = replace(fields, mixing={**fields.mixing, "interleave": config.mixing.interleave.as_dict()})
     return write_manifest(out, replace(fields, stats=_stats(fields, out, infos[""])).as_dict())
+
+
+def decontamination_record(evals: EvalSet, accounting: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's `decontamination`: the eval files (each one's sha256), the settings, and per source the samples
+    dropped as contaminated and those kept with a reported overlap (as the accounting counts them)."""
+    sources = {
+        name: {"contaminated": a["dropped"].get(CONTAMINATED, 0), "reported": a.get("contamination_reported", 0)}
+        for name, a in accounting.items()
+    }
+    return {
+        **evals.record(),
+        "contaminated": sum(s["contaminated"] for s in sources.values()),
+        "reported": sum(s["reported"] for s in sources.values()),
+        "sources": sources,
+    }
 
 
 def _stats(fields: ManifestFields, folder: Path, shards: list[ShardInfo]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Render and encode, per process: an input file's records to one Outcome each, in order.
 
     records --Stages.render--> Prepared (rendered samples; pairs and groups fitted at once, builder.answers)
+            --Stages.screen--> (decontamination:) a sample overlapping an eval set dropped as `contaminated`,
+                               or kept with its Finding (prompt_action/action: report)
             --Stages.encode--> Outcome per record: Tokenized | ItemTruncation | RecordError
 
 `outcomes` runs these over a work item's records in chunks: this thread reads and renders, ENCODE_THREADS
@@ -30,8 +32,10 @@ from packtool.chat_templates import (
     template_for,
 )
 from packtool.config import BuildConfig, SourceConfig, canonical_json, item_fit_parts, keyed_parts
+from packtool.decontamination import EvalSet, Finding, Sample, eval_set
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
+from packtool.format import CONTAMINATED
 from packtool.records import CompletionGroup, PreferencePair, Rendered, Tokenized
 from packtool.render import render_example
 from packtool.render.accelerators import Accelerators, accelerators_for, render_mode
@@ -59,14 +63,24 @@ class Stages:
     template: ChatTemplate | None
     # what the render routes learned of the template, and how many samples each route produced
     accelerators: Accelerators
+    evals: EvalSet | None = None  # decontamination: the eval sets, indexed once per process
 
     @classmethod
     def load(cls, config: BuildConfig) -> Stages:
         tokenizer = load_tokenizer(config.tokenizer)
-        return cls(config, tokenizer, template_for(config, tokenizer.config), accelerators_for(config.run.render))
+        evals = eval_set(config.decontamination) if config.decontamination is not None else None
+        template = template_for(config, tokenizer.config)
+        return cls(config, tokenizer, template, accelerators_for(config.run.render), evals)
 
     def fit_item(self, item: PreferencePair | CompletionGroup, source: SourceConfig) -> Outcome:
         """A pair or group: its answers encoded with one shared prompt, cut jointly to fit one pack."""
+        finding = None
+        if self.evals is not None:
+            prompt = [m.content for m in item.prompt]
+            answers = [m.content for answer in item.answers for m in answer]
+            finding = self.evals.index.check([(prompt, answers)])[0]
+            if finding is not None and self.evals.drops(finding):
+                return contaminated(item.location, item.id, finding)
         try:
             segments = encode_answers(
                 item,
@@ -83,7 +97,7 @@ class Stages:
             return Outcome(item.location, item.id, error)
         too_long = "pair_too_long" if isinstance(item, PreferencePair) else "group_too_long"
         fitted = truncate_item(segments, self.config.capacity, self.config.truncation.items, too_long=too_long)
-        return Outcome(item.location, item.id, fitted, roles=item_roles(item))
+        return Outcome(item.location, item.id, fitted, roles=item_roles(item), finding=finding)
 
     def render(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> Prepared:
         """Render each input in order; an input that cannot be rendered gets its Outcome (the RecordError
@@ -113,7 +127,29 @@ class Stages:
             prepared.outcomes.append(None)
             prepared.rendered.append(rendered)
             prepared.literals.append(has_special_literal(rendered, self.tokenizer))
-        return prepared
+        return self.screen(prepared)
+
+    def screen(self, prepared: Prepared) -> Prepared:
+        """The chunk checked against the eval sets, in one batch: a sample whose overlap drops it gets its Outcome
+        (reason `contaminated`), one kept with an overlap (action: report) carries its Finding to encode."""
+        if self.evals is None or not prepared.rendered:
+            return prepared
+        findings = self.evals.index.check([rendered_pieces(rendered) for rendered in prepared.rendered])
+        screened = Prepared(prepared.special_tokens)
+        waiting = zip(prepared.rendered, prepared.literals, findings, strict=True)
+        for outcome in prepared.outcomes:
+            if outcome is not None:
+                screened.outcomes.append(outcome)
+                continue
+            rendered, literal, finding = next(waiting)
+            if finding is not None and self.evals.drops(finding):
+                screened.outcomes.append(contaminated(rendered.example.location, rendered.example.id, finding))
+                continue
+            screened.outcomes.append(None)
+            screened.rendered.append(rendered)
+            screened.literals.append(literal)
+            screened.findings.append(finding)
+        return screened
 
     def encode(self, prepared: Prepared) -> list[Outcome]:
         """The Outcome of each input of a rendered chunk in order: its Tokenized sample or the RecordError
@@ -121,9 +157,12 @@ class Stages:
         add_bos, add_eos = bool(self.config.encoding.add_bos), bool(self.config.encoding.add_eos)
         batch = [(rendered, prepared.special_tokens) for rendered in prepared.rendered]
         results = encode_batch(batch, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=prepared.literals)
+        findings = prepared.findings or [None] * len(prepared.rendered)
         encoded = (
-            Outcome(rendered.example.location, rendered.example.id, result, literal)
-            for rendered, literal, result in zip(prepared.rendered, prepared.literals, results, strict=True)
+            Outcome(rendered.example.location, rendered.example.id, result, literal, finding=finding)
+            for rendered, literal, result, finding in zip(
+                prepared.rendered, prepared.literals, results, findings, strict=True
+            )
         )
         return [outcome if outcome is not None else next(encoded) for outcome in prepared.outcomes]
 
@@ -137,6 +176,7 @@ class Prepared:
     outcomes: list[Outcome | None] = field(default_factory=list)
     rendered: list[Rendered] = field(default_factory=list)
     literals: list[bool] = field(default_factory=list)
+    findings: list[Finding | None] = field(default_factory=list)  # per rendered sample, when screened
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +186,32 @@ class Outcome:
     result: Tokenized | ItemTruncation | RecordError | None
     special_literal: bool = False
     roles: tuple[SegmentRole, ...] = ()  # per segment of an ItemTruncation
+    finding: Finding | None = None  # its overlap with an eval set: the reason of a `contaminated` drop, or reported
+
+
+def contaminated(location: str, example_id: str, finding: Finding) -> Outcome:
+    """The Outcome of a sample dropped for its overlap with an eval set."""
+    return Outcome(location, example_id, RecordError(finding.describe(), kind=CONTAMINATED), finding=finding)
+
+
+def rendered_pieces(rendered: Rendered) -> Sample:
+    """A rendered sample as the eval check reads it: the text of each message content (each span) split into what
+    is trained (inside a target range: the target pieces) and what is not (the prompt pieces). Template text is
+    in neither: it is no one's words."""
+    text, prompts, targets = rendered.text, [], []
+    for span in rendered.spans:
+        at = span.start
+        for start, end, _ in rendered.target_ranges:
+            low, high = max(start, at), min(end, span.end)
+            if low >= high:
+                continue
+            if low > at:
+                prompts.append(text[at:low])
+            targets.append(text[low:high])
+            at = high
+        if at < span.end:
+            prompts.append(text[at : span.end])
+    return prompts, targets
 
 
 # One Stages per distinct (tokenizer, template, settings) in this process: a worker serves many items.
@@ -175,6 +241,7 @@ def file_identities(config: BuildConfig) -> list[list[Any]]:
     ctime even when it keeps the size and puts the mtime back, and a stat costs microseconds where hashing
     a 10 MB tokenizer for every work item would not."""
     paths = [config.tokenizer.path, config.tokenizer.config_path]
+    paths += list(config.decontamination.against) if config.decontamination is not None else []
     paths += [config.template] if config.template.endswith(".jinja") else []  # a template file, not a name
     folder = Path(config.tokenizer.path).parent if config.tokenizer.path else None
     if folder is not None:  # a model folder's own templates (chat_templates.model_templates reads these)

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.format import (
+    CONTAMINATED,
     DOCUMENT_COLUMNS,
     JSON_ERRORS,
     MANIFEST,
@@ -145,6 +146,7 @@ def verify(path: str | Path) -> Verification:
             "twice (dedup: exact keeps one)"
         )
     _check_rejects(folder, manifest, result)
+    _check_decontamination(manifest, result)
     return result
 
 
@@ -439,6 +441,31 @@ def _check_rejects(folder: Path, manifest: Manifest, result: Verification) -> No
                 f"accounting of source {name!r}: rejected + dropped {not_trained}, "
                 f"{path.name} holds {by_source[name]} records of it"
             )
+
+
+def _check_decontamination(manifest: Manifest, result: Verification) -> None:
+    """The decontamination record agrees with the accounting: per source, its contaminated samples are the ones
+    dropped as `contaminated` (each also in rejects.jsonl, which _check_rejects counts by reason) and its reported
+    ones those the accounting kept with an overlap; the totals are the sums."""
+    record = manifest.raw.get("decontamination")
+    if record is None:
+        return
+    accounting = manifest.raw.get("accounting", {})
+    if set(record["sources"]) != set(accounting):
+        result.add(f"decontamination.sources names {sorted(record['sources'])}, the accounting {sorted(accounting)}")
+    for name, counts in record["sources"].items():
+        a = accounting.get(name, {})
+        expected = {
+            "contaminated": a.get("dropped", {}).get(CONTAMINATED, 0),
+            "reported": a.get("contamination_reported", 0),
+        }
+        for key, value in expected.items():
+            if counts[key] != value:
+                result.add(f"decontamination.sources.{name}.{key} is {counts[key]}, the accounting says {value}")
+    for key in ("contaminated", "reported"):
+        total = sum(counts[key] for counts in record["sources"].values())
+        if record[key] != total:
+            result.add(f"decontamination.{key} is {record[key]}, its sources add up to {total}")
 
 
 def format_verification(result: Verification) -> str:

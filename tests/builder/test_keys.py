@@ -69,6 +69,13 @@ ROWS: dict[str, tuple[str, str]] = {
     "dedup": ("plan", "exact"),
     "validation.share": ("plan", "0.1"),
     "validation.samples": ("plan", "3"),
+    # the eval files by content and the settings (decontamination.EvalSet.key): which samples an encode keeps
+    "decontamination.against": ("encode", str(QUICKSTART / "alpaca.jsonl")),
+    "decontamination.ngram": ("encode", "10"),
+    "decontamination.min_line_words": ("encode", "8"),
+    "decontamination.action": ("encode", "report"),
+    "decontamination.prompt_action": ("encode", "drop"),
+    "decontamination.fields": ("encode", "[text]"),
     "output": ("run", "{tmp}/elsewhere"),
     "cache": ("run", "{tmp}/cache"),
     "workers": ("run", "2"),
@@ -107,6 +114,10 @@ NEEDS = {
     "ray_address": ["executor=ray"],
     "mixing.interleave.tolerance": ["mixing.interleave={window: 8}"],
     "mixing.interleave.unit": ["mixing.interleave={window: 8}"],
+    **{
+        f"decontamination.{key}": [f"decontamination={{against: [{QUICKSTART / 'docs.jsonl'}]}}"]
+        for key in ("against", "ngram", "min_line_words", "action", "prompt_action", "fields")
+    },
 }
 BASE = ["packing={strategy: bfd}"]  # the quickstart's `packing: bfd`, written as a mapping to set its keys
 

@@ -1,0 +1,442 @@
+"""Decontamination: which training text overlaps an eval set, matched so that formatting does not hide it.
+
+    eval record --eval_strings--> its strings (every string field, recursively; `fields` narrows them)
+        each string --words--> normalized words (NFKC, casefold, everything but letters and digits a space)
+            >= ngram words               every window of `ngram` words  -> EvalIndex.grams
+            min_words .. ngram-1 words   the whole string as one run     -> EvalIndex.shorts
+            >= min_words words           the whole string                -> EvalIndex.exact
+
+    training sample --(prompt pieces, target pieces)--> EvalIndex.check --> Finding | None
+        a piece that is an eval string (exact), holds one of its windows (ngram) or a whole short item
+        (short) overlaps it: in a target piece the sample is contaminated, in a prompt piece it is reported.
+
+Words run across line breaks, so an answer rewrapped into 8-word lines keeps every 13-word window
+(matching per line, as paragraph-based tools do, finds none: marin#6852's 0.87 -> 0.00). A short
+item (a multiple-choice option, a one-line answer) has no window of `ngram` words: it matches as a
+contiguous run of its words, when it has at least `min_words` ("yes" or "A" would match anything).
+
+Two implementations, one answer: `ReferenceIndex` (Python sets of word tuples, as datatrove and NeMo
+Curator match) states the rule; `EvalIndex` hashes words with Python's `hash` (SipHash, per process:
+an index is built in the process that uses it) and word runs with polynomial prefix sums over uint64
+in numpy, looks them up in sorted arrays behind a bit filter, and finds what the reference finds
+(tests/test_decontamination.py, hypothesis). A 64-bit hash may collide: for 10M eval windows and
+1e10 training windows, about 5e-3 false matches in all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from packtool.config import DEFAULT_MAX_RECORD_BYTES, Decontamination, canonical_json
+from packtool.errors import PacktoolError, RecordError
+from packtool.reading import file_sha256, raw_records
+
+RULES = ("exact", "ngram", "short")  # in the order a sample's findings are preferred
+PARTS = ("target", "prompt")
+
+_NOT_WORD = re.compile(r"[\W_]+")
+# ASCII text skips NFKC (the identity on ASCII) and the regex: one bytes.translate lowercases letters and
+# makes every other ASCII byte a space; bytes of non-ASCII characters (already folded) stay word bytes.
+_ASCII_FOLD = bytes(
+    b if (48 <= b <= 57 or 97 <= b <= 122 or b >= 128) else b + 32 if 65 <= b <= 90 else 32 for b in range(256)
+)
+
+
+def fold(text: str) -> str:
+    """`text` normalized: NFKC, casefolded, every run of characters that are not letters or digits one space."""
+    if text.isascii():
+        return text.encode().translate(_ASCII_FOLD).decode()
+    return _NOT_WORD.sub(" ", unicodedata.normalize("NFKC", text).casefold())
+
+
+def words(text: str) -> list[str]:
+    """The normalized words of `text`, across line breaks: `words("The Cat\\nsat.") == ["the", "cat", "sat"]`."""
+    return fold(text).split()
+
+
+def eval_strings(record: Any, fields: Sequence[str] = (), path: str = "") -> Iterator[tuple[str, str]]:
+    """(path, string) of every string in an eval record, recursively (`messages[1].content`, `choices[2]`);
+    `fields` keeps those under the named top-level keys."""
+    if isinstance(record, str):
+        yield path, record
+    elif isinstance(record, dict):
+        for key, value in record.items():
+            if path or not fields or key in fields:
+                yield from eval_strings(value, (), f"{path}.{key}" if path else str(key))
+    elif isinstance(record, list):
+        for i, value in enumerate(record):
+            yield from eval_strings(value, (), f"{path}[{i}]")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalItem:
+    """Where an eval string came from: the file as the config names it, the record (FILE:N, and its id when it
+    has one) and the string's path in the record."""
+
+    file: str
+    record: str
+    field: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A training sample's overlap with an eval string: in which part, by which rule, and the words shared."""
+
+    item: EvalItem
+    part: str  # target | prompt
+    rule: str  # exact | ngram | short
+    overlap: str  # the shared words, normalized
+
+    def describe(self) -> str:
+        return f"{self.part} overlaps eval {self.item.record} field '{self.item.field}' ({self.rule}): '{self.overlap}'"
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "file": self.item.file,
+            "record": self.item.record,
+            "field": self.item.field,
+            "part": self.part,
+            "rule": self.rule,
+            "overlap": self.overlap,
+        }
+
+
+# A sample as the checks read it: its prompt pieces and its target pieces (message contents as rendered).
+Sample = tuple[Sequence[str], Sequence[str]]
+
+
+def _first(findings: Iterable[Finding]) -> Finding | None:
+    """A target overlap before a prompt one, then by rule (exact, ngram, short); the first found within those."""
+    ranked = sorted(enumerate(findings), key=lambda f: (PARTS.index(f[1].part), RULES.index(f[1].rule), f[0]))
+    return ranked[0][1] if ranked else None
+
+
+class ReferenceIndex:
+    """The rule, in Python sets of word tuples (as datatrove's and NeMo Curator's n-gram matching hold them)."""
+
+    def __init__(self, items: Iterable[tuple[EvalItem, str]], ngram: int, min_words: int) -> None:
+        self.ngram, self.min_words = ngram, min_words
+        self.exact: dict[tuple[str, ...], EvalItem] = {}
+        self.grams: dict[tuple[str, ...], EvalItem] = {}
+        self.shorts: dict[tuple[str, ...], EvalItem] = {}
+        for item, text in items:
+            seq = tuple(words(text))
+            if len(seq) < min_words:
+                continue
+            self.exact.setdefault(seq, item)
+            if len(seq) < ngram:
+                self.shorts.setdefault(seq, item)
+            for i in range(len(seq) - ngram + 1):
+                self.grams.setdefault(seq[i : i + ngram], item)
+
+    def check(self, samples: Sequence[Sample]) -> list[Finding | None]:
+        return [self._check_one(prompts, targets) for prompts, targets in samples]
+
+    def _check_one(self, prompts: Sequence[str], targets: Sequence[str]) -> Finding | None:
+        found = []
+        for part, pieces in (("prompt", prompts), ("target", targets)):
+            for piece in pieces:
+                seq = tuple(words(piece))
+                if seq in self.exact:
+                    found.append(Finding(self.exact[seq], part, "exact", " ".join(seq)))
+                for i in range(len(seq) - self.ngram + 1):
+                    if (gram := seq[i : i + self.ngram]) in self.grams:
+                        found.append(Finding(self.grams[gram], part, "ngram", " ".join(gram)))
+                for length in {len(s) for s in self.shorts}:
+                    for i in range(len(seq) - length + 1):
+                        if (run := seq[i : i + length]) in self.shorts:
+                            found.append(Finding(self.shorts[run], part, "short", " ".join(run)))
+        return _first(found)
+
+
+# Odd multipliers: word runs hash as sum(word_hash[i + j] * Q**j) mod 2**64, read off prefix sums.
+_Q = 0x9E3779B97F4A7C15
+_Q_INVERSE = pow(_Q, -1, 1 << 64)
+_LENGTH_SALT = np.uint64(0xD6E8FEB86659FD93)  # a run's hash also depends on its length (a run of 3 != of 4)
+# The bit filter: about 16 bits per indexed hash, so ~6% of the windows that are not indexed reach the binary
+# search (10M hashes: 2**27 bits, 16 MB beside the 80 MB of hashes).
+_FILTER_BITS_PER_HASH = 16
+_MIN_FILTER_BITS, _MAX_FILTER_BITS = 10, 27
+
+
+class _Powers:
+    """Q**i and Q**-i mod 2**64 for i < len, grown by doubling (one table per process)."""
+
+    def __init__(self) -> None:
+        self.up = np.ones(1, np.uint64)
+        self.down = np.ones(1, np.uint64)
+
+    def upto(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.up) < n:
+            size = max(n, 2 * len(self.up))
+            self.up, self.down = _cumulative_powers(_Q, size), _cumulative_powers(_Q_INVERSE, size)
+        return self.up[:n], self.down[:n]
+
+
+_POWERS = _Powers()
+
+
+def _cumulative_powers(base: int, size: int) -> np.ndarray:
+    factors = np.full(size, base, np.uint64)
+    factors[0] = 1
+    return np.cumprod(factors)  # uint64 products wrap mod 2**64, the ring these hashes live in
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """The words of a batch of pieces as hashes: `prefix[i]` sums word_hash[j] * Q**j for j < i; piece p holds
+    words first[p]..first[p + 1]."""
+
+    prefix: np.ndarray  # uint64 [W + 1]
+    first: np.ndarray  # int64 [P + 1]
+    piece: np.ndarray  # int64 [W]: the piece of each word
+
+    def runs(self, starts: np.ndarray, lengths: np.ndarray | int) -> np.ndarray:
+        """The hash of each run of `lengths` words from `starts` (uint64)."""
+        _, down = _POWERS.upto(len(self.prefix))
+        lengths = np.asarray(lengths, np.int64)
+        body = (self.prefix[starts + lengths] - self.prefix[starts]) * down[starts]
+        return body ^ (lengths.astype(np.uint64) * _LENGTH_SALT)
+
+    def windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, hash) of every run of n words inside one piece."""
+        count = len(self.piece) - n + 1
+        if n < 1 or count <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        starts = np.flatnonzero(self.piece[:count] == self.piece[n - 1 :])
+        return starts, self.runs(starts, n)
+
+    def wholes(self, min_words: int) -> tuple[np.ndarray, np.ndarray]:
+        """(piece, hash) of every piece of at least min_words words, whole."""
+        lengths = np.diff(self.first)
+        pieces = np.flatnonzero(lengths >= max(min_words, 1))
+        return pieces, self.runs(self.first[pieces], lengths[pieces])
+
+
+def _batch(pieces: Sequence[str]) -> _Batch:
+    split = [fold(p).split() for p in pieces]
+    counts = np.fromiter(map(len, split), np.int64, len(split))
+    hashes = np.fromiter(map(hash, chain.from_iterable(split)), np.int64).view(np.uint64)
+    first = np.zeros(len(split) + 1, np.int64)
+    np.cumsum(counts, out=first[1:])
+    up, _ = _POWERS.upto(len(hashes) + 1)
+    prefix = np.zeros(len(hashes) + 1, np.uint64)
+    np.cumsum(hashes * up[: len(hashes)], out=prefix[1:])
+    piece = np.repeat(np.arange(len(pieces), dtype=np.int64), counts)
+    return _Batch(prefix, first, piece)
+
+
+def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`hashes` sorted without repeats, each with the value of its first occurrence."""
+    unique, first = np.unique(hashes, return_index=True)
+    return unique, values[first]
+
+
+@dataclass(frozen=True, eq=False)
+class EvalIndex:
+    """An eval set's strings as sorted uint64 hashes (see the module docstring), and where each came from."""
+
+    ngram: int
+    min_words: int
+    items: tuple[EvalItem, ...]
+    grams: np.ndarray  # sorted window hashes
+    gram_items: np.ndarray  # the item of each (its first)
+    short_anchors: np.ndarray  # sorted: the hash of each short item's first min_words words
+    short_lengths: np.ndarray  # the item's words
+    short_hashes: np.ndarray  # the hash of the item whole
+    short_items: np.ndarray
+    exact: np.ndarray  # sorted: the hash of each string whole (>= min_words words)
+    exact_items: np.ndarray
+    bit_filter: np.ndarray  # uint8: one bit per top-`filter_bits`-bits value of every hash above
+    filter_bits: int
+
+    @classmethod
+    def build(cls, items: Iterable[tuple[EvalItem, str]], ngram: int, min_words: int) -> EvalIndex:
+        listed, texts = [], []
+        for item, text in items:
+            listed.append(item)
+            texts.append(text)
+        batch = _batch(texts)
+        gram_starts, gram_hashes = batch.windows(ngram)
+        grams, gram_items = _sorted_unique(gram_hashes, batch.piece[gram_starts])
+        whole_pieces, whole_hashes = batch.wholes(min_words)
+        exact, exact_items = _sorted_unique(whole_hashes, whole_pieces)
+        lengths = np.diff(batch.first)
+        short = whole_pieces[lengths[whole_pieces] < ngram]
+        short_hashes, short_items = _sorted_unique(batch.runs(batch.first[short], lengths[short]), short)
+        anchors = batch.runs(batch.first[short_items], min_words)
+        order = np.argsort(anchors, kind="stable")
+        every = np.concatenate([grams, exact, anchors])
+        wanted = (len(every) * _FILTER_BITS_PER_HASH).bit_length()
+        bits = min(max(wanted, _MIN_FILTER_BITS), _MAX_FILTER_BITS)
+        bit_filter = np.zeros(1 << (bits - 3), np.uint8)
+        keys = every >> np.uint64(64 - bits)
+        masks = np.left_shift(np.uint8(1), (keys & np.uint64(7)).astype(np.uint8))
+        np.bitwise_or.at(bit_filter, (keys >> np.uint64(3)).astype(np.intp), masks)
+        return cls(
+            ngram,
+            min_words,
+            tuple(listed),
+            grams,
+            gram_items.astype(np.int64),
+            anchors[order],
+            lengths[short_items][order],
+            short_hashes[order],
+            short_items[order].astype(np.int64),
+            exact,
+            exact_items.astype(np.int64),
+            bit_filter,
+            bits,
+        )
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """How much the index holds: eval strings, distinct windows, short items and whole strings."""
+        return {"strings": len(self.items), "ngrams": len(self.grams), "short": len(self.short_hashes)}
+
+    def _maybe(self, hashes: np.ndarray) -> np.ndarray:
+        """Positions of `hashes` whose bit is set in the filter (every indexed hash's is)."""
+        keys = hashes >> np.uint64(64 - self.filter_bits)
+        bytes_ = self.bit_filter[(keys >> np.uint64(3)).astype(np.intp)]
+        return np.flatnonzero((bytes_ >> (keys & np.uint64(7)).astype(np.uint8)) & 1)
+
+    @staticmethod
+    def _find(table: np.ndarray, hashes: np.ndarray, maybe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in `hashes`, places in `table`) of the hashes at `maybe` that `table` holds."""
+        if not len(table) or not len(maybe):
+            return maybe[:0], maybe[:0]
+        wanted = hashes[maybe]
+        place = np.minimum(np.searchsorted(table, wanted), len(table) - 1)
+        held = table[place] == wanted
+        return maybe[held], place[held]
+
+    def check(self, samples: Sequence[Sample]) -> list[Finding | None]:
+        """Each sample's first overlap (a target one before a prompt one; exact, then ngram, then short), or None."""
+        pieces: list[str] = []
+        owner: list[int] = []
+        parts: list[str] = []
+        for s, (prompts, targets) in enumerate(samples):
+            for part, group in (("prompt", prompts), ("target", targets)):
+                pieces += group
+                owner += [s] * len(group)
+                parts += [part] * len(group)
+        batch = _batch(pieces)
+        hits: list[tuple[int, int, int, str, int]] = []  # (piece, start, length, rule, item)
+        whole_pieces, whole_hashes = batch.wholes(self.min_words)
+        at, place = self._find(self.exact, whole_hashes, self._maybe(whole_hashes))
+        for p, i in zip(whole_pieces[at].tolist(), place.tolist()):
+            hits.append((p, 0, int(batch.first[p + 1] - batch.first[p]), "exact", int(self.exact_items[i])))
+        starts, hashes = batch.windows(self.ngram)
+        at, place = self._find(self.grams, hashes, self._maybe(hashes))
+        for start, i in zip(starts[at].tolist(), place.tolist()):
+            p = int(batch.piece[start])
+            hits.append((p, start - int(batch.first[p]), self.ngram, "ngram", int(self.gram_items[i])))
+        hits += self._short_hits(batch)
+        found: list[list[Finding]] = [[] for _ in samples]
+        folded: dict[int, list[str]] = {}
+        for p, start, length, rule, item in hits:
+            seq = folded.setdefault(p, words(pieces[p]))
+            overlap = " ".join(seq[start : start + length])
+            found[owner[p]].append(Finding(self.items[item], parts[p], rule, overlap))
+        return [_first(f) for f in found]
+
+    def _short_hits(self, batch: _Batch) -> list[tuple[int, int, int, str, int]]:
+        """Short items found whole: a run of min_words words that starts one, then the item's full length."""
+        if not len(self.short_anchors):
+            return []
+        starts, hashes = batch.windows(self.min_words)
+        at, place = self._find(self.short_anchors, hashes, self._maybe(hashes))
+        hits = []
+        for start, anchor, i in zip(starts[at].tolist(), hashes[at], place.tolist()):
+            p = int(batch.piece[start])
+            room = int(batch.first[p + 1]) - start
+            # every item with this anchor (they sit together in the sorted anchors, `place` the first)
+            while i < len(self.short_anchors) and self.short_anchors[i] == anchor:
+                length = int(self.short_lengths[i])
+                if length <= room and batch.runs(np.array([start]), length)[0] == self.short_hashes[i]:
+                    hits.append((p, start - int(batch.first[p]), length, "short", int(self.short_items[i])))
+                i += 1
+        return hits
+
+
+@dataclass(frozen=True, eq=False)
+class EvalSet:
+    """The eval files of a `decontamination:` section read into one index, and what the manifest records of them."""
+
+    settings: Decontamination
+    index: EvalIndex
+    files: tuple[dict[str, Any], ...]  # {file (as the config names it), sha256, records, strings}
+    key: str  # sha256 of the files' labels and hashes and the settings: in every encode key
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's `decontamination` without its counts (builder.manifest adds those)."""
+        d = self.settings
+        return {
+            "against": list(self.files),
+            "ngram": d.ngram,
+            "min_line_words": d.min_line_words,
+            "action": d.action,
+            "prompt_action": d.prompt_action,
+            "fields": list(d.fields),
+            "index": self.index.sizes,
+        }
+
+    def drops(self, finding: Finding) -> bool:
+        """Whether this overlap costs its sample: the action of the part it was found in."""
+        return (self.settings.action if finding.part == "target" else self.settings.prompt_action) == "drop"
+
+
+def eval_set_key(settings: Decontamination) -> tuple[str, list[tuple[str, str]]]:
+    """(the sha256 of what an eval set's index is built from, each file's (label, sha256)): its files by content
+    and the settings (the actions too: they decide which samples an encode keeps)."""
+    hashes = [(label, file_sha256(path)) for path, label in settings.labels.items()]
+    d = settings
+    facts = [hashes, d.ngram, d.min_line_words, d.action, d.prompt_action, list(d.fields)]
+    return hashlib.sha256(canonical_json(facts).encode()).hexdigest(), hashes
+
+
+# Eval sets already read by this process, by EvalSet.key: a worker serves many encode items.
+_EVAL_SETS: dict[str, EvalSet] = {}
+
+
+def eval_set(settings: Decontamination) -> EvalSet:
+    """The eval set of a `decontamination:` section, read once per process and content (a changed file is read
+    again). An eval record that cannot be read, or a file with no string to match, is a PacktoolError: a check
+    against part of an eval set would pass what it never saw."""
+    key, hashes = eval_set_key(settings)
+    known = _EVAL_SETS.get(key)
+    if known is not None and known.settings == settings:
+        return known
+    items: list[tuple[EvalItem, str]] = []
+    files = []
+    for (path, label), (_, sha256) in zip(settings.labels.items(), hashes, strict=True):
+        records, before = 0, len(items)
+        for n, record in raw_records(path, label, 0, None, DEFAULT_MAX_RECORD_BYTES):
+            if isinstance(record, RecordError):
+                raise PacktoolError(
+                    f"decontamination.against: {record.describe()}; an eval set is read whole or not at all"
+                )
+            records += 1
+            name = f"{label}:{n}"
+            if isinstance(record, dict) and isinstance(record.get("id"), str | int):
+                name += f" (id {record['id']})"
+            items += (
+                (EvalItem(label, name, where or "(record)"), text)
+                for where, text in eval_strings(record, settings.fields)
+            )
+        if len(items) == before:
+            fields = f"fields {list(settings.fields)}" if settings.fields else "string fields"
+            raise PacktoolError(f"decontamination.against: {label}: {records} records and no {fields} to match in them")
+        files.append({"file": label, "sha256": sha256, "records": records, "strings": len(items) - before})
+    index = EvalIndex.build(items, settings.ngram, settings.min_line_words)
+    found = EvalSet(settings, index, tuple(files), key)
+    _EVAL_SETS[key] = found
+    return found

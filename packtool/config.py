@@ -39,7 +39,7 @@ from packtool.errors import ConfigError, HubError, PacktoolError
 from packtool.format import MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
-from packtool.workers import EXECUTORS, WORKERS_CHOICES, count_workers
+from packtool.workers import EXECUTORS, WORKERS_CHOICES, auto_workers, count_workers, usable_cores
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -258,29 +258,12 @@ class Run:
     """Where and how fast a build runs: never its bytes, so none of these is keyed or enters the manifest."""
 
     output: str
-    workers: int = 1  # processes for render + encode; 1 = in the build process
+    # processes for render + encode (1 = in the build process); left out, `workers: auto`: the usable cores'
+    workers: int = field(default_factory=lambda: auto_workers(usable_cores()))
     executor: str = "processes"  # processes | serial | ray: where work items run (never changes the bytes)
     ray_address: str | None = None  # an existing Ray cluster (executor: ray); None starts a local one
     cache: str | None = None  # token store folder; None = `.packtool-cache` beside the output
     render: str = "accelerated"  # accelerated | reference: the render routes (packtool.render); same bytes
-
-
-# What a training sample's overlap with an eval set does: drop it (a reject, `contaminated`) or report it.
-DECONTAMINATION_ACTIONS = ("drop", "report")
-
-
-@dataclass(frozen=True, slots=True)
-class Decontamination:
-    """`decontamination:`: eval sets no trained text may overlap (packtool.decontamination matches them). Keyed by
-    content: the eval files' sha256 and these settings enter every encode key (builder.stages.EvalSet.key)."""
-
-    against: tuple[str, ...]  # the eval files, resolved (a glob, a datasets folder and a hub id expanded)
-    labels: dict[str, str]  # resolved path -> the path as written: how findings name an eval file
-    ngram: int = 13  # words per window of a long eval string
-    min_line_words: int = 6  # a shorter eval string (an option, a one-line answer) matches whole from this many words
-    action: str = "drop"  # an overlap in a sample's targets: drop | report
-    prompt_action: str = "report"  # an overlap in its prompt only: drop | report
-    fields: tuple[str, ...] = ()  # the eval records' top-level fields read; empty: every string field
 
 
 # The top-level config keys of the run section (each Run field has its key's name): left out of the manifest.
@@ -295,9 +278,9 @@ class BuildConfig:
     config_file: str
     sources: tuple[SourceConfig, ...]
     tokenizer: TokenizerConfig
-    template: str
     capacity: int
     run: Run
+    template: str = MODEL_TEMPLATE  # model, model:NAME, a bundled name, or a .jinja file (resolved)
     template_vars: dict[str, Any] = field(default_factory=dict)
     encoding: Encoding = Encoding()
     truncation: Truncation = Truncation()
@@ -309,7 +292,6 @@ class BuildConfig:
     seed: int = 0
     dedup: str | None = None  # exact: drop repeats across all sources (the first in source order is kept)
     outcome: Outcome = Outcome()
-    decontamination: Decontamination | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
 
     @property
@@ -339,7 +321,6 @@ KEYED_BY = {
     "seed": "plan",
     "dedup": "plan",
     "sources": "encode+plan",
-    "decontamination": "content",  # the eval files by their sha256 (builder.stages.EvalSet.key), and its settings
     "config_file": "none",
     "raw": "none",
     "outcome": "none",
@@ -362,6 +343,13 @@ def source_encode_settings(source: SourceConfig) -> dict[str, Any]:
     """Everything render and tokenize read of one source: all its fields but its files and its plan section."""
     skipped = {*SOURCE_FILES, "plan"}
     return {f.name: section_data(getattr(source, f.name)) for f in fields(source) if f.name not in skipped}
+
+
+def field_default(section: type, name: str) -> Any:
+    """The default a section's dataclass states for `name`, for a section that cannot be made without its
+    required fields: the parser takes every default from a dataclass, where each is written once."""
+    (declared,) = [f for f in fields(section) if f.name == name]
+    return declared.default_factory() if callable(declared.default_factory) else declared.default
 
 
 def section_data(value: Any) -> Any:
@@ -508,7 +496,6 @@ SOURCE_KEYS = {
     "revision",
     "system",
     "dedup",
-    "decontamination",
 }
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 # The keys of the settings that may be written as a mapping (docs/config.md lists them all; a test checks it).
@@ -519,7 +506,6 @@ OVERFLOW_MODES = ("truncate", "bucket")
 MIXING_KEYS = {"by", "interleave"}
 INTERLEAVE_KEYS = {"window", "tolerance", "unit"}
 VALIDATION_KEYS = {"share", "samples"}
-DECONTAMINATION_KEYS = {"against", "ngram", "min_line_words", "action", "prompt_action", "fields"}
 # Every mapping of the config and the keys it takes, by its path as docs/config.md writes it.
 KEYS = {
     "": TOP_KEYS,
@@ -529,7 +515,6 @@ KEYS = {
     "mixing": MIXING_KEYS,
     "mixing.interleave": INTERLEAVE_KEYS,
     "validation": VALIDATION_KEYS,
-    "decontamination": DECONTAMINATION_KEYS,
     "sources[]": SOURCE_KEYS,
     "sources[].train": TRAIN_KEYS,
     "sources[].quota": set(QUOTA_UNITS),
@@ -751,7 +736,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     sources = _parse_sources(raw, base_dir, p)
     tokenizer = _parse_tokenizer(p.take(raw, "tokenizer", str, "", required=True), base_dir, p)
     template = _parse_template(raw, base_dir, p)
-    template_vars = _template_vars(p.take(raw, "template_vars", dict, "", {}), p)
+    template_vars = _template_vars(
+        p.take(raw, "template_vars", dict, "", field_default(BuildConfig, "template_vars")), p
+    )
     capacity = p.take(raw, "capacity", int, "", None, required=True)
     p.number("capacity", capacity, 2, MAX_CAPACITY, "tokens per pack")
     output = _parse_output(raw, base_dir, p)
@@ -761,7 +748,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     mixing_raw = p.take(raw, "mixing", dict, "", {})
     p.unknown_keys(mixing_raw, MIXING_KEYS, "mixing")
     mix_by = p.take(mixing_raw, "by", str, "mixing", Mixing().by, choices=("multiplier", "samples", "tokens"))
-    seed = p.take(raw, "seed", int, "", 0)
+    seed = p.take(raw, "seed", int, "", field_default(BuildConfig, "seed"))
     p.check("seed", seed_problem(seed))
     shards = _parse_shards(raw, p)
 
@@ -780,8 +767,8 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     sources = tuple(replace(source, max_record_bytes=max_record_bytes) for source in sources)
     validation = _validation(raw.get("validation"), p)
     on_error = p.take(raw, "on_error", str, "", outcome.on_error, choices=ERROR_POLICIES)
-    workers = _workers(p.take(raw, "workers", (int, str), "", "auto"), p)
-    dedup = p.take(raw, "dedup", str, "", None, choices=DEDUP_MODES)
+    workers = _workers(p.take(raw, "workers", (int, str), "", run.workers), p)
+    dedup = p.take(raw, "dedup", str, "", field_default(BuildConfig, "dedup"), choices=DEDUP_MODES)
     add_bos = p.take(raw, "add_bos", bool, "", encoding.add_bos)
     add_eos = p.take(raw, "add_eos", bool, "", encoding.add_eos)
 
@@ -810,7 +797,6 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         seed=seed,
         dedup=dedup,
         outcome=Outcome(on_error, max_reject_share, on_quota_miss),
-        decontamination=_parse_decontamination(raw, base_dir, p),
         # where and how fast a build runs does not change what it writes: none of it enters the manifest
         raw={k: v for k, v in raw.items() if k not in RUN_KEYS},
     )
@@ -831,7 +817,7 @@ def _parse_sources(raw: dict[str, Any], base_dir: Path, p: _Problems) -> tuple[S
 
 def _parse_template(raw: dict[str, Any], base_dir: Path, p: _Problems) -> str:
     """`template`: model, model:NAME, a bundled name, or a .jinja file (resolved against the config's folder)."""
-    template = p.take(raw, "template", str, "", MODEL_TEMPLATE)
+    template = p.take(raw, "template", str, "", field_default(BuildConfig, "template"))
     named = template.startswith(f"{MODEL_TEMPLATE}:")
     if named and not template.removeprefix(f"{MODEL_TEMPLATE}:").strip():
         p.add("template", f"{template!r} names no template; write model:NAME (e.g. model:tool_use) or model")
@@ -997,39 +983,12 @@ def _validation(value: Any, p: _Problems) -> Validation:
     if not isinstance(value, dict) or len(value) != 1 or not set(value) <= VALIDATION_KEYS:
         p.add("validation", f"expected {{share: 0.01}} or {{samples: 500}}, got {value!r}")
         return Validation()
-    share = p.take(value, "share", float, "validation", None)
+    default = Validation()
+    share = p.take(value, "share", float, "validation", default.share)
     p.number("validation.share", share, 1e-9, 0.5, "the share of records held out; above half is not a validation set")
-    samples = p.take(value, "samples", int, "validation", None)
+    samples = p.take(value, "samples", int, "validation", default.samples)
     p.number("validation.samples", samples, 1, 10**12, "records held out")
     return Validation(share, samples)
-
-
-def _parse_decontamination(raw: dict[str, Any], base_dir: Path, p: _Problems) -> Decontamination | None:
-    """`decontamination: {against: [EVAL, ...], ngram, min_line_words, action, prompt_action, fields}`; EVAL is any
-    input a source reads (a file, a glob, a datasets folder, ORG/NAME in the local hub cache)."""
-    value = p.take(raw, "decontamination", dict, "", None)
-    if value is None:
-        return None
-    where = "decontamination"
-    p.unknown_keys(value, DECONTAMINATION_KEYS, where)
-    against = value.get("against")
-    patterns = (against,) if isinstance(against, str) else against
-    if not isinstance(patterns, list | tuple) or not patterns or not all(isinstance(x, str) for x in patterns):
-        p.add(f"{where}.against", "is required: an eval file, a glob, or a list of them")
-        patterns = ()
-    files = _expand(tuple(patterns), base_dir, where, p, None, None, key="against")
-    default = Decontamination((), {})
-    ngram = p.take(value, "ngram", int, where, default.ngram)
-    p.number(f"{where}.ngram", ngram, 2, 64, "words per window")
-    min_words = p.take(value, "min_line_words", int, where, default.min_line_words)
-    p.number(f"{where}.min_line_words", min_words, 1, ngram, f"words of a short eval string, up to ngram ({ngram})")
-    action = p.take(value, "action", str, where, default.action, choices=DECONTAMINATION_ACTIONS)
-    prompt_action = p.take(value, "prompt_action", str, where, default.prompt_action, choices=DECONTAMINATION_ACTIONS)
-    names = p.take(value, "fields", list, where, list(default.fields))
-    if not all(isinstance(name, str) and name for name in names):
-        p.add(f"{where}.fields", f"expected a list of field names, got {names!r}")
-        names = []
-    return Decontamination(tuple(files), files, ngram, min_words, action, prompt_action, tuple(names))
 
 
 def _check_output(output: Path, p: _Problems) -> None:
@@ -1058,14 +1017,7 @@ def _resolve(base_dir: Path, value: str) -> Path:
 
 
 def _expand(
-    patterns: tuple[str, ...],
-    base_dir: Path,
-    where: str,
-    p: _Problems,
-    split: str | None,
-    revision: str | None,
-    *,
-    key: str = "path",
+    patterns: tuple[str, ...], base_dir: Path, where: str, p: _Problems, split: str | None, revision: str | None
 ) -> dict[str, str]:
     """Resolved file -> its label: the path as globbed, relative to the config's folder when the pattern was.
 
@@ -1085,7 +1037,7 @@ def _expand(
                     files.setdefault(str(file), f"{name}/{file.relative_to(root).as_posix()}")
                 continue
             if not matched:
-                p.add(f"{where}.{key}", f"no file matches {pattern!r} (relative to {base_dir})")
+                p.add(f"{where}.path", f"no file matches {pattern!r} (relative to {base_dir})")
             for path in matched:
                 label = path[len(prefix) :] if relative and path.startswith(prefix) else path
                 if not Path(path).is_dir():
@@ -1094,14 +1046,14 @@ def _expand(
                 saved = hub.saved_dataset_files(Path(path), split)
                 if saved is None:
                     p.add(
-                        f"{where}.{key}",
+                        f"{where}.path",
                         f"{path} is a folder but not a saved dataset; give its files (e.g. {label}/*.jsonl)",
                     )
                     continue
                 for file in saved:
                     files.setdefault(str(file), f"{label}/{file.relative_to(path).as_posix()}")
         except HubError as exc:
-            p.add(f"{where}.{key}", str(exc))
+            p.add(f"{where}.path", str(exc))
     return files
 
 
@@ -1125,7 +1077,7 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
         patterns = ()
     split = p.take(item, "split", str, where, None)
     files = _expand(patterns, base_dir, where, p, split, p.take(item, "revision", str, where, None))
-    max_samples = p.take(item, "max_samples", int, where, None)
+    max_samples = p.take(item, "max_samples", int, where, field_default(SourceConfig, "max_samples"))
     p.number(f"{where}.max_samples", max_samples, 1, 10**15, "records read from this source; null reads all")
 
     fields_raw = p.take(item, "fields", dict, where, {})
@@ -1147,7 +1099,8 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
 
     train_raw = p.take(item, "train", dict, where, {})
     p.unknown_keys(train_raw, TRAIN_KEYS, f"{where}.train")
-    roles = p.take(train_raw, "roles", list, f"{where}.train", ["assistant"])
+    policy = TrainPolicy()
+    roles = p.take(train_raw, "roles", list, f"{where}.train", list(policy.roles))
     for role in roles:
         if role == "tool":
             p.add(f"{where}.train.roles", "tool results are never trained (they are the environment's words)")
@@ -1155,22 +1108,24 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
             p.add(f"{where}.train.roles", f"unknown role {role!r}")
     train = TrainPolicy(
         roles=tuple(roles),
-        turns=p.take(train_raw, "turns", str, f"{where}.train", "all", choices=("all", "last")),
-        end_of_turn=p.take(train_raw, "end_of_turn", bool, f"{where}.train", True),
-        tool_calls=p.take(train_raw, "tool_calls", bool, f"{where}.train", True),
+        turns=p.take(train_raw, "turns", str, f"{where}.train", policy.turns, choices=("all", "last")),
+        end_of_turn=p.take(train_raw, "end_of_turn", bool, f"{where}.train", policy.end_of_turn),
+        tool_calls=p.take(train_raw, "tool_calls", bool, f"{where}.train", policy.tool_calls),
     )
-    weight = p.take(item, "weight", float, where, 1.0)
+    plan = SourcePlan()
+    weight = p.take(item, "weight", float, where, plan.weight)
     if weight is not None and not (math.isfinite(weight) and weight > 0):
         p.add(f"{where}.weight", f"must be a positive finite number, got {weight}")
-    system = p.take(item, "system", str, where, None)
+    system = p.take(item, "system", str, where, field_default(SourceConfig, "system"))
     if system is not None and fmt == "text":
         p.add(f"{where}.system", "format: text has no conversation to put a system prompt in; remove it")
     quota = _parse_quota(item, where, p)
     # taken in the order the problems have always been reported in
-    special_tokens = p.take(item, "special_tokens", str, where, "escape", choices=SPECIAL_TOKEN_POLICIES)
-    truncation = p.take(item, "truncation", str, where, None, choices=TRUNCATION_STRATEGIES)
-    group = p.take(item, "group", str, where, None)
-    dedup = p.take(item, "dedup", str, where, None, choices=DEDUP_MODES)
+    special_tokens = field_default(SourceConfig, "special_tokens")
+    special_tokens = p.take(item, "special_tokens", str, where, special_tokens, choices=SPECIAL_TOKEN_POLICIES)
+    truncation = p.take(item, "truncation", str, where, plan.truncation, choices=TRUNCATION_STRATEGIES)
+    group = p.take(item, "group", str, where, plan.group)
+    dedup = p.take(item, "dedup", str, where, plan.dedup, choices=DEDUP_MODES)
     return SourceConfig(
         name=name,
         paths=tuple(files),

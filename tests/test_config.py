@@ -1,18 +1,22 @@
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
 import re
 import shutil
-from dataclasses import replace
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from support import QUICKSTART
 
+import packtool.config
 from packtool.cli import main
 from packtool.config import (
+    BuildConfig,
     ConfigError,
     Encoding,
     Mixing,
@@ -21,9 +25,11 @@ from packtool.config import (
     Packing,
     Run,
     Shards,
+    SourceConfig,
     Truncation,
     Validation,
     apply_overrides,
+    field_default,
     load_config,
     resolve_config_path,
 )
@@ -47,11 +53,52 @@ def test_a_section_left_out_takes_its_dataclass_defaults(tmp_path, write_config)
     sections = (Encoding, Truncation, Packing, Overflow, Mixing, Validation, Shards, Outcome)
     names = ("encoding", "truncation", "packing", "overflow", "mixing", "validation", "shards", "outcome")
     assert [getattr(config, name) for name in names] == [section() for section in sections]
-    assert replace(config.run, output="", workers=1) == Run(output="")  # workers: auto, the machine's cores
+    assert replace(config.run, output="") == Run(output="")  # workers: auto, the machine's cores, in Run too
     named = {"truncation": "left", "packing": "ffd", "overflow": "bucket"}  # a name alone keeps the other defaults
     config = load_config(write_config({**_base(tmp_path), **named}))
     assert (config.truncation, config.packing) == (Truncation("left"), Packing("ffd"))
     assert config.overflow == Overflow("bucket", 4 * config.capacity)
+
+
+def _stated_defaults(section: type) -> dict:
+    """Every field of a section dataclass that states a default, and that default."""
+    stated = [f.name for f in fields(section) if f.default is not MISSING or f.default_factory is not MISSING]
+    return {name: field_default(section, name) for name in stated}
+
+
+def test_a_config_of_the_required_keys_alone_holds_every_stated_default(tmp_path, write_config):
+    """Walks every field that states a default, of the config, its run and a source (nested sections compare
+    whole): a key left out is exactly its dataclass's default. Not walked: what the parser always fills in
+    (the config as written, a source's files)."""
+    config = load_config(write_config(_base(tmp_path)))
+    filled_in = {"raw", "labels"}
+    for section, parsed in ((BuildConfig, config), (Run, config.run), (SourceConfig, config.sources[0])):
+        for name, default in _stated_defaults(section).items():
+            if name not in filled_in:
+                assert getattr(parsed, name) == default, f"{section.__name__}.{name}"
+
+
+# Where a literal fallback of a taken key is no second statement of a field's default: a required key has
+# none, a mapping's keys take their own, and `split` and `revision` choose a source's files (no field holds them).
+_NO_FIELD_DEFAULT = ("split", "revision")
+
+
+def test_no_parser_writes_a_default_of_its_own():
+    """A default is written once, in its section's dataclass: a literal fallback where the parser takes a key
+    (`_Problems.take`, its fifth argument, None when left out) is a second statement of it that can drift."""
+    written = []
+    for node in ast.walk(ast.parse(inspect.getsource(packtool.config))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "take"):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords}
+        key, kind = node.args[1], node.args[2]
+        default = node.args[4] if len(node.args) > 4 else keywords.get("default", ast.Constant(None))
+        mapping = isinstance(kind, ast.Name) and kind.id == "dict"
+        unfielded = isinstance(key, ast.Constant) and key.value in _NO_FIELD_DEFAULT
+        literal = isinstance(default, ast.Constant | ast.List | ast.Tuple | ast.Dict | ast.Set)
+        if literal and not (mapping or unfielded or "required" in keywords):
+            written.append(f"config.py:{node.lineno}: {ast.unparse(node)}")
+    assert written == [], "defaults written in the parser, not taken from the section's dataclass"
 
 
 def test_loads_typed_settings_and_resolves_relative_paths(tmp_path, write_config):

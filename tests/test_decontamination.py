@@ -1,0 +1,120 @@
+"""The matching of packtool.decontamination: normalized words, windows across line breaks, short items whole, and
+the numpy index finding exactly what the reference (Python sets of word tuples) finds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.decontamination import EvalIndex, EvalItem, Finding, ReferenceIndex, eval_strings, fold, words
+
+ANSWER = "The mitochondria is the powerhouse of the cell and it makes most of the energy a cell uses every day"
+
+
+def _item(n: int, field: str = "answer") -> EvalItem:
+    return EvalItem("eval.jsonl", f"eval.jsonl:{n}", field)
+
+
+def _both(items, ngram=13, min_words=6):
+    return EvalIndex.build(items, ngram, min_words), ReferenceIndex(items, ngram, min_words)
+
+
+def test_words_are_normalized_across_lines_case_punctuation_and_unicode():
+    assert words("The  Cat,\nsat -- on\tthe MAT!") == ["the", "cat", "sat", "on", "the", "mat"]
+    assert words("ﬁne Straße café_au_lait ①") == ["fine", "strasse", "café", "au", "lait", "1"]
+    assert fold("a\u00a0b") == "a b"  # NFKC: a no-break space is a space
+
+
+@given(st.text(max_size=60))
+def test_the_ascii_fast_fold_is_the_unicode_one(text):
+    import re
+    import unicodedata
+
+    assert fold(text).split() == re.sub(r"[\W_]+", " ", unicodedata.normalize("NFKC", text).casefold()).split()
+
+
+def test_eval_strings_walk_every_string_and_fields_narrow_them():
+    record = {"id": "q1", "question": "Q?", "choices": ["a", "b"], "messages": [{"role": "user", "content": "hi"}]}
+    assert list(eval_strings(record)) == [
+        ("id", "q1"),
+        ("question", "Q?"),
+        ("choices[0]", "a"),
+        ("choices[1]", "b"),
+        ("messages[0].role", "user"),
+        ("messages[0].content", "hi"),
+    ]
+    assert list(eval_strings(record, ["choices"])) == [("choices[0]", "a"), ("choices[1]", "b")]
+
+
+def test_an_answer_rewrapped_into_8_word_lines_still_matches_in_the_target():
+    rewrapped = "\n".join(" ".join(ANSWER.split()[i : i + 8]) for i in range(0, len(ANSWER.split()), 8))
+    for index in _both([(_item(1), ANSWER)]):
+        (finding,) = index.check([(["What does it do?"], [f"Sure. {rewrapped.upper()} Hope this helps."])])
+        assert finding is not None and (finding.part, finding.rule, finding.item.record) == (
+            "target",
+            "ngram",
+            "eval.jsonl:1",
+        )
+        assert len(finding.overlap.split()) == 13
+
+
+def test_a_short_item_matches_whole_from_min_words_and_yes_matches_nothing():
+    items = [(_item(1, "choices[2]"), "Paris is the capital of France"), (_item(2, "answer"), "Yes")]
+    for index in _both(items):
+        found = index.check([([], ["I think paris is the capital of france."]), ([], ["yes, Paris is the capital"])])
+        assert found[0] == Finding(_item(1, "choices[2]"), "target", "short", "paris is the capital of france")
+        assert found[1] is None
+
+
+def test_a_target_overlap_wins_over_a_prompt_one_and_exact_comes_first():
+    items = [(_item(1), ANSWER), (_item(2, "question"), "Explain what the mitochondria does in a cell please")]
+    for index in _both(items):
+        (prompt_only,) = index.check([(["Explain what the mitochondria does in a cell, please."], ["No idea."])])
+        assert (prompt_only.part, prompt_only.rule, prompt_only.item.record) == ("prompt", "exact", "eval.jsonl:2")
+        (both,) = index.check([(["Explain what the mitochondria does in a cell please"], [ANSWER])])
+        assert (both.part, both.rule) == ("target", "exact")
+
+
+def test_pieces_are_apart_a_window_does_not_span_two_messages():
+    half = len(ANSWER.split()) // 2
+    first, second = " ".join(ANSWER.split()[:half]), " ".join(ANSWER.split()[half:])
+    for index in _both([(_item(1), ANSWER)]):
+        assert index.check([([], [first, second])]) == [None]
+
+
+VOCABULARY = ["alpha", "beta", "gamma", "delta", "Eps", "zeta", "ETA", "theta"]
+phrases = st.lists(st.sampled_from(VOCABULARY), min_size=0, max_size=20).map(" ".join)
+separators = st.sampled_from([" ", "\n", ", ", " -- "])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    evals=st.lists(phrases, min_size=1, max_size=6),
+    samples=st.lists(st.tuples(st.lists(phrases, max_size=2), st.lists(phrases, max_size=3)), min_size=1, max_size=6),
+    ngram=st.integers(3, 6),
+    min_words=st.integers(1, 3),
+    separator=separators,
+)
+def test_the_index_finds_what_the_reference_finds(evals, samples, ngram, min_words, separator):
+    """Few words, so overlaps are frequent: every rule, and ties between them, are exercised."""
+    items = [(_item(i), text) for i, text in enumerate(evals)]
+    samples = [([p.replace(" ", separator) for p in prompts], targets) for prompts, targets in samples]
+    fast, reference = _both(items, ngram, min_words)
+    got, expected = fast.check(samples), reference.check(samples)
+    # the same decision, part and rule; the eval record and words may be another of equal rank
+    assert [(f.part, f.rule) if f else None for f in got] == [(f.part, f.rule) if f else None for f in expected]
+
+
+def test_an_empty_index_and_empty_samples():
+    index = EvalIndex.build([], 13, 6)
+    assert index.check([([], []), ([""], ["   "])]) == [None, None]
+    assert EvalIndex.build([(_item(1), ANSWER)], 13, 6).check([]) == []
+
+
+@pytest.mark.parametrize("text", ["", "a b", ANSWER])
+def test_sizes_count_what_is_indexed(text):
+    sizes = EvalIndex.build([(_item(1), text)], 13, 2).sizes
+    assert sizes["strings"] == 1
+    assert sizes["ngrams"] == max(0, len(text.split()) - 12)
+    assert sizes["short"] == (1 if 2 <= len(text.split()) < 13 else 0)

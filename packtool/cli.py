@@ -469,6 +469,51 @@ def _probe(
         raise SystemExit(1)
 
 
+@main.command(name="canary")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--model",
+    default="llama",
+    show_default=True,
+    metavar="MODEL",
+    help="What --probe accepts: a family name, config.json, model folder or cached hub id.",
+)
+@click.option("--weights", is_flag=True, help="Train MODEL's real weights (local folder or cache), not a tiny copy.")
+@click.option("--steps", default=60, show_default=True, help="Optimizer steps of the overfit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the canaries, loss curve and checks as JSON.")
+@click.option("--no-color", is_flag=True, help="Plain text even on a terminal.")
+def canary_command(output: Path, model: str, weights: bool, steps: int, as_json: bool, no_color: bool) -> None:
+    """The pre-flight check before a long run; exit 1 on a failure, one line each.
+
+    Prints a fixed set of canary samples from OUTPUT (short text, empty field, multi-turn tools,
+    Unicode, code, a truncated sample, a packed row; a pair and a group where the build has them)
+    token by token, overfits MODEL on them through packtool's training path, and checks that
+    greedy generation gives each chat canary's answer back and ends it with the template's
+    end-of-turn token, one that eos stops at. See docs/canary.md.
+
+    \b
+    Example:
+        packtool canary out/quickstart --model qwen3 --steps 60
+    """
+    from packtool.commands.canary import canary, format_canary
+
+    try:
+        report = canary(output, model, weights=weights, steps=steps)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    except ImportError:  # the overfit imports torch and transformers on first use
+        raise click.ClickException(
+            "packtool canary needs PyTorch and transformers: pip install 'packtool[hf]'"
+        ) from None
+    if as_json:
+        _echo_data(json.dumps(report.as_dict(), indent=2))
+    else:
+        color = not no_color and sys.stdout.isatty()
+        _echo_data(format_canary(report, color=color), color=color)
+    if not report.ok:
+        raise SystemExit(1)
+
+
 @main.command(name="verify")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print {ok, folder, shards, packs, problems, warnings} as JSON.")

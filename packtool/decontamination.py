@@ -30,7 +30,6 @@ import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -222,16 +221,51 @@ class _Batch:
 
 
 def _batch(pieces: Sequence[str]) -> _Batch:
-    split = [fold(p).split() for p in pieces]
-    counts = np.fromiter(map(len, split), np.int64, len(split))
-    hashes = np.fromiter(map(hash, chain.from_iterable(split)), np.int64).view(np.uint64)
-    first = np.zeros(len(split) + 1, np.int64)
-    np.cumsum(counts, out=first[1:])
+    """The words of `pieces` hashed in numpy, with no Python object per word: each word's bytes 8 at a time (one
+    chunk for most words), each chunk mixed into the word's hash. Words are `words(piece)`, byte for byte
+    (tests/test_decontamination.py holds the two to the same answers)."""
+    folded = [p.encode().translate(_ASCII_FOLD) if p.isascii() else fold(p).encode() for p in pieces]
+    joined = b" ".join(folded) + b" "  # a space after each piece: it ends its last word
+    data = np.frombuffer(joined + b" " * 7, np.uint8)  # 7 more: a word's last chunk reads 8 bytes
+    edges = np.flatnonzero(np.diff((data[: len(joined)] != 32).view(np.int8), prepend=np.int8(0)))
+    starts, ends = edges[0::2], edges[1::2]  # every word starts, then ends (before a space)
+    hashes = _word_hashes(data, starts, ends - starts)
+    piece_ends = np.cumsum(np.fromiter(map(len, folded), np.int64, len(folded)) + 1)
+    first = np.zeros(len(folded) + 1, np.int64)
+    first[1:] = np.searchsorted(starts, piece_ends)  # words of piece p: those that start before its end
+    piece = np.repeat(np.arange(len(folded), dtype=np.int64), np.diff(first))
     up, _ = _POWERS.upto(len(hashes) + 1)
     prefix = np.zeros(len(hashes) + 1, np.uint64)
     np.cumsum(hashes * up[: len(hashes)], out=prefix[1:])
-    piece = np.repeat(np.arange(len(pieces), dtype=np.int64), counts)
     return _Batch(prefix, first, piece)
+
+
+_ALL_BITS = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _word_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The hash of each word data[start : start + length]: its length, then each 8-byte chunk (little-endian, the
+    bytes past its end masked off) mixed in turn."""
+    chunks = np.lib.stride_tricks.sliding_window_view(data, 8)
+    hashes = _mix(lengths.astype(np.uint64))
+    todo, offset, left = np.arange(len(starts)), starts.copy(), lengths.copy()
+    while todo.size:
+        chunk = np.ascontiguousarray(chunks[offset]).view(np.uint64)[:, 0]
+        bits = (np.minimum(left, 7) * 8).astype(np.uint64)
+        chunk &= np.where(left >= 8, _ALL_BITS, (np.uint64(1) << bits) - np.uint64(1))
+        hashes[todo] = _mix(hashes[todo] ^ chunk)
+        longer = left > 8
+        todo, offset, left = todo[longer], offset[longer] + 8, left[longer] - 8
+    return hashes
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """A bijective mix of uint64 values (murmur3's finalizer): a word's hash no longer linear in its bytes."""
+    values = values ^ (values >> np.uint64(33))
+    values = values * np.uint64(0xFF51AFD7ED558CCD)
+    values = values ^ (values >> np.uint64(33))
+    values = values * np.uint64(0xC4CEB9FE1A85EC53)
+    return values ^ (values >> np.uint64(33))
 
 
 def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -314,7 +348,10 @@ class EvalIndex:
         if not len(table) or not len(maybe):
             return maybe[:0], maybe[:0]
         wanted = hashes[maybe]
-        place = np.minimum(np.searchsorted(table, wanted), len(table) - 1)
+        # in sorted order: each search starts where the last one ended (5x fewer cache misses in a 10M table)
+        order = np.argsort(wanted)
+        place = np.empty(len(wanted), np.int64)
+        place[order] = np.minimum(np.searchsorted(table, wanted[order]), len(table) - 1)
         held = table[place] == wanted
         return maybe[held], place[held]
 
@@ -346,24 +383,32 @@ class EvalIndex:
             seq = folded.setdefault(p, words(pieces[p]))
             overlap = " ".join(seq[start : start + length])
             found[owner[p]].append(Finding(self.items[item], parts[p], rule, overlap))
-        return [_first(f) for f in found]
+        return [_first(f) if f else None for f in found]
 
     def _short_hits(self, batch: _Batch) -> list[tuple[int, int, int, str, int]]:
-        """Short items found whole: a run of min_words words that starts one, then the item's full length."""
+        """Short items found whole: a run of min_words words that starts one (its anchor), then the item's full
+        length from there. Items sharing an anchor sit together in the sorted anchors, `place` at the first."""
         if not len(self.short_anchors):
             return []
         starts, hashes = batch.windows(self.min_words)
         at, place = self._find(self.short_anchors, hashes, self._maybe(hashes))
+        start, anchor = starts[at], hashes[at]
         hits = []
-        for start, anchor, i in zip(starts[at].tolist(), hashes[at], place.tolist()):
-            p = int(batch.piece[start])
-            room = int(batch.first[p + 1]) - start
-            # every item with this anchor (they sit together in the sorted anchors, `place` the first)
-            while i < len(self.short_anchors) and self.short_anchors[i] == anchor:
-                length = int(self.short_lengths[i])
-                if length <= room and batch.runs(np.array([start]), length)[0] == self.short_hashes[i]:
-                    hits.append((p, start - int(batch.first[p]), length, "short", int(self.short_items[i])))
-                i += 1
+        while place.size:
+            held = place < len(self.short_anchors)
+            start, anchor, place = start[held], anchor[held], place[held]
+            same = self.short_anchors[place] == anchor
+            start, anchor, place = start[same], anchor[same], place[same]
+            length = self.short_lengths[place]
+            piece = batch.piece[start]
+            fits = start + length <= batch.first[piece + 1]
+            whole = np.flatnonzero(fits)
+            whole = whole[batch.runs(start[whole], length[whole]) == self.short_hashes[place[whole]]]
+            for i in whole.tolist():
+                p = int(piece[i])
+                item = int(self.short_items[place[i]])
+                hits.append((p, int(start[i] - batch.first[p]), int(length[i]), "short", item))
+            place = place + 1
         return hits
 
 

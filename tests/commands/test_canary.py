@@ -1,0 +1,124 @@
+"""`packtool canary`: a fixed canary set printed token by token, a tiny overfit through packtool's training path,
+and generated turns that end where the template ends them (or one line naming why not)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from support import QUICKSTART
+
+from packtool.cli import main
+from packtool.commands.canary import KINDS, select_canaries
+
+pytest.importorskip("transformers")  # the overfit; selection needs neither
+
+# A conversation of each kind a small build can hold; the answers are short so that 3 steps train them.
+CHATS = [
+    {"id": "hello", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]},
+    {
+        "id": "grüße",
+        "messages": [
+            {"role": "user", "content": "Say hello in Japanese."},
+            {"role": "assistant", "content": "こんにちは"},
+        ],
+    },
+]
+
+
+def _canary(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["canary", *args])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def untrained_end(tmp_path_factory) -> str:
+    """A build whose chat source never trains its end-of-turn marker (train.end_of_turn: false)."""
+    import yaml
+
+    folder = tmp_path_factory.mktemp("canary")
+    (folder / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHATS), encoding="utf-8")
+    config = {
+        "sources": [
+            {
+                "name": "chat",
+                "path": "chat.jsonl",
+                "format": "messages",
+                "fields": {"id": "id"},
+                "train": {"end_of_turn": False},
+            }
+        ],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "template": "model",
+        "capacity": 128,
+        "output": "out",
+    }
+    (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    result = CliRunner().invoke(main, ["build", str(folder / "config.yaml"), "-q"])
+    assert result.exit_code == 0, result.output
+    return str(folder / "out")
+
+
+def test_the_quickstart_canaries_overfit_and_every_turn_ends(quickstart_build):
+    """The done-when case: every kind found, printed as inspect prints it, the loss falls, exit 0."""
+    chosen = select_canaries(quickstart_build)
+    assert {c.kind for c in chosen.canaries} == set(KINDS)
+    assert select_canaries(quickstart_build) == chosen  # the same canaries every time
+    code, output = _canary(str(quickstart_build), "--model", "llama")
+    assert code == 0, output
+    for kind in KINDS:
+        assert f"== {kind}: " in output
+    assert "label" in output and "<|im_end|>" in output  # the token table of inspect
+    assert "fed model_inputs" in output and "loss by step: 1: 8." in output
+    assert "generation ok: code canary" in output
+    assert output.rstrip().endswith("every generated turn ends where the template ends it")
+
+
+def test_an_end_of_turn_never_trained_fails_naming_the_cause(untrained_end):
+    code, output = _canary(untrained_end, "--model", "qwen3", "--steps", "3", "--json")
+    report = json.loads(output)
+    assert code == 1 and not report["ok"]
+    assert report["feed"] == "model_inputs" and report["notices"] == []  # the isolation guard passed first
+    assert "empty_field" in report["missing"] and "unicode" not in report["missing"]
+    lines = [line for line in report["failures"] if "does not end" in line]
+    assert lines and "the end-of-turn marker is never a target (train.end_of_turn: false" in lines[0]
+
+
+def test_an_eos_that_misses_the_end_of_turn_token_is_named(untrained_end, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {
+        "model_type": "llama",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+        "eos_token_id": 2,
+    }
+    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}), encoding="utf-8")
+    code, output = _canary(untrained_end, "--model", str(model), "--steps", "2")
+    assert code == 1
+    named = [line for line in output.splitlines() if line.startswith("FAILED: eos [0]")]
+    assert named and str(model / "generation_config.json") in named[0]
+    assert "end-of-turn token '<|im_end|>' (id 2)" in named[0]
+
+
+def test_a_hybrid_model_trains_one_document_per_row_with_a_notice(untrained_end):
+    """Qwen3.5's Gated DeltaNet refuses packed rows on CPU: the guard says so and the overfit falls back."""
+    code, output = _canary(untrained_end, "--model", "qwen3_5", "--steps", "2")
+    assert code == 1  # the untrained end of turn
+    assert "fed one_document_per_row" in output
+    notice = next(line for line in output.splitlines() if line.startswith("notice: "))
+    assert "one document per row" in notice and "linear_attention" in notice
+
+
+def test_bad_arguments_are_one_line(untrained_end):
+    code, output = _canary(untrained_end, "--model", "no-such-family", "--steps", "1")
+    assert code == 1 and output.startswith("Error: ") and len(output.strip().splitlines()) == 1
+    code, output = _canary(untrained_end, "--steps", "0")
+    assert code == 1 and "--steps 0: give 1 or more" in output

@@ -266,6 +266,24 @@ class Run:
     render: str = "accelerated"  # accelerated | reference: the render routes (packtool.render); same bytes
 
 
+# What a training sample's overlap with an eval set does: drop it (a reject, `contaminated`) or report it.
+DECONTAMINATION_ACTIONS = ("drop", "report")
+
+
+@dataclass(frozen=True, slots=True)
+class Decontamination:
+    """`decontamination:`: eval sets no trained text may overlap (packtool.decontamination matches them). Keyed by
+    content: the eval files' sha256 and these settings enter every encode key (builder.stages.EvalSet.key)."""
+
+    against: tuple[str, ...]  # the eval files, resolved (a glob, a datasets folder and a hub id expanded)
+    labels: dict[str, str]  # resolved path -> the path as written: how findings name an eval file
+    ngram: int = 13  # words per window of a long eval string
+    min_line_words: int = 6  # a shorter eval string (an option, a one-line answer) matches whole from this many words
+    action: str = "drop"  # an overlap in a sample's targets: drop | report
+    prompt_action: str = "report"  # an overlap in its prompt only: drop | report
+    fields: tuple[str, ...] = ()  # the eval records' top-level fields read; empty: every string field
+
+
 # The top-level config keys of the run section (each Run field has its key's name): left out of the manifest.
 RUN_KEYS = tuple(f.name for f in fields(Run))
 
@@ -292,6 +310,7 @@ class BuildConfig:
     seed: int = 0
     dedup: str | None = None  # exact: drop repeats across all sources (the first in source order is kept)
     outcome: Outcome = Outcome()
+    decontamination: Decontamination | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
 
     @property
@@ -321,6 +340,7 @@ KEYED_BY = {
     "seed": "plan",
     "dedup": "plan",
     "sources": "encode+plan",
+    "decontamination": "content",  # the eval files by their sha256 (builder.stages.EvalSet.key), and its settings
     "config_file": "none",
     "raw": "none",
     "outcome": "none",
@@ -496,6 +516,7 @@ SOURCE_KEYS = {
     "revision",
     "system",
     "dedup",
+    "decontamination",
 }
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 # The keys of the settings that may be written as a mapping (docs/config.md lists them all; a test checks it).
@@ -506,6 +527,7 @@ OVERFLOW_MODES = ("truncate", "bucket")
 MIXING_KEYS = {"by", "interleave"}
 INTERLEAVE_KEYS = {"window", "tolerance", "unit"}
 VALIDATION_KEYS = {"share", "samples"}
+DECONTAMINATION_KEYS = {"against", "ngram", "min_line_words", "action", "prompt_action", "fields"}
 # Every mapping of the config and the keys it takes, by its path as docs/config.md writes it.
 KEYS = {
     "": TOP_KEYS,
@@ -515,6 +537,7 @@ KEYS = {
     "mixing": MIXING_KEYS,
     "mixing.interleave": INTERLEAVE_KEYS,
     "validation": VALIDATION_KEYS,
+    "decontamination": DECONTAMINATION_KEYS,
     "sources[]": SOURCE_KEYS,
     "sources[].train": TRAIN_KEYS,
     "sources[].quota": set(QUOTA_UNITS),
@@ -797,6 +820,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         seed=seed,
         dedup=dedup,
         outcome=Outcome(on_error, max_reject_share, on_quota_miss),
+        decontamination=_parse_decontamination(raw, base_dir, p),
         # where and how fast a build runs does not change what it writes: none of it enters the manifest
         raw={k: v for k, v in raw.items() if k not in RUN_KEYS},
     )
@@ -991,6 +1015,34 @@ def _validation(value: Any, p: _Problems) -> Validation:
     return Validation(share, samples)
 
 
+def _parse_decontamination(raw: dict[str, Any], base_dir: Path, p: _Problems) -> Decontamination | None:
+    """`decontamination: {against: [EVAL, ...], ngram, min_line_words, action, prompt_action, fields}`; EVAL is any
+    input a source reads (a file, a glob, a datasets folder, ORG/NAME in the local hub cache)."""
+    value = p.take(raw, "decontamination", dict, "", None)
+    if value is None:
+        return None
+    where = "decontamination"
+    p.unknown_keys(value, DECONTAMINATION_KEYS, where)
+    against = value.get("against")
+    patterns = (against,) if isinstance(against, str) else against
+    if not isinstance(patterns, list | tuple) or not patterns or not all(isinstance(x, str) for x in patterns):
+        p.add(f"{where}.against", "is required: an eval file, a glob, or a list of them")
+        patterns = ()
+    files = _expand(tuple(patterns), base_dir, where, p, None, None, key="against")
+    default = Decontamination((), {})
+    ngram = p.take(value, "ngram", int, where, default.ngram)
+    p.number(f"{where}.ngram", ngram, 2, 64, "words per window")
+    min_words = p.take(value, "min_line_words", int, where, default.min_line_words)
+    p.number(f"{where}.min_line_words", min_words, 1, ngram, f"words of a short eval string, up to ngram ({ngram})")
+    action = p.take(value, "action", str, where, default.action, choices=DECONTAMINATION_ACTIONS)
+    prompt_action = p.take(value, "prompt_action", str, where, default.prompt_action, choices=DECONTAMINATION_ACTIONS)
+    names = p.take(value, "fields", list, where, list(default.fields))
+    if not all(isinstance(name, str) and name for name in names):
+        p.add(f"{where}.fields", f"expected a list of field names, got {names!r}")
+        names = []
+    return Decontamination(tuple(files), files, ngram, min_words, action, prompt_action, tuple(names))
+
+
 def _check_output(output: Path, p: _Problems) -> None:
     """An output must be a folder, or a path where one can be made (not a file, not under a file)."""
     if output.exists() and not output.is_dir():
@@ -1017,7 +1069,14 @@ def _resolve(base_dir: Path, value: str) -> Path:
 
 
 def _expand(
-    patterns: tuple[str, ...], base_dir: Path, where: str, p: _Problems, split: str | None, revision: str | None
+    patterns: tuple[str, ...],
+    base_dir: Path,
+    where: str,
+    p: _Problems,
+    split: str | None,
+    revision: str | None,
+    *,
+    key: str = "path",
 ) -> dict[str, str]:
     """Resolved file -> its label: the path as globbed, relative to the config's folder when the pattern was.
 
@@ -1037,7 +1096,7 @@ def _expand(
                     files.setdefault(str(file), f"{name}/{file.relative_to(root).as_posix()}")
                 continue
             if not matched:
-                p.add(f"{where}.path", f"no file matches {pattern!r} (relative to {base_dir})")
+                p.add(f"{where}.{key}", f"no file matches {pattern!r} (relative to {base_dir})")
             for path in matched:
                 label = path[len(prefix) :] if relative and path.startswith(prefix) else path
                 if not Path(path).is_dir():
@@ -1046,14 +1105,14 @@ def _expand(
                 saved = hub.saved_dataset_files(Path(path), split)
                 if saved is None:
                     p.add(
-                        f"{where}.path",
+                        f"{where}.{key}",
                         f"{path} is a folder but not a saved dataset; give its files (e.g. {label}/*.jsonl)",
                     )
                     continue
                 for file in saved:
                     files.setdefault(str(file), f"{label}/{file.relative_to(path).as_posix()}")
         except HubError as exc:
-            p.add(f"{where}.path", str(exc))
+            p.add(f"{where}.{key}", str(exc))
     return files
 
 

@@ -27,6 +27,13 @@ from packtool.records import ROLES, CompletionGroup, Example, Message, Messages,
 Parsed = Example | PreferencePair | CompletionGroup
 Adapter = Callable[[dict, SourceConfig, str, str], Parsed]
 
+# Media a record can carry (LLaMA-Factory's `images` / `videos` lists, content parts of these types).
+# Building them is not done yet (docs/vision.md): such a record is an `images_not_supported` reject,
+# never text with its pictures dropped and `<image>` trained as words.
+MEDIA_COLUMNS = ("images", "videos")
+MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "video", "video_url"})
+_NO_MEDIA = "{}: packtool does not build images yet (docs/vision.md), so the record is left out, not trained as text"
+
 # The shapes `pair_from_record` recognises, in the order it tries them (first match wins).
 PAIR_SHAPES = ("llamafactory", "trl_conversational", "trl_implicit", "strings")
 
@@ -116,12 +123,27 @@ def _content(value: Any) -> tuple[str, str | None, list[dict]]:
             reasoning.append(text)
         elif kind == "tool_call":
             calls.append(_tool_call(_arguments(text, ".content") if isinstance(text, str) else text, ".content"))
+        elif kind in MEDIA_PARTS:
+            raise RecordError(
+                _NO_MEDIA.format(f"content part of type {kind!r}"), kind="images_not_supported", field=".content"
+            )
         else:
             raise RecordError(f"unsupported content part {kind!r}", field=".content")
     return "".join(texts), ("\n".join(reasoning) if reasoning else None), calls
 
 
 _ROLE_SET = frozenset(ROLES)
+
+
+def refuse_media(record: dict) -> None:
+    """An `images_not_supported` reject for a record with a non-empty media list (LLaMA-Factory's convention)."""
+    for column in MEDIA_COLUMNS:
+        media = record.get(column)
+        if media:
+            count = len(media) if isinstance(media, list) else 1
+            raise RecordError(
+                _NO_MEDIA.format(f"{count} item(s) in `{column}`"), kind="images_not_supported", field=column
+            )
 
 
 def _message(raw: Any) -> Message:

@@ -540,6 +540,53 @@ def verify_command(path: Path, as_json: bool) -> None:
         raise SystemExit(1)
 
 
+@main.command(name="decontaminate")
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--against", multiple=True, required=True, help="An eval set: a file, glob, folder or ORG/NAME.")
+@click.option("--ngram", type=int, default=None, help="Words per window of a long eval string (default 13).")
+@click.option("--min-line-words", type=int, default=None, help="Words a short eval string needs to match (default 6).")
+@click.option("--field", "fields", multiple=True, help="Read only this top-level field of the eval records.")
+@click.option("-o", "--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def decontaminate_command(
+    output: Path,
+    against: tuple[str, ...],
+    ngram: int | None,
+    min_line_words: int | None,
+    fields: tuple[str, ...],
+    report_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Check an existing build against an eval set without rebuilding; exit 1 when a sample's targets overlap it.
+
+    Every document of OUT is decoded with the build's tokenizer and matched as a build with `decontamination:`
+    matches (docs/config.md): targets and prompts apart, an overlap in a prompt only is listed but does not fail.
+    The report names each eval file with its sha256.
+
+    \b
+    Example:
+        packtool decontaminate out/quickstart --against evals/gsm8k-test.jsonl -o out/gsm8k-check.json
+    """
+    from packtool.commands.decontaminate import decontaminate, format_decontamination
+    from packtool.config import decontamination_settings
+
+    given = {"ngram": ngram, "min_line_words": min_line_words, "fields": list(fields) or None}
+    try:
+        settings = decontamination_settings(
+            list(against), Path.cwd(), **{k: v for k, v in given.items() if v is not None}
+        )
+        report = decontaminate(output, settings)
+        if report_path is not None:
+            report_path.write_text(json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except PacktoolError as error:
+        raise _fail(error) from None
+    except OSError as error:
+        raise _fail(PacktoolError(f"{error.filename or report_path}: {error.strerror or error}")) from None
+    _echo_data(json.dumps(report.as_dict(), indent=2) if as_json else format_decontamination(report))
+    if not report.ok:
+        raise SystemExit(1)
+
+
 @main.command(name="find")
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("key")

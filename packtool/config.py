@@ -498,6 +498,7 @@ TOP_KEYS = {
     "max_record_bytes",
     "validation",
     "dedup",
+    "decontamination",
 }
 SOURCE_KEYS = {
     "name",
@@ -516,7 +517,6 @@ SOURCE_KEYS = {
     "revision",
     "system",
     "dedup",
-    "decontamination",
 }
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 # The keys of the settings that may be written as a mapping (docs/config.md lists them all; a test checks it).
@@ -1041,6 +1041,15 @@ def _parse_decontamination(raw: dict[str, Any], base_dir: Path, p: _Problems) ->
         p.add(f"{where}.fields", f"expected a list of field names, got {names!r}")
         names = []
     return Decontamination(tuple(files), files, ngram, min_words, action, prompt_action, tuple(names))
+
+
+def decontamination_settings(against: list[str], base_dir: Path, **settings: Any) -> Decontamination:
+    """A `decontamination:` section given on the command line (`packtool decontaminate`), checked as in a config."""
+    p = _Problems()
+    section = _parse_decontamination({"decontamination": {"against": against, **settings}}, base_dir, p)
+    if p.items or section is None:
+        raise ConfigError("the command line", p.items)
+    return section
 
 
 def _check_output(output: Path, p: _Problems) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from itertools import chain, islice
 from typing import Any
 
-from packtool.adapters import ADAPTERS, Adapter, Parsed, with_system
+from packtool.adapters import ADAPTERS, Adapter, Parsed, refuse_media, with_system
 from packtool.config import SourceConfig
 from packtool.errors import RecordError
 from packtool.reading import Span, raw_records
@@ -70,6 +70,7 @@ def _example(
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
         example_id = _example_id(record, source, default_id)
+        refuse_media(record)
         parsed = adapter(record, source, example_id, f"{label}:{n}")
         return parsed if source.system is None else with_system(parsed, source.system)
     except RecordError as error:

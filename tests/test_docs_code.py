@@ -71,6 +71,11 @@ RUN_ELSEWHERE = {
         "tests/test_format_doc.py",
         "test_the_documented_pack_hash_recipe_recomputes_the_stored_hashes",
     ),
+    # run beside the positions it shows, against the models' own get_rope_index
+    "docs/vision.md: Positions (`packtool.vision.positions`)": (
+        "tests/vision/test_positions.py",
+        "test_the_documented_example_runs",
+    ),
 }
 PYTHON_API = "README.md: From Python (notebooks)"
 # Blocks that are deliberately not runnable, each with the reason (none today: every block runs).

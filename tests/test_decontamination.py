@@ -118,3 +118,50 @@ def test_sizes_count_what_is_indexed(text):
     assert sizes["strings"] == 1
     assert sizes["ngrams"] == max(0, len(text.split()) - 12)
     assert sizes["short"] == (1 if 2 <= len(text.split()) < 13 else 0)
+
+
+def _config(tmp_path, **section):
+    from support import QUICKSTART
+
+    from packtool.config import parse_config
+
+    (tmp_path / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "q"}]}\n')
+    raw = {
+        "sources": [{"path": "chat.jsonl", "format": "messages"}],
+        "tokenizer": str(QUICKSTART / "tokenizer"),
+        "capacity": 64,
+        "output": "out",
+        "decontamination": section,
+    }
+    return parse_config(raw, base_dir=tmp_path)
+
+
+def test_the_section_is_checked_like_any_other_all_problems_at_once(tmp_path):
+    from packtool.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        _config(tmp_path, against="missing-*.jsonl", ngramm=10, action="delete", min_line_words=20, fields=[1])
+    problems = caught.value.problems
+    assert "decontamination.ngramm: unknown key; did you mean 'ngram'?" in problems
+    assert any(p.startswith("decontamination.against: no file matches 'missing-*.jsonl'") for p in problems)
+    assert any(p.startswith("decontamination.action: 'delete' is not one of drop, report") for p in problems)
+    assert any(p.startswith("decontamination.min_line_words:") for p in problems)
+    assert any(p.startswith("decontamination.fields: expected a list of field names") for p in problems)
+    with pytest.raises(ConfigError, match=r"decontamination.against: is required"):
+        _config(tmp_path, ngram=10)
+
+
+def test_an_eval_set_is_read_whole_or_the_build_stops_naming_the_record(tmp_path):
+    from packtool.decontamination import eval_set
+    from packtool.errors import PacktoolError
+
+    (tmp_path / "eval.jsonl").write_text('{"q": "fine"}\n{"q": broken\n')
+    settings = _config(tmp_path, against="eval.jsonl").decontamination
+    with pytest.raises(PacktoolError, match=r"decontamination.against: eval.jsonl:2"):
+        eval_set(settings)
+    (tmp_path / "eval.jsonl").write_text('{"q": "fine"}\n')
+    narrowed = _config(tmp_path, against="eval.jsonl", fields=["answer"]).decontamination
+    with pytest.raises(PacktoolError, match=r"eval.jsonl: 1 records and no fields \['answer'\] to match"):
+        eval_set(narrowed)
+    whole = eval_set(_config(tmp_path, against="eval.jsonl").decontamination)
+    assert whole.files[0]["records"] == 1 and whole.record()["index"]["strings"] == 1

@@ -9,7 +9,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import QUICKSTART, assert_same_samples, growth, learned, rendered_batch, routed, shared
+from support import (
+    CHATML,
+    QUICKSTART,
+    assert_same_samples,
+    chat,
+    growth,
+    learned,
+    rendered_batch,
+    routed,
+    shared,
+    template_file,
+)
 
 import packtool.minijinja_engine
 import packtool.render.accelerators
@@ -43,10 +54,6 @@ def quickstart():
     folder = QUICKSTART / "tokenizer"
     tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
     return tokenizer, load_template("model", tokenizer.config)
-
-
-def chat(*turns: tuple[str, str], **kwargs) -> Example:
-    return Example("ex:0", "src", "hash", messages=tuple(Message(r, c) for r, c in turns), **kwargs)
 
 
 def encode_one(example, tokenizer, template, policy=TrainPolicy(), special="escape"):
@@ -453,170 +460,6 @@ def test_literals_outside_content_are_counted_under_every_policy(tmp_path, write
     assert accounting["kept"] == (1 if policy == "reject" else 3)
 
 
-# --- template limits: counted, so the same samples are rejected everywhere ----------------------
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Each runs away only on conversations longer than the one-message probe, so the template loads and
-# the sample is rejected; the same text unguarded runs away on the probe and fails the setup.
-RUNAWAY = {
-    "nested_range_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-    "nested_string_loops": "{% for i in 'x' * 100000 %}{% for j in 'x' * 100000 %}{% endfor %}{% endfor %}",
-    "lipsum": "{{ lipsum(n=200000) }}",
-    "power_tower": "{{ 3 ** (3 ** 20) }}",
-    "string_times_big": "{{ 'a' * 10 ** 9 }}",
-    "macro_recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
-    "doubling_concat": (
-        "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
-    ),
-    "wide_center": "{{ 'a' | center(10 ** 9) }}",
-    "multiplying_replace": "{{ ('a' * 100000) | replace('a', 'b' * 100000) }}",
-    # filters whose time grows faster than their output: charged as operations
-    "urlize_long_text": "{{ ('a b ' * 1000000) | urlize }}",
-    "wordwrap_long_word": "{{ ('a' * 200000) | wordwrap(1) }}",  # each cut copies the rest: n*n/2
-    "wordwrap_many_words": "{{ ('a ' * 2000000) | wordwrap(1) }}",
-    "pprint_long_list": "{{ ('a' * 4000000) | list | pprint }}",
-    "unique_long_string": "{{ ('a' * 8000000) | unique | list | length }}",
-    # results sized before they are built: widths, precisions, prefixes, tabs
-    "indent_wide": "{{ ('a\\n' * 4000000) | indent(1000) }}",
-    "expandtabs_wide": "{{ ('\\t' * 4000000).expandtabs(1000) }}",
-    "format_width": "{{ '{:>999999999}'.format(1) }}",
-    "format_precision": "{{ '{:.999999999f}'.format(1.0) }}",
-    "format_map_width": "{{ '{a:>999999999}'.format_map({'a': 1}) }}",
-    "format_repeated_field": "{{ ('{0}' * 1000).format('a' * 8000000) }}",
-    "percent_width": "{{ '%999999999d' % 1 }}",
-    "percent_keyed_width": "{{ '%(a)999999999d' % {'a': 1} }}",
-    "percent_precision": "{{ '%.999999999f' % 1.0 }}",
-    "format_filter_width": "{{ '%999999999s' | format('a') }}",
-    "translate_multiplying": "{{ ('a' * 4000000).translate({97: 'b' * 1000}) }}",
-    "integer_squaring": (
-        "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x > 0 }}"
-    ),
-    # a list or dict nested in itself: a few operations that print as 2**n copies
-    "list_doubling_printed": (
-        "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x }}"
-    ),
-    "list_doubling_pprint": (
-        "{% set ns = namespace(x=[1]) %}{% for i in range(18) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
-        "{{ ns.x | pprint }}"
-    ),
-    "dict_doubling_tojson": (
-        "{% set ns = namespace(x={}) %}{% for i in range(40) %}{% set ns.x = {'a': ns.x, 'b': ns.x} %}{% endfor %}"
-        "{{ ns.x | tojson }}"
-    ),
-    "call_doubling": (
-        "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = dict(a=ns.x, b=ns.x) %}{% endfor %}"
-        "{{ ns.x | string }}"
-    ),
-}
-
-
-def _template_file(tmp_path, text: str, name: str = "t.jinja"):
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return str(path)
-
-
-@pytest.mark.timeout(20)  # a regression must fail, not hang: each case takes well under a second
-@pytest.mark.parametrize("case", sorted(RUNAWAY))
-def test_a_runaway_template_rejects_the_sample_with_a_reason(case, tmp_path):
-    guarded = "{% if messages | length > 1 %}" + RUNAWAY[case] + "{% endif %}" + CHATML
-    template = load_template(_template_file(tmp_path, guarded), {})
-    example = chat(("user", "hi"), ("assistant", "hello"))
-    for _ in range(2):  # the same verdict every time: limits are counts, not clock time
-        with pytest.raises(RecordError) as caught:
-            render_chat(example, template, TrainPolicy(), routed(template))
-        assert caught.value.kind == "template_limit"
-        assert caught.value.reason.startswith("template 't.jinja' stopped at a limit: ")
-    # a conversation the runaway branch does not touch still renders
-    assert render_chat(chat(("assistant", "alone")), template, TrainPolicy(), routed(template)).text.endswith(
-        "alone<|im_end|>\n"
-    )
-
-
-@pytest.mark.timeout(20)
-@pytest.mark.parametrize("case", sorted(RUNAWAY))
-def test_a_runaway_template_on_the_probe_fails_the_setup_in_one_line(case, tmp_path):
-    with pytest.raises(PacktoolError, match="exceeds a template limit on a one-message conversation") as caught:
-        load_template(_template_file(tmp_path, RUNAWAY[case] + CHATML), {})
-    assert "\n" not in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    "tag",
-    [
-        "{% include 'other.jinja' %}",
-        "{% import 'm.jinja' as m %}",
-        "{% from 'm.jinja' import f %}",
-        "{% extends 'base.jinja' %}",
-    ],
-)
-def test_templates_that_pull_in_other_files_are_refused_in_one_line(tag, tmp_path):
-    with pytest.raises(PacktoolError, match=r"line 2: \{% .* %\} is not supported") as caught:
-        load_template(_template_file(tmp_path, "{# header #}\n" + tag + CHATML), {})
-    assert "\n" not in str(caught.value)
-
-
-def test_a_python_error_inside_the_template_is_a_per_sample_template_error(tmp_path):
-    template = load_template(
-        _template_file(tmp_path, "{% if messages | length > 1 %}{{ 1 / 0 }}{% endif %}" + CHATML), {}
-    )
-    with pytest.raises(RecordError, match="ZeroDivisionError") as caught:
-        render_chat(chat(("user", "hi"), ("assistant", "hello")), template, TrainPolicy(), routed(template))
-    assert caught.value.kind == "template_error"
-
-
-def test_the_cli_answers_a_hostile_template_in_one_line(tmp_path, write_config, write_jsonl):
-    from click.testing import CliRunner
-
-    from packtool.cli import main
-
-    write_jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
-    (tmp_path / "t.jinja").write_text("{% include 'x' %}" + CHATML, encoding="utf-8")
-    config = write_config(
-        {
-            "sources": [{"name": "s", "path": "data.jsonl", "format": "messages"}],
-            "tokenizer": str(QUICKSTART / "tokenizer"),
-            "template": "t.jinja",
-            "capacity": 128,
-            "output": "out",
-        }
-    )
-    result = CliRunner().invoke(main, ["build", str(config), "-q"])
-    assert result.exit_code == 1
-    assert "Traceback" not in result.output and "{% include %} is not supported" in result.output
-
-
-@pytest.mark.timeout(60)
-def test_a_template_past_a_limit_fails_the_build_in_one_line_naming_template_limit_and_record(
-    tmp_path, write_config, write_jsonl
-):
-    from click.testing import CliRunner
-
-    from packtool.cli import main
-
-    write_jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
-    runaway = "{% if messages | length > 1 %}{{ '{:>999999999}'.format(1) }}{% endif %}"
-    (tmp_path / "t.jinja").write_text(runaway + CHATML, encoding="utf-8")
-    config = write_config(
-        {
-            "sources": [{"name": "s", "path": "data.jsonl", "format": "messages"}],
-            "tokenizer": str(QUICKSTART / "tokenizer"),
-            "template": "t.jinja",
-            "capacity": 128,
-            "output": "out",
-            "workers": 1,
-        }
-    )
-    result = CliRunner().invoke(main, ["build", str(config), "-q"])
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    (line,) = result.output.strip().splitlines()
-    assert line.startswith("Error: data.jsonl:1") and "template 't.jinja' stopped at a limit" in line, line
-    assert "a str.format result of 1,000,000,013 items exceeds the 8,388,608" in line, line
-
-
 # --- content the template drops is caught --------------------------------------------------------
 
 TOOL_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}}
@@ -670,7 +513,7 @@ CALLS = {
 )
 def test_tools_the_template_drops_reject_the_sample(tmp_path, definitions, calls, dropped):
     source = (DEFINITIONS if definitions else "") + TURNS.replace("CALLS", CALLS[calls])
-    template = load_template(_template_file(tmp_path, source), {})
+    template = load_template(template_file(tmp_path, source), {})
     if dropped is None:
         assert "get_weather" in render_chat(_tool_example(), template, TrainPolicy(), routed(template)).text
         return
@@ -836,7 +679,7 @@ def test_a_template_that_branches_on_content_is_caught_with_one_render(how, tmp_
         "{{ message.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    template = load_template(_template_file(tmp_path, source), {})
+    template = load_template(template_file(tmp_path, source), {})
     example = chat(("user", "Hi"), ("assistant", "Hello"))
     # the marked render, sentinels cut out, differs from the plain render a serving stack sees
     plain = template.render([m.as_template_dict() for m in example.messages], None)
@@ -920,7 +763,7 @@ def test_no_reading_of_a_content_goes_unnoticed(reading, tmp_path):
         "{% if message.role == 'assistant' and (" + condition + ") %}NOTE: {% endif %}"
         "{{ message.content }}<|im_end|>\n{% endfor %}"
     )
-    template = load_template(_template_file(tmp_path, source), {})
+    template = load_template(template_file(tmp_path, source), {})
     example = chat(("user", "Hi"), ("assistant", "Hello"))
     plain = template.render([m.as_template_dict() for m in example.messages], None)
     marked, spent = template.render_tracked(
@@ -980,7 +823,7 @@ def test_content_captured_by_a_block_or_macro_stays_tracked(capture, tmp_path):
         + "{% if message.role == 'assistant' and c | length > 5 %}NOTE: {% endif %}"
         "{{ message.content }}<|im_end|>\n{% endfor %}"
     )
-    template = load_template(_template_file(tmp_path, source), {})
+    template = load_template(template_file(tmp_path, source), {})
     with pytest.raises(RecordError) as caught:
         render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
     assert caught.value.kind == "mask_check"
@@ -1054,7 +897,7 @@ def test_a_template_branching_on_words_never_lends_its_render_to_another_convers
         "{{ message.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    template = load_template(_template_file(tmp_path, source), {})
+    template = load_template(template_file(tmp_path, source), {})
     plain = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
     assert "NOTE" not in plain.text
     assert learned(template).skeletons == {}
@@ -1074,7 +917,7 @@ REPEATING = (
 def test_a_conversation_whose_render_could_pass_a_size_limit_is_rendered(tmp_path):
     """The template copies each content 1000 times without looking at it: a short conversation makes
     the shape's skeleton, and a long one of that shape still meets the limit a render would hit."""
-    template = load_template(_template_file(tmp_path, REPEATING), {})
+    template = load_template(template_file(tmp_path, REPEATING), {})
     short = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
     assert short.text.endswith("Hello<|im_end|>\n") and len(learned(template).skeletons) == 1
     medium = chat(("user", "Hi"), ("assistant", "x" * 300))  # 300 K characters built: below the limit
@@ -1538,7 +1381,7 @@ def test_a_conversation_of_thousands_of_turns_is_masked_in_linear_time():
             routed(template),
         )
 
-    assert growth(render, 2_500, factor=4) < 8  # linear is 4, quadratic 16
+    assert growth(render, 1_250) < 24  # linear is 8, quadratic 64
     rendered = render(10_000)
     assert len(rendered.target_ranges) == 5_000
     start, end, index = rendered.target_ranges[-1]
@@ -1553,7 +1396,7 @@ def test_thousands_of_tools_are_checked_in_linear_time(tmp_path):
         "{% for t in tools or [] %}{% if t.function.name != 'never_printed' %}{{ t | tojson }}\n{% endif %}"
         "{% endfor %}" + CHATML
     )
-    template = load_template(_template_file(tmp_path, printing_tools), {})
+    template = load_template(template_file(tmp_path, printing_tools), {})
 
     def tools_of(n: int) -> tuple[dict, ...]:
         return tuple(
@@ -1566,7 +1409,7 @@ def test_thousands_of_tools_are_checked_in_linear_time(tmp_path):
             chat(("user", "hi"), ("assistant", "ok"), tools=tools_of(n)), template, TrainPolicy(), routed(template)
         )
 
-    assert growth(render, 5_000, factor=4) < 8  # linear is 4, quadratic 16
+    assert growth(render, 2_500) < 24  # linear is 8, quadratic 64
     tools = tools_of(20_000)
     rendered = render(20_000)
     assert "tool_19999" in rendered.text and "arg_19999" in rendered.text

@@ -41,6 +41,29 @@ def growth(run: Callable[[int], object], size: int, factor: int = 8, repeats: in
     return min(times[size * factor]) / min(times[size])
 
 
+def model_tokenizer(model: str, config_path=None):
+    """The tokenizer of a model in ../shared/data/tokenizers (skipped when absent), with its tokenizer_config.json
+    or `config_path`."""
+    from packtool.config import TokenizerConfig
+    from packtool.encode import load_tokenizer
+
+    folder = shared("tokenizers", model)
+    return load_tokenizer(
+        TokenizerConfig(str(folder / "tokenizer.json"), str(config_path or folder / "tokenizer_config.json"))
+    )
+
+
+def quickstart_model():
+    """(tokenizer, its template) of the bundled quickstart model: every test can run it."""
+    from packtool.chat_templates import load_template
+    from packtool.config import TokenizerConfig
+    from packtool.encode import load_tokenizer
+
+    folder = QUICKSTART / "tokenizer"
+    tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
+    return tokenizer, load_template("model", tokenizer.config)
+
+
 def chat(*turns: tuple[str, str], **kwargs) -> Example:
     """An Example of these (role, content) turns; `kwargs` set its other fields (tools=...)."""
     from packtool.records import Example, Message

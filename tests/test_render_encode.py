@@ -16,6 +16,8 @@ from support import (
     chat,
     growth,
     learned,
+    model_tokenizer,
+    quickstart_model,
     rendered_batch,
     routed,
     shared,
@@ -31,27 +33,18 @@ from packtool.config import (
     SourceConfig,
     TokenizerConfig,
     TrainPolicy,
-    parse_config,
 )
 from packtool.encode import EncodingEdges, OffsetTable, encode_batch, has_special_literal, load_tokenizer
-from packtool.errors import ConfigError, PacktoolError, RecordError
+from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import render_chat, render_text
-from packtool.render.accelerators import RENDER_ENV, accelerators_for
-from packtool.render.marks import _MARKERS, _check_data_strings, _holds_marker
+from packtool.render.marks import _check_data_strings
 from packtool.render.routes import _render_chat
-from packtool.render.targets import _end_of_turn, _printed_at
 from packtool.sources import read_source
 
 
 def qwen():
     folder = shared("tokenizers", "qwen2.5")
-    tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
-    return tokenizer, load_template("model", tokenizer.config)
-
-
-def quickstart():
-    folder = QUICKSTART / "tokenizer"
     tokenizer = load_tokenizer(TokenizerConfig(str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")))
     return tokenizer, load_template("model", tokenizer.config)
 
@@ -218,7 +211,7 @@ def test_no_doubled_bos_when_template_prints_it():
 
 
 def test_plain_text_every_token_is_a_target_and_eos_ends_it():
-    tokenizer, _ = quickstart()
+    tokenizer, _ = quickstart_model()
     example = Example("doc:0", "docs", "h", text="Packing keeps the task. Ünïcödé ✓ 日本語")
     rendered = render_text(example, {"eos_token": "<|im_end|>"}, add_bos=False, add_eos=True)
     (sample,) = encode_batch([(rendered, "escape")], tokenizer)
@@ -228,7 +221,7 @@ def test_plain_text_every_token_is_a_target_and_eos_ends_it():
 
 
 def test_quickstart_tokenizer_and_template_mask():
-    tokenizer, template = quickstart()
+    tokenizer, template = quickstart_model()
     sample = encode_one(chat(("user", "Hej då 👋"), ("assistant", "Hejdå! 😊")), tokenizer, template)
     assert target_text(tokenizer, sample) == "Hejdå! 😊<|im_end|>"
 
@@ -243,7 +236,7 @@ def _write_template(source: str):
 
 
 def test_empty_assistant_turn_is_a_bad_record_not_a_lone_end_marker():
-    _, template = quickstart()
+    _, template = quickstart_model()
     with pytest.raises(RecordError, match="message 1 \\(assistant\\) is empty") as info:
         render_chat(chat(("user", "Say nothing"), ("assistant", "  ")), template, TrainPolicy(), routed(template))
     assert info.value.kind == "bad_record"
@@ -268,7 +261,7 @@ def test_an_empty_user_turn_trained_as_a_target_is_a_bad_record_naming_it(conten
 
 
 def test_add_eos_closes_a_chat_and_is_trained_only_after_a_trained_turn():
-    tokenizer, template = quickstart()
+    tokenizer, template = quickstart_model()
     eos = tokenizer.eos_id
     answered = render_chat(chat(("user", "Hi"), ("assistant", "Hello")), template, TrainPolicy(), routed(template))
     unanswered = render_chat(
@@ -288,7 +281,7 @@ def test_a_batch_labels_each_sample_as_it_would_alone(add_bos, add_eos):
     """Labels, roles and message indices are painted on the batch's concatenated tokens: a sample's
     runs and its role table must not reach into a neighbour's (different lengths, message counts
     and roles; a document, an escaped literal and a failed mask check in between)."""
-    tokenizer, template = quickstart()
+    tokenizer, template = quickstart_model()
     document = render_text(
         Example("doc:0", "docs", "h", text="Plain words ✓"), {"eos_token": "<|im_end|>"}, add_bos=False, add_eos=True
     )
@@ -398,38 +391,6 @@ def test_injected_control_tokens_outside_content_are_rejected_under_reject(where
     result = encode_one(_injected_tool_example(where, INJECTED), tokenizer, template, special="reject")
     assert isinstance(result, RecordError) and result.kind == "special_token_literal"
     assert ("tool_calls[0]" if where == "arguments" else "tools[0]") in result.reason
-
-
-def test_every_string_a_record_brings_is_searched():
-    from packtool.render import data_strings
-
-    example = Example(
-        "ex:all",
-        "src",
-        "h",
-        messages=(
-            Message("system", "sys"),
-            Message("user", "u", name="nm"),
-            Message(
-                "assistant",
-                "a",
-                reasoning_content="think",
-                tool_calls=({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"k": ["v"]}}},),
-            ),
-            Message("tool", "r", tool_call_id="c1"),
-        ),
-        tools=(
-            {
-                "type": "function",
-                "function": {"name": "f", "description": "d", "parameters": {"properties": {"k": {}}}},
-            },
-        ),
-    )
-    found = dict(data_strings(example))
-    for value in ("sys", "u", "nm", "think", "c1", "f", "k", "v", "d", "r"):
-        assert value in found.values(), value
-    assert found["messages[2].tool_calls[0].function.arguments.k[0]"] == "v"
-    assert found["tools[0].function.parameters.properties key"] == "k"
 
 
 @pytest.mark.parametrize("policy", ["escape", "keep", "reject"])
@@ -581,13 +542,6 @@ def test_dropped_tools_are_counted_per_source(tmp_path, write_config, write_json
 # --- text documents start as tokenizer(text) does ---------------------------------------------
 
 
-def _native(model: str, config_path=None):
-    folder = shared("tokenizers", model)
-    return load_tokenizer(
-        TokenizerConfig(str(folder / "tokenizer.json"), str(config_path or folder / "tokenizer_config.json"))
-    )
-
-
 @pytest.mark.parametrize(
     ("model", "bos"), [("llama-3.2", True), ("gemma-3", True), ("qwen2.5", False), ("phi-3-mini", False)]
 )
@@ -595,7 +549,7 @@ def _native(model: str, config_path=None):
 def test_text_documents_start_with_the_bos_the_tokenizer_adds(model, bos, add_bos):
     from packtool.render import render_example
 
-    tokenizer = _native(model)
+    tokenizer = model_tokenizer(model)
     document = Example("doc:0", "src", "h", text="The quick brown fox.")
     rendered = render_example(document, None, tokenizer.config, TrainPolicy(), add_bos=add_bos, add_eos=None)
     (sample,) = encode_batch([(rendered, "escape")], tokenizer, add_bos=bool(add_bos))
@@ -606,37 +560,6 @@ def test_text_documents_start_with_the_bos_the_tokenizer_adds(model, bos, add_bo
         expected = [tokenizer.bos_id, *expected]
     expected = [i for i in expected if i != tokenizer.eos_id]  # some post-processors append EOS; we add our own
     assert sample.input_ids.tolist() == [*expected, tokenizer.eos_id]
-
-
-# --- what a template injects into every sample -------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("model", "injected"),
-    [
-        ("qwen2.5", ["You are Qwen, created by Alibaba Cloud. You are a helpful assistant."]),
-        ("qwen3", []),
-        ("llama-3.2", ["Cutting Knowledge Date: December 2023", "Today Date: 26 Jul 2024"]),
-        ("mistral-nemo", []),
-        ("gemma-3", []),
-        ("phi-3-mini", []),
-    ],
-)
-def test_template_injections_of_the_model_templates(model, injected):
-    from packtool.render import template_injections
-
-    tokenizer = _native(model)
-    template = load_template("model", tokenizer.config, {"date_string": "26 Jul 2024"})
-    assert template_injections(template, tokenizer) == injected
-
-
-def test_bundled_templates_inject_nothing():
-    from packtool.chat_templates import bundled_templates
-    from packtool.render import template_injections
-
-    tokenizer, _ = quickstart()
-    for name in bundled_templates():
-        assert template_injections(load_template(name, tokenizer.config), tokenizer) == [], name
 
 
 # --- one render, and the proof that the plain render would give the same text --------------------
@@ -1338,23 +1261,8 @@ def test_a_tool_conversation_of_a_known_shape_renders_nothing(monkeypatch):
         assert json.dumps(example.tools[0], ensure_ascii=False) in rendered.text
 
 
-def test_the_manifest_lists_what_the_template_injects(tmp_path, write_config, write_jsonl):
-    from packtool.builder import build
-    from packtool.config import load_config
-
-    write_jsonl([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}])
-    source = {"name": "s", "path": "data.jsonl", "format": "messages"}
-    config = load_config(
-        write_config(
-            {"sources": [source], "tokenizer": str(shared("tokenizers", "qwen2.5")), "capacity": 256, "output": "out"}
-        )
-    )
-    injects = build(config).manifest["template"]["injects"]
-    assert injects == ["You are Qwen, created by Alibaba Cloud. You are a helpful assistant."]
-
-
 def test_a_text_prompt_is_context_and_the_completion_with_eos_is_trained():
-    tokenizer, _ = quickstart()
+    tokenizer, _ = quickstart_model()
     example = Example("pc:0", "pc", "h", text="The sky is blue.", context_chars=len("The sky is"))
     rendered = render_text(example, {"eos_token": "<|im_end|>"}, add_bos=False, add_eos=True)
     (sample,) = encode_batch([(rendered, "escape")], tokenizer)
@@ -1668,38 +1576,6 @@ def test_a_literal_is_looked_for_as_the_regex_finds_it(literals, text, data):
     assert spells_literal(pattern, text) == (pattern.search(text) is not None)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    text=st.text(st.sampled_from(list("<|>ab")), max_size=40),
-    markers=st.lists(st.text(st.sampled_from(list("<|>ab")), min_size=1, max_size=3), min_size=1, max_size=4),
-    data=st.data(),
-)
-def test_the_end_of_a_turn_is_the_first_marker_outside_data(text, markers, data):
-    """_end_of_turn searches for all markers at once; it answers what looking for every marker over the
-    whole range does: the earliest start outside the skipped ranges (ties: the smaller marker)."""
-    start = data.draw(st.integers(0, len(text)))
-    limit = data.draw(st.integers(start, len(text)))
-    skip = tuple(
-        (a, a + data.draw(st.integers(0, 5))) for a in data.draw(st.lists(st.integers(0, len(text)), max_size=3))
-    )
-    found = [
-        (at, marker)
-        for marker in markers
-        for at in range(start, limit - len(marker) + 1)
-        if text.startswith(marker, at) and not any(a <= at < b for a, b in skip)
-    ]
-    first = min(found, default=None)
-    for include in (False, True):
-        expected = None if first is None else first[0] + (len(first[1]) if include else 0)
-        assert _end_of_turn(text, start, limit, tuple(markers), include=include, skip=skip) == expected
-
-
-def test_markers_starting_at_the_same_place_end_the_turn_the_same_way_whichever_is_listed_first():
-    for markers in (("ab", "a"), ("a", "ab")):
-        assert _end_of_turn("xxab", 0, 4, markers, include=True) == 3
-    assert _end_of_turn("xxab", 0, 4, ("b", "ab"), include=False, skip=((2, 3),)) == 3
-
-
 def test_a_content_of_a_known_shape_is_still_searched_for_literals_and_markers():
     """The recipe path skips the render, not the record's checks: a special-token literal typed into
     a content of a shape whose recipe is known is named and escaped, a marker character rejected."""
@@ -1782,64 +1658,3 @@ def test_every_string_of_a_tool_record_is_searched_for_literals_and_markers(fiel
         messages=(halves.messages[0], replace(halves.messages[1], reasoning_content="end|> x"), *halves.messages[2:]),
     )
     assert _check_data_strings(halves, template.literals, contents_only=False)[0] == ()
-
-
-_PRINTABLE_VALUES = st.one_of(
-    st.text(alphabet=st.sampled_from('ab"\\é\n{} '), max_size=6), st.integers(-99, 99), st.booleans(), st.none()
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    value=_PRINTABLE_VALUES,
-    noise=st.text(alphabet=st.sampled_from('ab"\\é\n{}: '), max_size=30),
-    hint=st.integers(0, 40),
-)
-def test_a_printed_value_is_found_exactly_when_one_of_its_forms_is_in_the_text(value, noise, hint):
-    """_printed_at tries the value as it is first and alone: the verdict (printed or not) is still whether any
-    form a template may print (raw, JSON with or without escapes, Python) is in the text."""
-    forms = {str(value), json.dumps(value), json.dumps(value, ensure_ascii=False)}
-    if isinstance(value, str):
-        forms |= {form[1:-1] for form in forms if form.startswith('"')} | {repr(value)[1:-1]}
-    for text in (noise, noise + json.dumps(value) + noise, noise[:3] + str(value)):
-        at = _printed_at(value, text, hint)
-        assert (at >= 0) == any(form in text for form in forms)
-        assert at < 0 or any(text.startswith(form, at) for form in forms)
-
-
-@settings(max_examples=500, deadline=None)
-@given(
-    text=st.text(
-        alphabet=st.one_of(
-            st.sampled_from("a\u00e9\u4e2d\U0001f600\U000fffff\U00100000\U0010fffd\U0010ffff"),
-            st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),  # lone surrogates, as JSON input may hold
-            st.characters(),
-        ),
-        max_size=40,
-    )
-)
-def test_a_marker_is_found_by_its_utf8_lead_byte_exactly_where_the_pattern_finds_one(text):
-    assert _holds_marker(text) == (_MARKERS.search(text) is not None)
-
-
-def test_render_reference_in_the_config_or_the_environment_turns_every_accelerator_off(monkeypatch):
-    """`render: reference` (a run setting: the bytes are the same) and PACKTOOL_RENDER=reference give
-    Accelerators that send each conversation through the reference, counted as such; the default
-    learns a skeleton and its recipe and counts the routes it took."""
-    raw = {"sources": [{"name": "chat", "path": str(QUICKSTART / "chat.jsonl"), "format": "messages"}]}
-    raw |= {"tokenizer": str(QUICKSTART / "tokenizer"), "capacity": 1024, "output": "out"}
-    assert parse_config(raw, base_dir=QUICKSTART).run.render == "accelerated"
-    assert parse_config({**raw, "render": "reference"}, base_dir=QUICKSTART).run.render == "reference"
-    with pytest.raises(ConfigError, match="render"):
-        parse_config({**raw, "render": "fast"}, base_dir=QUICKSTART)
-    _, template = quickstart()
-    conversations = [chat(("user", f"Hi {n}"), ("assistant", f"Hello {n}")) for n in range(3)]
-    reference = [render_chat(example, template, TrainPolicy()) for example in conversations]
-    monkeypatch.setenv(RENDER_ENV, "reference")
-    off = [accelerators_for("accelerated"), accelerators_for("reference")]
-    monkeypatch.delenv(RENDER_ENV)
-    off.append(accelerators_for("reference"))
-    for accelerators in [*off, accelerators_for("accelerated")]:
-        assert [render_chat(e, template, TrainPolicy(), accelerators) for e in conversations] == reference
-    assert all(not a.on and a.routes == {"reference": 3} for a in off)
-    assert accelerators.routes == {"jinja2": 1, "recipe": 2}

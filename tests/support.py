@@ -6,7 +6,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -64,12 +64,78 @@ def quickstart_model():
     return tokenizer, load_template("model", tokenizer.config)
 
 
+def qwen_model():
+    """(tokenizer, its template) of Qwen2.5 from ../shared/data (skipped when absent)."""
+    from packtool.chat_templates import load_template
+
+    tokenizer = model_tokenizer("qwen2.5")
+    return tokenizer, load_template("model", tokenizer.config)
+
+
+# The real models' templates the render routes are held to.
+PARITY_MODELS = ("qwen2.5", "qwen3", "llama-3.2", "mistral-nemo", "gemma-3", "phi-3-mini")
+_TEMPLATES: dict[str, Any] = {}
+
+
+def model_template(folder: str):
+    """The chat template of the tokenizer in `folder`, loaded once per test session."""
+    from packtool.chat_templates import load_template
+    from packtool.config import TokenizerConfig
+    from packtool.encode import load_tokenizer
+
+    if folder not in _TEMPLATES:
+        tokenizer = load_tokenizer(TokenizerConfig(f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"))
+        _TEMPLATES[folder] = load_template("model", tokenizer.config)
+    return _TEMPLATES[folder]
+
+
+def count_renders(template, monkeypatch) -> list[int]:
+    """[renders of the template]: jinja2's, and minijinja's single ones (a plain render it takes over)."""
+    import packtool.minijinja_engine
+
+    calls = [0]
+    render = template.compiled.render
+    mini = packtool.minijinja_engine.MiniTemplate.render
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return render(*args, **kwargs)
+
+    def counting_mini(*args, **kwargs):
+        calls[0] += 1
+        return mini(*args, **kwargs)
+
+    monkeypatch.setattr(template.compiled, "render", counting)
+    monkeypatch.setattr(packtool.minijinja_engine.MiniTemplate, "render", counting_mini)
+    return calls
+
+
+def encode_one(example, tokenizer, template, policy=None, special="escape"):
+    """The Tokenized (or RecordError) of one example rendered under `policy` (TrainPolicy() when None)."""
+    from packtool.config import TrainPolicy
+    from packtool.encode import encode_batch
+    from packtool.render import render_chat
+
+    rendered = render_chat(example, template, policy or TrainPolicy(), routed(template))
+    (result,) = encode_batch([(rendered, special)], tokenizer)
+    return result
+
+
 def chat(*turns: tuple[str, str], **kwargs) -> Example:
     """An Example of these (role, content) turns; `kwargs` set its other fields (tools=...)."""
     from packtool.records import Example, Message
 
     return Example("ex:0", "src", "hash", messages=tuple(Message(r, c) for r, c in turns), **kwargs)
 
+
+# A conversation of five turns: a system prompt, two answers, one ending in a code block and a newline.
+CONVERSATION = chat(
+    ("system", "You are terse."),
+    ("user", "Name a prime."),
+    ("assistant", "7"),
+    ("user", "Another, with a newline at the end please."),
+    ("assistant", "11, and here is some code:\n```python\nprint(11)\n```\n"),
+)
 
 # A ChatML template of plain jinja: a limit or a refusal under test is put in front of it.
 CHATML = (

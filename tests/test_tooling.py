@@ -73,3 +73,24 @@ def test_every_package_of_the_tree_ships():
         if not any(part.is_symlink() for part in init.parents)  # templates/, configs/: data, listed by name
     }
     assert found - listed == set()
+
+
+def test_every_test_file_cited_exists():
+    """docs/architecture.md's where-to-change table, the docs and the modules name the tests that hold them: a test
+    file moved or renamed takes its citations along."""
+    missing = []
+    roots = ["packtool", "examples", "bench", "docs"]
+    files = [REPO / "README.md", *(p for root in roots for p in (REPO / root).rglob("*") if p.suffix in {".py", ".md"})]
+    for path in files:
+        for cited in set(re.findall(r"\btests/[\w/]+\.py\b", path.read_text(encoding="utf-8"))):
+            if not (REPO / cited).is_file():
+                missing.append(f"{path.relative_to(REPO)} cites {cited}")
+    assert missing == []
+
+
+def test_the_tests_are_laid_out_like_the_package():
+    """A folder of tests holds the tests of the package's wing of that name (tests/render/ those of
+    packtool/render/), so a module's tests are found where the module is."""
+    wings = {init.parent.name for init in (REPO / "packtool").glob("*/__init__.py")}
+    folders = {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    assert folders - wings == set()

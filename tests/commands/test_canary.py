@@ -4,6 +4,7 @@ and generated turns that end where the template ends them (or one line naming wh
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -33,23 +34,13 @@ def _canary(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-@pytest.fixture(scope="module")
-def untrained_end(tmp_path_factory) -> str:
-    """A build whose chat source never trains its end-of-turn marker (train.end_of_turn: false)."""
+def _build(folder, train: dict) -> str:
     import yaml
 
-    folder = tmp_path_factory.mktemp("canary")
     (folder / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHATS), encoding="utf-8")
+    source = {"name": "chat", "path": "chat.jsonl", "format": "messages", "fields": {"id": "id"}, "train": train}
     config = {
-        "sources": [
-            {
-                "name": "chat",
-                "path": "chat.jsonl",
-                "format": "messages",
-                "fields": {"id": "id"},
-                "train": {"end_of_turn": False},
-            }
-        ],
+        "sources": [source],
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "template": "model",
         "capacity": 128,
@@ -61,18 +52,46 @@ def untrained_end(tmp_path_factory) -> str:
     return str(folder / "out")
 
 
-def test_the_quickstart_canaries_overfit_and_every_turn_ends(quickstart_build):
-    """The done-when case: every kind found, printed as inspect prints it, the loss falls, exit 0."""
+@pytest.fixture(scope="module")
+def small_build(tmp_path_factory) -> str:
+    """Two short ChatML conversations (one of them Unicode), their end-of-turn marker trained."""
+    return _build(tmp_path_factory.mktemp("canary"), {})
+
+
+@pytest.fixture(scope="module")
+def untrained_end(tmp_path_factory) -> str:
+    """The same conversations from a source that never trains its end-of-turn marker (train.end_of_turn: false)."""
+    return _build(tmp_path_factory.mktemp("canary"), {"end_of_turn": False})
+
+
+def test_the_quickstart_canary_set_holds_every_kind_and_is_the_same_every_time(quickstart_build):
     chosen = select_canaries(quickstart_build)
-    assert {c.kind for c in chosen.canaries} == set(KINDS)
-    assert select_canaries(quickstart_build) == chosen  # the same canaries every time
+    assert [c.kind for c in chosen.canaries] == list(KINDS)
+    assert set(chosen.missing) == {"preference_pair", "completion_group"}  # a plain build: named, not failed
+    assert select_canaries(quickstart_build) == chosen
+    packed = chosen.canaries[-1]
+    assert packed.documents is None and len(packed.sample_ids) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PACKTOOL_SLOW") != "1", reason="slow (~15 s of CPU): PACKTOOL_SLOW=1 runs it")
+def test_the_quickstart_canaries_overfit_and_every_turn_ends(quickstart_build):
+    """The done-when case of issue 39 on the whole quickstart set; the small build below covers the same path
+    in the default run."""
     code, output = _canary(str(quickstart_build), "--model", "llama")
     assert code == 0, output
     for kind in KINDS:
         assert f"== {kind}: " in output
-    assert "label" in output and "<|im_end|>" in output  # the token table of inspect
+    assert "fed model_inputs" in output and "generation ok: code canary" in output
+
+
+def test_a_small_build_overfits_and_every_turn_ends(small_build):
+    code, output = _canary(small_build, "--model", "llama", "--steps", "30")
+    assert code == 0, output
+    assert "== unicode: grüße" in output and "missing: short_text: " in output
+    assert "label" in output and "<|im_end|>" in output and "*" in output  # inspect's token table
     assert "fed model_inputs" in output and "loss by step: 1: 8." in output
-    assert "generation ok: code canary" in output
+    assert "generation ok: unicode canary grüße: " in output and "ends with '<|im_end|>'" in output
     assert output.rstrip().endswith("every generated turn ends where the template ends it")
 
 

@@ -29,9 +29,10 @@ CHATS = [
 
 
 def _canary(*args: str) -> tuple[int, str]:
+    """Exit code and stdout (transformers draws its loading bar on stderr)."""
     result = CliRunner().invoke(main, ["canary", *args])
     assert "Traceback" not in result.output, result.output
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout
 
 
 def _build(folder, train: dict) -> str:
@@ -86,7 +87,7 @@ def test_the_quickstart_canaries_overfit_and_every_turn_ends(quickstart_build):
 
 
 def test_a_small_build_overfits_and_every_turn_ends(small_build):
-    code, output = _canary(small_build, "--model", "llama", "--steps", "30")
+    code, output = _canary(small_build, "--model", "llama", "--steps", "40")
     assert code == 0, output
     assert "== unicode: grüße" in output and "missing: short_text: " in output
     assert "label" in output and "<|im_end|>" in output and "*" in output  # inspect's token table
@@ -127,6 +128,27 @@ def test_an_eos_that_misses_the_end_of_turn_token_is_named(untrained_end, tmp_pa
     assert "end-of-turn token '<|im_end|>' (id 2)" in named[0]
 
 
+def test_real_weights_train_and_their_generation_config_decides_the_stop(small_build, tmp_path):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=4096,
+        eos_token_id=2,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "model")  # + generation_config.json, eos 2
+    code, output = _canary(small_build, "--model", str(tmp_path / "model"), "--weights", "--steps", "40", "--json")
+    report = json.loads(output)
+    assert code == 0, report["failures"]
+    assert "real weights" in report["description"] and report["eos"] == [2]
+    assert report["eos_from"] == str(tmp_path / "model" / "generation_config.json")
+    assert len(report["losses"]) == 40 and report["factor"] >= 10
+
+
 def test_a_hybrid_model_trains_one_document_per_row_with_a_notice(untrained_end):
     """Qwen3.5's Gated DeltaNet refuses packed rows on CPU: the guard says so and the overfit falls back."""
     code, output = _canary(untrained_end, "--model", "qwen3_5", "--steps", "2")
@@ -137,7 +159,10 @@ def test_a_hybrid_model_trains_one_document_per_row_with_a_notice(untrained_end)
 
 
 def test_bad_arguments_are_one_line(untrained_end):
-    code, output = _canary(untrained_end, "--model", "no-such-family", "--steps", "1")
-    assert code == 1 and output.startswith("Error: ") and len(output.strip().splitlines()) == 1
-    code, output = _canary(untrained_end, "--steps", "0")
-    assert code == 1 and "--steps 0: give 1 or more" in output
+    for args, expected in (
+        (["--model", "no-such-family"], "--probe no-such-family: not a family"),
+        (["--steps", "0"], "--steps 0: give 1 or more"),
+    ):
+        result = CliRunner().invoke(main, ["canary", untrained_end, *args])
+        assert result.exit_code == 1 and result.output.startswith("Error: "), result.output
+        assert expected in result.output and len(result.output.strip().splitlines()) == 1

@@ -69,6 +69,12 @@ def load_model(model: str, *, vocab_size: int, weights: bool = False) -> TunedMo
             except (ValueError, ImportError) as err:
                 last: Exception = err
                 continue
+            vocab = int(real.config.get_text_config().vocab_size)
+            if vocab < vocab_size:  # its embedding would be indexed past its end
+                raise ProbeError(
+                    f"{model}: vocab_size {vocab} is smaller than the build tokenizer's {vocab_size}: "
+                    "not the model this build was tokenized for"
+                )
             return TunedModel(real.float().train(), f"{type(real).__name__}, real weights ({backend}, float32)")
         raise ProbeError(f"{model}: its weights could not be loaded ({type(last).__name__}: {last})")
     config = resolve_config(model, tiny=True)

@@ -329,6 +329,7 @@ def canary(
     folder, manifest, files = locate(output)
     decoder = load_decoder(files[0], manifest, None, folder)
     packs, turns = _training_rows(chosen.canaries, special_ids(decoder))
+    header = generation_header(folder, manifest) if turns else None
     tuned = load_model(model, vocab_size=decoder.get_vocab_size(with_added_tokens=True), weights=weights)
     feed, notices = guarded_feed(tuned.model)
     losses = overfit(tuned.model, packs, feed, steps=steps)
@@ -341,7 +342,9 @@ def canary(
         )
     stated = generation_eos(model)
     eos, eos_from = stated if stated is not None else (_tokenizer_eos(manifest), "the build tokenizer's eos")
-    checks = tuple(_check_turn(turn, greedy(tuned.model, turn.prompt, len(turn.answer) + 1), decoder) for turn in turns)
+    checks = tuple(
+        _check_turn(turn, greedy(tuned.model, turn.prompt, len(turn.answer) + 1), decoder, header) for turn in turns
+    )
     failures += [line for check in checks for line in check.failures]
     failures += _eos_failures(turns, eos, eos_from, decoder)
     return CanaryReport(
@@ -359,6 +362,25 @@ def canary(
         checks,
         tuple(failures),
     )
+
+
+def generation_header(folder: Path, manifest: Manifest | None) -> str | None:
+    """What the build's template prints for add_generation_prompt (`<|im_start|>assistant\\n`), from the config
+    the manifest records; None where the config or template cannot be read, or the template prints none."""
+    from packtool.chat_templates import template_for
+    from packtool.commands.find import _SourceFiles
+    from packtool.encode import load_tokenizer
+
+    if manifest is None:
+        return None
+    config = _SourceFiles(folder, manifest, None).config
+    if config is None:
+        return None
+    try:
+        template = template_for(config, load_tokenizer(config.tokenizer).config)
+    except PacktoolError:
+        return None
+    return template.generation_header if template is not None else None
 
 
 def _tokenizer_eos(manifest: Manifest | None) -> tuple[int, ...]:
@@ -432,12 +454,19 @@ def special_ids(decoder: Any) -> frozenset[int]:
     return frozenset(i for i, token in decoder.get_added_tokens_decoder().items() if token.special)
 
 
-def _check_turn(turn: Turn, generated: list[int], decoder: Any) -> TurnCheck:
+def _check_turn(turn: Turn, generated: list[int], decoder: Any, header: str | None) -> TurnCheck:
+    """The generated tokens against the trained answer and its end; `header`: the template's generation prompt
+    (None: unknown), which the trained prompt must end with, or serving renders another prompt than training."""
     n = len(turn.answer)
     reproduced = next((i for i in range(n) if generated[i] != turn.answer[i]), n)
     piece = _piece(decoder, turn.end_of_turn) if turn.end_of_turn >= 0 else "?"
     where = f"{turn.kind} canary {turn.sample_id!r}"
     failures = []
+    if header is not None and not decoder.decode(turn.prompt.tolist(), skip_special_tokens=False).endswith(header):
+        failures.append(
+            f"{where}: the trained prompt does not end with the template's generation prompt {visible(header)!r}: "
+            "serving (add_generation_prompt) renders another prompt than the one trained"
+        )
     if reproduced < n:
         failures.append(
             f"{where}: the answer is not reproduced: token {reproduced} of {n} is "

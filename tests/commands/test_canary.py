@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from support import QUICKSTART
 
 from packtool.cli import main
-from packtool.commands.canary import KINDS, select_canaries
+from packtool.commands.canary import KINDS, Turn, _check_turn, select_canaries
 
 pytest.importorskip("transformers")  # the overfit; selection needs neither
 
@@ -39,7 +40,9 @@ def _build(folder, train: dict) -> str:
     import yaml
 
     (folder / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHATS), encoding="utf-8")
-    source = {"name": "chat", "path": "chat.jsonl", "format": "messages", "fields": {"id": "id"}, "train": train}
+    # an absolute path: the build's config folder is then not needed to read the records again (find, canary)
+    source = {"name": "chat", "path": str(folder / "chat.jsonl"), "format": "messages", "fields": {"id": "id"}}
+    source["train"] = train
     config = {
         "sources": [source],
         "tokenizer": str(QUICKSTART / "tokenizer"),
@@ -93,6 +96,7 @@ def test_a_small_build_overfits_and_every_turn_ends(small_build):
     assert "label" in output and "<|im_end|>" in output and "*" in output  # inspect's token table
     assert "fed model_inputs" in output and "loss by step: 1: 8." in output
     assert "generation ok: unicode canary grüße: " in output and "ends with '<|im_end|>'" in output
+    assert "missing: empty_field: no kept record with an empty message" in output  # its records were read
     assert output.rstrip().endswith("every generated turn ends where the template ends it")
 
 
@@ -166,3 +170,17 @@ def test_bad_arguments_are_one_line(untrained_end):
         result = CliRunner().invoke(main, ["canary", untrained_end, *args])
         assert result.exit_code == 1 and result.output.startswith("Error: "), result.output
         assert expected in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_trained_prompt_that_is_not_the_generation_prompt_is_named():
+    """Serving renders add_generation_prompt; a template that prints more there (an empty think block) than the
+    trained prompt holds would be served another prompt than it was trained on."""
+    from tokenizers import Tokenizer
+
+    decoder = Tokenizer.from_file(str(QUICKSTART / "tokenizer" / "tokenizer.json"))
+    prompt = np.asarray(decoder.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n").ids)
+    answer = tuple(decoder.encode("Hello.").ids)
+    turn = Turn("code", "s1", prompt, answer, end_of_turn=2, end_trained=True)
+    assert _check_turn(turn, [*answer, 2], decoder, "<|im_start|>assistant\n").failures == ()
+    (line,) = _check_turn(turn, [*answer, 2], decoder, "<|im_start|>assistant\n<think>\n\n</think>\n\n").failures
+    assert "does not end with the template's generation prompt '<|im_start|>assistant⏎<think>⏎⏎</think>⏎⏎'" in line

@@ -16,12 +16,14 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from packtool.config import DEFAULT_SHAREGPT_ROLES, SourceConfig, canonical_json
 from packtool.errors import RecordError
 from packtool.reading import each_indexed, embedded_json
 from packtool.records import ROLES, CompletionGroup, Example, Message, Messages, PreferencePair
+from packtool.vision.inputs import message_images, placeholder_images, record_texts
 
 # What one record becomes: a sample, or an item of several segments (format: preference | group).
 Parsed = Example | PreferencePair | CompletionGroup
@@ -135,8 +137,13 @@ def _content(value: Any) -> tuple[str, str | None, list[dict]]:
 _ROLE_SET = frozenset(ROLES)
 
 
-def refuse_media(record: dict) -> None:
-    """An `images_not_supported` reject for a record with a non-empty media list (LLaMA-Factory's convention)."""
+def refuse_media(record: dict, messages_column: str | None) -> None:
+    """A reject for a record that carries media: `image_remote` (a URL) or `image_count_mismatch` (LLaMA-Factory's
+    placeholders and `images` disagree) when the record says so itself, `images_not_supported` otherwise.
+    No file is opened: paths are resolved against nothing and not used."""
+    refs = message_images(record.get(messages_column or "messages"), Path(), messages_column or "messages")
+    if record.get("images"):
+        refs += placeholder_images(record_texts(record), record["images"], Path())
     for column in MEDIA_COLUMNS:
         media = record.get(column)
         if media:
@@ -144,6 +151,8 @@ def refuse_media(record: dict) -> None:
             raise RecordError(
                 _NO_MEDIA.format(f"{count} item(s) in `{column}`"), kind="images_not_supported", field=column
             )
+    if refs:
+        raise RecordError(_NO_MEDIA.format("an image part"), kind="images_not_supported", field=refs[0].field)
 
 
 def _message(raw: Any) -> Message:

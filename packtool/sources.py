@@ -70,7 +70,7 @@ def _example(
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
         example_id = _example_id(record, source, default_id)
-        refuse_media(record)
+        refuse_media(record, source.fields.get("messages"))
         parsed = adapter(record, source, example_id, f"{label}:{n}")
         return parsed if source.system is None else with_system(parsed, source.system)
     except RecordError as error:

@@ -33,12 +33,12 @@ def with_part(part: dict) -> list[dict]:
     [
         ("sharegpt", {"conversations": SHAREGPT_TURNS, "images": ["cat.png"]}, "images"),
         ("messages", {"messages": MESSAGES, "videos": ["clip.mp4"]}, "videos"),
-        ("alpaca", {"instruction": "<image>Describe.", "output": "A cat.", "images": ["a.png", "b.png"]}, "images"),
-        ("messages", {"messages": with_part({"type": "image", "image": "cat.png"})}, "messages[0].content"),
+        ("alpaca", {"instruction": "<image><image>Two?", "output": "Yes.", "images": ["a.png", "b.png"]}, "images"),
+        ("messages", {"messages": with_part({"type": "image", "image": "cat.png"})}, "messages[0].content[0]"),
         (
             "messages",
             {"messages": with_part({"type": "image_url", "image_url": {"url": "a.png"}})},
-            "messages[0].content",
+            "messages[0].content[0]",
         ),
     ],
 )
@@ -52,6 +52,38 @@ def test_a_record_with_images_is_rejected_with_its_reason(tmp_path, fmt, record,
     assert error.kind == "images_not_supported"
     assert error.field == field and error.row == 1
     assert "does not build images yet" in str(error) and "docs/vision.md" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "record", "kind", "field", "says"),
+    [
+        (
+            "sharegpt",
+            {"conversations": SHAREGPT_TURNS, "images": ["a.png", "b.png"]},
+            "image_count_mismatch",
+            "images",
+            "1 <image> placeholder(s) in the text for 2 image(s)",
+        ),
+        (
+            "sharegpt",
+            {"conversations": SHAREGPT_TURNS, "images": ["https://example.com/cat.png"]},
+            "image_remote",
+            "images[0]",
+            "'https://example.com/cat.png' is a URL",
+        ),
+        (
+            "messages",
+            {"messages": with_part({"type": "image_url", "image_url": {"url": "http://x/y.jpg"}})},
+            "image_remote",
+            "messages[0].content[0]",
+            "packtool reads no network",
+        ),
+    ],
+)
+def test_what_a_record_says_of_its_images_is_its_own_reject(tmp_path, fmt, record, kind, field, says):
+    (error,) = read_source(source_of(tmp_path, fmt, [record]))
+    assert isinstance(error, RecordError)
+    assert (error.kind, error.field) == (kind, field) and says in str(error)
 
 
 def test_an_empty_images_list_is_plain_text(tmp_path):

@@ -135,6 +135,7 @@ class ReferenceIndex:
                 self.shorts.setdefault(seq, item)
             for i in range(len(seq) - ngram + 1):
                 self.grams.setdefault(seq[i : i + ngram], item)
+        self.short_lengths = sorted({len(seq) for seq in self.shorts})
 
     def check(self, samples: Sequence[Sample]) -> list[Finding | None]:
         return [self._check_one(prompts, targets) for prompts, targets in samples]
@@ -149,7 +150,7 @@ class ReferenceIndex:
                 for i in range(len(seq) - self.ngram + 1):
                     if (gram := seq[i : i + self.ngram]) in self.grams:
                         found.append(Finding(self.grams[gram], part, "ngram", " ".join(gram)))
-                for length in {len(s) for s in self.shorts}:
+                for length in self.short_lengths:
                     for i in range(len(seq) - length + 1):
                         if (run := seq[i : i + length]) in self.shorts:
                             found.append(Finding(self.shorts[run], part, "short", " ".join(run)))

@@ -121,6 +121,11 @@ def encode_one(example, tokenizer, template, policy=None, special="escape"):
     return result
 
 
+def target_text(tokenizer, sample) -> str:
+    """The text of a sample's target tokens, special tokens spelled out."""
+    return tokenizer.tokenizer.decode(sample.input_ids[sample.targets].tolist(), skip_special_tokens=False)
+
+
 def chat(*turns: tuple[str, str], **kwargs) -> Example:
     """An Example of these (role, content) turns; `kwargs` set its other fields (tools=...)."""
     from packtool.records import Example, Message

@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from support import (
     CHATML,
     CONVERSATION,
     PARITY_MODELS,
-    QUICKSTART,
     assert_same_samples,
     chat,
     encode_one,
@@ -23,6 +20,7 @@ from support import (
     rendered_batch,
     routed,
     shared,
+    target_text,
     template_file,
 )
 
@@ -39,10 +37,6 @@ from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message
 from packtool.render import render_chat, render_text
 from packtool.sources import read_source
-
-
-def target_text(tokenizer, sample) -> str:
-    return tokenizer.tokenizer.decode(sample.input_ids[sample.targets].tolist(), skip_special_tokens=False)
 
 
 def test_qwen_targets_decode_to_assistant_contents_plus_im_end():
@@ -399,124 +393,6 @@ def test_literals_outside_content_are_counted_under_every_policy(tmp_path, write
     assert accounting["kept"] == (1 if policy == "reject" else 3)
 
 
-# --- content the template drops is caught --------------------------------------------------------
-
-TOOL_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}}
-TOOL_DEF = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"properties": {"city": {}, "days": {}}}},
-}
-
-
-def _tool_example() -> Example:
-    return Example(
-        "ex:tools",
-        "src",
-        "h",
-        messages=(
-            Message("user", "Weather?"),
-            Message("assistant", "", tool_calls=(TOOL_CALL,)),
-            Message("tool", "sunny"),
-            Message("assistant", "Sunny."),
-        ),
-        tools=(TOOL_DEF,),
-    )
-
-
-DEFINITIONS = (
-    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}"
-    "<|im_end|>\n{% endif %}"
-)
-TURNS = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}CALLS{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-CALLS = {
-    "name_and_arguments": "{{ c.function.name }}({{ c.function.arguments | tojson }})",
-    "python_repr": "{{ c.function.name }} {{ c.function.arguments }}",
-    "name_only": "{{ c.function.name }}()",
-    "nothing": "",
-}
-
-
-@pytest.mark.parametrize(
-    ("definitions", "calls", "dropped"),
-    [
-        (True, "name_and_arguments", None),
-        (True, "python_repr", None),
-        (True, "name_only", "'Oslo', 3"),
-        (True, "nothing", "'get_weather', 'Oslo', 3"),
-        (False, "name_and_arguments", "'get_weather', 'city', 'days'"),
-    ],
-)
-def test_tools_the_template_drops_reject_the_sample(tmp_path, definitions, calls, dropped):
-    source = (DEFINITIONS if definitions else "") + TURNS.replace("CALLS", CALLS[calls])
-    template = load_template(template_file(tmp_path, source), {})
-    if dropped is None:
-        assert "get_weather" in render_chat(_tool_example(), template, TrainPolicy(), routed(template)).text
-        return
-    with pytest.raises(RecordError) as caught:
-        render_chat(_tool_example(), template, TrainPolicy(), routed(template))
-    assert caught.value.kind == "template_dropped_tools"
-    assert dropped in caught.value.reason
-    assert ("tools[0]" if not definitions else "tool call 0 of message 1") in caught.value.reason
-
-
-@pytest.mark.parametrize("code", ["print('</s>')", "<end_of_turn> and <|end|>", "x<|eot_id|>y"])
-def test_an_end_marker_the_template_never_prints_is_words_in_a_tool_call(code):
-    """Qwen2.5 ends its turns with <|im_end|> alone; `</s>`, `<end_of_turn>` or `<|eot_id|>` in a tool
-    call's code are plain text there. The call's target runs to its <|im_end|> (it ended inside the code,
-    so the rest of the call and the end marker were not trained)."""
-    tokenizer, template = qwen_model()
-    assert template.end_markers == ("<|im_end|>",)
-    tool = {"type": "function", "function": {"name": "run", "parameters": {"properties": {"code": {}}}}}
-    call = {"type": "function", "function": {"name": "run", "arguments": {"code": code}}}
-    messages = (
-        Message("user", "Run it"),
-        Message("assistant", "", tool_calls=(call,)),
-        Message("tool", "1"),
-        Message("assistant", "Done."),
-    )
-    example = Example("ex:0", "src", "hash", messages=messages, tools=(tool,))
-    rendered = render_chat(example, template, TrainPolicy(), routed(template))
-    start, end, message = rendered.target_ranges[0]
-    assert message == 1 and rendered.text[start:end].endswith("</tool_call><|im_end|>")
-    assert json.dumps(code, ensure_ascii=False) in rendered.text[start:end]
-    sample = encode_one(example, tokenizer, template)
-    assert target_text(tokenizer, sample).count("<|im_end|>") == 2
-
-
-def test_dropped_tools_are_counted_per_source(tmp_path, write_config, write_jsonl):
-    from packtool.builder import build
-    from packtool.config import load_config
-
-    example = _tool_example()
-    row = {"messages": [m.as_template_dict() for m in example.messages], "tools": [TOOL_DEF]}
-    plain = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
-    write_jsonl([row, plain, row])
-    (tmp_path / "t.jinja").write_text(TURNS.replace("CALLS", CALLS["name_and_arguments"]), encoding="utf-8")
-    source = {"name": "s", "path": "data.jsonl", "format": "messages"}
-    config = load_config(
-        write_config(
-            {
-                "sources": [source],
-                "tokenizer": str(QUICKSTART / "tokenizer"),
-                "template": "t.jinja",
-                "capacity": 256,
-                "on_error": "skip",
-                "max_reject_share": 1.0,  # two of three rows are rejected on purpose
-                "output": "out",
-            }
-        )
-    )
-    manifest = build(config).manifest
-    assert manifest["accounting"]["s"]["rejected"] == {"template_dropped_tools": 2}
-    assert manifest["accounting"]["s"]["kept"] == 1
-    reasons = [json.loads(line)["reason"] for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
-    assert reasons == ["template_dropped_tools"] * 2
-
-
 # --- text documents start as tokenizer(text) does ---------------------------------------------
 
 
@@ -665,26 +541,3 @@ def _alpaca_examples(name: str, count: int) -> list[Example]:
         chat(("user", r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")), ("assistant", r["output"]))
         for r in records
     ]
-
-
-LITERAL_CHARACTERS = st.sampled_from(list("<|>[]\\^-a b\n\"'.*"))
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    literals=st.lists(st.text(LITERAL_CHARACTERS, min_size=1, max_size=4), min_size=1, max_size=5),
-    text=st.text(LITERAL_CHARACTERS, max_size=200),
-    data=st.data(),
-)
-def test_a_literal_is_looked_for_as_the_regex_finds_it(literals, text, data):
-    """spells_literal tries the pattern where the literals' first characters are, and past 32 such
-    places searches with the regex: it answers what the pattern's own search answers, for any range,
-    whatever characters the literals start with (regex syntax included)."""
-    from packtool.records import literal_pattern, spells_literal
-
-    pattern = literal_pattern(literals)
-    assert pattern is not None
-    start = data.draw(st.integers(0, len(text)))
-    end = data.draw(st.integers(start, len(text)))
-    assert spells_literal(pattern, text, start, end) == (pattern.search(text, start, end) is not None)
-    assert spells_literal(pattern, text) == (pattern.search(text) is not None)

@@ -1,4 +1,5 @@
-"""Render + tokenize: targets are exactly the assistant turns and their end markers."""
+"""Render + tokenize (packtool.encode): targets are exactly the assistant turns and their end markers; every
+string a record brings goes through the special-token policy; token edges looked up equal the whole offset table."""
 
 from __future__ import annotations
 

@@ -20,6 +20,14 @@ settings.register_profile("ci", deadline=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n`, as pyproject's addopts ask), the tests that start or join Ray all run on
+    one worker (`--dist loadgroup`): one loopback cluster per session, never two side by side."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture
 def write_config(tmp_path: Path):
     """Write a YAML config (given as a dict) into tmp_path and return its path."""

@@ -254,6 +254,19 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Card:
+    """`card:`: what the dataset card (OUT/README.md, builder.card) says beyond the manifest: the Hub's metadata
+    fields (license, pretty_name, language, tags, source_datasets) and a description. Only the card reads it."""
+
+    license: str | None = None  # a Hub license id (apache-2.0, cc-by-4.0, other, ...)
+    pretty_name: str | None = None  # the card's title
+    description: str | None = None  # a paragraph (Markdown) under the title
+    language: tuple[str, ...] = ()  # ISO 639-1 codes
+    tags: tuple[str, ...] = ()
+    source_datasets: tuple[str, ...] = ()  # Hub ids of the data the sources came from
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """Where and how fast a build runs: never its bytes, so none of these is keyed or enters the manifest."""
 
@@ -311,6 +324,7 @@ class BuildConfig:
     dedup: str | None = None  # exact: drop repeats across all sources (the first in source order is kept)
     outcome: Outcome = Outcome()
     decontamination: Decontamination | None = None
+    card: Card = Card()
     raw: dict[str, Any] = field(default_factory=dict)  # the config as written, for the manifest
 
     @property
@@ -342,6 +356,7 @@ KEYED_BY = {
     "sources": "encode+plan",
     "decontamination": "content",  # the eval files by their sha256 (builder.stages.EvalSet.key), and its settings
     "config_file": "none",
+    "card": "none",  # the card's words: it is written from the manifest, after every shard
     "raw": "none",
     "outcome": "none",
     "run": "none",
@@ -499,6 +514,7 @@ TOP_KEYS = {
     "validation",
     "dedup",
     "decontamination",
+    "card",
 }
 SOURCE_KEYS = {
     "name",
@@ -528,6 +544,9 @@ MIXING_KEYS = {"by", "interleave"}
 INTERLEAVE_KEYS = {"window", "tolerance", "unit"}
 VALIDATION_KEYS = {"share", "samples"}
 DECONTAMINATION_KEYS = {"against", "ngram", "min_line_words", "action", "prompt_action", "fields"}
+CARD_TEXTS = ("license", "pretty_name", "description")
+CARD_LISTS = ("language", "tags", "source_datasets")
+CARD_KEYS = {*CARD_TEXTS, *CARD_LISTS}
 # Every mapping of the config and the keys it takes, by its path as docs/config.md writes it.
 KEYS = {
     "": TOP_KEYS,
@@ -538,6 +557,7 @@ KEYS = {
     "mixing.interleave": INTERLEAVE_KEYS,
     "validation": VALIDATION_KEYS,
     "decontamination": DECONTAMINATION_KEYS,
+    "card": CARD_KEYS,
     "sources[]": SOURCE_KEYS,
     "sources[].train": TRAIN_KEYS,
     "sources[].quota": set(QUOTA_UNITS),
@@ -794,6 +814,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     dedup = p.take(raw, "dedup", str, "", field_default(BuildConfig, "dedup"), choices=DEDUP_MODES)
     add_bos = p.take(raw, "add_bos", bool, "", encoding.add_bos)
     add_eos = p.take(raw, "add_eos", bool, "", encoding.add_eos)
+    card = _parse_card(raw, p)
 
     config = BuildConfig(
         config_file=config_file,
@@ -821,6 +842,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         dedup=dedup,
         outcome=Outcome(on_error, max_reject_share, on_quota_miss),
         decontamination=_parse_decontamination(raw, base_dir, p),
+        card=card,
         # where and how fast a build runs does not change what it writes: none of it enters the manifest
         raw={k: v for k, v in raw.items() if k not in RUN_KEYS},
     )
@@ -1013,6 +1035,28 @@ def _validation(value: Any, p: _Problems) -> Validation:
     samples = p.take(value, "samples", int, "validation", default.samples)
     p.number("validation.samples", samples, 1, 10**12, "records held out")
     return Validation(share, samples)
+
+
+def _parse_card(raw: dict[str, Any], p: _Problems) -> Card:
+    """`card: {license, pretty_name, description, language, tags, source_datasets}`: texts and lists of texts."""
+    default = Card()
+    value = p.take(raw, "card", dict, "", {})
+    p.unknown_keys(value, CARD_KEYS, "card")
+    texts = {key: p.take(value, key, str, "card", getattr(default, key)) for key in CARD_TEXTS}
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in CARD_LISTS:
+        items = p.take(value, key, list, "card", list(getattr(default, key)))
+        lists[key] = tuple(item for item in items if isinstance(item, str) and item.strip())
+        if len(lists[key]) != len(items):
+            p.add(f"card.{key}", f"expected a list of non-empty strings, got {items!r}")
+    return Card(
+        license=texts["license"],
+        pretty_name=texts["pretty_name"],
+        description=texts["description"],
+        language=lists["language"],
+        tags=lists["tags"],
+        source_datasets=lists["source_datasets"],
+    )
 
 
 def _parse_decontamination(raw: dict[str, Any], base_dir: Path, p: _Problems) -> Decontamination | None:

@@ -16,9 +16,9 @@ item (a multiple-choice option, a one-line answer) has no window of `ngram` word
 contiguous run of its words, when it has at least `min_words` ("yes" or "A" would match anything).
 
 Two implementations, one answer: `ReferenceIndex` (Python sets of word tuples, as datatrove and NeMo
-Curator match) states the rule; `EvalIndex` hashes words with Python's `hash` (SipHash, per process:
-an index is built in the process that uses it) and word runs with polynomial prefix sums over uint64
-in numpy, looks them up in sorted arrays behind a bit filter, and finds what the reference finds
+Curator match) states the rule; `EvalIndex` hashes a batch's words in numpy (each word's bytes 8 at a
+time, mixed: the same hash in every process), word runs with polynomial prefix sums over uint64, looks
+them up in sorted arrays behind a bit filter, and finds what the reference finds
 (tests/test_decontamination.py, hypothesis). A 64-bit hash may collide: for 10M eval windows and
 1e10 training windows, about 5e-3 false matches in all.
 """

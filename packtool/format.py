@@ -38,6 +38,7 @@ from packtool.seal import SEAL, manifest_digest, seal_manifest
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
 CONTAMINATED = "contaminated"  # the reject reason of a sample overlapping an eval set (decontamination:)
+CARD = "README.md"  # the dataset card: what the Hugging Face Hub and `datasets.load_dataset(OUT)` read first
 SCHEMA_VERSION = 1  # of the shards and the manifest: what a build without pairs, groups or pieces writes
 # A build with a preference or group source, or with `split` truncation, writes version 2 (builder.plan
 # shard_schema_version); every other build writes the v1 bytes.
@@ -632,6 +633,20 @@ def _lengths_problems(lengths: Any) -> list[str]:
     return problems
 
 
+def _card_problems(card: Any) -> list[str]:
+    """`card`: null (an older packtool wrote none), or {file, bytes, sha256} of the dataset card in the folder."""
+    if card is None:
+        return []
+    if (
+        not isinstance(card, dict)
+        or not is_plain_name(card.get("file"))
+        or not _is_count(card.get("bytes"))
+        or not isinstance(card.get("sha256"), str)
+    ):
+        return [f"'card' must be {{file: a name inside the folder, bytes, sha256}}, got {card!r:.80}"]
+    return []
+
+
 def _seal_problems(seal: Any) -> list[str]:
     return [] if isinstance(seal, str) else [f"'{SEAL}' must be a string, got {seal!r:.80}"]
 
@@ -690,6 +705,9 @@ class ManifestFields:
     # only with decontamination: (packtool.decontamination): the eval files' sha256, the settings and the counts
     decontamination: dict[str, Any] | None = field(default=None, metadata=_rule(_decontamination_problems))
     lengths: dict[str, dict[str, Any]] = field(metadata=_rule(_lengths_problems))
+    # the main folder's dataset card (builder.card), written from every other field: so it is added last, before
+    # the seal; absent in sub-outputs and in older builds
+    card: dict[str, Any] | None = field(default=None, metadata=_rule(_card_problems))
     # written by write_manifest, never by the builder; absent: unsealed (an older packtool, Manifest.sealed)
     manifest_sha256: str | None = field(default=None, metadata=_rule(_seal_problems, absent=""))
     packtool_version: str = field(metadata=_rule())

@@ -1,4 +1,5 @@
-"""The outputs a build writes besides its shards: rejects.jsonl and manifest.json (docs/format.md).
+"""The outputs a build writes besides its shards: rejects.jsonl, README.md (the dataset card, builder.card) and
+manifest.json (docs/format.md).
 
 The manifest's fields (format.ManifestFields, declared once with the readers' checks) are filled here from the
 config, the setup (tokenizer, template), the plan and the shards emit wrote; packtool.format owns the contract
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import packtool
+from packtool.builder.card import card_text, write_card
 from packtool.builder.plan import Plan
 from packtool.builder.stages import Stages
 from packtool.chat_templates import ChatTemplate
@@ -39,11 +41,14 @@ from packtool.summaries import length_summary, summarize
 def write_outputs(
     config: BuildConfig, stages: Stages, plan: Plan, out: Path, infos: dict[str, list[ShardInfo]]
 ) -> dict[str, Any]:
-    """rejects.jsonl, each sub-output's manifest (overflow bucket, validation split), then the main one (last).
+    """rejects.jsonl, each sub-output's manifest (overflow bucket, validation split), the dataset card (README.md,
+    written from those manifests and every field of the main one), then the main manifest (last), which records
+    the card's sha256.
 
     Each manifest passes the readers' own check (format.Manifest) before its stats are taken from the shards,
     so a field the builder got wrong fails here, not in whichever reader meets it first."""
     parts: dict[str, dict[str, Any]] = {}
+    written: dict[str, dict[str, Any]] = {}  # each sub-output's manifest as written, for the card
     for folder in plan.folders:
         if not folder.name:
             continue
@@ -54,7 +59,7 @@ def write_outputs(
         shards = infos[folder.name]
         fields = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
         stats = _stats(fields, path, shards)
-        write_manifest(path, replace(fields, stats=stats).as_dict())
+        written[folder.name] = write_manifest(path, replace(fields, stats=stats).as_dict())
         parts[folder.name] = {
             "folder": folder.name,
             "capacity": folder.capacity,
@@ -75,7 +80,9 @@ def write_outputs(
     # the main folder only: overflow and validation packs keep the packer's order
     if config.mixing.interleave is not None:
         fields = replace(fields, mixing={**fields.mixing, "interleave": config.mixing.interleave.as_dict()})
-    return write_manifest(out, replace(fields, stats=_stats(fields, out, infos[""])).as_dict())
+    fields = replace(fields, stats=_stats(fields, out, infos[""]))
+    card = write_card(out, card_text(config.card, fields.as_dict(), written))
+    return write_manifest(out, replace(fields, card=card).as_dict())
 
 
 def decontamination_record(evals: EvalSet, accounting: dict[str, dict[str, Any]]) -> dict[str, Any]:

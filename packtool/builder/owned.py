@@ -31,7 +31,7 @@ MARKER = "packtool-owned.json"
 LOCK = "packtool.lock"
 MARKER_VERSION = 1
 # Paths a build writes inside OUT (and inside its overflow/ and validation/ folders).
-WRITES_IN_OUTPUT = ("manifest.json", "rejects.jsonl", "shard-00000.parquet")
+WRITES_IN_OUTPUT = ("manifest.json", "rejects.jsonl", "README.md", "shard-00000.parquet")
 SUBFOLDERS = ("overflow", "validation")
 _MAGIC = re.compile(r"[*?[]")  # what makes a path segment a glob
 

@@ -40,14 +40,14 @@ from pathlib import Path
 
 from packtool.builder.owned import LOCK, MARKER, SUBFOLDERS, claim, locked
 from packtool.errors import OwnershipError, PacktoolError
-from packtool.format import MANIFEST, REJECTS, read_manifest, write_json_atomic
+from packtool.format import CARD, MANIFEST, REJECTS, is_plain_name, read_manifest, sha256_file, write_json_atomic
 from packtool.reading import file_sha256
 from packtool.seal import SEAL, manifest_digest
 
 STAGING_KIND = "staging"
 CARRY = "carry.json"
-# Names that readers of OUT (verify, the loader, stats) take for part of the build.
-LOOKS_BUILT = (MANIFEST, REJECTS, "*.parquet", "*.tmp*")
+# Names that readers of OUT (verify, the loader, stats, `datasets` and the Hub: the card) take for part of the build.
+LOOKS_BUILT = (MANIFEST, REJECTS, CARD, "*.parquet", "*.tmp*")
 
 
 def holds_build(output: Path, plan_key: str, config_hash: str) -> dict | None:
@@ -66,6 +66,8 @@ def holds_build(output: Path, plan_key: str, config_hash: str) -> dict | None:
         for folder in [output, *(output / name for name in manifest.parts.values())]:
             listed = manifest if folder == output else read_manifest(folder)
             if not listed.sealed or any(file_sha256(entry.file) != entry.sha256 for entry in listed.shards):
+                return None
+            if not _card_is_ours(folder, listed.raw.get("card")):
                 return None
             with (folder / REJECTS).open("rb") as rejects:
                 if sum(1 for _ in rejects) != listed.raw["rejects"]["count"]:
@@ -129,7 +131,7 @@ class Staging:
             listed = ", ".join(repr(name) for name in look_alikes[:5])
             raise OwnershipError(
                 f"output {self.output} holds {listed}, which packtool did not write (its manifest does not list it, "
-                "or not at this size) but which readers would take for part of the build; move or delete it, then rerun"
+                "or not as it is now) but which readers would take for part of the build; move or delete it, then rerun"
             )
 
     def clear_work(self) -> None:
@@ -247,6 +249,9 @@ def built_entries(folder: Path) -> set[str]:
             for shard in manifest.get("shards", [])
             if isinstance(shard, dict) and _size(folder / sub / str(shard.get("file", ""))) == shard.get("bytes")
         ]
+        # the card is small and often edited by hand (on the Hub): packtool's only with the bytes it wrote
+        card = manifest.get("card")
+        listed += [card["file"]] if card is not None and _card_is_ours(folder / sub, card) else []
         found |= {os.path.join(sub, name) if sub else name for name in listed if isinstance(name, str) and name}
     return found
 
@@ -268,6 +273,16 @@ def user_entries(folder: Path) -> list[str]:
         elif entry.name not in ours:
             found.append(entry.name)
     return found
+
+
+def _card_is_ours(folder: Path, card: object) -> bool:
+    """True when the manifest records no card (an older build) or the card in `folder` has its recorded sha256."""
+    if card is None:
+        return True
+    if not isinstance(card, dict) or not is_plain_name(card.get("file")):
+        return False
+    path = folder / card["file"]
+    return path.is_file() and not path.is_symlink() and sha256_file(path) == card.get("sha256")
 
 
 def _size(path: Path) -> int | None:

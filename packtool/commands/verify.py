@@ -12,6 +12,7 @@ What the manifest states is either recomputed or sealed:
     recomputed from rejects      rejects.jsonl lines == rejects.count, by_reason, and per source rejected + dropped
     accounting, per source       read == kept + rejected + dropped; segments == documents of the source in the
                                  shards (overflow bucket included); distinct samples in the shards <= kept
+    card                         README.md (the dataset card) has the bytes and sha256 the manifest records
     sealed                       everything else (config, seed, capacity, conventions, ...): `manifest_sha256`
                                  is the sha256 of the manifest's canonical JSON without that field (packtool.seal)
     sub-outputs                  overflow/ and validation/ when the manifest names them: the same checks
@@ -146,6 +147,7 @@ def verify(path: str | Path) -> Verification:
             "twice (dedup: exact keeps one)"
         )
     _check_rejects(folder, manifest, result)
+    _check_card(folder, manifest, result)
     _check_decontamination(manifest, result)
     return result
 
@@ -468,6 +470,22 @@ def _check_decontamination(manifest: Manifest, result: Verification) -> None:
             result.add(f"decontamination.{key} is {record[key]}, its sources add up to {total}")
 
 
+def _check_card(folder: Path, manifest: Manifest, result: Verification) -> None:
+    """The dataset card as the build wrote it (a manifest without `card` is an older packtool's: nothing to check)."""
+    card = manifest.raw.get("card")
+    if card is None:
+        return
+    path = folder / card["file"]
+    if path.is_symlink() or not path.is_file():
+        result.add(f"{path}: listed in the manifest as the dataset card but missing (or not a regular file)")
+        return
+    if path.stat().st_size != card["bytes"] or sha256_file(path) != card["sha256"]:
+        result.add(
+            f"{path}: {path.stat().st_size} bytes whose sha256 differs from the card the build wrote ({card['bytes']} "
+            "bytes): it was edited after the build; put lasting words in the config's `card:` section and rebuild"
+        )
+
+
 def format_verification(result: Verification) -> str:
     """The report as text, one line per problem: file names and values in it pass through `shown`."""
     head = f"{shown(result.checked or result.folder)}: {result.shards} shard(s), {result.packs} pack(s) checked"
@@ -476,7 +494,7 @@ def format_verification(result: Verification) -> str:
         return "\n".join(
             [
                 f"{head}: OK (manifest seal, shard list, checksums, offsets, labels at segment starts, counts, "
-                "pack hashes, stats, accounting, rejects)",
+                "pack hashes, stats, accounting, rejects, card)",
                 *warnings,
             ]
         )

@@ -403,7 +403,7 @@ def test_a_smaller_rebuild_leaves_nothing_stale(tmp_path, write_config, write_js
     bucket = build(load_config(write_config(raw)))
     assert (tmp_path / "out" / "overflow" / "manifest.json").is_file() and bucket.manifest["overflow"]["segments"] >= 1
     plain = build(load_config(write_config({**_raw(), "rows_per_shard": 1000})))
-    assert sorted(_digest(tmp_path / "out")) == ["manifest.json", "rejects.jsonl", "shard-00000.parquet"]
+    assert sorted(_digest(tmp_path / "out")) == ["README.md", "manifest.json", "rejects.jsonl", "shard-00000.parquet"]
     assert len(plain.manifest["shards"]) == 1 and verify(tmp_path / "out").ok
 
 

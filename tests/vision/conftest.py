@@ -9,8 +9,10 @@ cost the processor seconds each.
 
 from __future__ import annotations
 
+import importlib
 import io
 import random
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -77,3 +79,33 @@ def pictures(generated_images) -> list:
     from PIL import ImageOps
 
     return [ImageOps.exif_transpose(Image.open(io.BytesIO(generated.data))) for generated in generated_images]
+
+
+# The models whose get_rope_index the positions are held to: (module, class) in transformers.
+ROPE_MODELS = {
+    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel"),
+    "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel"),
+    "qwen3_vl": ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLModel"),
+}
+
+
+@pytest.fixture(scope="session")
+def rope_index():
+    """rope_index(family, token_types, grids, merge_size=2): the model's get_rope_index for one document alone,
+    called without building the model: it reads only the merge size (and Qwen2.5-VL's tokens per second,
+    which images do not use). token_types: 0 text, 1 image, per token; grids: image_grid_thw rows."""
+    torch = pytest.importorskip("torch")
+
+    def positions(family: str, token_types, grids, merge_size: int = 2):
+        module, name = ROPE_MODELS[family]
+        model_class = getattr(importlib.import_module(module), name)
+        vision = types.SimpleNamespace(spatial_merge_size=merge_size, tokens_per_second=2)
+        model = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=vision))
+        model.get_vision_position_ids = types.MethodType(model_class.get_vision_position_ids, model)
+        kinds = torch.tensor([list(token_types)], dtype=torch.int32)
+        grid_rows = torch.tensor([list(grid) for grid in grids], dtype=torch.long) if len(grids) else None
+        ids = torch.zeros_like(kinds, dtype=torch.long)
+        found, _ = model_class.get_rope_index(model, ids, kinds, image_grid_thw=grid_rows)
+        return found[:, 0].numpy()
+
+    return positions

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import re
-import types
 from pathlib import Path
 
 import numpy as np
@@ -13,37 +12,17 @@ import pytest
 from packtool.vision.positions import mrope_positions, pack_positions
 from packtool.vision.processors import Grid, QwenVLProcessor
 
-torch = pytest.importorskip("torch")
-qwen2_vl = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
-qwen2_5_vl = pytest.importorskip("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
-qwen3_vl = pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
-
-MODELS = {
-    "qwen2_vl": qwen2_vl.Qwen2VLModel,
-    "qwen2_5_vl": qwen2_5_vl.Qwen2_5_VLModel,
-    "qwen3_vl": qwen3_vl.Qwen3VLModel,
-}
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
-def model_positions(model_class, segments: list, merge_size: int) -> np.ndarray:
-    """The model's get_rope_index for one document alone, called without building the model:
-    it reads only the merge size (and Qwen2.5-VL's tokens per second, which images do not use)."""
-    vision = types.SimpleNamespace(spatial_merge_size=merge_size, tokens_per_second=2)
-    model = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=vision))
-    model.get_vision_position_ids = types.MethodType(model_class.get_vision_position_ids, model)
+def model_positions(rope_index, family: str, segments: list, merge_size: int) -> np.ndarray:
+    """The model's positions for a document given as segments: its token types and grids."""
     kinds: list[int] = []
-    grids = []
     for segment in segments:
-        if isinstance(segment, Grid):
-            kinds += [1] * (segment.t * segment.h * segment.w // merge_size**2)
-            grids.append(list(segment))
-        else:
-            kinds += [0] * segment
-    token_types = torch.tensor([kinds], dtype=torch.int32)
-    input_ids = torch.zeros_like(token_types, dtype=torch.long)
-    image_grid_thw = torch.tensor(grids, dtype=torch.long) if grids else None
-    positions, _ = model_class.get_rope_index(model, input_ids, token_types, image_grid_thw=image_grid_thw)
-    return positions[:, 0].numpy()
+        kinds += (
+            [1] * (segment.t * segment.h * segment.w // merge_size**2) if isinstance(segment, Grid) else [0] * segment
+        )
+    return rope_index(family, kinds, [segment for segment in segments if isinstance(segment, Grid)], merge_size)
 
 
 def random_document(rng: random.Random, processor: QwenVLProcessor) -> list:
@@ -59,8 +38,8 @@ def random_document(rng: random.Random, processor: QwenVLProcessor) -> list:
     return segments or [rng.randint(1, 5)]
 
 
-@pytest.mark.parametrize("family", list(MODELS))
-def test_positions_equal_the_models_get_rope_index(family):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_positions_equal_the_models_get_rope_index(rope_index, family):
     rng = random.Random(family)
     patch = 16 if family == "qwen3_vl" else 14
     processor = QwenVLProcessor(family, patch_size=patch, min_pixels=4 * patch * patch, max_pixels=1024 * patch * patch)
@@ -68,7 +47,7 @@ def test_positions_equal_the_models_get_rope_index(family):
     for _ in range(150):
         document = random_document(rng, processor)
         images += sum(isinstance(segment, Grid) for segment in document)
-        expected = model_positions(MODELS[family], document, processor.merge_size)
+        expected = model_positions(rope_index, family, document, processor.merge_size)
         np.testing.assert_array_equal(mrope_positions(document, processor.merge_size), expected, err_msg=str(document))
     assert images > 100
 
@@ -82,14 +61,14 @@ def test_the_worked_example_of_the_docstring():
     ]
 
 
-def test_a_pack_restarts_in_every_document_and_text_alone_counts_on():
+def test_a_pack_restarts_in_every_document_and_text_alone_counts_on(rope_index):
     documents = [[3, Grid(1, 4, 6), 2], [5], [1, Grid(1, 2, 2), 1]]
     positions = pack_positions(documents, merge_size=2)
     assert positions.shape == (3, 11 + 5 + 3)
     assert positions[:, 11:16].tolist() == [[0, 1, 2, 3, 4]] * 3  # text only: ordinary positions in every row
     assert positions[:, 16:].tolist() == [[0, 1, 2], [0, 1, 2], [0, 1, 2]]
     for start, document in ((0, documents[0]), (16, documents[2])):
-        alone = model_positions(MODELS["qwen2_vl"], document, 2)
+        alone = model_positions(rope_index, "qwen2_vl", document, 2)
         np.testing.assert_array_equal(positions[:, start : start + alone.shape[1]], alone)
 
 

@@ -34,6 +34,9 @@ GOOD = {
 }
 
 
+IMAGE_TURNS = [{"from": "human", "value": "<image>What is this?"}, {"from": "gpt", "value": "A cat."}]
+
+
 def _lines(fmt: str, *bad: str | bytes, crlf: bool = False) -> bytes:
     """A good record on line 1, then each bad line as written."""
     end = b"\r\n" if crlf else b"\n"
@@ -625,6 +628,47 @@ CASES = [
         rejected={"unreadable_file": 1},
         where="t.jsonl.gz",
         reason="damaged after line",
+    ),
+    # records with images: never trained as text while images are not built (docs/vision.md)
+    Case(
+        "sharegpt_images",
+        "sharegpt",
+        "c.jsonl",
+        _lines("sharegpt", json.dumps({**GOOD["sharegpt"], "conversations": IMAGE_TURNS, "images": ["cat.png"]})),
+        kept=1,
+        rejected={"images_not_supported": 1},
+        where="c.jsonl:2, field 'images'",
+        reason="packtool does not build images yet",
+    ),
+    Case(
+        "sharegpt_image_url",
+        "sharegpt",
+        "c.jsonl",
+        _lines("sharegpt", json.dumps({"conversations": IMAGE_TURNS, "images": ["https://example.com/c.png"]})),
+        kept=1,
+        rejected={"image_remote": 1},
+        where="c.jsonl:2, field 'images[0]'",
+        reason="is a URL: packtool reads no network",
+    ),
+    Case(
+        "sharegpt_placeholders_and_images_disagree",
+        "sharegpt",
+        "c.jsonl",
+        _lines("sharegpt", json.dumps({"conversations": IMAGE_TURNS, "images": ["a.png", "b.png"]})),
+        kept=1,
+        rejected={"image_count_mismatch": 1},
+        where="c.jsonl:2, field 'images'",
+        reason="1 <image> placeholder(s) in the text for 2 image(s)",
+    ),
+    Case(
+        "messages_image_part",
+        "messages",
+        "c.jsonl",
+        _lines("messages", _msg('[{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What?"}]')),
+        kept=1,
+        rejected={"images_not_supported": 1},
+        where="c.jsonl:2, field 'messages[0].content[0]'",
+        reason="packtool does not build images yet",
     ),
 ]
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import pytest
 
-Image = pytest.importorskip("PIL.Image")
-
 N_IMAGES = 1000
 
 
@@ -46,6 +44,8 @@ def random_size(rng: random.Random, index: int) -> tuple[int, int]:
 
 
 def make_image(rng: random.Random, index: int) -> Generated:
+    from PIL import Image
+
     image_format = rng.choice(list(STORES))
     mode = rng.choice(STORES[image_format])
     size = random_size(rng, index)
@@ -69,6 +69,7 @@ def make_image(rng: random.Random, index: int) -> Generated:
 
 @pytest.fixture(scope="session")
 def generated_images() -> list[Generated]:
+    pytest.importorskip("PIL.Image")  # the tests that need no image run without Pillow
     rng = random.Random(40)
     return [make_image(rng, index) for index in range(N_IMAGES)]
 
@@ -76,7 +77,7 @@ def generated_images() -> list[Generated]:
 @pytest.fixture(scope="session")
 def pictures(generated_images) -> list:
     """Each generated image decoded as transformers' load_image hands it to a processor (EXIF orientation applied)."""
-    from PIL import ImageOps
+    from PIL import Image, ImageOps
 
     return [ImageOps.exif_transpose(Image.open(io.BytesIO(generated.data))) for generated in generated_images]
 

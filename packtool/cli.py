@@ -540,6 +540,32 @@ def verify_command(path: Path, as_json: bool) -> None:
         raise SystemExit(1)
 
 
+@main.command(name="push")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("repo")
+@click.option("--dry-run", is_flag=True, help="List the files that would be uploaded; contact nothing.")
+@click.option("--private", is_flag=True, help="Create the repo private (when it does not exist yet).")
+@click.option("--revision", help="The branch to commit to (default: main).")
+def push_command(path: Path, repo: str, dry_run: bool, private: bool, revision: str | None) -> None:
+    """Upload a build to a Hugging Face dataset repo in one commit, after `verify` passes.
+
+    Only what the build wrote goes up (the card, manifests, rejects and shards); a file in the repo named
+    like a build's output that this build does not write is refused. Needs huggingface_hub and a login
+    (`hf auth login` or HF_TOKEN).
+
+    \b
+    Example:
+        packtool push out/quickstart me/quickstart-packs --dry-run
+    """
+    from packtool.commands.push import format_push, push
+
+    try:
+        result = push(path, repo, dry_run=dry_run, private=private, revision=revision)
+    except PacktoolError as error:
+        raise _fail(error) from None
+    _echo_data(format_push(result))
+
+
 @main.command(name="decontaminate")
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--against", multiple=True, required=True, help="An eval set: a file, glob, folder or ORG/NAME.")

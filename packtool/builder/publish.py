@@ -126,7 +126,7 @@ class Staging:
                 f"output {self.output} holds {listed}, and no packtool build (no valid {MANIFEST}); packtool builds "
                 "into an empty or new folder, or over its own earlier build: choose another output folder"
             )
-        look_alikes = [name for name in user_entries(self.output) if _looks_built(name)]
+        look_alikes = [name for name in user_entries(self.output) if looks_built(name)]
         if look_alikes:
             listed = ", ".join(repr(name) for name in look_alikes[:5])
             raise OwnershipError(
@@ -293,7 +293,8 @@ def _rel(path: Path, folder: Path) -> str:
     return str(path.relative_to(folder))
 
 
-def _looks_built(name: str) -> bool:
+def looks_built(name: str) -> bool:
+    """A name readers would take for part of a build (`push` asks it of a repo's files too)."""
     return any(fnmatch.fnmatch(Path(name).name, pattern) for pattern in LOOKS_BUILT)
 
 

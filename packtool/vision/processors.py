@@ -12,6 +12,9 @@ for the text side), then asked one question per image, `plan(height, width)`:
     Gemma-3 (fixed 896 x 896): image_seq_length tokens (256) for the image, and as many again for
     each pan-and-scan crop when `do_pan_and_scan` is on.
 
+    Idefics3 / SmolVLM: the longest side resized, then tiles of a fixed square beside one global
+    image, image_seq_len tokens each.
+
 Heights and widths are the picture as the processor receives it: after the EXIF orientation
 (`images.ImageFacts`). tests/vision/test_processors.py holds every number to transformers' own
 image processors on generated images.
@@ -46,6 +49,7 @@ class ImagePlan:
     n_tokens: int  # image placeholder tokens the processor's text expansion holds for this image
     grid: Grid | None = None  # mRoPE families: image_grid_thw, in patches
     crops: int = 0  # Gemma-3 pan and scan: crops beside the whole image, each with its own tokens
+    tiles: tuple[int, int] = (0, 0)  # Idefics3 / SmolVLM: rows and columns of tiles beside the global image
 
 
 class ImageProcessor(Protocol):
@@ -125,6 +129,65 @@ class Gemma3Processor:
         return 0 if min(crop_long, short_side) < self.min_crop_size else count
 
 
+@dataclass(frozen=True, slots=True)
+class Idefics3Processor:
+    """transformers' Idefics3 / SmolVLM image processor and processor: the longest side resized to `longest_edge`,
+    then tiled in squares of `tile_size` beside one global image, `image_seq_length` image tokens each.
+
+        1000 x 600 photo, Idefics3 defaults (1456, tiles of 364): resized 1456 x 874, to the tile grid
+        1456 x 1092, 3 rows x 4 columns + the global image = 13 x 169 = 2,197 image tokens
+
+    The rows and columns also name the tiles' marker tokens (<row_1_col_1>, ...) in the text, which
+    the tokenizer counts; `n_tokens` counts the image tokens alone."""
+
+    family: str
+    longest_edge: int = 4 * 364
+    tile_size: int = 364
+    image_seq_length: int = 169
+    do_resize: bool = True
+    do_image_splitting: bool = True
+
+    def plan(self, height: int, width: int) -> ImagePlan:
+        if not self.do_image_splitting:
+            return ImagePlan(n_tokens=self.image_seq_length)
+        if self.do_resize:
+            height, width = _scale_longest_side(height, width, self.longest_edge, even=True)
+            height, width = _scale_longest_side(height, width, IDEFICS3_MAX_SIDE, even=False, only_down=True)
+        rows, columns = self.tiles(height, width)
+        return ImagePlan(n_tokens=self.image_seq_length * (rows * columns + 1), tiles=(rows, columns))
+
+    def tiles(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, columns) of the tile grid, (0, 0) for an image that fits one tile; the same float steps
+        as the processor's resize_for_vision_encoder, so the sides land where its do."""
+        aspect_ratio = width / height
+        if width >= height:
+            width = math.ceil(width / self.tile_size) * self.tile_size
+            height = math.ceil(int(width / aspect_ratio) / self.tile_size) * self.tile_size
+        else:
+            height = math.ceil(height / self.tile_size) * self.tile_size
+            width = math.ceil(int(height * aspect_ratio) / self.tile_size) * self.tile_size
+        if height > self.tile_size or width > self.tile_size:
+            return height // self.tile_size, width // self.tile_size
+        return 0, 0
+
+
+IDEFICS3_MAX_SIDE = 4096  # the processor's absolute cap on a side (MAX_IMAGE_SIZE)
+
+
+def _scale_longest_side(height: int, width: int, side: int, *, even: bool, only_down: bool = False) -> tuple[int, int]:
+    """The Idefics3 resize of the longest side to `side`, aspect kept by truncation (made even when asked)."""
+    aspect_ratio = width / height
+    if width >= height and not (only_down and width <= side):
+        width = side
+        height = int(width / aspect_ratio)
+        height += 1 if even and height % 2 else 0
+    elif height > width and not (only_down and height <= side):
+        height = side
+        width = int(height * aspect_ratio)
+        width += 1 if even and width % 2 else 0
+    return max(height, 1), max(width, 1)
+
+
 QWEN_PROCESSORS = {
     "Qwen2VLImageProcessor": "qwen2_vl",
     "Qwen2VLProcessor": "qwen2_vl",
@@ -132,6 +195,12 @@ QWEN_PROCESSORS = {
     "Qwen3VLProcessor": "qwen3_vl",
 }
 GEMMA3_PROCESSORS = ("Gemma3ImageProcessor", "Gemma3Processor")
+IDEFICS3_PROCESSORS = {
+    "Idefics3ImageProcessor": "idefics3",
+    "Idefics3Processor": "idefics3",
+    "SmolVLMImageProcessor": "smolvlm",
+    "SmolVLMProcessor": "smolvlm",
+}
 
 
 def load_processor(folder: Path) -> ImageProcessor:
@@ -156,12 +225,15 @@ def processor_from_config(config: dict, processor_config: dict | None = None, *,
         processor = _qwen(config, family, problems)
     elif any(name in GEMMA3_PROCESSORS for name in names):
         processor = _gemma3(config, processor_config or {}, problems)
+    elif tiled := IDEFICS3_PROCESSORS.get(names[1]) or IDEFICS3_PROCESSORS.get(names[0]):
+        processor = _idefics3(config, processor_config or {}, tiled, problems)
     else:
         raise ConfigError(
             where,
             [
                 f"image processor {image_type or names[1] or '(none named)'!r} is not supported yet "
-                f"(supported: {', '.join([*QWEN_PROCESSORS, *GEMMA3_PROCESSORS])}); see docs/vision.md"
+                f"(supported: {', '.join([*QWEN_PROCESSORS, *GEMMA3_PROCESSORS, *IDEFICS3_PROCESSORS])}); "
+                "see docs/vision.md"
             ],
         )
     if problems:
@@ -206,6 +278,25 @@ def _gemma3(config: dict, processor_config: dict, problems: list[str]) -> Gemma3
         min_crop_size=_positive(config, "pan_and_scan_min_crop_size", defaults.min_crop_size, problems),
         max_num_crops=_positive(config, "pan_and_scan_max_num_crops", defaults.max_num_crops, problems),
         min_ratio_to_activate=float(ratio),
+    )
+
+
+def _idefics3(config: dict, processor_config: dict, family: str, problems: list[str]) -> Idefics3Processor:
+    defaults = Idefics3Processor(family)
+    edges = {}
+    for key, default in (("size", defaults.longest_edge), ("max_image_size", defaults.tile_size)):
+        value = config.get(key)
+        if value is not None and not (isinstance(value, dict) and "longest_edge" in value):
+            problems.append(f"{key} needs longest_edge, got {value!r}")
+            value = None
+        edges[key] = _positive(value or {}, "longest_edge", default, problems)
+    return Idefics3Processor(
+        family=family,
+        longest_edge=edges["size"],
+        tile_size=edges["max_image_size"],
+        image_seq_length=_positive(processor_config, "image_seq_len", defaults.image_seq_length, problems),
+        do_resize=config.get("do_resize") is not False,
+        do_image_splitting=config.get("do_image_splitting") is not False,
     )
 
 

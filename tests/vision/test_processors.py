@@ -12,6 +12,7 @@ from packtool.errors import ConfigError, RecordError
 from packtool.vision.processors import (
     Gemma3Processor,
     Grid,
+    Idefics3Processor,
     QwenVLProcessor,
     load_processor,
     processor_from_config,
@@ -21,6 +22,8 @@ from packtool.vision.processors import (
 pytest.importorskip("PIL.Image")
 qwen_module = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
 gemma_module = pytest.importorskip("transformers.models.gemma3.image_processing_pil_gemma3")
+idefics3_module = pytest.importorskip("transformers.models.idefics3.image_processing_pil_idefics3")
+smolvlm_module = pytest.importorskip("transformers.models.smolvlm.image_processing_pil_smolvlm")
 
 # The image settings of the released models' preprocessor_config.json files.
 QWEN2_VL = {
@@ -108,10 +111,12 @@ def test_qwen2_5_vl_reads_as_qwen2_vl_with_its_own_family(pictures):
             assert qwen2_5.plan(picture.height, picture.width).grid == expected
 
 
-def test_the_worked_example_of_the_docstring():
+def test_the_worked_examples_of_the_docstrings():
     plan = processor_from_config(QWEN2_VL, where="q2").plan(600, 1000)
     assert smart_resize(600, 1000, 28, 3136, 12845056) == (588, 1008)
     assert (plan.grid, plan.n_tokens) == (Grid(1, 42, 72), 756)
+    tiled = processor_from_config(IDEFICS3, where="idefics3").plan(600, 1000)
+    assert (tiled.tiles, tiled.n_tokens) == ((3, 4), 13 * 169)
 
 
 @pytest.mark.parametrize("min_crop_size", [256, 8])
@@ -136,6 +141,52 @@ def test_gemma3_without_pan_and_scan_is_one_fixed_image():
     assert ours.plan(50, 4000).n_tokens == 256 and ours.plan(50, 4000).crops == 0
 
 
+IDEFICS3 = {
+    "image_processor_type": "Idefics3ImageProcessor",
+    "processor_class": "Idefics3Processor",
+    "size": {"longest_edge": 1456},
+    "max_image_size": {"longest_edge": 364},
+    "do_image_splitting": True,
+}
+# The same arithmetic on small sides: every picture crosses a tile, for the price of small resizes.
+IDEFICS3_SMALL = {**IDEFICS3, "size": {"longest_edge": 4 * 24}, "max_image_size": {"longest_edge": 24}}
+SMOLVLM_SMALL = {
+    **IDEFICS3_SMALL,
+    "image_processor_type": "SmolVLMImageProcessor",
+    "processor_class": "SmolVLMProcessor",
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "count", "module"),
+    [
+        (IDEFICS3_SMALL, 1000, "idefics3"),
+        (SMOLVLM_SMALL, 1000, "smolvlm"),
+        (IDEFICS3, 100, "idefics3"),
+        ({**IDEFICS3_SMALL, "do_resize": False}, 300, "idefics3"),
+    ],
+    ids=["idefics3", "smolvlm", "idefics3_released", "no_resize"],
+)
+def test_idefics3_and_smolvlm_tiles_equal_the_processor(pictures, config, count, module):
+    ours = processor_from_config(config, {"image_seq_len": 64}, where="tiled")
+    assert isinstance(ours, Idefics3Processor) and ours.family == module
+    classes = {
+        "idefics3": idefics3_module.Idefics3ImageProcessorPil,
+        "smolvlm": smolvlm_module.SmolVLMImageProcessorPil,
+    }
+    reference = classes[module].from_dict(config)
+    shapes = set()
+    for picture in pictures[:count]:
+        found = reference(picture, **CHEAP, do_pad=False, return_row_col_info=True, return_tensors=None)
+        expected = (found["rows"][0][0], found["cols"][0][0])
+        plan = ours.plan(picture.height, picture.width)
+        assert plan.tiles == expected, picture.size
+        # Idefics3Processor: image_seq_len <image> tokens for each tile and for the global image
+        assert plan.n_tokens == 64 * (expected[0] * expected[1] + 1)
+        shapes.add(expected)
+    assert len(shapes) >= 3
+
+
 def test_a_model_folder_is_read(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(GEMMA3))
     (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_length": 64}))
@@ -152,6 +203,7 @@ def test_a_model_folder_is_read(tmp_path):
         ({**QWEN3_VL, "size": {"max_pixels": 100}}, "size needs shortest_edge and longest_edge"),
         ({**QWEN2_VL, "do_resize": False}, "do_resize false is not supported"),
         ({**GEMMA3, "pan_and_scan_min_ratio_to_activate": "x"}, "must be a positive number"),
+        ({**IDEFICS3, "size": {"height": 10, "width": 10}}, "size needs longest_edge"),
     ],
 )
 def test_bad_configs_are_one_line_naming_the_file(config, message):

@@ -226,12 +226,14 @@ def _batch(pieces: Sequence[str]) -> _Batch:
     chunk for most words), each chunk mixed into the word's hash. Words are `words(piece)`, byte for byte
     (tests/test_decontamination.py holds the two to the same answers)."""
     folded = [p.encode().translate(_ASCII_FOLD) if p.isascii() else fold(p).encode() for p in pieces]
-    joined = b" ".join(folded) + b" "  # a space after each piece: it ends its last word
+    # a space before the first piece and after each: every word has a space before and after it
+    joined = b" " + b" ".join(folded) + b" "
     data = np.frombuffer(joined + b" " * 7, np.uint8)  # 7 more: a word's last chunk reads 8 bytes
-    edges = np.flatnonzero(np.diff((data[: len(joined)] != 32).view(np.int8), prepend=np.int8(0)))
-    starts, ends = edges[0::2], edges[1::2]  # every word starts, then ends (before a space)
+    word = data[: len(joined)] != 32
+    edges = np.flatnonzero(word[1:] != word[:-1]) + 1
+    starts, ends = edges[0::2], edges[1::2]  # every word starts, then ends (at a space)
     hashes = _word_hashes(data, starts, ends - starts)
-    piece_ends = np.cumsum(np.fromiter(map(len, folded), np.int64, len(folded)) + 1)
+    piece_ends = 1 + np.cumsum(np.fromiter(map(len, folded), np.int64, len(folded)) + 1)
     first = np.zeros(len(folded) + 1, np.int64)
     first[1:] = np.searchsorted(starts, piece_ends)  # words of piece p: those that start before its end
     piece = np.repeat(np.arange(len(folded), dtype=np.int64), np.diff(first))
@@ -341,9 +343,8 @@ class EvalIndex:
 
     def _maybe(self, hashes: np.ndarray) -> np.ndarray:
         """Positions of `hashes` whose bit is set in the filter (every indexed hash's is)."""
-        keys = hashes >> np.uint64(64 - self.filter_bits)
-        bytes_ = self.bit_filter[(keys >> np.uint64(3)).astype(np.intp)]
-        return np.flatnonzero((bytes_ >> (keys & np.uint64(7)).astype(np.uint8)) & 1)
+        keys = (hashes >> np.uint64(64 - self.filter_bits)).astype(np.intp)
+        return np.flatnonzero((self.bit_filter[keys >> 3] >> (keys & 7).astype(np.uint8)) & 1)
 
     @staticmethod
     def _find(table: np.ndarray, hashes: np.ndarray, maybe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

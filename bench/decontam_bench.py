@@ -37,13 +37,14 @@ def _text(rng: np.random.Generator, vocab: list[str], n: int) -> list[str]:
 
 
 def eval_set(rng: np.random.Generator, vocab: list[str], ngrams: int) -> list[tuple[EvalItem, str]]:
-    """Eval records of 100-word answers and four 4-8-word options: ~ngrams windows of 13 words."""
+    """Eval records of 100-word answers (Zipf words) and four 4-8-word options (words drawn evenly: a run of 6
+    Zipf words, "the of the and of a", would match training text by chance): ~ngrams windows of 13 words."""
     items = []
     records = max(1, ngrams // 88)
     for r in range(records):
         items.append((EvalItem("eval.jsonl", f"eval.jsonl:{r + 1}", "answer"), " ".join(_text(rng, vocab, 100))))
         for o in range(4):
-            option = " ".join(_text(rng, vocab, int(rng.integers(4, 9))))
+            option = " ".join(vocab[i] for i in rng.integers(0, VOCABULARY, int(rng.integers(4, 9))))
             items.append((EvalItem("eval.jsonl", f"eval.jsonl:{r + 1}", f"options[{o}]"), option))
     return items
 

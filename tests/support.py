@@ -30,8 +30,9 @@ def growth(run: Callable[[int], object], size: int, factor: int = 8, repeats: in
     """How much longer run(size * factor) takes than run(size): about `factor` for linear work and
     factor**2 for quadratic. Each is the best of `repeats` runs of this process's CPU time, the two sizes
     taking turns, which leaves out the pauses of a shared machine; absolute times belong in bench/, where
-    a loaded machine cannot fail a user's test run. Assert against a bound well between the two (a loaded CI machine stretched a
-    linear 4 to 10.6): factor 8 with a bound of 24 tells linear (8) from quadratic (64) with room."""
+    a loaded machine cannot fail a user's test run. Assert against a bound well between the two (a loaded
+    CI machine stretched a linear 4 to 10.6): factor 8 with a bound of 24 tells linear (8) from quadratic
+    (64) with room."""
     times: dict[int, list[float]] = {size: [], size * factor: []}
     for _ in range(repeats):
         for n in times:

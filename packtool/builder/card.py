@@ -234,8 +234,8 @@ def _recipe(manifest: dict[str, Any]) -> list[str]:
         f"mode {_code(manifest.get('mode', 'packed'))}",
         f"- packing: {_code(packing.get('strategy', ''))}; truncation: {_code(truncation.get('strategy', ''))}"
         f" (fallback {_code(truncation.get('fallback', ''))})",
-        f"- seed {manifest.get('seed')}; config sha256 {_code(manifest.get('config_hash', ''))}; "
-        f"plan {_code(manifest.get('plan_hash', ''))}",
+        # not the plan hash: it names the encode work items, which a file's row ranges decide, never the bytes
+        f"- seed {manifest.get('seed')}; config sha256 {_code(manifest.get('config_hash', ''))}",
         "",
         "`manifest.json` holds all of it, the config as written and every shard's sha256; "
         "`packtool verify .` checks every byte against it.",

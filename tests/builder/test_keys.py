@@ -85,6 +85,13 @@ ROWS: dict[str, tuple[str, str]] = {
     "on_error": ("run", "fail"),  # decides whether a build with rejects publishes, not what it writes
     "max_reject_share": ("run", "0.9"),  # a threshold on the outcome, like on_error
     "on_quota_miss": ("run", "fail"),  # whether a build short of a quota publishes, like on_error
+    # the dataset card's words (OUT/README.md): written from the manifest after the shards, in no key
+    "card.license": ("run", "mit"),
+    "card.pretty_name": ("run", "Packs"),
+    "card.description": ("run", "Words."),
+    "card.language": ("run", "[en]"),
+    "card.tags": ("run", "[sft]"),
+    "card.source_datasets": ("run", "[org/data]"),
     "sources[].name": ("encode", "talk"),
     "sources[].path": ("encode", "{chat_copy}"),
     "sources[].format": ("encode", "sharegpt"),

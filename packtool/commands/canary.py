@@ -235,11 +235,11 @@ def _offer_grouped(best: _Best, shard: Path, row: int, pack: dict[str, Any], d: 
 
 def _offer_empty(best: _Best, folder: Path, manifest: Manifest) -> str:
     """Offer the shortest kept sample whose record holds an empty message or text; the reason when none."""
-    from packtool.commands.find import _SourceFiles
+    from packtool.commands.find import SourceFiles
     from packtool.records import RecordError
     from packtool.sources import read_source
 
-    sources = _SourceFiles(folder, manifest, None)
+    sources = SourceFiles(folder, manifest, None)
     if sources.config is None:
         return f"the build's source records could not be read ({sources.describe()})"
     for source in sources.config.sources:
@@ -368,12 +368,12 @@ def generation_header(folder: Path, manifest: Manifest | None) -> str | None:
     """What the build's template prints for add_generation_prompt (`<|im_start|>assistant\\n`), from the config
     the manifest records; None where the config or template cannot be read, or the template prints none."""
     from packtool.chat_templates import template_for
-    from packtool.commands.find import _SourceFiles
+    from packtool.commands.find import SourceFiles
     from packtool.encode import load_tokenizer
 
     if manifest is None:
         return None
-    config = _SourceFiles(folder, manifest, None).config
+    config = SourceFiles(folder, manifest, None).config
     if config is None:
         return None
     try:

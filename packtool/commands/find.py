@@ -100,7 +100,7 @@ def find(output: str | Path, key: str, *, config: str | Path | None = None) -> T
     manifest = read_manifest(folder)
     placements = list(_documents(folder, manifest))
     rejects = _rejects(folder, manifest)
-    sources = _SourceFiles(folder, manifest, config)
+    sources = SourceFiles(folder, manifest, config)
 
     numbered = _NUMBERED.match(key)
     shards = {p.shard for p in placements}
@@ -260,7 +260,7 @@ def _by_location(
     number: int,
     placements: list[Placement],
     rejects: list[dict[str, Any]],
-    sources: _SourceFiles,
+    sources: SourceFiles,
 ) -> Trace:
     found = sources.record_at(file, number)
     if found is None:
@@ -289,12 +289,12 @@ def _by_location(
     return trace
 
 
-def _same_location(sources: _SourceFiles, reject: dict[str, Any], file: str, number: int) -> bool:
+def _same_location(sources: SourceFiles, reject: dict[str, Any], file: str, number: int) -> bool:
     match = _NUMBERED.match(str(reject.get("location") or ""))
     return match is not None and int(match["number"]) == number and sources.same_file(match["file"], file)
 
 
-class _SourceFiles:
+class SourceFiles:
     """The output's sources, read again from the files as they are now (never written)."""
 
     def __init__(self, folder: Path, manifest: Manifest, config: str | Path | None):
@@ -436,7 +436,7 @@ def sample_origins(
     config: str | Path | None = None,
 ) -> dict[tuple[str, str, str], Origin]:
     """Where each (sample_id, source, sample_hash) of an output is in its source files now (see `origin`)."""
-    return _SourceFiles(Path(output), manifest, config).origins(samples)
+    return SourceFiles(Path(output), manifest, config).origins(samples)
 
 
 def config_folder(manifest: dict[str, Any], folder: Path | None = None) -> Path | None:

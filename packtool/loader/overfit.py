@@ -36,7 +36,7 @@ from packtool.errors import IsolationError, ProbeError
 from packtool.loader.boundaries import model_inputs, one_document_per_row
 from packtool.loader.collate import LoadedPack, MicroBatch, collate
 from packtool.loader.loss import chunked_token_loss_sum, window_norm
-from packtool.loader.probe import FAMILIES, _load_real, build_tiny, check_isolation, resolve_config
+from packtool.loader.probe import FAMILIES, build_tiny, check_isolation, load_real, resolve_config
 
 Feed = Callable[[MicroBatch, Any], dict[str, Any]]
 # Adam at a constant 1e-2 memorises the quickstart canaries (~850 tokens) in a hidden-64 model in 50 steps
@@ -65,7 +65,7 @@ def load_model(model: str, *, vocab_size: int, weights: bool = False) -> TunedMo
     if weights:
         for backend in ("sdpa", "eager"):
             try:
-                real = _load_real(model, backend)
+                real = load_real(model, backend)
             except (ValueError, ImportError) as err:
                 last: Exception = err
                 continue

@@ -1092,7 +1092,7 @@ def probe(
     architecture, dtype, kinds = "", "", layer_kinds(config)
     for backend in backends or available_backends():
         try:
-            built = _load_real(model, backend) if weights else build_tiny(config, backend)
+            built = load_real(model, backend) if weights else build_tiny(config, backend)
             if not weights and not _finite_in_rows(built, mb):
                 built = build_tiny(config, backend, dtype=torch.float32)
         except (ValueError, ImportError, OSError) as err:
@@ -1110,7 +1110,7 @@ def probe(
     return ProbeReport(model, architecture, kinds, weights_kind, dtype, tuple(rows), notes)
 
 
-def _load_real(model: str, backend: str) -> Any:
+def load_real(model: str, backend: str) -> Any:
     if model in FAMILIES:
         raise ProbeError(f"--weights needs a model folder or a cached hub id, not the family name {model!r}")
     config = read_config(model)

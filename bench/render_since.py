@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Runs inside each tree: the render entry's signature changed with the render wing (Accelerators), so
 # the worker takes whichever the tree has. One JSON request per line in, one time per line out.
 WORKER = r"""
-import contextlib, json, sys, time
+import contextlib, gc, json, sys, time
 sys.path.insert(0, sys.argv[1])
 from render_bench import examples
 from packtool.chat_templates import load_template
@@ -60,6 +60,9 @@ for line in sys.stdin:
         sets[name] = examples(name)
     samples = sets[name]
     if (model, name) not in loaded:
+        # one row's template at a time: what earlier rows learned would only make later rows' collections slower
+        loaded.clear()
+        gc.collect()
         config = json.loads((DATA / "tokenizers" / model / "tokenizer_config.json").read_text(encoding="utf-8"))
         engine = (load_template("model", config), Accelerators() if Accelerators else None)
         run(samples, engine, 1)  # warm

@@ -39,6 +39,7 @@ from packtool.errors import ConfigError, HubError, PacktoolError
 from packtool.format import MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
+from packtool.vision.processors import PREPROCESSOR_CONFIG, load_processor
 from packtool.workers import EXECUTORS, WORKERS_CHOICES, auto_workers, count_workers, usable_cores
 
 if TYPE_CHECKING:
@@ -163,6 +164,7 @@ class SourceConfig:
     special_tokens: str = "escape"
     max_samples: int | None = None  # read only the first N records (all files in order)
     system: str | None = None  # the system prompt of a conversation that has none
+    image_root: str | None = None  # the folder a record's relative image paths are in (None: its data file's)
     max_record_bytes: int = (
         DEFAULT_MAX_RECORD_BYTES  # the top-level setting, carried to the readers (set by parse_config)
     )
@@ -312,6 +314,7 @@ class BuildConfig:
     capacity: int
     run: Run
     template: str = MODEL_TEMPLATE  # model, model:NAME, a bundled name, or a .jinja file (resolved)
+    processor: str | None = None  # the folder holding preprocessor_config.json: images' grids and token counts
     template_vars: dict[str, Any] = field(default_factory=dict)
     encoding: Encoding = Encoding()
     truncation: Truncation = Truncation()
@@ -343,6 +346,7 @@ KEYED_BY = {
     "tokenizer": "content",
     "template": "content",
     "template_vars": "content",
+    "processor": "content",  # preprocessor_config.json (and processor_config.json) by their sha256
     "encoding": "encode",
     "capacity": "plan",
     "truncation": "plan",
@@ -491,6 +495,7 @@ TOP_KEYS = {
     "tokenizer",
     "template",
     "template_vars",
+    "processor",
     "capacity",
     "output",
     "truncation",
@@ -533,6 +538,7 @@ SOURCE_KEYS = {
     "revision",
     "system",
     "dedup",
+    "image_root",
 }
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 # The keys of the settings that may be written as a mapping (docs/config.md lists them all; a test checks it).
@@ -779,6 +785,8 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     sources = _parse_sources(raw, base_dir, p)
     tokenizer = _parse_tokenizer(p.take(raw, "tokenizer", str, "", required=True), base_dir, p)
     template = _parse_template(raw, base_dir, p)
+    processor_raw = p.take(raw, "processor", str, "", field_default(BuildConfig, "processor"))
+    processor = _parse_processor(processor_raw, tokenizer, base_dir, p)
     template_vars = _template_vars(
         p.take(raw, "template_vars", dict, "", field_default(BuildConfig, "template_vars")), p
     )
@@ -821,6 +829,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         sources=sources,
         tokenizer=tokenizer,
         template=template,
+        processor=processor,
         capacity=capacity or 0,
         run=Run(
             output=output,
@@ -1232,6 +1241,8 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
     if system is not None and fmt == "text":
         p.add(f"{where}.system", "format: text has no conversation to put a system prompt in; remove it")
     quota = _parse_quota(item, where, p)
+    image_root_raw = p.take(item, "image_root", str, where, field_default(SourceConfig, "image_root"))
+    image_root = _parse_image_root(image_root_raw, fmt, base_dir, where, p)
     # taken in the order the problems have always been reported in
     special_tokens = field_default(SourceConfig, "special_tokens")
     special_tokens = p.take(item, "special_tokens", str, where, special_tokens, choices=SPECIAL_TOKEN_POLICIES)
@@ -1249,6 +1260,7 @@ def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> Source
         special_tokens=special_tokens,
         max_samples=max_samples,
         system=system,
+        image_root=image_root,
         labels=files,
         plan=SourcePlan(weight, truncation, group, dedup, quota),
     )
@@ -1302,6 +1314,45 @@ def _parse_tokenizer(value: str | None, base_dir: Path, p: _Problems) -> Tokeniz
     if config_path:
         _check_tokenizer_config(Path(config_path), p)
     return TokenizerConfig(str(tokenizer_file), config_path)
+
+
+def _parse_processor(value: str | None, tokenizer: TokenizerConfig, base_dir: Path, p: _Problems) -> str | None:
+    """`processor`: a folder holding preprocessor_config.json, or that file, read and checked now; absent, the
+    tokenizer's folder when it holds one packtool reads. A tokenizer folder whose processor packtool does not
+    read (another family, a malformed file) leaves it unset rather than refusing a text build: its records with
+    images are rejected, and `processor:` naming the folder says why."""
+    if value is None:
+        folder = Path(tokenizer.path).parent
+        if not tokenizer.path or not (folder / PREPROCESSOR_CONFIG).is_file():
+            return None
+        try:
+            load_processor(folder)
+        except ConfigError:
+            return None
+        return str(folder)
+    target = _resolve(base_dir, value)
+    folder = target.parent if target.name == PREPROCESSOR_CONFIG else target
+    if not (folder / PREPROCESSOR_CONFIG).is_file():
+        p.add("processor", f"{target} is not a preprocessor_config.json nor a folder holding one")
+        return None
+    try:
+        load_processor(folder)
+    except ConfigError as error:
+        p.add("processor", str(error))
+        return None
+    return str(folder)
+
+
+def _parse_image_root(value: str | None, fmt: str | None, base_dir: Path, where: str, p: _Problems) -> str | None:
+    """`image_root`: the folder a source's relative image paths are resolved against (by default the data file's)."""
+    if value is None:
+        return None
+    folder = _resolve(base_dir, value)
+    if fmt == "text":
+        p.add(f"{where}.image_root", "format: text has no images; remove it")
+    elif not folder.is_dir():
+        p.add(f"{where}.image_root", f"not a folder: {folder}")
+    return str(folder)
 
 
 def _check_tokenizer_config(path: Path, p: _Problems) -> None:

@@ -47,6 +47,7 @@ from packtool.ranges import row_ranges
 from packtool.reading import file_sha256
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
+from packtool.vision.processors import PROCESSOR_FILES
 
 # Tests stop a build at a chosen point to prove resume: PACKTOOL_TEST_KILL=encode:2 sends SIGKILL to
 # this process once two encode items have finished (emit:N likewise; plan:1 once the plan is written,
@@ -241,6 +242,9 @@ def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> lis
     tokenizer_hash = file_sha256(config.tokenizer.path)
     if config.tokenizer.config_path:
         tokenizer_hash += file_sha256(config.tokenizer.config_path)
+    if config.processor:  # images' token counts come from these files: a changed one encodes again
+        folder = Path(config.processor)
+        tokenizer_hash += "".join(file_sha256(folder / name) for name in PROCESSOR_FILES if (folder / name).is_file())
     template = stages.template
     template_hash = "none" if template is None else f"{template.key}:{canonical_json(template.variables)}"
     items = []

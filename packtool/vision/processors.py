@@ -30,6 +30,9 @@ from typing import Any, NamedTuple, Protocol
 
 from ..errors import ConfigError, RecordError
 
+# The files a model folder's image processor is read from; both enter the encode key by content.
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+PROCESSOR_FILES = (PREPROCESSOR_CONFIG, "processor_config.json")
 # rejects.jsonl reason for an image the processor itself refuses
 PLAN_REJECT_KINDS = ("image_aspect",)
 
@@ -205,9 +208,9 @@ IDEFICS3_PROCESSORS = {
 
 def load_processor(folder: Path) -> ImageProcessor:
     """The image processor of a model folder: its preprocessor_config.json (+ processor_config.json)."""
-    config_file = folder / "preprocessor_config.json"
+    config_file = folder / PREPROCESSOR_CONFIG
     config = _read_json(config_file)
-    processor_file = folder / "processor_config.json"
+    processor_file = folder / PROCESSOR_FILES[1]
     processor_config = _read_json(processor_file) if processor_file.is_file() else {}
     return processor_from_config(config, processor_config, where=str(config_file))
 

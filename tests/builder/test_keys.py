@@ -46,6 +46,7 @@ ROWS: dict[str, tuple[str, str]] = {
     "tokenizer": ("encode", "{tokenizer}"),
     "template": ("encode", "chatml"),
     "template_vars": ("encode", "{enable_thinking: false}"),
+    "processor": ("encode", "{processor}"),  # by the content of its files (tests/vision/test_build_config.py)
     "add_bos": ("encode", "true"),
     "add_eos": ("encode", "false"),
     "max_record_bytes": ("encode", "65536"),  # which records are read at all
@@ -104,6 +105,7 @@ ROWS: dict[str, tuple[str, str]] = {
     "sources[].special_tokens": ("encode", "keep"),
     "sources[].max_samples": ("encode", "10"),
     "sources[].system": ("encode", "You are terse."),
+    "sources[].image_root": ("encode", "{tmp}"),
     "sources[].weight": ("plan", "2"),
     "sources[].truncation": ("plan", "left"),
     "sources[].group": ("plan", "talk"),
@@ -149,6 +151,11 @@ def _override(setting: str, value: str, tmp_path: Path) -> str:
         shutil.copytree(QUICKSTART / "tokenizer", folder)
         with (folder / "tokenizer.json").open("a") as handle:
             handle.write(" ")
+        value = str(folder)
+    if "{processor}" in value:  # a Qwen2-VL image processor
+        folder = tmp_path / "processor"
+        folder.mkdir()
+        (folder / "preprocessor_config.json").write_text('{"processor_class": "Qwen2VLProcessor"}')
         value = str(folder)
     if "{chat_copy}" in value:  # the chat file less its last line
         copy = tmp_path / "chat.jsonl"

@@ -1332,6 +1332,9 @@ def _parse_processor(value: str | None, tokenizer: TokenizerConfig, base_dir: Pa
         return str(folder)
     target = _resolve(base_dir, value)
     folder = target.parent if target.name == PREPROCESSOR_CONFIG else target
+    if not target.exists():
+        p.add("processor", f"not found: {target}")
+        return None
     if not (folder / PREPROCESSOR_CONFIG).is_file():
         p.add("processor", f"{target} is not a preprocessor_config.json nor a folder holding one")
         return None

@@ -58,12 +58,15 @@ def test_a_tokenizer_folder_holding_a_processor_gives_it(tmp_path):
 @pytest.mark.parametrize(
     ("written", "config", "message"),
     [
-        ("absent", None, r"processor: .*absent is not a preprocessor_config.json nor a folder holding one"),
+        ("absent", None, r"processor: not found: .*absent"),
+        ("empty", {}, r"processor: .*empty is not a preprocessor_config.json nor a folder holding one"),
         ("bad", {"processor_class": "Qwen2VLProcessor", "patch_size": -1}, r"processor: .*patch_size"),
     ],
 )
 def test_a_processor_that_cannot_be_read_is_one_config_error(tmp_path, written, config, message):
-    if config:
+    if config == {}:
+        (tmp_path / written).mkdir()
+    elif config:
         _processor(tmp_path / written, config)
     with pytest.raises(ConfigError, match=message):
         parse_config(_raw(tmp_path, processor=written), base_dir=tmp_path)

@@ -194,12 +194,26 @@ def build(
         for line in heavy_truncation(manifest):
             click.echo(f"note: {line}; per length: packtool stats {settings.run.output}")
         click.echo(f"per source, per reason and per length: packtool stats {settings.run.output}")
+        if manifest.get("decontamination"):
+            click.echo(_decontamination_line(manifest["decontamination"], settings.run.output))
         rejected = manifest["rejects"]["count"]
         if rejected:
             click.echo(
                 f"{rejected} sample(s) not trained, each with its reason, in "
                 f"{Path(settings.run.output) / manifest['rejects']['file']}"
             )
+
+
+def _decontamination_line(record: dict, output: str) -> str:
+    """The manifest's decontamination record in one line: what was found, what became of it, against what."""
+    fate = "dropped, each in rejects.jsonl with its eval record" if record["action"] == "drop" else "kept"
+    evals = record["against"]
+    return (
+        f"decontamination: {record['contaminated']:,} sample(s) contaminated ({fate}; action: {record['action']}), "
+        f"{record['reported']:,} overlap(s) in prompts only (prompt_action: {record['prompt_action']}), against "
+        f"{len(evals)} eval file(s) of {sum(e['strings'] for e in evals):,} strings; every overlap: "
+        f"packtool decontaminate {output} --against EVAL"
+    )
 
 
 def _routes_line(built: Built) -> str:

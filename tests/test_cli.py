@@ -462,3 +462,24 @@ def test_the_build_summary_says_how_many_samples_each_render_route_produced(tmp_
     monkeypatch.setenv("PACKTOOL_RENDER", "reference")
     reference = CliRunner().invoke(main, ["build", config, "-o", str(tmp_path / "ref"), "-j", "1", "--no-cache"])
     assert _routes(reference.output) == {"reference": 1600}
+
+
+def test_the_build_summary_says_what_decontamination_found(tmp_path):
+    answer = json.loads((QUICKSTART / "alpaca.jsonl").read_text(encoding="utf-8").splitlines()[3])["output"]
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"id": "e0", "answer": answer}) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        main,
+        ["build", str(QUICKSTART.parent / "quickstart.yaml"), "-o", str(out), "-j", "1", "--set",
+         f"decontamination={{against: [{evals}]}}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = read_manifest(out).raw["decontamination"]
+    assert record["contaminated"] >= 1
+    assert (
+        f"decontamination: {record['contaminated']:,} sample(s) contaminated (dropped, each in rejects.jsonl with "
+        f"its eval record; action: drop), {record['reported']:,} overlap(s) in prompts only (prompt_action: report), "
+        f"against 1 eval file(s) of {record['against'][0]['strings']} strings; every overlap: packtool decontaminate "
+        f"{out} --against EVAL"
+    ) in result.output

@@ -633,6 +633,41 @@ def _lengths_problems(lengths: Any) -> list[str]:
     return problems
 
 
+def _canaries_problems(record: Any) -> list[str]:
+    """`canaries`: null (an older packtool recorded none), or {set: [{kind, shard, row, documents, sample_ids,
+    tokens}], missing: {kind: why}} (packtool.canaries); documents null: the whole pack."""
+    if record is None:
+        return []
+    if not isinstance(record, dict) or not isinstance(record.get("set"), list):
+        return [f"'canaries' must be {{set: [...], missing: {{kind: why}}}}, got {record!r:.80}"]
+    missing = record.get("missing")
+    problems = []
+    if not isinstance(missing, dict) or not all(isinstance(v, str) for v in missing.values()):
+        problems.append(f"canaries.missing must map kinds to reasons, got {missing!r:.80}")
+    for number, entry in enumerate(record["set"]):
+        if not _is_canary(entry):
+            problems.append(
+                f"canaries.set[{number}] must be {{kind, shard: a shard's file name, row, documents: [index] or "
+                f"null, sample_ids: [id], tokens}}, got {entry!r:.80}"
+            )
+    return problems
+
+
+def _is_canary(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    documents, ids = entry.get("documents"), entry.get("sample_ids")
+    return (
+        isinstance(entry.get("kind"), str)
+        and is_plain_name(entry.get("shard"))
+        and _is_count(entry.get("row"))
+        and _is_count(entry.get("tokens"))
+        and (documents is None or (isinstance(documents, list) and all(_is_count(d) for d in documents)))
+        and isinstance(ids, list)
+        and all(isinstance(i, str) for i in ids)
+    )
+
+
 def _card_problems(card: Any) -> list[str]:
     """`card`: null (an older packtool wrote none), or {file, bytes, sha256} of the dataset card in the folder."""
     if card is None:
@@ -705,6 +740,9 @@ class ManifestFields:
     # only with decontamination: (packtool.decontamination): the eval files' sha256, the settings and the counts
     decontamination: dict[str, Any] | None = field(default=None, metadata=_rule(_decontamination_problems))
     lengths: dict[str, dict[str, Any]] = field(metadata=_rule(_lengths_problems))
+    # the main folder's canary set (packtool.canaries), chosen from the staged shards; absent in sub-outputs and
+    # in older builds, whose canaries `packtool canary` selects again
+    canaries: dict[str, Any] | None = field(default=None, metadata=_rule(_canaries_problems))
     # the main folder's dataset card (builder.card), written from every other field: so it is added last, before
     # the seal; absent in sub-outputs and in older builds
     card: dict[str, Any] | None = field(default=None, metadata=_rule(_card_problems))

@@ -19,6 +19,7 @@ import packtool
 from packtool.builder.card import card_text, write_card
 from packtool.builder.plan import Plan
 from packtool.builder.stages import Stages
+from packtool.canaries import choose_canaries
 from packtool.chat_templates import ChatTemplate
 from packtool.config import ITEM_FORMATS, BuildConfig
 from packtool.decontamination import EvalSet
@@ -81,6 +82,7 @@ def write_outputs(
     if config.mixing.interleave is not None:
         fields = replace(fields, mixing={**fields.mixing, "interleave": config.mixing.interleave.as_dict()})
     fields = replace(fields, stats=_stats(fields, out, infos[""]))
+    fields = replace(fields, canaries=_canaries(config, stages, fields, out, infos[""]))
     card = write_card(out, card_text(config.card, fields.as_dict(), written))
     return write_manifest(out, replace(fields, card=card).as_dict())
 
@@ -103,6 +105,17 @@ def decontamination_record(evals: EvalSet, accounting: dict[str, dict[str, Any]]
 def _stats(fields: ManifestFields, folder: Path, shards: list[ShardInfo]) -> dict[str, Any]:
     """The summary `packtool stats` prints, taken from the shards as the manifest (checked first) describes them."""
     return summarize([folder / s.file for s in shards], Manifest.from_dict(fields.as_dict(), folder))
+
+
+def _canaries(
+    config: BuildConfig, stages: Stages, fields: ManifestFields, folder: Path, shards: list[ShardInfo]
+) -> dict[str, Any]:
+    """The canary set `packtool canary` prints (docs/canary.md), chosen from the staged shards as that command
+    would choose it from the published ones: recorded, so a later packtool never prints others for this build."""
+    # the build's own tokenizer: what it changes of the file's (a pre-tokenizer, padding) never changes decoding
+    decoder = stages.tokenizer.tokenizer
+    files = [folder / s.file for s in shards]
+    return choose_canaries(files, fields.capacity, fields.accounting, decoder, config.sources).as_dict()
 
 
 def write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:

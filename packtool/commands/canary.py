@@ -1,19 +1,8 @@
 """`packtool canary`: the last check before a long run, on the build itself and the model to train.
 
-1. The canary set: one document of each risky kind, chosen from the build by a pure function of its
-   sealed shards and manifest (and, for an empty field, of its source records), so the same build
-   always gives the same canaries; each printed as `inspect` prints it.
-
-       kind              the document chosen (the shortest that qualifies; the first among equals)
-       short_text        a document of text-role tokens only (a text source)
-       empty_field       a sample whose record holds an empty message or text ("" content beside tool calls)
-       tools             a conversation with a tool result and two or more assistant turns
-       unicode           a conversation or text with a character beyond the Latin scripts (CJK, RTL, emoji)
-       code              a conversation or text with a fenced code block
-       truncated         a piece of a split sample, or a document cut to the capacity in a source that truncated
-       packed_row        the shortest whole pack of two or more documents (the most documents among equals)
-       preference_pair   both answers of a pair (a build with preference sources only)
-       completion_group  the completions of a group (a build with group sources only)
+1. The canary set (packtool.canaries): one document of each risky kind, recorded in the manifest at build time
+   (`canaries`), so the same build always prints the same canaries; an output built before that field gets
+   the set selected again, with a notice. Each is printed as `inspect` prints it.
 
 2. The overfit: a tiny random copy of MODEL (or its weights) trains on the canary documents through
    packtool's own path (packtool.loader.overfit); the loss must fall by OVERFIT_FACTOR.
@@ -25,243 +14,62 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packtool.canaries import KINDS, OPTIONAL_KINDS, Canary, CanarySet, choose_canaries
 from packtool.commands.show import PackRef, load_decoder, pack_lines, visible
 from packtool.errors import PacktoolError
-from packtool.format import KIND_CODES, ROLE_CODES, WHOLE, Manifest
+from packtool.format import ROLE_CODES, Manifest
 from packtool.labels import IGNORE_INDEX
-from packtool.shards import locate, read_columns
+from packtool.shards import locate
 
-KINDS = ("short_text", "empty_field", "tools", "unicode", "code", "truncated", "packed_row")
-OPTIONAL_KINDS = ("preference_pair", "completion_group")  # looked for; their absence is no gap in a plain build
+__all__ = ["KINDS", "OPTIONAL_KINDS", "canary", "canary_set", "format_canary", "select_canaries"]
+
 CHAT_KINDS = ("empty_field", "tools", "unicode", "code")  # canaries whose last answer generation must give back
 # The loss of the last step must be at most a tenth of the first's: the tiny copy falls 8.3 -> 0.1 (80x)
 # on the quickstart canaries in 50 steps; labels that point at the wrong tokens plateau far above.
 OVERFIT_FACTOR = 10.0
 DEFAULT_STEPS = 60
-# Selection reads at most this many packs (manifest order) and source records per source: a bound on a
-# large build's cost, still a fixed function of the build.
-MAX_PACKS = 2048
-MAX_RECORDS = 100_000
-LATIN_END = 0x24F  # Latin Extended-B: above it, scripts and symbols a byte-level tokenizer splits oddly
-_TEXT, _TOOL, _ASSISTANT = ROLE_CODES["text"], ROLE_CODES["tool"], ROLE_CODES["assistant"]
-_CHAT_ROLES = [ROLE_CODES[r] for r in ("system", "user", "assistant", "tool")]
-_COLUMNS = ["input_ids", "labels", "token_roles", "doc_cu_seqlens", "sample_ids", "sample_hashes", "sources"]
-_SEGMENTS = ["segment_kinds", "segment_groups", "segment_pieces"]
+_ASSISTANT = ROLE_CODES["assistant"]
+SELECTED_NOW = "the manifest records no canary set (built before packtool recorded one): selected now from the build"
 
 
-@dataclass(frozen=True, slots=True)
-class Canary:
-    """One canary: the documents of one pack (None: the whole pack) and the sample ids they hold."""
-
-    kind: str
-    shard: Path
-    row: int
-    documents: tuple[int, ...] | None
-    sample_ids: tuple[str, ...]
-    tokens: int
-
-    @property
-    def ref(self) -> PackRef:
-        return PackRef(self.shard, self.row, self.documents)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "shard": self.shard.name, "documents": self.documents}
-
-
-@dataclass(frozen=True, slots=True)
-class CanarySet:
-    canaries: tuple[Canary, ...]
-    missing: dict[str, str]  # kind -> why the build has none
-
-
-@dataclass(frozen=True, slots=True)
-class _Doc:
-    """One document as selection sees it."""
-
-    shard: Path
-    row: int
-    document: int
-    start: int
-    end: int
-    sample_id: str
-    sample_hash: str
-    source: str
-
-
-@dataclass
-class _Best:
-    """The candidates so far: the shortest document of each kind (first among equals), the fullest pack."""
-
-    docs: dict[str, tuple[int, _Doc]] = field(default_factory=dict)
-    pack: tuple[int, int, Path, int, int] | None = None  # (tokens, -documents, shard, row, documents)
-    grouped: dict[str, tuple[Path, int, tuple[int, ...], tuple[str, ...], int]] = field(default_factory=dict)
-    by_hash: dict[str, tuple[int, _Doc]] = field(default_factory=dict)
-
-    def offer(self, kind: str, length: int, doc: _Doc) -> None:
-        if kind not in self.docs or length < self.docs[kind][0]:
-            self.docs[kind] = (length, doc)
+def canary_set(output: str | Path) -> tuple[CanarySet, bool]:
+    """The canary set the manifest records (and True), or for an older output the one selected now (and False)."""
+    folder, manifest, _ = locate(output)
+    recorded = manifest.raw.get("canaries") if manifest is not None and Path(output).is_dir() else None
+    if recorded is not None:
+        return CanarySet.from_dict(recorded, folder), True
+    return select_canaries(output), False
 
 
 def select_canaries(output: str | Path) -> CanarySet:
-    """The canary set of an output folder: a pure function of its shards and manifest (see the module docstring)."""
+    """The canary set of an output folder selected from its shards, manifest and source records, as the builder
+    selects it before recording it (packtool.canaries)."""
+    from packtool.commands.find import SourceFiles
+
     folder, manifest, files = locate(output)
     if manifest is None or not Path(output).is_dir():
         raise PacktoolError(f"{output}: give the output folder (the one holding manifest.json), not one shard")
     decoder = load_decoder(files[0], manifest, None, folder)
-    truncating = {name for name, counts in (manifest.raw.get("accounting") or {}).items() if _truncated(counts)}
-    best = _Best()
-    for shard, row, pack in _packs(files):
-        _offer_pack(best, shard, row, pack, decoder, manifest.capacity, truncating)
-    empty_why = _offer_empty(best, folder, manifest)
-    canaries = [
-        Canary(k, d.shard, d.row, (d.document,), (d.sample_id,), n)
-        for k in KINDS
-        if k in best.docs
-        for n, d in [best.docs[k]]
-    ]
-    if best.pack is not None:
-        tokens, _, shard, row, _ = best.pack
-        ids = tuple(_column(shard, "sample_ids")[row])
-        canaries.append(Canary("packed_row", shard, row, None, ids, tokens))
-    for kind in OPTIONAL_KINDS:
-        if kind in best.grouped:
-            shard, row, docs, ids, tokens = best.grouped[kind]
-            canaries.append(Canary(kind, shard, row, docs, ids, tokens))
-    found = {c.kind for c in canaries}
-    missing = {k: _why_missing(k, empty_why) for k in (*KINDS, *OPTIONAL_KINDS) if k not in found}
-    return CanarySet(tuple(sorted(canaries, key=lambda c: (KINDS + OPTIONAL_KINDS).index(c.kind))), missing)
-
-
-def _truncated(counts: Any) -> bool:
-    truncated = counts.get("truncated") if isinstance(counts, dict) else None
-    return isinstance(truncated, dict) and any(v.get("samples", 0) for v in truncated.values() if isinstance(v, dict))
-
-
-def _why_missing(kind: str, empty_why: str) -> str:
-    if kind == "empty_field":
-        return empty_why
-    if kind == "packed_row":
-        return f"no pack holds two or more documents in the first {MAX_PACKS} packs"
-    what = {
-        "short_text": "no document of text tokens only (no text source)",
-        "tools": "no conversation with a tool result and two or more assistant turns",
-        "unicode": "no document with a character beyond the Latin scripts",
-        "code": "no document with a fenced code block (```)",
-        "truncated": "no sample was cut (no split piece, no document cut to the capacity)",
-        "preference_pair": "no preference pair (no preference source)",
-        "completion_group": "no completion group (no group source)",
-    }[kind]
-    return f"{what} in the first {MAX_PACKS} packs"
-
-
-def _packs(files: list[Path]) -> Iterator[tuple[Path, int, dict[str, list[Any]]]]:
-    seen = 0
-    for shard in files:
-        table = read_columns(shard, _COLUMNS, _SEGMENTS)
-        columns = {name: table.column(name).to_pylist() for name in table.column_names}
-        for row in range(table.num_rows):
-            if seen == MAX_PACKS:
-                return
-            seen += 1
-            yield shard, row, {name: values[row] for name, values in columns.items()}
-
-
-def _offer_pack(
-    best: _Best, shard: Path, row: int, pack: dict[str, Any], decoder: Any, capacity: int, truncating: set[str]
-) -> None:
-    docs = pack["doc_cu_seqlens"]
-    roles = np.asarray(pack["token_roles"], dtype=np.int8)
-    count = len(docs) - 1
-    if count >= 2:
-        key = (len(pack["input_ids"]), -count, shard, row, count)
-        if best.pack is None or key[:2] < best.pack[:2]:
-            best.pack = key
-    kinds = pack.get("segment_kinds")
-    for d in range(count):
-        start, end = docs[d], docs[d + 1]
-        doc = _Doc(shard, row, d, start, end, pack["sample_ids"][d], pack["sample_hashes"][d], pack["sources"][d])
-        best.by_hash.setdefault(doc.sample_hash, (end - start, doc))
-        if kinds is not None and kinds[d] != KIND_CODES["single"]:
-            _offer_grouped(best, shard, row, pack, d)
-            continue
-        for kind in _document_kinds(pack, d, roles[start:end], decoder, capacity, truncating):
-            best.offer(kind, end - start, doc)
-
-
-def _document_kinds(
-    pack: dict[str, Any], d: int, roles: np.ndarray, decoder: Any, capacity: int, truncating: set[str]
-) -> list[str]:
-    start, end = pack["doc_cu_seqlens"][d], pack["doc_cu_seqlens"][d + 1]
-    chat = bool(np.isin(roles, _CHAT_ROLES).any())
-    kinds = []
-    if not chat and (roles == _TEXT).any():
-        kinds.append("short_text")
-    if chat and (roles == _TOOL).any() and _runs(roles == _ASSISTANT) >= 2:
-        kinds.append("tools")
-    pieces = pack.get("segment_pieces")
-    if (pieces is not None and pieces[d] != WHOLE) or (end - start == capacity and pack["sources"][d] in truncating):
-        kinds.append("truncated")
-    text = decoder.decode(pack["input_ids"][start:end], skip_special_tokens=False)
-    if any(ord(ch) > LATIN_END for ch in text):
-        kinds.append("unicode")
-    if "```" in text:
-        kinds.append("code")
-    return kinds
-
-
-def _runs(flags: np.ndarray) -> int:
-    """How many runs of True `flags` holds (turns of one role)."""
-    return int(flags[0]) + int((flags[1:] & ~flags[:-1]).sum()) if len(flags) else 0
-
-
-def _offer_grouped(best: _Best, shard: Path, row: int, pack: dict[str, Any], d: int) -> None:
-    """The first pair and the first group met: every document of that group in this pack."""
-    kind = "completion_group" if pack["segment_kinds"][d] == KIND_CODES["completion"] else "preference_pair"
-    if kind in best.grouped:
-        return
-    group = pack["segment_groups"][d]
-    docs = tuple(i for i, g in enumerate(pack["segment_groups"]) if g == group)
-    cu = pack["doc_cu_seqlens"]
-    tokens = sum(cu[i + 1] - cu[i] for i in docs)
-    best.grouped[kind] = (shard, row, docs, tuple(pack["sample_ids"][i] for i in docs), tokens)
-
-
-def _offer_empty(best: _Best, folder: Path, manifest: Manifest) -> str:
-    """Offer the shortest kept sample whose record holds an empty message or text; the reason when none."""
-    from packtool.commands.find import SourceFiles
-    from packtool.records import RecordError
-    from packtool.sources import read_source
-
     sources = SourceFiles(folder, manifest, None)
-    if sources.config is None:
-        return f"the build's source records could not be read ({sources.describe()})"
-    for source in sources.config.sources:
-        for number, example in enumerate(read_source(source)):
-            if number == MAX_RECORDS:
-                break
-            if isinstance(example, RecordError) or not _has_empty_field(example):
-                continue
-            hit = best.by_hash.get(example.sample_hash)
-            if hit is not None and hit[1].source == source.name:
-                best.offer("empty_field", *hit)
-    return f"no kept record with an empty message or text in the first {MAX_RECORDS} records of each source"
+    config = sources.config
+    return choose_canaries(
+        files,
+        manifest.capacity,
+        manifest.raw.get("accounting") or {},
+        decoder,
+        None if config is None else config.sources,
+        "" if config is not None else sources.describe(),
+    )
 
 
-def _has_empty_field(example: Any) -> bool:
-    if example.text is not None:
-        return example.text == ""
-    return any(m.content == "" for m in example.messages)
-
-
-def _column(shard: Path, name: str) -> list[Any]:
-    return read_columns(shard, [name]).column(name).to_pylist()
+def _ref(item: Canary) -> PackRef:
+    return PackRef(item.shard, item.row, item.documents)
 
 
 # ---- the overfit and the end of a turn ----
@@ -305,6 +113,7 @@ class CanaryReport:
     eos_from: str = ""
     turns: tuple[TurnCheck, ...] = ()
     failures: tuple[str, ...] = ()
+    recorded: bool = True  # the set is the manifest's (False: an older output's, selected now)
 
     @property
     def ok(self) -> bool:
@@ -325,7 +134,7 @@ def canary(
 
     if steps < 1:
         raise PacktoolError(f"--steps {steps}: give 1 or more")
-    chosen = select_canaries(output)
+    chosen, recorded = canary_set(output)
     folder, manifest, files = locate(output)
     decoder = load_decoder(files[0], manifest, None, folder)
     packs, turns = _training_rows(chosen.canaries, special_ids(decoder))
@@ -361,6 +170,7 @@ def canary(
         eos_from,
         checks,
         tuple(failures),
+        recorded,
     )
 
 
@@ -399,7 +209,7 @@ def _training_rows(canaries: tuple[Canary, ...], special: frozenset[int]) -> tup
     packs, turns = [], []
     seen: set[tuple[Path, int, int, str]] = set()  # documents trained ("doc") and turns checked ("turn")
     for item in canaries:
-        pack = checked_row(item.ref)
+        pack = checked_row(_ref(item))
         all_ids = np.asarray(pack["input_ids"], dtype=np.int64)
         all_labels = np.asarray(pack["labels"], dtype=np.int64)
         if item.documents is None:
@@ -515,11 +325,12 @@ def format_canary(report: CanaryReport, *, color: bool = False) -> str:
     folder, manifest, files = locate(report.output)
     decoder = load_decoder(files[0], manifest, None, folder)
     lines = [f"canary set of {report.output}: {len(report.canaries)} canaries"]
+    lines += [] if report.recorded else [f"notice: {SELECTED_NOW}"]
     lines += [f"missing: {kind}: {why}" for kind, why in report.missing.items()]
     for item in report.canaries:
         around = PACKED_AROUND if item.documents is None else None
         lines += ["", f"== {item.kind}: {', '.join(item.sample_ids[:4])}{' ...' if len(item.sample_ids) > 4 else ''}"]
-        lines += pack_lines(item.ref, decoder, limit=None, around=around, color=color, text=around is None)
+        lines += pack_lines(_ref(item), decoder, limit=None, around=around, color=color, text=around is None)
     lines += ["", f"overfit: {report.description}, fed {report.feed}"]
     lines += [f"notice: {notice}" for notice in report.notices]
     lines.append(loss_curve(report.losses))

@@ -13,6 +13,8 @@ What the manifest states is either recomputed or sealed:
     accounting, per source       read == kept + rejected + dropped; segments == documents of the source in the
                                  shards (overflow bucket included); distinct samples in the shards <= kept
     card                         README.md (the dataset card) has the bytes and sha256 the manifest records
+    canaries                     each recorded canary's shard, row, documents, sample ids and tokens are the
+                                 shards' (packtool.canaries)
     sealed                       everything else (config, seed, capacity, conventions, ...): `manifest_sha256`
                                  is the sha256 of the manifest's canonical JSON without that field (packtool.seal)
     sub-outputs                  overflow/ and validation/ when the manifest names them: the same checks
@@ -149,6 +151,8 @@ def verify(path: str | Path) -> Verification:
     _check_rejects(folder, manifest, result)
     _check_card(folder, manifest, result)
     _check_decontamination(manifest, result)
+    if tally.readable:
+        _check_canaries(folder, manifest, result)
     return result
 
 
@@ -484,6 +488,52 @@ def _check_card(folder: Path, manifest: Manifest, result: Verification) -> None:
             f"{path}: {path.stat().st_size} bytes whose sha256 differs from the card the build wrote ({card['bytes']} "
             "bytes): it was edited after the build; put lasting words in the config's `card:` section and rebuild"
         )
+
+
+def _check_canaries(folder: Path, manifest: Manifest, result: Verification) -> None:
+    """Each canary the manifest records names a pack and documents the shards hold, with their sample ids and
+    token count (a manifest without `canaries` is an older packtool's: nothing to check)."""
+    record = manifest.raw.get("canaries")
+    if record is None:
+        return
+    listed = {entry.file.name: entry.file for entry in manifest.shards}
+    read: dict[str, tuple[list[list[int]], list[list[str]]]] = {}
+    for number, entry in enumerate(record["set"]):
+        problem = _canary_problem(entry, listed, read)
+        if problem is not None:
+            result.add(f"{folder / MANIFEST}: canaries.set[{number}] ({entry['kind']}): {problem}")
+
+
+def _canary_problem(
+    entry: dict[str, Any], listed: dict[str, Path], read: dict[str, tuple[list[list[int]], list[list[str]]]]
+) -> str | None:
+    """Why one recorded canary is not what the shards hold; `read`: each shard's offsets and ids, read once."""
+    from packtool.canaries import KINDS, OPTIONAL_KINDS
+    from packtool.shards import read_columns
+
+    if entry["kind"] not in (*KINDS, *OPTIONAL_KINDS):
+        return f"kind {entry['kind']!r} is not a canary kind ({', '.join((*KINDS, *OPTIONAL_KINDS))})"
+    shard = entry["shard"]
+    if shard not in listed:
+        return f"shard {shard!r} is not one the manifest lists"
+    if shard not in read:
+        table = read_columns(listed[shard], ["doc_cu_seqlens", "sample_ids"])
+        read[shard] = (table.column("doc_cu_seqlens").to_pylist(), table.column("sample_ids").to_pylist())
+    offsets, ids = read[shard]
+    row = entry["row"]
+    if row >= len(offsets):
+        return f"row {row}, but {shard} holds {len(offsets)} rows"
+    cu = offsets[row]
+    documents = entry["documents"] if entry["documents"] is not None else range(len(cu) - 1)
+    if any(d >= len(cu) - 1 for d in documents):
+        return f"documents {list(documents)}, but {shard} row {row} holds {len(cu) - 1}"
+    held = [ids[row][d] for d in documents]
+    if entry["sample_ids"] != held:
+        return f"sample ids {entry['sample_ids']!r:.120}, but {shard} row {row} holds {held!r:.120} there"
+    tokens = sum(cu[d + 1] - cu[d] for d in documents)
+    if entry["tokens"] != tokens:
+        return f"tokens {entry['tokens']}, but those documents hold {tokens}"
+    return None
 
 
 def format_verification(result: Verification) -> str:

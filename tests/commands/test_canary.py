@@ -4,14 +4,27 @@ and generated turns that end where the template ends them (or one line naming wh
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from support import QUICKSTART
 
+from packtool.canaries import CanarySet
 from packtool.cli import main
-from packtool.commands.canary import KINDS, Turn, _check_turn, select_canaries
+from packtool.commands.canary import (
+    KINDS,
+    SELECTED_NOW,
+    CanaryReport,
+    Turn,
+    _check_turn,
+    canary_set,
+    format_canary,
+    select_canaries,
+)
+from packtool.seal import seal_manifest
 
 pytest.importorskip("transformers")  # the overfit; selection needs neither
 
@@ -35,7 +48,7 @@ def _canary(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-def _build(folder, train: dict) -> str:
+def _build(folder, train: dict, output: str = "out") -> str:
     import yaml
 
     (folder / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHATS), encoding="utf-8")
@@ -47,12 +60,12 @@ def _build(folder, train: dict) -> str:
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "template": "model",
         "capacity": 128,
-        "output": "out",
+        "output": output,
     }
     (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     result = CliRunner().invoke(main, ["build", str(folder / "config.yaml"), "-q"])
     assert result.exit_code == 0, result.output
-    return str(folder / "out")
+    return str(folder / output)
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +81,11 @@ def untrained_end(tmp_path_factory) -> str:
 
 
 def test_the_quickstart_canary_set_holds_every_kind_and_is_the_same_every_time(quickstart_build):
-    chosen = select_canaries(quickstart_build)
+    chosen, recorded = canary_set(quickstart_build)
+    assert recorded  # the build wrote it into the manifest, and selecting again chooses the same
+    assert select_canaries(quickstart_build) == chosen
     assert [c.kind for c in chosen.canaries] == list(KINDS)
     assert set(chosen.missing) == {"preference_pair", "completion_group"}  # a plain build: named, not failed
-    assert select_canaries(quickstart_build) == chosen
     packed = chosen.canaries[-1]
     assert packed.documents is None and len(packed.sample_ids) >= 2
 
@@ -95,6 +109,45 @@ def test_a_small_build_overfits_and_every_turn_ends(small_build):
     assert "generation ok: unicode canary grüße: " in output and "ends with '<|im_end|>'" in output
     assert "missing: empty_field: no kept record with an empty message" in output  # its records were read
     assert output.rstrip().endswith("every generated turn ends where the template ends it")
+
+
+def _manifest(output) -> dict:
+    return json.loads((Path(output) / "manifest.json").read_text(encoding="utf-8"))
+
+
+def _edited(output: str, folder: Path, change) -> Path:
+    """A copy of `output` whose manifest `change` edited, resealed (only recomputation can catch the edit)."""
+    copy = folder / "edited"
+    shutil.copytree(output, copy)
+    manifest = _manifest(copy)
+    change(manifest)
+    (copy / "manifest.json").write_text(json.dumps(seal_manifest(manifest)), encoding="utf-8")
+    return copy
+
+
+def test_a_rebuild_from_the_cache_records_the_same_canaries(small_build):
+    """A second build of the same config (its encode read from the token cache) records the same set."""
+    again = _build(Path(small_build).parent, {}, output="again")
+    assert _manifest(again)["canaries"] == _manifest(small_build)["canaries"]
+    assert [c["kind"] for c in _manifest(again)["canaries"]["set"]] == ["unicode", "packed_row"]
+
+
+def test_verify_names_a_recorded_canary_the_shards_do_not_hold(small_build, tmp_path):
+    def wrong_id(manifest):
+        manifest["canaries"]["set"][0]["sample_ids"] = ["nobody"]
+
+    result = CliRunner().invoke(main, ["verify", str(_edited(small_build, tmp_path, wrong_id))])
+    assert result.exit_code == 1
+    assert "canaries.set[0] (unicode): sample ids ['nobody'], but shard-00000.parquet row 0 holds" in result.output
+
+
+def test_an_output_without_a_recorded_set_selects_it_now_and_says_so(small_build, tmp_path):
+    older = _edited(small_build, tmp_path, lambda manifest: manifest.pop("canaries"))
+    chosen, recorded = canary_set(older)
+    assert not recorded
+    assert chosen == CanarySet.from_dict(_manifest(small_build)["canaries"], older)
+    report = CanaryReport(str(older), "llama", chosen.canaries, chosen.missing, losses=(8.0, 0.1), recorded=False)
+    assert format_canary(report).splitlines()[1] == f"notice: {SELECTED_NOW}"
 
 
 def test_an_end_of_turn_never_trained_fails_naming_the_cause(untrained_end):

@@ -150,6 +150,27 @@ def test_an_output_without_a_recorded_set_selects_it_now_and_says_so(small_build
     assert format_canary(report).splitlines()[1] == f"notice: {SELECTED_NOW}"
 
 
+def test_a_preference_build_records_its_first_pair_whole(tmp_path):
+    """Pair records are read again beside the shards (for the empty field): the pair is chosen whole, not as samples."""
+    pairs = [
+        {
+            "id": f"p{i}",
+            "prompt": [{"role": "user", "content": f"{i} + 1?"}],
+            "chosen": [{"role": "assistant", "content": f"{i + 1}."}],
+            "rejected": [{"role": "assistant", "content": "No."}],
+        }
+        for i in range(2)
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs), encoding="utf-8")
+    source = {"name": "pairs", "path": str(tmp_path / "pairs.jsonl"), "format": "preference", "fields": {"id": "id"}}
+    config = {"sources": [source], "tokenizer": str(QUICKSTART / "tokenizer"), "template": "model", "capacity": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    result = CliRunner().invoke(main, ["build", str(tmp_path / "config.json"), "-o", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 0, result.output
+    (pair,) = [c for c in canary_set(tmp_path / "out")[0].canaries if c.kind == "preference_pair"]
+    assert len(pair.sample_ids) == 2 and len(pair.documents) == 2
+
+
 def test_an_end_of_turn_never_trained_fails_naming_the_cause(untrained_end):
     code, output = _canary(untrained_end, "--model", "qwen3", "--steps", "3", "--json")
     report = json.loads(output)

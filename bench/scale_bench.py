@@ -65,6 +65,7 @@ class Timed(Progress):
     def __init__(self):
         self.spans = {}
         self.anon = {}  # RssAnon of this process as each phase ends
+        self.traces = {}  # with PACKTOOL_TRACE set: tracemalloc's current, peak and top sites as each phase ends
     @contextmanager
     def phase(self, name, total, unit):
         begin = time.perf_counter()
@@ -72,9 +73,32 @@ class Timed(Progress):
             yield bar
         self.spans[name] = (begin - start, time.perf_counter() - start)
         self.anon[name] = anon_mb()
+        if traced:
+            self.trace(name)
+    def trace(self, name):
+        import tracemalloc
+        current, peak = tracemalloc.get_traced_memory()  # before the snapshot, whose own objects are traced
+        by_line = tracemalloc.take_snapshot().statistics("lineno")
+        frames = [(s.traceback[0], s.size) for s in by_line[:60]]
+        sites = {f"{f.filename.split('packtool/')[-1]}:{f.lineno}": size for f, size in frames}
+        del by_line
+        self.traces[name] = {"current": current, "peak": peak, "sites": sites}
+        tracemalloc.reset_peak()
 
 config_path, output, workers, use_cache, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+import os
+traced = bool(os.environ.get("PACKTOOL_TRACE"))
 timed = Timed()
+if traced:  # the driver's own allocations by site (file:line) as each phase ends, and each phase's peak
+    import packtool.builder as builder_module
+    import tracemalloc
+    tracemalloc.start()
+    write_outputs = builder_module.write_outputs
+    def publish_traced(*args):
+        manifest = write_outputs(*args)
+        timed.trace("publish")  # rejects, manifests and stats written, the plan still held
+        return manifest
+    builder_module.write_outputs = publish_traced
 config = load_config(config_path, output=output, workers=workers, overrides=overrides)
 built = build(config, progress=timed, use_cache=use_cache == "cache")
 end = time.perf_counter() - start
@@ -99,6 +123,7 @@ print(json.dumps({
     "nodes": built.nodes,
     "vm_hwm_mb": int(status["VmHWM"].split()[0]) / 1024,
     "anon_after_mb": {**timed.anon, "publish": anon_mb()},
+    "traces": timed.traces,
 }))
 """
 
@@ -113,11 +138,11 @@ def vocabulary(rng: np.random.Generator, size: int = 4000) -> np.ndarray:
     return np.array(["".join(rng.choice(syllables, n)) for n in counts])
 
 
-def chat_rows(rng: np.random.Generator, words: np.ndarray, n: int) -> list[str]:
-    """n JSON lines of `messages` conversations."""
+def chat_rows(rng: np.random.Generator, words: np.ndarray, n: int, scale: float = 1.0) -> list[str]:
+    """n JSON lines of `messages` conversations; `scale` multiplies every turn's mean length."""
 
     def text(mean_words: float) -> str:
-        count = max(1, int(rng.lognormal(np.log(mean_words), 0.8)))
+        count = max(1, int(rng.lognormal(np.log(mean_words * scale), 0.8)))
         return " ".join(words[rng.integers(0, len(words), count)]) + "."
 
     lines = []
@@ -130,7 +155,7 @@ def chat_rows(rng: np.random.Generator, words: np.ndarray, n: int) -> list[str]:
     return lines
 
 
-def write_chat_set(folder: Path, megabytes: float, seed: int = 0) -> list[Path]:
+def write_chat_set(folder: Path, megabytes: float, seed: int = 0, scale: float = 1.0) -> list[Path]:
     """FILE_MB files of JSON Lines (the last one smaller) adding up to `megabytes` MB."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -141,7 +166,7 @@ def write_chat_set(folder: Path, megabytes: float, seed: int = 0) -> list[Path]:
         budget, size = min(left, FILE_MB * 10**6), 0
         with open(path, "w", encoding="utf-8") as handle:
             while size < budget:
-                block = "".join(line + "\n" for line in chat_rows(rng, words, 200))
+                block = "".join(line + "\n" for line in chat_rows(rng, words, 200, scale))
                 handle.write(block)
                 size += len(block.encode())
         files.append(path)
@@ -192,10 +217,13 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def measured_build(config: Path, output: Path, workers: str, *, cache: bool = False, overrides=()) -> dict:
+def measured_build(
+    config: Path, output: Path, workers: str, *, cache: bool = False, overrides=(), traced: bool = False
+) -> dict:
     """Run one build in a child process; its JSON report plus the sampled memory peaks in MB."""
     command = [sys.executable, "-c", CHILD, str(config), str(output), workers, "cache" if cache else "no-cache"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env["PACKTOOL_TRACE"] = "1" if traced else ""
     env.pop("RAY_ADDRESS", None)  # Ray rows start their own one-machine cluster and stop it
     child = subprocess.Popen([*command, *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = {"driver_anon": 0, "driver_file": 0, "all_anon": 0}
@@ -304,6 +332,42 @@ def memory_flatness(folder: Path, sizes: list[float]) -> list[tuple[str, dict]]:
     return rows
 
 
+TRACE_SCALE = 0.1  # short turns (~40 tokens a sample): what is measured is per sample, not per token
+TRACED_PHASES = ("encode", "plan", "emit", "publish")
+
+
+def traced_builds(folder: Path, samples: list[int], workers: str) -> list[dict]:
+    """Builds of about `samples` short conversations with tracemalloc in the driver (the build process)."""
+    rows = []
+    for count in samples:
+        data = folder / f"chat-{count}"
+        files = write_chat_set(data, count * 415 / 1e6, scale=TRACE_SCALE)  # ~415 bytes a row at this scale
+        config = write_config(folder, data, f"chat{count}")
+        rows.append(measured_build(config, folder / "out", workers, traced=True))
+        shutil.rmtree(folder / "out", ignore_errors=True)
+        shutil.rmtree(data)
+        del files
+    return rows
+
+
+def print_per_sample(small: dict, large: dict, top: int = 8) -> None:
+    """Per phase: tracemalloc's current and peak bytes per sample (the large build minus the small, over the
+    samples between them), the driver's RssAnon per sample (what tracemalloc does not see: Arrow's pool, the
+    tokenizer's Rust heap), then the sites that grow most, by file:line."""
+    between = large["samples"] - small["samples"]
+    print(f"bytes per sample held by the driver ({small['samples']:,} -> {large['samples']:,} samples, tracemalloc)")
+    print(f"{'phase':<9}{'held B/sample':>15}{'peak B/sample':>15}{'RssAnon B/sample':>18}   largest sites (B/sample)")
+    for phase in TRACED_PHASES:
+        a, b = small["traces"][phase], large["traces"][phase]
+        held = (b["current"] - a["current"]) / between
+        peak = (b["peak"] - a["peak"]) / between
+        anon = (large["anon_after_mb"][phase] - small["anon_after_mb"][phase]) * 2**20 / between
+        growth = {site: (size - a["sites"].get(site, 0)) / between for site, size in b["sites"].items()}
+        sites = sorted(growth.items(), key=lambda kv: -kv[1])[:top]
+        largest = ", ".join(f"{s} {v:.0f}" for s, v in sites if v >= 1)
+        print(f"{phase:<9}{held:>15.0f}{peak:>15.0f}{anon:>18.0f}   {largest}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=60, help="size of the synthetic chat set for the executors table")
@@ -312,10 +376,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument(
-        "--only", choices=["executors", "plan", "repack", "memory"], action="append", help="run only these parts"
+        "--only",
+        choices=["executors", "plan", "repack", "memory", "trace"],
+        action="append",
+        help="run only these parts",
+    )
+    parser.add_argument("--trace-workers", default="2", help="-j of the traced builds")
+    parser.add_argument(
+        "--trace-samples", default="20000,200000", help="sample counts (comma-separated) of the traced builds"
     )
     args = parser.parse_args(argv)
-    parts = set(args.only or ["executors", "plan", "repack", "memory"])
+    parts = set(args.only or ["executors", "plan", "repack", "memory"])  # trace: only when asked
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     tokenizer = "Qwen2.5" if QWEN.is_dir() else "the quickstart's"
     print(
@@ -354,6 +425,16 @@ def main(argv: list[str] | None = None) -> None:
                 f"  capacity-only rebuild: {first['seconds'] / again['seconds']:.1f}x faster "
                 f"({again['encode_reused']} of {again['encode_items']} encode items reused)"
             )
+        if "trace" in parts:
+            counts = [int(n) for n in args.trace_samples.split(",")]
+            traced = traced_builds(folder / "trace", counts, args.trace_workers)
+            print()
+            for r in traced:
+                print(
+                    f"  {r['samples']:,} samples, -j {args.trace_workers}: {r['seconds']:.1f} s traced, "
+                    f"{r['packs']:,} packs, driver peak RssAnon {r['memory_mb']['driver_anon']:.0f} MB"
+                )
+            print_per_sample(traced[0], traced[-1])
         if "memory" in parts:
             sizes = [float(s) for s in args.memory_mb.split(",")]
             rows = memory_flatness(folder / "memory", sizes)

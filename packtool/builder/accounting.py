@@ -129,7 +129,8 @@ class Counts:
         Cut short, the item is counted again from its rejects (one per record not stored: bad input,
         which alone carries its error `message`, rejected; valid input not trained (a special-token
         literal, a pair too long) dropped); its `items_truncated` is not counted then."""
-        straddling = [(at, n) for at, n in report["straddling_targets"] if at < budget]
+        # the plan needs their sum only: a list of pairs held per record would grow with the build (issue 43)
+        straddling = sum(n for at, n in report["straddling_targets"] if at < budget)
         if budget >= report["read"]:
             counts = cls(
                 read=report["read"],
@@ -144,7 +145,6 @@ class Counts:
             counts = cls(read=budget - len(lost), special_token_literals=stored_literals)
             for reject in lost:
                 counts.note_record(reject["reason"], bad_input="message" in reject)
-        counts.straddling_at = straddling
         counts.contamination_reported = [at for at in report.get("contamination_reported", []) if at < budget]
-        counts.straddling_targets = sum(n for _, n in straddling)
+        counts.straddling_targets = straddling
         return counts

@@ -114,7 +114,8 @@ class _Best:
     """The candidates so far: the shortest document of each kind (first among equals), the fullest pack."""
 
     docs: dict[str, tuple[int, _Doc]] = field(default_factory=dict)
-    pack: tuple[int, int, Path, int, int] | None = None  # (tokens, -documents, shard, row, documents)
+    # (tokens, -documents, shard, row, its sample ids)
+    pack: tuple[int, int, Path, int, tuple[str, ...]] | None = None
     grouped: dict[str, tuple[Path, int, tuple[int, ...], tuple[str, ...], int]] = field(default_factory=dict)
     by_hash: dict[str, tuple[int, _Doc]] = field(default_factory=dict)
 
@@ -149,8 +150,7 @@ def choose_canaries(
         for n, d in [best.docs[k]]
     ]
     if best.pack is not None:
-        tokens, _, shard, row, _ = best.pack
-        ids = tuple(read_columns(shard, ["sample_ids"]).column("sample_ids")[row].as_py())
+        tokens, _, shard, row, ids = best.pack
         canaries.append(Canary("packed_row", shard, row, None, ids, tokens))
     for kind in OPTIONAL_KINDS:
         if kind in best.grouped:
@@ -203,7 +203,7 @@ def _offer_pack(
     chat = np.isin(roles, _CHAT_ROLES)
     count = len(docs) - 1
     if count >= 2:
-        key = (len(pack["input_ids"]), -count, shard, row, count)
+        key = (len(pack["input_ids"]), -count, shard, row, tuple(pack["sample_ids"]))
         if best.pack is None or key[:2] < best.pack[:2]:
             best.pack = key
     kinds = pack.get("segment_kinds")

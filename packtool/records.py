@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -252,6 +252,31 @@ class Rendered:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacedImage:
+    """One image of a document: where its bytes are, what the processor makes of it, and its tokens.
+
+    `reference` is the image file's path relative to the build config's folder (posix; `..` allowed),
+    or "" when the record carried the bytes itself (a data: URI, a `datasets` Image cell), which
+    `data` then holds. `grid` is the processor's (t, h, w) patch grid, as `image_grid_thw` gives it;
+    [start, end) are the image's tokens in its document (every one the model's image token).
+    """
+
+    reference: str
+    sha256: str  # of the file's bytes, hex
+    n_bytes: int
+    width: int  # after EXIF orientation, as the processor sees the picture
+    height: int
+    grid: tuple[int, int, int]
+    start: int
+    end: int
+    data: bytes | None = None
+
+    def moved(self, offset: int) -> PlacedImage:
+        """The same image, its token span shifted by `offset`."""
+        return replace(self, start=self.start + offset, end=self.end + offset)
+
+
+@dataclass(frozen=True, slots=True)
 class Tokenized:
     """Token ids with per-token facts.
 
@@ -274,12 +299,17 @@ class Tokenized:
     # Target tokens that start before their target: a token holding the prompt's last characters and the
     # target's first is a target (packtool.encode._straddling_runs), counted in the build's accounting.
     straddled: int = 0
+    # The document's images in token order (vision-language builds; empty otherwise).
+    images: tuple[PlacedImage, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         for name in ("targets", "roles", "message_index"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{self.example_id}: {name} has {len(getattr(self, name))} entries, input_ids {n}")
+        for image in self.images:
+            if not 0 <= image.start < image.end <= n:
+                raise ValueError(f"{self.example_id}: image tokens [{image.start}, {image.end}) outside {n} tokens")
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -290,7 +320,8 @@ class Tokenized:
         return int(self.targets[1:].sum())
 
     def sliced(self, keep: np.ndarray | slice) -> Tokenized:
-        """A copy holding only the kept tokens (a boolean mask or a slice)."""
+        """A copy holding only the kept tokens (a boolean mask or a slice). An image is kept whole or
+        left out whole: cutting one is a ValueError (truncation cuts at image granularity)."""
         return Tokenized(
             example_id=self.example_id,
             source=self.source,
@@ -302,7 +333,24 @@ class Tokenized:
             message_roles=self.message_roles,
             structured_messages=self.structured_messages,
             straddled=self.straddled,
+            images=self._kept_images(keep),
         )
+
+    def _kept_images(self, keep: np.ndarray | slice) -> tuple[PlacedImage, ...]:
+        if not self.images:
+            return ()
+        kept = np.zeros(len(self), dtype=bool)
+        kept[keep] = True
+        new_index = np.cumsum(kept) - 1
+        images = []
+        for image in self.images:
+            inside = int(kept[image.start : image.end].sum())
+            if inside == 0:
+                continue
+            if inside != image.end - image.start:
+                raise ValueError(f"{self.example_id}: a cut inside the image at tokens [{image.start}, {image.end})")
+            images.append(image.moved(int(new_index[image.start]) - image.start))
+        return tuple(images)
 
 
 def prompt_length(segment: Tokenized) -> int:

@@ -55,10 +55,14 @@ def true_counts(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
 
 
 def strings(values: Sequence[str]) -> pa.Array:
-    encoded = [value.encode("utf-8") for value in values]
-    offsets = offsets_of(encoded)
+    return binaries([value.encode("utf-8") for value in values], pa.string())
+
+
+def binaries(values: Sequence[bytes], kind: pa.DataType | None = None) -> pa.Array:
+    """A binary array (or a string one, for `kind` pa.string() and UTF-8 values) without nulls."""
+    offsets = offsets_of(values)
     return pa.Array.from_buffers(
-        pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        kind or pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
     )
 
 

@@ -33,8 +33,10 @@ tokens to the *next* message instead breaks exactly when message 0 is a user mes
 common case when the template writes its own default system block: the kept preamble would
 end with message 0's header and be followed by message 3's, an empty user turn.)
 
-Every strategy keeps structured messages (tool calls, tool results) whole: half a JSON call
-teaches broken syntax. A cut that would land inside one moves outward, dropping the message.
+Every strategy keeps structured messages (tool calls, tool results) and images whole: half a
+JSON call teaches broken syntax, and half an image's tokens match no grid the model's processor
+makes. A cut that would land inside one moves outward, dropping the message or the image. An
+image longer than capacity cannot be kept by any cut: its sample is dropped (`image_too_long`).
 
 Whatever a strategy keeps, a sample left without targets is removed (`no_targets`): it would
 cost pack space and train nothing. The first token of a sample never counts
@@ -44,6 +46,7 @@ cost pack space and train nothing. The first token of a sample never counts
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -112,6 +115,13 @@ def truncate(sample: Tokenized, capacity: int, strategy: str, *, fallback: str =
     if sample.n_targets == 0 or len(sample) <= capacity:
         # Without targets nothing a strategy keeps could train: report no_targets, not too_long.
         return _finish(sample, (sample,), "none")
+    too_long = next((image for image in sample.images if image.end - image.start > capacity), None)
+    if too_long is not None:
+        detail = (
+            f"sample {sample.example_id!r}: image {too_long.reference or '(embedded)'} takes "
+            f"{too_long.end - too_long.start} tokens > capacity {capacity}; no cut keeps it whole"
+        )
+        return _finish(sample, (), "drop", drop_reason="image_too_long", detail=detail)
     return STRATEGIES[strategy](sample, capacity, fallback=fallback, seed=seed)
 
 
@@ -175,22 +185,22 @@ def _plain_text_only(sample: Tokenized, capacity: int, strategy: str) -> Truncat
     return _finish(sample, (), strategy, drop_reason="too_long", detail=detail)
 
 
-# -- structured messages stay whole ---------------------------------------------------------
+# -- structured messages and images stay whole ----------------------------------------------
 
 
-def _structured_spans(sample: Tokenized) -> list[tuple[int, int]]:
-    """(first, last) token position of each structured message present in the sample."""
+def _whole_spans(sample: Tokenized) -> list[tuple[int, int]]:
+    """(first, last) token position of each structured message present in the sample, and of each image."""
     spans = []
     for message in sorted(sample.structured_messages):
         where = np.flatnonzero(sample.message_index == message)
         if len(where):
             spans.append((int(where[0]), int(where[-1])))
-    return spans
+    return spans + [(image.start, image.end - 1) for image in sample.images]
 
 
-def _end_outside_structured(sample: Tokenized, end: int) -> int:
-    """The largest end' <= end such that keeping [0, end') splits no structured message."""
-    spans = _structured_spans(sample)
+def _end_outside_whole(sample: Tokenized, end: int) -> int:
+    """The largest end' <= end such that keeping [0, end') splits no structured message and no image."""
+    spans = _whole_spans(sample)
     moved = True
     while moved:  # more than one pass only when a template interleaves messages
         moved = False
@@ -202,9 +212,9 @@ def _end_outside_structured(sample: Tokenized, end: int) -> int:
     return end
 
 
-def _start_outside_structured(sample: Tokenized, start: int) -> int:
-    """The smallest start' >= start such that keeping [start', L) splits no structured message."""
-    spans = _structured_spans(sample)
+def _start_outside_whole(sample: Tokenized, start: int) -> int:
+    """The smallest start' >= start such that keeping [start', L) splits no structured message and no image."""
+    spans = _whole_spans(sample)
     moved = True
     while moved:
         moved = False
@@ -223,22 +233,22 @@ def _drop(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Trun
 
 
 def _right(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
-    end = _end_outside_structured(sample, capacity)
+    end = _end_outside_whole(sample, capacity)
     return _finish(sample, (sample.sliced(slice(0, end)),), "right")
 
 
 def _left(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
     # The first kept token becomes a segment start and loses its label; the label builder
     # applies that rule, so slicing here stays a plain slice.
-    start = _start_outside_structured(sample, len(sample) - capacity)
+    start = _start_outside_whole(sample, len(sample) - capacity)
     return _finish(sample, (sample.sliced(slice(start, len(sample))),), "left", starts=(start,))
 
 
 def _middle(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
     # The head gets the odd token: the prompt start (system, task) is usually the part the
     # answer depends on most.
-    head = _end_outside_structured(sample, capacity - capacity // 2)
-    tail = _start_outside_structured(sample, len(sample) - capacity // 2)
+    head = _end_outside_whole(sample, capacity - capacity // 2)
+    tail = _start_outside_whole(sample, len(sample) - capacity // 2)
     keep = np.zeros(len(sample), dtype=bool)
     keep[:head] = True
     keep[tail:] = True
@@ -251,8 +261,9 @@ def _window(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Tr
     # blake2b, not hash(): str hashes are salted per process, and the same seed must pick the
     # same window on every run and machine.
     digest = hashlib.blake2b(f"{seed}\x00{sample.example_id}".encode(), digest_size=8).digest()
-    start = int.from_bytes(digest, "little") % (len(sample) - capacity + 1)
-    return _finish(sample, (sample.sliced(slice(start, start + capacity)),), "window", starts=(start,))
+    start = _start_outside_whole(sample, int.from_bytes(digest, "little") % (len(sample) - capacity + 1))
+    end = _end_outside_whole(sample, min(start + capacity, len(sample)))
+    return _finish(sample, (sample.sliced(slice(start, end)),), "window", starts=(start,))
 
 
 def _split(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
@@ -260,9 +271,11 @@ def _split(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Tru
         return _plain_text_only(sample, capacity, "split")
     # Each piece is its own segment: piece k cannot see piece k-1, and its first token loses
     # its label; the price of keeping every token of a long document.
-    starts = tuple(range(0, len(sample), capacity))
-    pieces = tuple(sample.sliced(slice(start, start + capacity)) for start in starts)
-    return _finish(sample, pieces, "split", starts=starts)
+    bounds = [0]
+    while bounds[-1] < len(sample):  # every capacity tokens, or before an image that would be cut there
+        bounds.append(_end_outside_whole(sample, min(bounds[-1] + capacity, len(sample))))
+    pieces = tuple(sample.sliced(slice(start, end)) for start, end in itertools.pairwise(bounds))
+    return _finish(sample, pieces, "split", starts=tuple(bounds[:-1]))
 
 
 def _turns(sample: Tokenized, capacity: int, *, fallback: str, seed: int) -> Truncation:
@@ -377,7 +390,8 @@ def truncate_item(
     The same prompt tokens go in every segment, so the segments still share one prompt. The
     prompt keeps at least one token (the header that opens the answer). `left` may cut through a
     tool call in the prompt, unlike SFT truncation: prompt tokens are context only, so no broken
-    syntax is ever a target. `too_long` is the drop reason (`pair_too_long`, `group_too_long`).
+    syntax is ever a target; never through an image (the cut moves past it). `too_long` is the drop
+    reason (`pair_too_long`, `group_too_long`).
     """
     if strategy not in ITEM_TRUNCATION:
         raise ValueError(f"unknown item truncation {strategy!r}; expected one of {', '.join(ITEM_TRUNCATION)}")
@@ -404,7 +418,13 @@ def _prompt_keep(segment: Tokenized, n_prompt: int, room: int, strategy: str) ->
     """Which of the first `n_prompt` tokens stay (at most `room` of them), or None when the strategy cannot."""
     keep = np.ones(n_prompt, dtype=bool)
     if strategy == "left":
-        keep[: n_prompt - room] = False
+        cut = n_prompt - room
+        for image in segment.images:  # in token order: a cut moved past one image may land in the next
+            if image.start < cut < image.end:
+                cut = image.end
+        if cut >= n_prompt:
+            return None
+        keep[:cut] = False
         return keep
     if strategy != "turns":
         return None

@@ -52,8 +52,8 @@ CACHE_DIR = ".packtool-cache"
 # 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config
 # sections, Parquet and Arrow ranges keyed by their rows, and a report says what its content hash covered
 # (builder.encode.carried_prefix); 5: a report records the lines or rows its partition was encoded from, which
-# the read stops at (content_lines)
-CACHE_VERSION = 5
+# the read stops at (content_lines); 6: a partition holds each sample's images (builder.store.IMAGE_TYPE)
+CACHE_VERSION = 6
 CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 

@@ -238,11 +238,10 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
             if result.removed_tokens or result.strategy == "split":
                 entry.note_truncation(result.strategy, result.removed_tokens, result.removed_targets)
             if result.drop_reason is not None:
-                detail = (
-                    f"{len(sample)} tokens > capacity {cap} (truncation: drop)"
-                    if result.drop_reason == "too_long"
-                    else f"no target left after '{result.strategy}' truncation to {cap} tokens"
-                )
+                detail = {
+                    "too_long": f"{len(sample)} tokens > capacity {cap} (truncation: drop)",
+                    "no_targets": f"no target left after '{result.strategy}' truncation to {cap} tokens",
+                }.get(result.drop_reason, result.detail)
                 drop(g, result.drop_reason, detail)
                 continue
             for number, offset, piece in zip(result.numbers, result.offsets, result.samples):

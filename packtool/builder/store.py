@@ -12,11 +12,13 @@ Columns, one row per sample (token columns share their offsets):
     message_roles: list<string>    structured: list<int32>
     kind: int8 (format.KIND_CODES)    completion: int16 (-1 unless a group's)
     reward, advantage: float64 (NaN: none)
+    images: list<struct>: the sample's images in token order (records.PlacedImage's fields; data empty: none)
 
 The segments of one pair or group are consecutive rows with the same ordinal (their record's).
 
 `message_index`, `message_roles` and `structured` are what truncation needs; emit reads only the first
-three token columns and the provenance strings.
+three token columns, the provenance strings and the images (a text sample's empty list costs emit one
+comparison of two offsets).
 """
 
 from __future__ import annotations
@@ -31,9 +33,19 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrow import as_numpy, lists, number_lists, numbers, offsets_of, string_lists, strings, true_counts
+from packtool.arrow import (
+    as_numpy,
+    binaries,
+    lists,
+    number_lists,
+    numbers,
+    offsets_of,
+    string_lists,
+    strings,
+    true_counts,
+)
 from packtool.format import TOKEN_COLUMNS
-from packtool.records import Tokenized
+from packtool.records import PlacedImage, Tokenized
 
 BATCH_ROWS = 4096  # samples per record batch: small enough to buffer, large enough to amortize headers
 
@@ -47,6 +59,20 @@ TOKEN_DTYPES: dict[str, type] = {
     "roles": _IN_SHARDS["roles"],
     "message_index": np.int16,
 }
+# One image of a sample: records.PlacedImage, its grid (t, h, w) as three values, `data` empty when it has none.
+IMAGE_TYPE = pa.struct(
+    [
+        pa.field("reference", pa.string()),
+        pa.field("sha256", pa.string()),
+        pa.field("n_bytes", pa.int64()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("grid", pa.list_(pa.int32(), 3)),
+        pa.field("start", pa.int32()),
+        pa.field("end", pa.int32()),
+        pa.field("data", pa.binary()),
+    ]
+)
 # large_list: a batch of BATCH_ROWS long samples can pass 2^31 tokens.
 PARTITION_SCHEMA = pa.schema(
     [
@@ -64,6 +90,7 @@ PARTITION_SCHEMA = pa.schema(
         pa.field("completion", pa.int16()),
         pa.field("reward", pa.float64()),
         pa.field("advantage", pa.float64()),
+        pa.field("images", pa.list_(IMAGE_TYPE)),
     ]
 )
 
@@ -93,6 +120,7 @@ class StoredSample:
     source: str
     repeat: int = 0
     role: SegmentRole = SINGLE
+    images: tuple[PlacedImage, ...] = ()
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -107,6 +135,7 @@ class StoredParts(NamedTuple):
     example_id: str
     sample_hash: str
     role: SegmentRole
+    images: tuple[PlacedImage, ...] = ()
 
 
 class PartitionWriter:
@@ -164,6 +193,7 @@ class PartitionWriter:
             "completion": numbers([role.completion for role in roles], np.int16),
             "reward": numbers([role.reward for role in roles], np.float64),
             "advantage": numbers([role.advantage for role in roles], np.float64),
+            "images": image_lists([sample.images for sample in samples]),
         }
         self._writer.write_batch(pa.record_batch([arrays[name] for name in self._schema.names], schema=self._schema))
         self._pending = []
@@ -208,6 +238,47 @@ def _n_targets(targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return counts.astype(np.int32)
 
 
+def image_lists(rows: list[tuple[PlacedImage, ...]]) -> pa.Array:
+    """The `images` column of these rows (IMAGE_TYPE lists)."""
+    images = [image for row in rows for image in row]
+    grids = np.array([image.grid for image in images], dtype=np.int32).reshape(-1)
+    fields = {
+        "reference": strings([image.reference for image in images]),
+        "sha256": strings([image.sha256 for image in images]),
+        "n_bytes": numbers([image.n_bytes for image in images], np.int64),
+        "width": numbers([image.width for image in images], np.int32),
+        "height": numbers([image.height for image in images], np.int32),
+        "grid": pa.FixedSizeListArray.from_arrays(numbers(grids), 3),
+        "start": numbers([image.start for image in images], np.int32),
+        "end": numbers([image.end for image in images], np.int32),
+        "data": binaries([image.data or b"" for image in images]),
+    }
+    values = pa.StructArray.from_arrays(list(fields.values()), fields=list(IMAGE_TYPE))
+    return lists(offsets_of(rows), values)
+
+
+def images_at(column: pa.ListArray, r: int) -> tuple[PlacedImage, ...]:
+    """Row r's images, as the writer was given them."""
+    offsets = column.offsets
+    start, end = offsets[r].as_py(), offsets[r + 1].as_py()
+    if start == end:
+        return ()
+    return tuple(
+        PlacedImage(
+            reference=cell["reference"],
+            sha256=cell["sha256"],
+            n_bytes=cell["n_bytes"],
+            width=cell["width"],
+            height=cell["height"],
+            grid=tuple(cell["grid"]),
+            start=cell["start"],
+            end=cell["end"],
+            data=cell["data"] or None,
+        )
+        for cell in column.values.slice(start, end - start).to_pylist()
+    )
+
+
 StoredRow = tuple[Tokenized, str, int, bool, SegmentRole]  # PartitionWriter.append's arguments
 
 
@@ -221,6 +292,7 @@ def _stored_rows(batch: pa.RecordBatch, source: str) -> Iterator[StoredRow]:
     offsets = as_numpy(batch.column("input_ids").offsets)
     tokens = {name: as_numpy(batch.column(name).values) for name in TOKEN_DTYPES}
     cells = {name: batch.column(name).to_pylist() for name in _ROW_COLUMNS}
+    images = batch.column("images")
     for r in range(batch.num_rows):
         start, end = offsets[r], offsets[r + 1]
         sample = Tokenized(
@@ -233,6 +305,7 @@ def _stored_rows(batch: pa.RecordBatch, source: str) -> Iterator[StoredRow]:
             message_index=tokens["message_index"][start:end],
             message_roles=tuple(cells["message_roles"][r]),
             structured_messages=frozenset(cells["structured"][r]),
+            images=images_at(images, r),
         )
         role = SegmentRole(cells["kind"][r], cells["completion"][r], cells["reward"][r], cells["advantage"][r])
         yield sample, cells["location"][r], cells["ordinal"][r], bool(cells["special_literal"][r]), role
@@ -266,7 +339,7 @@ class PartitionReader:
 
     def get(self, row: int, repeat: int = 0) -> StoredSample:
         parts = self.parts(row)
-        return StoredSample(*parts[:5], source=self.source, repeat=repeat, role=parts.role)
+        return StoredSample(*parts[:5], source=self.source, repeat=repeat, role=parts.role, images=parts.images)
 
     def parts(self, row: int) -> StoredParts:
         """What emit gathers of one row: its token columns as views of the map, its ids and its role."""
@@ -280,6 +353,7 @@ class PartitionReader:
             batch.example_id(r),
             batch.sample_hash(r),
             SINGLE if batch.kind[r] == 0 else batch.role(r),
+            batch.images(r),
         )
 
     def tokenized(self, row: int) -> Tokenized:
@@ -298,6 +372,7 @@ class PartitionReader:
             message_index=as_numpy(columns.column("message_index").values)[start:end],
             message_roles=tuple(columns.column("message_roles")[r].as_py()),
             structured_messages=frozenset(columns.column("structured")[r].as_py()),
+            images=batch.images(r),
         )
 
     def location(self, row: int) -> str:
@@ -319,6 +394,7 @@ class _Batch:
         self.targets = as_numpy(batch.column(1).values)
         self.roles = as_numpy(batch.column(2).values)
         self.kind = as_numpy(batch.column("kind"))
+        self.image_offsets = as_numpy(batch.column("images").offsets)
 
     # Emit asks for these row by row. Each row is decoded from the mapped column when asked, never held: a
     # per-batch list (one conversion per batch) kept every id and hash of the build as a Python string in every
@@ -336,6 +412,11 @@ class _Batch:
 
     def sample_hash(self, r: int) -> str:
         return self._hashes[r]
+
+    def images(self, r: int) -> tuple[PlacedImage, ...]:
+        if self.image_offsets[r] == self.image_offsets[r + 1]:
+            return ()
+        return images_at(self.batch.column("images"), r)
 
     def role(self, r: int) -> SegmentRole:
         columns = self.batch

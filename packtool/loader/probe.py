@@ -346,6 +346,9 @@ TRAILING_LAYERS_KEYS = ("num_kv_shared_layers",)  # Gemma-3n: the last n layers 
 CYCLIC_LAYER_KEYS = ("block_types",)
 PERIODIC_LAYER_KEYS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
 NOT_PER_LAYER = ("bos_token_id", "eos_token_id", "time_step_limit", "mlp_multipliers", "ssm_multipliers")
+# Shrinking reads every layer's kind once; real models have a few hundred layers at most, and a count far
+# past that is a typo the probe would spend minutes on before saying anything.
+MAX_LAYERS = 100_000
 
 
 def _layer_facts(settings: Mapping[str, Any], n: int) -> dict[str, list[Any]]:
@@ -507,6 +510,11 @@ def resolve_config(model: str, *, tiny: bool = True) -> Any:
             f"{_config_file(model)}: num_hidden_layers {layers}: a model without layers has no documents "
             "to keep apart; fix num_hidden_layers (1 or more)"
         )
+    if isinstance(layers, int) and layers > MAX_LAYERS:
+        raise ProbeError(
+            f"{_config_file(model)}: num_hidden_layers {layers:,}: more layers than any model has; "
+            f"fix num_hidden_layers (at most {MAX_LAYERS:,})"
+        )
     if not tiny:
         return config
     try:
@@ -544,7 +552,7 @@ def read_config(model: str) -> Any:
     runs none, so that question never reaches the output: a model_type transformers does not know is
     one line here.
     """
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     path = Path(model)
     where = _config_file(model)
@@ -564,9 +572,13 @@ def read_config(model: str) -> Any:
             raise ProbeError(f"{where}: {field}: {lines[-1].strip()}; fix that value") from None
         if lines and lines[0].startswith("Class validation error"):  # fields that disagree with each other
             raise ProbeError(f"{where}: {lines[-1].strip()}; fix config.json") from None
+        model_type = raw.get("model_type")
+        if isinstance(err, ArithmeticError) and model_type in CONFIG_MAPPING:  # heads 0: head_dim = hidden // 0
+            raise ProbeError(
+                f"{where}: transformers' {model_type} config refuses its values ({_short(err)}); fix config.json"
+            ) from None
         if not isinstance(err, (OSError, ValueError, KeyError, TypeError)):
             raise
-        model_type = raw.get("model_type")
         if raw and model_type is not None:
             custom = " (its auto_map names custom code, which packtool does not run)" if raw.get("auto_map") else ""
             raise ProbeError(
@@ -664,6 +676,9 @@ def build_tiny(config: Any, backend: str, seed: int = 0, dtype: torch.dtype | No
     experts = {"experts_implementation": "eager"} if dtype == torch.float64 and settable else {}
     model = _model_class(config).from_config(config, attn_implementation=backend, **experts)
     return model.to("cuda" if torch.cuda.is_available() else "cpu", dtype).eval()
+
+
+NOT_FINITE = "its logits are not finite with each document alone (NaN or inf: check the config's numbers)"
 
 
 def _finite_in_rows(model: Any, mb: MicroBatch) -> bool:
@@ -1097,6 +1112,9 @@ def probe(
                 built = build_tiny(config, backend, dtype=torch.float32)
         except (ValueError, ImportError, OSError) as err:
             rows.extend(ProbeRow(backend, f, "skip", detail=f"cannot build: {_short(err)}") for f in feeds)
+            continue
+        if not _finite_in_rows(built, mb):  # NaN against NaN reads as a leak: there is nothing to compare
+            rows.extend(ProbeRow(backend, f, "skip", detail=NOT_FINITE) for f in feeds)
             continue
         architecture, kinds = type(built).__name__, model_layer_kinds(built)
         dtype = str(next(built.parameters()).dtype).removeprefix("torch.")

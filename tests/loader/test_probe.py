@@ -312,6 +312,9 @@ def test_what_was_probed_is_said_in_one_line(tmp_path):
         ({"num_hidden_layers": "two"}, r"config\.json: field 'num_hidden_layers': .*expected int, got str"),
         ({"num_hidden_layers": 0}, r"config\.json: num_hidden_layers 0: a model without layers"),
         ({"layer_types": ["full_attention"] * 3}, r"config\.json: ValueError: `num_hidden_layers` \(32\) must be"),
+        # h37: minutes spent reading a billion layer kinds, then a ZeroDivisionError traceback from transformers
+        ({"num_hidden_layers": 10**9}, r"config\.json: num_hidden_layers 1,000,000,000: more layers than any model"),
+        ({"num_attention_heads": 0}, r"config\.json: transformers' llama config refuses its values \(ZeroDivision"),
     ],
 )
 def test_a_bad_config_field_is_one_line_naming_file_and_field(tmp_path, settings, message):
@@ -320,6 +323,14 @@ def test_a_bad_config_field_is_one_line_naming_file_and_field(tmp_path, settings
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert re.match(f"Error: {re.escape(str(config))}: " + message.split(r"config\.json: ", 1)[1], result.output)
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_model_whose_logits_are_nan_alone_could_not_run_and_is_no_leak(tmp_path):
+    """h37: rope_theta NaN made every logit NaN, and NaN against NaN read as a leak on every backend."""
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama", "rope_theta": NaN}')
+    report = probe(str(config), backends=("eager",))
+    assert report.verdict == "could not run" and "not finite with each document alone" in report.rows[0].detail
 
 
 def test_hostile_configs_are_one_line_or_a_note(tmp_path):

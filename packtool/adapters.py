@@ -16,6 +16,7 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,24 @@ from packtool.config import DEFAULT_SHAREGPT_ROLES, SourceConfig, canonical_json
 from packtool.errors import RecordError
 from packtool.reading import each_indexed, embedded_json
 from packtool.records import ROLES, CompletionGroup, Example, Message, Messages, PreferencePair
-from packtool.vision.inputs import message_images, placeholder_images, record_texts
+from packtool.vision.inputs import IMAGE_PARTS, PLACEHOLDER, message_images, placeholder_images, record_texts
 
 # What one record becomes: a sample, or an item of several segments (format: preference | group).
 Parsed = Example | PreferencePair | CompletionGroup
 Adapter = Callable[[dict, SourceConfig, str, str], Parsed]
 
-# Media a record can carry (LLaMA-Factory's `images` / `videos` lists, content parts of these types).
-# Building them is not done yet (docs/vision.md): such a record is an `images_not_supported` reject,
-# never text with its pictures dropped and `<image>` trained as words.
+# Media a record can carry (LLaMA-Factory's `images` / `videos` lists, content parts of these types). A
+# record whose media are not built (videos; images without `processor:`, or in a format other than
+# IMAGE_FORMATS) is an `images_not_supported` reject, never text with its pictures dropped and `<image>`
+# trained as words (docs/vision.md).
 MEDIA_COLUMNS = ("images", "videos")
-MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "video", "video_url"})
-_NO_MEDIA = "{}: packtool does not build images yet (docs/vision.md), so the record is left out, not trained as text"
+VIDEO_PARTS = frozenset({"video", "video_url"})
+MEDIA_PARTS = IMAGE_PARTS | VIDEO_PARTS
+# The formats whose records keep their images when the build has a processor.
+IMAGE_FORMATS = frozenset({"messages", "sharegpt", "alpaca"})
+NO_PROCESSOR = "images are built only with `processor:` set (the model's preprocessor_config.json, docs/vision.md)"
+NO_VIDEOS = "packtool does not build videos yet (docs/vision.md)"
+_NOT_BUILT = "{}: {}, so the record is left out, not trained as text"
 
 # The shapes `pair_from_record` recognises, in the order it tries them (first match wins).
 PAIR_SHAPES = ("llamafactory", "trl_conversational", "trl_implicit", "strings")
@@ -103,17 +110,20 @@ def _tool_call(call: Any, field_name: str) -> dict[str, Any]:
     return normalized
 
 
-def _content(value: Any) -> tuple[str, str | None, list[dict]]:
-    """Message content as (text, reasoning, tool calls). Content parts are flattened in order."""
+def _content(value: Any) -> tuple[str, str | None, list[dict], tuple[int, ...]]:
+    """Message content as (text, reasoning, tool calls, where its images sit in the text). Content parts are
+    flattened in order; an image part leaves its place (the builder keeps it only with a processor)."""
     if value is None:
-        return "", None, []
+        return "", None, [], ()
     if isinstance(value, str):
-        return value, None, []
+        return value, None, [], ()
     if not isinstance(value, list):
         raise RecordError(f"content must be a string or a list of parts, got {type(value).__name__}", field=".content")
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict] = []
+    image_at: list[int] = []
+    length = 0
     for part in value:
         if not isinstance(part, dict):
             raise RecordError("content part is not an object", field=".content")
@@ -121,38 +131,76 @@ def _content(value: Any) -> tuple[str, str | None, list[dict]]:
         text = part.get("text", part.get("value"))
         if kind == "text" and isinstance(text, str):
             texts.append(text)
+            length += len(text)
         elif kind in ("reasoning", "thinking") and isinstance(text, str):
             reasoning.append(text)
         elif kind == "tool_call":
             calls.append(_tool_call(_arguments(text, ".content") if isinstance(text, str) else text, ".content"))
-        elif kind in MEDIA_PARTS:
+        elif kind in IMAGE_PARTS:
+            image_at.append(length)
+        elif kind in VIDEO_PARTS:
             raise RecordError(
-                _NO_MEDIA.format(f"content part of type {kind!r}"), kind="images_not_supported", field=".content"
+                _NOT_BUILT.format(f"content part of type {kind!r}", NO_VIDEOS),
+                kind="images_not_supported",
+                field=".content",
             )
         else:
             raise RecordError(f"unsupported content part {kind!r}", field=".content")
-    return "".join(texts), ("\n".join(reasoning) if reasoning else None), calls
+    return "".join(texts), ("\n".join(reasoning) if reasoning else None), calls, tuple(image_at)
 
 
 _ROLE_SET = frozenset(ROLES)
 
 
-def refuse_media(record: dict, messages_column: str | None) -> None:
-    """A reject for a record that carries media: `image_remote` (a URL) or `image_count_mismatch` (LLaMA-Factory's
-    placeholders and `images` disagree) when the record says so itself, `images_not_supported` otherwise.
-    No file is opened: paths are resolved against nothing and not used."""
-    refs = message_images(record.get(messages_column or "messages"), Path(), messages_column or "messages")
+def refuse_media(record: dict, messages_column: str | None, why: str = NO_PROCESSOR) -> None:
+    """A reject for a record that carries media this build does not build (`why` says which and why):
+    `image_remote` (a URL) or `image_count_mismatch` (LLaMA-Factory's placeholders and `images` disagree)
+    when the record says so itself, `images_not_supported` otherwise. No file is opened."""
+    column = messages_column or "messages"
+    refs = message_images(record.get(column), Path(), column, record.get("images"))
+    if record.get("images") and not refs:
+        refs = placeholder_images(record_texts(record), record["images"], Path())
+    refuse_videos(record)
     if record.get("images"):
-        refs += placeholder_images(record_texts(record), record["images"], Path())
-    for column in MEDIA_COLUMNS:
-        media = record.get(column)
-        if media:
-            count = len(media) if isinstance(media, list) else 1
-            raise RecordError(
-                _NO_MEDIA.format(f"{count} item(s) in `{column}`"), kind="images_not_supported", field=column
-            )
+        count = len(record["images"]) if isinstance(record["images"], list) else 1
+        raise RecordError(
+            _NOT_BUILT.format(f"{count} item(s) in `images`", why), kind="images_not_supported", field="images"
+        )
     if refs:
-        raise RecordError(_NO_MEDIA.format("an image part"), kind="images_not_supported", field=refs[0].field)
+        raise RecordError(_NOT_BUILT.format("an image part", why), kind="images_not_supported", field=refs[0].field)
+
+
+def refuse_videos(record: dict) -> None:
+    """An `images_not_supported` reject for a record with a non-empty `videos` list (video parts: `_content`)."""
+    videos = record.get("videos")
+    if videos:
+        count = len(videos) if isinstance(videos, list) else 1
+        raise RecordError(
+            _NOT_BUILT.format(f"{count} item(s) in `videos`", NO_VIDEOS), kind="images_not_supported", field="videos"
+        )
+
+
+def with_images(example: Example, record: dict, source: SourceConfig, base: Path) -> Example:
+    """The example with the images its record names, relative paths resolved against `base`: its image content
+    parts (placed by `_content`), or else LLaMA-Factory's `<image>` placeholders in the message texts, paired
+    with the `images` list one for one and cut out, each image placed where its placeholder was.
+
+        user "<image>What is it?", images ["cat.png"]  ->  user "What is it?" image_at (0,), images (cat.png,)
+    """
+    column = source.fields.get("messages") or "messages"
+    if any(m.image_at for m in example.messages):
+        return replace(example, images=message_images(record.get(column), base, column, record.get("images")))
+    if not record.get("images"):
+        return example
+    refs = placeholder_images([m.content for m in example.messages], record["images"], base)
+    return replace(example, messages=tuple(map(_placeholders_cut, example.messages)), images=refs)
+
+
+def _placeholders_cut(message: Message) -> Message:
+    pieces = message.content.split(PLACEHOLDER)
+    if len(pieces) == 1:
+        return message
+    return replace(message, content="".join(pieces), image_at=tuple(accumulate(len(p) for p in pieces[:-1])))
 
 
 def _message(raw: Any) -> Message:
@@ -167,7 +215,7 @@ def _message(raw: Any) -> Message:
     role = raw.get("role")
     if role not in _ROLE_SET:
         raise RecordError(f"unknown role {role!r} (expected {', '.join(ROLES)})", field=".role")
-    content, reasoning, part_calls = _content(raw.get("content"))
+    content, reasoning, part_calls, image_at = _content(raw.get("content"))
     calls_raw = raw.get("tool_calls") or []
     if not isinstance(calls_raw, list):
         raise RecordError("tool_calls must be a list", field=".tool_calls")
@@ -191,6 +239,7 @@ def _message(raw: Any) -> Message:
         name=name if isinstance(name, str) else None,
         reasoning_content=reasoning,
         train=train,
+        image_at=image_at,
     )
 
 

@@ -13,12 +13,14 @@ import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
 from packtool.errors import RecordError
 from packtool.format import ROLE_CODES
+from packtool.vision.inputs import ImageRef
 
 ROLES = ("system", "user", "assistant", "tool")
 ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
@@ -84,14 +86,22 @@ class Message:
     name: str | None = None
     reasoning_content: str | None = None
     train: bool | None = None
+    # Where the message's images sit in `content` (character offsets, in order; two images side by side
+    # share one): the template gets the content as parts then, as transformers hands a content list over.
+    image_at: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"unknown role {self.role!r}; expected one of {', '.join(ROLES)}")
+        if self.image_at and (
+            list(self.image_at) != sorted(self.image_at)
+            or not 0 <= self.image_at[0] <= self.image_at[-1] <= len(self.content)
+        ):
+            raise ValueError(f"image offsets {self.image_at} are not in order inside the content")
 
     def as_template_dict(self) -> dict[str, Any]:
         """The dict a Hugging Face chat template expects (keys absent when unset, as HF callers pass them)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        out: dict[str, Any] = {"role": self.role, "content": self.content_parts() if self.image_at else self.content}
         if self.tool_calls:
             out["tool_calls"] = [dict(call) for call in self.tool_calls]
         if self.tool_call_id is not None:
@@ -101,6 +111,25 @@ class Message:
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         return out
+
+    def pieces(self) -> list[str]:
+        """The content's text between its images (one piece without images; empty ones included)."""
+        bounds = (0, *self.image_at, len(self.content))
+        return [self.content[start:end] for start, end in pairwise(bounds)]
+
+    def content_parts(self) -> list[dict[str, str]]:
+        """The content as a list of parts: each non-empty piece a text part, an image part where each image sits.
+
+        "<image>What is it?" read as image_at (0,), content "What is it?"
+            -> [{"type": "image"}, {"type": "text", "text": "What is it?"}]
+        """
+        parts = []
+        for i, piece in enumerate(self.pieces()):
+            if i:
+                parts.append({"type": "image"})
+            if piece:
+                parts.append({"type": "text", "text": piece})
+        return parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +150,15 @@ class Example:
     location: str = ""  # "file:row", for error messages
     # text only: its first N characters are a prompt, context that is not trained (prompt-completion strings)
     context_chars: int = 0
+    # The images its messages show, in the order the model sees them (Message.image_at places each one).
+    images: tuple[ImageRef, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.text is None) == (not self.messages):
             raise ValueError(f"example {self.id!r} must have either text or messages, not both or neither")
+        # (an adapter places a message's images; the images themselves are attached after it: adapters.with_images)
+        if self.images and len(self.images) != sum(len(m.image_at) for m in self.messages):
+            raise ValueError(f"example {self.id!r}: {len(self.images)} images for the places its messages give")
         if self.context_chars and not 0 < self.context_chars < len(self.text or ""):
             raise ValueError(f"example {self.id!r}: context_chars {self.context_chars} must lie inside its text")
 

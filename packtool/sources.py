@@ -13,12 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import chain, islice
+from pathlib import Path
 from typing import Any
 
-from packtool.adapters import ADAPTERS, Adapter, Parsed, refuse_media, with_system
+from packtool.adapters import (
+    ADAPTERS,
+    IMAGE_FORMATS,
+    NO_PROCESSOR,
+    Adapter,
+    Parsed,
+    refuse_media,
+    refuse_videos,
+    with_images,
+    with_system,
+)
 from packtool.config import SourceConfig
 from packtool.errors import RecordError
 from packtool.reading import Span, raw_records
+from packtool.records import Example
 
 
 def source_files(source: SourceConfig) -> list[str]:
@@ -41,16 +53,26 @@ def read_source(source: SourceConfig) -> Iterator[Parsed | RecordError]:
 
 
 def read_file(
-    source: SourceConfig, file: str, start: int = 0, stop: int | None = None, span: Span | None = None
+    source: SourceConfig,
+    file: str,
+    start: int = 0,
+    stop: int | None = None,
+    span: Span | None = None,
+    *,
+    images: bool = False,
 ) -> Iterator[Parsed | RecordError]:
     """Records start..stop of one file (positions count from 0: JSON Lines lines, or rows). `span`: the range
-    the plan hashed, which bounds the read and records what was read (reading.Span).
+    the plan hashed, which bounds the read and records what was read (reading.Span). `images`: the build has a
+    processor, so a record of IMAGE_FORMATS keeps its images (Example.images); otherwise a record with images
+    is an `images_not_supported` reject.
 
     A file that cannot be read at all yields one `RecordError(kind="unreadable_file", row=None)`;
     one that breaks part way yields the records before the break, then that error with the row.
     """
     label = file_label(source, file)
     adapter = ADAPTERS[source.format]
+    # where the record's relative image paths are: the source's image_root, or the data file's folder
+    base = Path(source.image_root or Path(file).parent) if images and source.format in IMAGE_FORMATS else None
     for n, record in raw_records(file, label, start, stop, source.max_record_bytes, span):
         location = f"{label}:{n}"
         default_id = f"{source.name}:{location}"
@@ -60,18 +82,25 @@ def read_file(
             record.sample_id = f"{source.name}:{label}" if record.row is None else default_id
             yield record
             continue
-        yield _example(record, source, adapter, label, n, default_id)
+        yield _example(record, source, adapter, label, n, default_id, base)
 
 
 def _example(
-    record: Any, source: SourceConfig, adapter: Adapter, label: str, n: int, default_id: str
+    record: Any, source: SourceConfig, adapter: Adapter, label: str, n: int, default_id: str, base: Path | None
 ) -> Parsed | RecordError:
+    """One record parsed; `base`: where its relative image paths are, None when its images are not built."""
     try:
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
         example_id = _example_id(record, source, default_id)
-        refuse_media(record, source.fields.get("messages"))
-        parsed = adapter(record, source, example_id, f"{label}:{n}")
+        if base is None:
+            refuse_media(record, source.fields.get("messages"), _why_no_images(source))
+            parsed = adapter(record, source, example_id, f"{label}:{n}")
+        else:
+            refuse_videos(record)
+            parsed = adapter(record, source, example_id, f"{label}:{n}")
+            assert isinstance(parsed, Example)  # the IMAGE_FORMATS' adapters give examples
+            parsed = with_images(parsed, record, source, base)
         return parsed if source.system is None else with_system(parsed, source.system)
     except RecordError as error:
         error.file, error.row = label, n
@@ -79,6 +108,12 @@ def _example(
         return error
     except RecursionError:
         return RecordError("nested too deeply to read", kind="parse_error", file=label, row=n, sample_id=default_id)
+
+
+def _why_no_images(source: SourceConfig) -> str:
+    if source.format in IMAGE_FORMATS:
+        return NO_PROCESSOR
+    return f"packtool builds images in format {', '.join(sorted(IMAGE_FORMATS))} records, not {source.format}"
 
 
 def _example_id(record: dict, source: SourceConfig, default: str) -> str:

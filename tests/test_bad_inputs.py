@@ -638,7 +638,7 @@ CASES = [
         kept=1,
         rejected={"images_not_supported": 1},
         where="c.jsonl:2, field 'images'",
-        reason="packtool does not build images yet",
+        reason="images are built only with `processor:` set",
     ),
     Case(
         "sharegpt_image_url",
@@ -668,7 +668,7 @@ CASES = [
         kept=1,
         rejected={"images_not_supported": 1},
         where="c.jsonl:2, field 'messages[0].content[0]'",
-        reason="packtool does not build images yet",
+        reason="images are built only with `processor:` set",
     ),
 ]
 

@@ -113,7 +113,9 @@ def test_the_content_parts_table_is_what_the_adapters_read():
     answer = _message({"role": "assistant", "content": parts})
     assert answer.content == "It is 4." and answer.reasoning_content == "first\nthen"
     assert [call["function"]["name"] for call in answer.tool_calls] == ["add"]
-    with pytest.raises(RecordError, match="content part of type 'image': packtool does not build images yet"):
-        _message({"role": "assistant", "content": [{"type": "image", "value": "x.png"}]})
+    pictured = _message({"role": "user", "content": [{"type": "image", "value": "x.png"}, {"value": "What?"}]})
+    assert (pictured.content, pictured.image_at) == ("What?", (0,))  # the build keeps the image with a processor
+    with pytest.raises(RecordError, match="content part of type 'video': packtool does not build videos yet"):
+        _message({"role": "assistant", "content": [{"type": "video", "value": "x.mp4"}]})
     with pytest.raises(RecordError, match="unsupported content part 'audio'"):
         _message({"role": "assistant", "content": [{"type": "audio", "value": "x.wav"}]})

@@ -2,7 +2,8 @@
 
     messages     {"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What?"}]}
                  also {"type": "image", "path": "cat.png"} and
-                 {"type": "image_url", "image_url": {"url": "cat.png" or "data:image/png;base64,..."}}
+                 {"type": "image_url", "image_url": {"url": "cat.png" or "data:image/png;base64,..."}};
+                 a bare {"type": "image"} takes the next entry of the record's `images` (TRL's convention)
     LLaMA-Factory / ShareGPT
                  "<image>" placeholders in the text and "images": ["cat.png", ...], one per placeholder, in order;
                  an entry may be a `datasets` Image cell, {"bytes": ..., "path": ...}
@@ -27,6 +28,8 @@ from typing import Any
 from ..errors import RecordError
 
 PLACEHOLDER = "<image>"
+# Content part types that are an image (a part of another type is the text's or a video's)
+IMAGE_PARTS = frozenset({"image", "image_url", "input_image"})
 # rejects.jsonl reasons for a record whose images cannot be found from what it says
 INPUT_REJECT_KINDS = ("image_remote", "image_count_mismatch", "image_corrupt")
 
@@ -63,19 +66,38 @@ def resolve(reference: Any, field: str, base: Path) -> ImageRef:
     return ImageRef(field, path=base / reference)
 
 
-def message_images(messages: Any, base: Path, column: str = "messages") -> tuple[ImageRef, ...]:
-    """The images of a `format: messages` record's content parts, in conversation order."""
+def message_images(messages: Any, base: Path, column: str = "messages", images: Any = None) -> tuple[ImageRef, ...]:
+    """The images of a `format: messages` record's content parts, in conversation order. A part that names no
+    image takes the next entry of `images` (TRL's convention: `{"type": "image"}` parts and an `images` column)."""
     if not isinstance(messages, list):
         return ()
-    return tuple(
-        resolve(_part_reference(part, f"{column}[{m}].content[{p}]"), f"{column}[{m}].content[{p}]", base)
-        for m, p, part in _image_parts(messages)
-    )
+    entries = _entries(images)
+    refs = []
+    taken = 0
+    for m, p, part in _image_parts(messages):
+        field = f"{column}[{m}].content[{p}]"
+        reference = _part_reference(part)
+        if reference is None:
+            if taken == len(entries):
+                raise RecordError(
+                    "an image part names no image: give `image`, `path` or `image_url`, or an `images` list",
+                    field=field,
+                )
+            reference, field = entries[taken], f"images[{taken}]"
+            taken += 1
+        refs.append(resolve(reference, field, base))
+    if taken and taken != len(entries):
+        raise RecordError(
+            f"{taken} image part(s) without an image for {len(entries)} image(s) in `images`",
+            kind="image_count_mismatch",
+            field="images",
+        )
+    return tuple(refs)
 
 
 def placeholder_images(texts: list[str], images: Any, base: Path, column: str = "images") -> tuple[ImageRef, ...]:
     """The images of a record in LLaMA-Factory's convention: one `<image>` in `texts` per entry of `images`."""
-    entries = images if isinstance(images, list) else [images]
+    entries = _entries(images)
     placeholders = sum(text.count(PLACEHOLDER) for text in texts)
     if placeholders != len(entries):
         raise RecordError(
@@ -102,19 +124,26 @@ def _image_parts(messages: list) -> Iterator[tuple[int, int, dict]]:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for p, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image"):
+                if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
                     yield m, p, part
 
 
-def _part_reference(part: dict, field: str) -> Any:
-    """The reference an image part holds: `image`, `path` or `image_url` ({"url": ...} or a string)."""
+def _part_reference(part: dict) -> Any:
+    """The reference an image part holds: `image`, `path` or `image_url` ({"url": ...} or a string); None for none."""
     for key in ("image", "path", "image_url"):
         value = part.get(key)
         if isinstance(value, dict) and key == "image_url":
             value = value.get("url")
         if value is not None:
             return value
-    raise RecordError("an image part names no image: give `image`, `path` or `image_url`", field=field)
+    return None
+
+
+def _entries(images: Any) -> list:
+    """A record's `images` column as a list (one entry given alone is a list of one)."""
+    if images is None:
+        return []
+    return images if isinstance(images, list) else [images]
 
 
 def _data_uri(uri: str, field: str) -> bytes:

@@ -8,7 +8,10 @@ the documents end, in the argument that layer type reads. For cu_seqlens [0, 3, 
                                                  from restarting positions when attention_mask is None)
     position_ids    [[[0 1 2 0 1]] x 4]          mRoPE (Qwen2-VL): text positions first, then t/h/w;
                                                  2D positions are expanded to t/h/w only and the mask
-                                                 falls back to one causal row (measured: 0.53 logit leak)
+                                                 falls back to one causal row (measured: 0.53 logit leak);
+                                                 a vision build's t/h/w rows are its stored ones
+    pixel_values, image_grid_thw                 a vision build's images (packtool.loader.vision): the
+                                                 vision tower attends within each image by its grid
     cu_seq_lens_q/k [0, 3, 5], max_length_q/k 3  flash-attention backends; Gated DeltaNet layers with
                                                  the flash-linear-attention kernel
     seq_idx         [[0  0  0  1  1 ]] int32     Mamba-2 / conv layers with the mamba-ssm and
@@ -31,6 +34,7 @@ across documents, at the cost of padding. Targets and the loss normaliser are un
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,6 +42,7 @@ from typing import Any
 
 import torch
 
+from packtool.errors import DatasetError
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.attention import document_ids, flex_document_mask
 from packtool.loader.collate import MicroBatch
@@ -194,7 +199,19 @@ def model_inputs(mb: MicroBatch, model: Any) -> dict[str, Any]:
     backend = str(getattr(config, "_attn_implementation", None) or "eager")
     inputs = position_ids_only(mb, model)
     if uses_mrope(config):
-        inputs["position_ids"] = mb.position_ids[None].expand(4, *mb.position_ids.shape)
+        # the text row (restarting per document) is what the model finds documents by; t/h/w place the image tokens
+        spatial = mb.mrope_position_ids
+        if spatial is None:
+            spatial = mb.position_ids[None].expand(3, *mb.position_ids.shape)
+        inputs["position_ids"] = torch.cat([mb.position_ids[None], spatial])
+    images = mb.vision_inputs()
+    if images:
+        if "pixel_values" not in inspect.signature(model.forward).parameters:
+            raise DatasetError(
+                f"the micro-batch holds {len(images['image_grid_thw'])} images and {type(model).__name__}'s forward "
+                "takes no pixel_values: train a vision build on its vision-language model"
+            )
+        inputs.update(images)
     if "flash" in backend or "linear_attention" in kinds:
         inputs.update(mb.flash_kwargs())
     if kinds & {"mamba", "conv"}:

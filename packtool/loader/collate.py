@@ -45,6 +45,7 @@ from packtool.errors import PackFormatError
 from packtool.format import INT32_MAX, V2_COLUMNS, attn_cost
 from packtool.labels import IGNORE_INDEX
 from packtool.loader.contract import validate_cu_seqlens
+from packtool.loader.vision import PackImages, place_images
 from packtool.shards import SegmentColumns
 
 __all__ = [
@@ -78,6 +79,7 @@ class LoadedPack:
     closes_step: bool = False  # the last pack of this rank's share of its round
     checked: bool = False  # the reader already checked the contract (offsets, -100 at segment starts)
     segments: SegmentColumns | None = None  # schema v2 (pairs and groups): per attention segment
+    images: PackImages | None = None  # a vision build's: the pack's images preprocessed, its mRoPE positions
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -134,6 +136,11 @@ class MicroBatch:
     # Schema v2 (None for v1 packs): the per-segment columns, read through the properties below
     # (segment_groups, ...), built for the whole chunk on first use: most training loops never ask.
     segments: SegmentSlice | None = None
+    # A vision build's (packtool.loader.vision): the images of its packs in token order, preprocessed, and the
+    # mRoPE positions [3, 1, T] (temporal, height, width) each document has alone; None in a text build.
+    pixel_values: torch.Tensor | None = None  # float32 [patches, C * t * p * p]
+    image_grid_thw: torch.Tensor | None = None  # int64 [n_images, 3]
+    mrope_position_ids: torch.Tensor | None = None
 
     # [S] each, aligned with cu_seqlens (padding segments: group -1, kind single, NaN). A micro-batch
     # is made of whole packs and a pack holds whole groups, so no pair or group is ever split.
@@ -199,11 +206,21 @@ class MicroBatch:
             "n_targets": self.n_targets,
             "n_packs": self.n_packs,
             **self.flash_kwargs(),
+            **self.vision_inputs(),
         }
+
+    def vision_inputs(self) -> dict[str, torch.Tensor]:
+        """pixel_values and image_grid_thw when the micro-batch holds images (what a vision model's forward reads)."""
+        if self.pixel_values is None or self.image_grid_thw is None or not len(self.image_grid_thw):
+            return {}
+        return {"pixel_values": self.pixel_values, "image_grid_thw": self.image_grid_thw}
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MicroBatch:
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=non_blocking)
+
+        def move_optional(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else move(t)
 
         return replace(
             self,
@@ -211,6 +228,9 @@ class MicroBatch:
             labels=move(self.labels),
             position_ids=move(self.position_ids),
             cu_seqlens=move(self.cu_seqlens),
+            pixel_values=move_optional(self.pixel_values),
+            image_grid_thw=move_optional(self.image_grid_thw),
+            mrope_position_ids=move_optional(self.mrope_position_ids),
         )
 
 
@@ -247,7 +267,27 @@ def collate(
         resume_after=[p.resume_after for p in packs],
         segments=_pack_segments(packs) if any(p.segments is not None for p in packs) else None,
     )
-    return assemble(views, [0, len(packs)], capacity=capacity, pad_id=pad_id, padding_rows=[n_padding_rows])[0]
+    mbs = assemble(views, [0, len(packs)], capacity=capacity, pad_id=pad_id, padding_rows=[n_padding_rows])
+    if any(p.images is not None for p in packs):
+        mbs = with_images(mbs, [0, len(packs)], [p.images for p in packs], views.input_ids, capacity)
+    return mbs[0]
+
+
+def with_images(
+    mbs: Sequence[MicroBatch],
+    cuts: Sequence[int],
+    images: Sequence[PackImages | None],
+    input_ids: Sequence[np.ndarray],
+    capacity: int | None,
+) -> list[MicroBatch]:
+    """The micro-batches of `assemble(views, cuts, capacity=...)` with their packs' images and mRoPE positions."""
+    out = []
+    for mb, (lo, hi) in zip(mbs, itertools.pairwise(cuts), strict=True):
+        lengths = [len(ids) for ids in input_ids[lo:hi]]
+        slots = [k * capacity for k in range(hi - lo)] if capacity else _starts(np.asarray(lengths))[:-1].tolist()
+        pixels, grids, mrope = place_images(images[lo:hi], lengths, slots, mb.position_ids[0])
+        out.append(replace(mb, pixel_values=pixels, image_grid_thw=grids, mrope_position_ids=mrope))
+    return out
 
 
 def _check_packs(packs: Sequence[LoadedPack]) -> None:

@@ -68,7 +68,7 @@ from packtool.checks import MAX_COUNT, alpha_problem, integer_problem, seed_prob
 from packtool.errors import DatasetError, one_line
 from packtool.format import MANIFEST, Manifest, first_broken_pack
 from packtool.labels import IGNORE_INDEX
-from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble
+from packtool.loader.collate import SEGMENT_COLUMNS, LoadedPack, MicroBatch, PackViews, assemble, with_images
 from packtool.loader.contract import check_shard, read_manifest
 from packtool.loader.schedule import (
     EpochOrder,
@@ -79,6 +79,14 @@ from packtool.loader.schedule import (
     plan_epoch,
     read_state,
     share_micro_batches,
+)
+from packtool.loader.vision import (
+    VISION_COLUMNS,
+    ImageSource,
+    PackImages,
+    VisionRows,
+    vision_schema_problem,
+    without_vision,
 )
 from packtool.seal import manifest_digest
 from packtool.shards import READ_ERRORS, SegmentColumns, footer_problem, schema_problem
@@ -117,6 +125,7 @@ class _Decoded:
     attn_cost: list[int]  # sum(l_i^2) of the attention segments (of the documents when isolated)
     pack_hash: list[str]
     segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # schema v2 columns, sliced only when asked for
+    vision: VisionRows | None = None  # a vision build's image columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +200,8 @@ class PackedDataset(IterableDataset):
             optimizer step over all ranks) dealt by LPT on attn_cost + alpha * n_tokens (alpha 0 to 2**20).
         isolate_documents: use `doc_cu_seqlens` as the attention segments and set the label of
             each document's first token to -100 (stream builds: no pair across documents).
+        image_root: a vision build's images are read from here instead of the folder the manifest
+            records (its `vision.root`); images stored in the shards are read from the shards.
     """
 
     def __init__(
@@ -209,6 +220,7 @@ class PackedDataset(IterableDataset):
         packs_per_step: int | None = None,
         alpha: float = 0.0,
         isolate_documents: bool = False,
+        image_root: str | Path | None = None,
     ) -> None:
         super().__init__()
         self.manifest: Manifest = read_manifest(path)
@@ -223,15 +235,17 @@ class PackedDataset(IterableDataset):
         self._check_options()
         self.seed, self.alpha = int(seed), float(alpha)  # numpy's numbers as Python's, once checked
         self._verified: set[int] = set()  # shards whose sha256 this process has checked
-        # Per shard: its parsed footer and whether it has the schema v2 segment columns. Parsed once (as
-        # much work as decoding a small row group); with verify, first after the sha256 check.
-        self._footers: dict[int, tuple[pq.FileMetaData, bool]] = {}
+        # Per shard: its parsed footer, whether it has the schema v2 segment columns and its vision columns.
+        # Parsed once (as much work as decoding a small row group); with verify, first after the sha256 check.
+        self._footers: dict[int, tuple[pq.FileMetaData, bool, tuple[str, ...]]] = {}
         self._files: dict[int, pq.ParquetFile] = {}  # open readers, least recently used first
         self._files_pid = os.getpid()
         # What each file was when the dataset opened the build: a rebuild that replaces OUT under a running
         # loader is named (`_check_unchanged`), not read as another build's bytes under this one's footers.
         self._identities = {-1: _identity_of(self.manifest.folder / MANIFEST)}
         self.units = self._read_footers()
+        # A vision build's images, read and preprocessed with each pack (in the workers that read it).
+        self.images = ImageSource(self.manifest, image_root) if "vision" in self.manifest.raw else None
         self.build = manifest_digest(self.manifest.raw)  # names the build in the resume state
         self._small: tuple[np.ndarray, np.ndarray] | None = None  # n_tokens, cost per pack, for planning
         self._plan: tuple[tuple[int, int], EpochOrder, EpochPlan] | None = None
@@ -332,7 +346,8 @@ class PackedDataset(IterableDataset):
         return {**self.__dict__, "_files": {}, "_files_pid": -1}
 
     def _remember_footer(self, shard: int, meta: pq.FileMetaData) -> None:
-        self._footers[shard] = (meta, "segment_groups" in meta.schema.to_arrow_schema().names)
+        names = meta.schema.to_arrow_schema().names
+        self._footers[shard] = (meta, "segment_groups" in names, tuple(c for c in VISION_COLUMNS if c in names))
 
     def _check_unchanged(self, shard: int) -> None:
         """Raise DatasetError when the shard's file is not the one the dataset opened (replaced, rewritten)."""
@@ -375,7 +390,7 @@ class PackedDataset(IterableDataset):
                 ) from None
             if meta.num_rows != entry.rows:
                 raise DatasetError(f"{entry.file}: {meta.num_rows} rows, manifest says {entry.rows}")
-            problem = schema_problem(meta.schema.to_arrow_schema()) or footer_problem(meta)
+            problem = self._schema_problem(meta.schema.to_arrow_schema()) or footer_problem(meta)
             if problem is not None:  # checked here too: with verify=False no checksum stands for the columns
                 raise DatasetError(f"{entry.file}: {problem}")
             if not self.verify:
@@ -387,6 +402,15 @@ class PackedDataset(IterableDataset):
                     units.append(Unit(i, g, first, rows))
                 first += rows
         return units
+
+    def _schema_problem(self, schema: pa.Schema) -> str | None:
+        """The shard schema's problem, its vision columns (present exactly when the manifest has a vision object)
+        checked apart from the text columns."""
+        vision = "image_refs" in schema.names
+        if vision != ("vision" in self.manifest.raw):
+            has = "has image columns and the manifest no" if vision else "has no image columns and the manifest a"
+            return f"the shard {has} vision object: not one build; rebuild it"
+        return schema_problem(without_vision(schema)) or vision_schema_problem(schema)
 
     def _per_pack(self) -> tuple[np.ndarray, np.ndarray]:
         """(n_tokens, sum(l_i^2)) of every pack, flat in unit order, from the small columns (read once).
@@ -565,8 +589,9 @@ class PackedDataset(IterableDataset):
         # Isolated documents: their segments are the documents, so their cost comes from doc_cu_seqlens.
         cu_name, cost = ("doc_cu_seqlens", []) if self.isolate_documents else ("cu_seqlens", ["attn_cost"])
         self._open(unit.shard)  # its footer is known from here on
-        extra = list(SEGMENT_COLUMNS) if self._footers[unit.shard][1] else []
-        columns = ["input_ids", "labels", cu_name, *cost, "pack_hash", *extra]
+        _, v2, vision = self._footers[unit.shard]
+        extra = list(SEGMENT_COLUMNS) if v2 else []
+        columns = ["input_ids", "labels", cu_name, *cost, "pack_hash", *extra, *vision]
         return self._read_group(unit.shard, unit.row_group, columns)
 
     def _decode(self, unit_index: int, table: pa.Table) -> _Decoded:
@@ -599,7 +624,14 @@ class PackedDataset(IterableDataset):
             _row_costs(table, self.isolate_documents).tolist(),
             table.column("pack_hash").to_pylist(),
             {name: list_parts(table.column(name)) for name in extra} if v2 else None,
+            VisionRows.of(table) if "image_refs" in table.column_names else None,
         )
+
+    def _images(self, cols: _Decoded, i: int) -> PackImages | None:
+        """Row i's images read, checked and preprocessed (None in a text build)."""
+        if cols.vision is None or self.images is None:
+            return None
+        return self.images.load(cols.vision, i, f"{cols.shard} row {cols.first_row + i}")
 
     def _pack(self, cols: _Decoded, i: int, step: int, resume: int, closes: bool) -> LoadedPack:
         """Row i of a decoded unit as a LoadedPack (views into the unit's arrays)."""
@@ -626,6 +658,7 @@ class PackedDataset(IterableDataset):
             closes,
             True,
             segments,
+            self._images(cols, i),
         )
 
     def _round_batches(self, worker: int, n_workers: int) -> Iterator[list[MicroBatch]]:
@@ -644,7 +677,7 @@ class PackedDataset(IterableDataset):
         units, rows = share.units, share.rows
         with _RowGroups(self._read, self._decode, units) as row_groups:
             for j, (lo, hi) in enumerate(itertools.pairwise(share.cuts)):
-                sizes = [chunk.add(row_groups.get(units[i]), rows[i]) for i in range(lo, hi)]
+                sizes = [chunk.add(row_groups.get(units[i]), rows[i], self._images) for i in range(lo, hi)]
                 groups = share_micro_batches(sizes, options)
                 last = groups[-1][-1]
                 chunk.close_round(
@@ -746,9 +779,10 @@ class _Chunk:
         self.tokens = 0
         # Schema v2: each pack's decoded columns and row, sliced only if a segment column is asked for.
         self.segment_rows: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]] = []
+        self.images: list[PackImages | None] = []  # a vision build's, per pack
 
-    def add(self, cols: _Decoded, i: int) -> int:
-        """Append row i of a decoded unit; its token count."""
+    def add(self, cols: _Decoded, i: int, images: Callable[[_Decoded, int], PackImages | None]) -> int:
+        """Append row i of a decoded unit (and its images, loaded by `images`); its token count."""
         (io, ids), (lo, labels), (co, cu) = cols.ids, cols.labels, cols.cu
         v = self.views
         v.input_ids.append(ids[io[i] : io[i + 1]])
@@ -760,6 +794,7 @@ class _Chunk:
             if v.segments is None:
                 self.views = v = replace(v, segments=self._segment_values)
             self.segment_rows.append((cols.segments, i))
+        self.images.append(images(cols, i))
         n = io[i + 1] - io[i]
         self.tokens += n
         return n
@@ -789,6 +824,8 @@ class _Chunk:
             padding_rows=self.padding_rows,
             isolate_starts=isolate,
         )
+        if any(images is not None for images in self.images):
+            mbs = with_images(mbs, self.cuts, self.images, self.views.input_ids, capacity)
         at = 0
         for n in self.rounds:
             yield mbs[at : at + n]

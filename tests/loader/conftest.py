@@ -104,6 +104,12 @@ def write_build(
 
 
 @pytest.fixture
+def build_writer():
+    """`write_build` itself, for tests that write packs of their own (tests/loader/test_vision.py)."""
+    return write_build
+
+
+@pytest.fixture
 def make_build(tmp_path):
     """make_build(n_packs=40, capacity=32, packs_per_shard=15, row_group_size=4) -> (path, packs).
 

@@ -121,7 +121,15 @@ class PackedCollator:
 
 
 def sft_example(pack: LoadedPack) -> dict[str, Any]:
-    """One pack as the example TRL's padding-free collator reads: its segments are `seq_lengths`."""
+    """One pack as the example TRL's padding-free collator reads: its segments are `seq_lengths`.
+
+    TRL's collator has no place for a pack's images, so a vision build's pack is refused rather than trained
+    with its image tokens read as text."""
+    if pack.images is not None:
+        raise DatasetError(
+            "a vision build's packs carry images, which TRL's padding-free collator drops: train it with "
+            "PackedTrainer (its PackedCollator feeds pixel_values, image_grid_thw and the mRoPE positions)"
+        )
     return {
         "input_ids": pack.input_ids.tolist(),
         "labels": pack.labels.tolist(),

@@ -349,3 +349,43 @@ def test_a_vision_micro_batch_moves_its_images_with_it(vision_build):
     moved = mb.to("meta")
     assert moved.pixel_values.device.type == moved.mrope_position_ids.device.type == "meta"
     assert replace(mb, pixel_values=None).vision_inputs() == {}
+
+
+def test_workers_preprocess_the_images(vision_build):
+    def batches(workers: int) -> list:
+        dataset = PackedDataset(vision_build, shuffle=False, token_budget=CAPACITY, num_workers=workers)
+        return list(packed_batches(dataset))
+
+    here, there = batches(0), batches(2)
+    assert [mb.pack_hashes for mb in here] == [mb.pack_hashes for mb in there]
+    for a, b in zip(here, there, strict=True):
+        assert torch.equal(a.pixel_values, b.pixel_values) and torch.equal(a.image_grid_thw, b.image_grid_thw)
+        assert torch.equal(a.mrope_position_ids, b.mrope_position_ids)
+
+
+def test_a_trainer_trains_a_vision_build(vision_build, tmp_path):
+    """PackedTrainer's collator feeds the images; TRL's padding-free examples, which cannot hold them, refuse."""
+    from packtool.loader.hf import PackedTrainer, sft_example, trainer_dataset
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    fed: list[int] = []
+
+    class Recording(PackedTrainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            fed.append(len(inputs.get("image_grid_thw", ())))
+            assert inputs["position_ids"].shape[0] == 4
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    dataset = trainer_dataset(vision_build, args, shuffle=False)
+    Recording(model=tiny_qwen2_5_vl().train(), args=args, train_dataset=dataset).train()
+    assert len(fed) == 2 and sum(fed) > 0
+    with pytest.raises(DatasetError, match="TRL's padding-free collator drops"):
+        sft_example(next(iter(PackedDataset(vision_build))))

@@ -176,10 +176,19 @@ def _marked(message: dict[str, Any], index: int, literals: re.Pattern[str] | Non
     sentinels; surrounding whitespace stays outside so templates that trim content still produce the
     same text. Special-token literals in any of its strings get the literal sentinel."""
     out = _mark_literals(message, literals) if literals is not None else dict(message)
+    if isinstance(message["content"], list):  # a message with images: each text part is a piece of its content
+        out["content"] = [_marked_part(part, index, literals) for part in message["content"]]
+        return out
     content = marked_content(message["content"], index, lambda core: _mark_literals(core, literals))
     if content is not None:
         out["content"] = content
     return out
+
+
+def _marked_part(part: dict[str, Any], index: int, literals: re.Pattern[str] | None) -> dict[str, Any]:
+    text = part.get("text")
+    content = marked_content(text, index, lambda core: _mark_literals(core, literals)) if text is not None else None
+    return _mark_literals(part, literals) if content is None else {**part, "text": content}
 
 
 # A marked render without its sentinels: the text, each message's content ranges, the generation blocks,

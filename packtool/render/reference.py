@@ -15,7 +15,7 @@ import jinja2
 from packtool.chat_templates import ChatTemplate
 from packtool.config import TrainPolicy
 from packtool.errors import RecordError, TemplateRaised
-from packtool.records import Example, Rendered, Span
+from packtool.records import Example, Message, Rendered, Span
 from packtool.render.marks import (
     _MAX_MESSAGES,
     _check_data_strings,
@@ -88,9 +88,22 @@ def render_reference(example: Example, template: ChatTemplate, policy: TrainPoli
         stripped = _strip_markers(marked_text)
         # One render is enough when the template only copied contents (see Tracked). Literal
         # sentinels sit in untracked strings (tool calls, tools), so those samples render twice.
-        inspected = spent.inspected or prepared.literals is not None
+        # A conversation with images (content parts) is compared with its plain render always: the reference
+        # route is theirs alone, and a content list is what a template may branch on.
+        inspected = spent.inspected or prepared.literals is not None or bool(example.images)
         text = template.render(plain, prepared.tools) if inspected else stripped[0]
     return finish(example, template, policy, prepared, stripped, text, tools_implied=False)
+
+
+def _check_pieces_printed(text: str, ranges: list[tuple[int, int]], message: Message, i: int) -> None:
+    """A message with images must print each piece of its text between them once, in order, as given."""
+    expected = [core for piece in message.pieces() if (core := piece.strip())]
+    if [text[start:end] for start, end in ranges] != expected:
+        raise RecordError(
+            f"the template does not print the text of message {i} ({message.role}) around its images once each, "
+            "in order, as given, so its targets would not be the data's words",
+            kind="mask_check",
+        )
 
 
 def marked_content_fails() -> RecordError:
@@ -125,6 +138,9 @@ def finish(
             kind="mask_check",
         )
     for i, ranges in contents.items():
+        if messages[i].image_at:
+            _check_pieces_printed(text, ranges, messages[i], i)
+            continue
         expected = messages[i].content.strip()
         printed = {text[start:end] for start, end in ranges}
         # A JSON-quoted copy is the same words: Llama 3.x prints tool results through `tojson`.
@@ -148,6 +164,9 @@ def finish(
     literal_ranges = tuple(
         (at, found.end()) for at in literal_at if literals and (found := literals.match(text, at)) is not None
     )
+    # A message with images is printed in pieces around them; its turn spans its first piece to its last.
+    if example.images:
+        contents = {i: [(r[0][0], r[-1][1])] if messages[i].image_at else r for i, r in contents.items()}
     owners = _block_owners(generations, contents, [m.role for m in messages]) if generations else []
     blocks = {}
     for (start, _), mine in reversed(list(zip(generations, owners))):
@@ -156,7 +175,9 @@ def finish(
     if not tools_implied:
         _check_tools_printed(example, turns)
     spans = tuple(
-        Span(start, end, i, messages[i].role, False) for i, ranges in sorted(contents.items()) for start, end in ranges
+        Span(start, end, i, messages[i].role, False)
+        for i, ranges in sorted(stripped[1].items())
+        for start, end in ranges
     )
     if template.has_generation_blocks:
         targets = _targets_from_generation_blocks(generations, owners, prepared.trained)

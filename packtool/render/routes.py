@@ -39,8 +39,9 @@ def render_chat(
     example: Example, template: ChatTemplate, policy: TrainPolicy, accelerators: Accelerators | None = None
 ) -> Rendered:
     """Render one conversation and derive its target character ranges: through the accelerated routes
-    where `accelerators` are on, the reference otherwise. Raises RecordError for this sample only."""
-    if accelerators is None or not accelerators.on:
+    where `accelerators` are on, the reference otherwise; a conversation with images takes the reference
+    alone (the routes decline content lists). Raises RecordError for this sample only."""
+    if accelerators is None or not accelerators.on or example.images:
         rendered = render_reference(example, template, policy)
         if accelerators is not None:
             accelerators.routes["reference"] += 1

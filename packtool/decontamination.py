@@ -17,14 +17,16 @@ contiguous run of its words, when it has at least `min_words` ("yes" or "A" woul
 
 Two implementations, one answer: `ReferenceIndex` (Python sets of word tuples, as datatrove and NeMo
 Curator match) states the rule; `EvalIndex` hashes a batch's words in numpy (each word's bytes 8 at a
-time, mixed: the same hash in every process), word runs with polynomial prefix sums over uint64, looks
-them up in sorted arrays behind a bit filter, and finds what the reference finds
-(tests/test_decontamination.py, hypothesis). A 64-bit hash may collide: for 10M eval windows and
-1e10 training windows, about 5e-3 false matches in all.
+time, mixed: the same hash in every process), word runs with polynomial prefix sums over uint64, probes a
+bit filter once per word (with the run of `min_words` words from it: the first words of every window and
+short item set their bits), looks up only the runs that pass in sorted hash tables bucketed by their top
+bits, and finds what the reference finds (tests/test_decontamination.py, hypothesis). A 64-bit hash may
+collide: for 10M eval windows and 1e10 training windows, about 5e-3 false matches in all.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 import unicodedata
@@ -160,11 +162,12 @@ class ReferenceIndex:
 # Odd multipliers: word runs hash as sum(word_hash[i + j] * Q**j) mod 2**64, read off prefix sums.
 _Q = 0x9E3779B97F4A7C15
 _Q_INVERSE = pow(_Q, -1, 1 << 64)
-_LENGTH_SALT = np.uint64(0xD6E8FEB86659FD93)  # a run's hash also depends on its length (a run of 3 != of 4)
-# The bit filter: about 16 bits per indexed hash, so ~6% of the windows that are not indexed reach the binary
-# search (10M hashes: 2**27 bits, 16 MB beside the 80 MB of hashes).
+_LENGTH_SALT = 0xD6E8FEB86659FD93  # a run's hash also depends on its length (a run of 3 != of 4)
+# The bit filter: about 16 bits per indexed run, up to 2**27 bits (16 MB, beside the 80 MB of 10M windows).
 _FILTER_BITS_PER_HASH = 16
 _MIN_FILTER_BITS, _MAX_FILTER_BITS = 10, 27
+# A table's buckets: about 2-4 hashes per value of their top bits (10M hashes: 2**22 buckets, 16 MB of offsets).
+_HASHES_PER_BUCKET = 4
 
 
 class _Powers:
@@ -204,15 +207,24 @@ class _Batch:
         _, down = _POWERS.upto(len(self.prefix))
         lengths = np.asarray(lengths, np.int64)
         body = (self.prefix[starts + lengths] - self.prefix[starts]) * down[starts]
-        return body ^ (lengths.astype(np.uint64) * _LENGTH_SALT)
+        return body ^ (lengths.astype(np.uint64) * np.uint64(_LENGTH_SALT))
+
+    def every_run(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(inside, hash) of the run of n words from each word that has n - 1 after it: inside where the run stays
+        in one piece. Slices, not gathers: the same hashes as `runs`."""
+        count = len(self.piece) - n + 1
+        if n < 1 or count <= 0:
+            return np.zeros(0, bool), np.zeros(0, np.uint64)
+        _, down = _POWERS.upto(count)
+        body = (self.prefix[n:] - self.prefix[:count]) * down
+        body ^= np.uint64(n * _LENGTH_SALT % (1 << 64))
+        return self.piece[:count] == self.piece[n - 1 :], body
 
     def windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, hash) of every run of n words inside one piece."""
-        count = len(self.piece) - n + 1
-        if n < 1 or count <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
-        starts = np.flatnonzero(self.piece[:count] == self.piece[n - 1 :])
-        return starts, self.runs(starts, n)
+        inside, hashes = self.every_run(n)
+        starts = np.flatnonzero(inside)
+        return starts, hashes[starts]
 
     def wholes(self, min_words: int) -> tuple[np.ndarray, np.ndarray]:
         """(piece, hash) of every piece of at least min_words words, whole."""
@@ -225,40 +237,47 @@ def _batch(pieces: Sequence[str]) -> _Batch:
     """The words of `pieces` hashed in numpy, with no Python object per word: each word's bytes 8 at a time (one
     chunk for most words), each chunk mixed into the word's hash. Words are `words(piece)`, byte for byte
     (tests/test_decontamination.py holds the two to the same answers)."""
-    folded = [p.encode().translate(_ASCII_FOLD) if p.isascii() else fold(p).encode() for p in pieces]
-    # a space before the first piece and after each: every word has a space before and after it
-    joined = b" " + b" ".join(folded) + b" "
-    data = np.frombuffer(joined + b" " * 7, np.uint8)  # 7 more: a word's last chunk reads 8 bytes
-    word = data[: len(joined)] != 32
+    text = " ".join(pieces)
+    if text.isascii():  # the common case: one translate for the whole batch, a byte per character
+        folded = text.encode().translate(_ASCII_FOLD)
+        sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    else:
+        encoded = [p.encode().translate(_ASCII_FOLD) if p.isascii() else fold(p).encode() for p in pieces]
+        folded = b" ".join(encoded)
+        sizes = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    # a space before the first piece and after each, so every word has a space before and after it; 7 more: a
+    # word's last chunk reads 8 bytes
+    data = np.frombuffer(b" " + folded + b" " * 8, np.uint8)
+    word = data[: len(data) - 7] != 32
     edges = np.flatnonzero(word[1:] != word[:-1]) + 1
     starts, ends = edges[0::2], edges[1::2]  # every word starts, then ends (at a space)
     hashes = _word_hashes(data, starts, ends - starts)
-    piece_ends = 1 + np.cumsum(np.fromiter(map(len, folded), np.int64, len(folded)) + 1)
-    first = np.zeros(len(folded) + 1, np.int64)
+    piece_ends = 1 + np.cumsum(sizes + 1)
+    first = np.zeros(len(pieces) + 1, np.int64)
     first[1:] = np.searchsorted(starts, piece_ends)  # words of piece p: those that start before its end
-    piece = np.repeat(np.arange(len(folded), dtype=np.int64), np.diff(first))
+    piece = np.repeat(np.arange(len(pieces), dtype=np.int64), np.diff(first))
     up, _ = _POWERS.upto(len(hashes) + 1)
     prefix = np.zeros(len(hashes) + 1, np.uint64)
     np.cumsum(hashes * up[: len(hashes)], out=prefix[1:])
     return _Batch(prefix, first, piece)
 
 
-_ALL_BITS = np.uint64(0xFFFFFFFFFFFFFFFF)
+# the bytes of a chunk that belong to its word: _CHUNK_MASKS[min(bytes left, 8)]
+_CHUNK_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(9)], np.uint64)
 
 
 def _word_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The hash of each word data[start : start + length]: its length, then each 8-byte chunk (little-endian, the
-    bytes past its end masked off) mixed in turn."""
+    """The hash of each word data[start : start + length]: its length (up to 255, a word longer has more chunks),
+    then each 8-byte chunk (little-endian, the bytes past its end masked off) mixed in turn."""
     # the 8 bytes from every offset as one little-endian uint64, an unaligned view of `data` (2.3x a gather of
     # 8-byte rows)
     chunks = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
-    hashes = _mix(lengths.astype(np.uint64))
-    todo, offset, left = np.arange(len(starts)), starts.copy(), lengths.copy()
+    seeds = _LENGTH_SEEDS[np.minimum(lengths, len(_LENGTH_SEEDS) - 1)]
+    hashes = _mix(seeds ^ (chunks[starts] & _CHUNK_MASKS[np.minimum(lengths, 8)]))
+    todo = np.flatnonzero(lengths > 8)  # the few words of more than one chunk
+    offset, left = starts[todo] + 8, lengths[todo] - 8
     while todo.size:
-        chunk = chunks[offset]
-        bits = (np.minimum(left, 7) * 8).astype(np.uint64)
-        chunk &= np.where(left >= 8, _ALL_BITS, (np.uint64(1) << bits) - np.uint64(1))
-        hashes[todo] = _mix(hashes[todo] ^ chunk)
+        hashes[todo] = _mix(hashes[todo] ^ (chunks[offset] & _CHUNK_MASKS[np.minimum(left, 8)]))
         longer = left > 8
         todo, offset, left = todo[longer], offset[longer] + 8, left[longer] - 8
     return hashes
@@ -267,10 +286,14 @@ def _word_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
 def _mix(values: np.ndarray) -> np.ndarray:
     """A bijective mix of uint64 values (murmur3's finalizer): a word's hash no longer linear in its bytes."""
     values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(0xFF51AFD7ED558CCD)
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(0xC4CEB9FE1A85EC53)
-    return values ^ (values >> np.uint64(33))
+    values *= np.uint64(0xFF51AFD7ED558CCD)
+    values ^= values >> np.uint64(33)
+    values *= np.uint64(0xC4CEB9FE1A85EC53)
+    values ^= values >> np.uint64(33)
+    return values
+
+
+_LENGTH_SEEDS = _mix(np.arange(256, dtype=np.uint64))  # looked up: a mix per word cost 20% of the word hashes
 
 
 def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -279,22 +302,76 @@ def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, 
     return unique, values[first]
 
 
+# Two bits per hash, in the same 64-bit word of the filter (one cache miss): for the 12 low bits of a hash, the
+# word with bits (h & 63) and (h >> 6 & 63) set. Against 10M windows in 16 MB, 5% of the runs that are not
+# indexed pass (one bit per hash: 10%), and each that passes costs two table lookups.
+_PAIR_MASKS = np.array([(1 << (v & 63)) | (1 << (v >> 6)) for v in range(1 << 12)], np.uint64)
+
+
+def _filter_bits(hashes: np.ndarray) -> np.ndarray:
+    return _PAIR_MASKS[(hashes & np.uint64(4095)).astype(np.intp)]  # indexing by uint64 costs ~10x intp
+
+
+@dataclass(frozen=True, eq=False)
+class _Table:
+    """Sorted uint64 hashes, and where the hashes of each value of their top bits start: a lookup reads one offset
+    and the 2-4 hashes after it, where a binary search of 10M hashes misses the cache at about half of its 23 steps
+    (np.searchsorted was a third of a check against 10M windows, even with its queries sorted)."""
+
+    hashes: np.ndarray  # sorted, repeats allowed (short items sharing their first words)
+    starts: np.ndarray  # int32 [2**bits + 1]: the hashes whose top bits are b are hashes[starts[b] : starts[b + 1]]
+    shift: np.uint64  # 64 - bits
+
+    @classmethod
+    def of(cls, hashes: np.ndarray) -> _Table:
+        bits = max(len(hashes) // _HASHES_PER_BUCKET, 1).bit_length()
+        shift = np.uint64(64 - bits)
+        counts = np.bincount((hashes >> shift).astype(np.intp), minlength=1 << bits)
+        starts = np.zeros(len(counts) + 1, np.int32)  # tables of up to 2**31 hashes
+        np.cumsum(counts, out=starts[1:])
+        return cls(hashes, starts, shift)
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def find(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in `hashes` that the table holds, increasing; the place in the table of each, its first)."""
+        bucket = (hashes >> self.shift).astype(np.intp)
+        place, end = self.starts[bucket].astype(np.intp), self.starts[bucket + 1]
+        found = np.full(len(hashes), -1, np.intp)
+        todo = np.arange(len(hashes))
+        while todo.size:  # a step through every bucket at once: ~2 steps, the longest bucket's length at most
+            live = place < end
+            todo, place, end = todo[live], place[live], end[live]
+            held, wanted = self.hashes[place], hashes[todo]
+            hit = held == wanted
+            found[todo[hit]] = place[hit]
+            on = held < wanted
+            todo, place, end = todo[on], place[on] + 1, end[on]
+        at = np.flatnonzero(found >= 0)
+        return at, found[at]
+
+
 @dataclass(frozen=True, eq=False)
 class EvalIndex:
-    """An eval set's strings as sorted uint64 hashes (see the module docstring), and where each came from."""
+    """An eval set's strings as hash tables (see the module docstring), and where each came from.
+
+    A check hashes the run of min_words words from every word of the batch and keeps those the bit filter may
+    hold: the first min_words words of some eval window or short item. Only there are the ngram-word windows
+    hashed and both tables read: one filter probe per word, where one per window and one per anchor cost two."""
 
     ngram: int
     min_words: int
     items: tuple[EvalItem, ...]
-    grams: np.ndarray  # sorted window hashes
+    grams: _Table  # window hashes
     gram_items: np.ndarray  # the item of each (its first)
-    short_anchors: np.ndarray  # sorted: the hash of each short item's first min_words words
-    short_lengths: np.ndarray  # the item's words
+    short_anchors: _Table  # the hash of each short item's first min_words words
+    short_lengths: np.ndarray  # the item's words (in the order of short_anchors)
     short_hashes: np.ndarray  # the hash of the item whole
     short_items: np.ndarray
-    exact: np.ndarray  # sorted: the hash of each string whole (>= min_words words)
+    exact: _Table  # the hash of each string whole (>= min_words words)
     exact_items: np.ndarray
-    bit_filter: np.ndarray  # uint8: one bit per top-`filter_bits`-bits value of every hash above
+    bit_filter: np.ndarray  # uint64 [2**(filter_bits - 6)]: two bits of each window's and anchor's first words
     filter_bits: int
 
     @classmethod
@@ -313,24 +390,22 @@ class EvalIndex:
         short_hashes, short_items = _sorted_unique(batch.runs(batch.first[short], lengths[short]), short)
         anchors = batch.runs(batch.first[short_items], min_words)
         order = np.argsort(anchors, kind="stable")
-        every = np.concatenate([grams, exact, anchors])
+        every = np.concatenate([batch.runs(gram_starts, min_words), anchors])
         wanted = (len(every) * _FILTER_BITS_PER_HASH).bit_length()
         bits = min(max(wanted, _MIN_FILTER_BITS), _MAX_FILTER_BITS)
-        bit_filter = np.zeros(1 << (bits - 3), np.uint8)
-        keys = every >> np.uint64(64 - bits)
-        masks = np.left_shift(np.uint8(1), (keys & np.uint64(7)).astype(np.uint8))
-        np.bitwise_or.at(bit_filter, (keys >> np.uint64(3)).astype(np.intp), masks)
+        bit_filter = np.zeros(1 << (bits - 6), np.uint64)
+        np.bitwise_or.at(bit_filter, (every >> np.uint64(70 - bits)).astype(np.intp), _filter_bits(every))
         return cls(
             ngram,
             min_words,
             tuple(listed),
-            grams,
+            _Table.of(grams),
             gram_items.astype(np.int64),
-            anchors[order],
+            _Table.of(anchors[order]),
             lengths[short_items][order],
             short_hashes[order],
             short_items[order].astype(np.int64),
-            exact,
+            _Table.of(exact),
             exact_items.astype(np.int64),
             bit_filter,
             bits,
@@ -341,67 +416,59 @@ class EvalIndex:
         """How much the index holds: eval strings, distinct windows, short items and whole strings."""
         return {"strings": len(self.items), "ngrams": len(self.grams), "short": len(self.short_hashes)}
 
-    def _maybe(self, hashes: np.ndarray) -> np.ndarray:
-        """Positions of `hashes` whose bit is set in the filter (every indexed hash's is)."""
-        keys = (hashes >> np.uint64(64 - self.filter_bits)).astype(np.intp)
-        return np.flatnonzero((self.bit_filter[keys >> 3] >> (keys & 7).astype(np.uint8)) & 1)
-
-    @staticmethod
-    def _find(table: np.ndarray, hashes: np.ndarray, maybe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(positions in `hashes`, places in `table`) of the hashes at `maybe` that `table` holds."""
-        if not len(table) or not len(maybe):
-            return maybe[:0], maybe[:0]
-        wanted = hashes[maybe]
-        # in sorted order: each search starts where the last one ended (5x fewer cache misses in a 10M table)
-        order = np.argsort(wanted)
-        place = np.empty(len(wanted), np.int64)
-        place[order] = np.minimum(np.searchsorted(table, wanted[order]), len(table) - 1)
-        held = table[place] == wanted
-        return maybe[held], place[held]
+    def _maybe(self, hashes: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """Positions of the `inside` hashes whose bit is set in the filter (every indexed run's is)."""
+        wanted = _filter_bits(hashes)
+        held = self.bit_filter[(hashes >> np.uint64(70 - self.filter_bits)).astype(np.intp)] & wanted
+        return np.flatnonzero(inside & (held == wanted))
 
     def check(self, samples: Sequence[Sample]) -> list[Finding | None]:
         """Each sample's first overlap (a target one before a prompt one; exact, then ngram, then short), or None."""
         pieces: list[str] = []
-        owner: list[int] = []
-        parts: list[str] = []
-        for s, (prompts, targets) in enumerate(samples):
-            for part, group in (("prompt", prompts), ("target", targets)):
-                pieces += group
-                owner += [s] * len(group)
-                parts += [part] * len(group)
+        ends: list[int] = []  # where each sample's prompt pieces end, then its target pieces
+        for prompts, targets in samples:
+            pieces += prompts
+            ends.append(len(pieces))
+            pieces += targets
+            ends.append(len(pieces))
         batch = _batch(pieces)
         hits: list[tuple[int, int, int, str, int]] = []  # (piece, start, length, rule, item)
         whole_pieces, whole_hashes = batch.wholes(self.min_words)
-        at, place = self._find(self.exact, whole_hashes, self._maybe(whole_hashes))
+        at, place = self.exact.find(whole_hashes)
         for p, i in zip(whole_pieces[at].tolist(), place.tolist()):
             hits.append((p, 0, int(batch.first[p + 1] - batch.first[p]), "exact", int(self.exact_items[i])))
-        starts, hashes = batch.windows(self.ngram)
-        at, place = self._find(self.grams, hashes, self._maybe(hashes))
+        inside, anchors = batch.every_run(self.min_words)
+        maybe = self._maybe(anchors, inside)
+        starts = maybe[maybe + self.ngram <= batch.first[batch.piece[maybe] + 1]]  # a window fits in the piece
+        at, place = self.grams.find(batch.runs(starts, self.ngram))
         for start, i in zip(starts[at].tolist(), place.tolist()):
             p = int(batch.piece[start])
             hits.append((p, start - int(batch.first[p]), self.ngram, "ngram", int(self.gram_items[i])))
-        hits += self._short_hits(batch)
+        hits += self._short_hits(batch, maybe, anchors[maybe])
         found: list[list[Finding]] = [[] for _ in samples]
         folded: dict[int, list[str]] = {}
         for p, start, length, rule, item in hits:
             seq = folded.setdefault(p, words(pieces[p]))
             overlap = " ".join(seq[start : start + length])
-            found[owner[p]].append(Finding(self.items[item], parts[p], rule, overlap))
+            group = bisect.bisect_right(ends, p)  # 2 * sample, + 1 in its targets
+            found[group // 2].append(Finding(self.items[item], ("prompt", "target")[group % 2], rule, overlap))
         return [_first(f) if f else None for f in found]
 
-    def _short_hits(self, batch: _Batch) -> list[tuple[int, int, int, str, int]]:
+    def _short_hits(
+        self, batch: _Batch, starts: np.ndarray, anchors: np.ndarray
+    ) -> list[tuple[int, int, int, str, int]]:
         """Short items found whole: a run of min_words words that starts one (its anchor), then the item's full
         length from there. Items sharing an anchor sit together in the sorted anchors, `place` at the first."""
         if not len(self.short_anchors):
             return []
-        starts, hashes = batch.windows(self.min_words)
-        at, place = self._find(self.short_anchors, hashes, self._maybe(hashes))
-        start, anchor = starts[at], hashes[at]
+        at, place = self.short_anchors.find(anchors)
+        start, anchor = starts[at], anchors[at]
+        table = self.short_anchors.hashes
         hits = []
         while place.size:
-            held = place < len(self.short_anchors)
+            held = place < len(table)
             start, anchor, place = start[held], anchor[held], place[held]
-            same = self.short_anchors[place] == anchor
+            same = table[place] == anchor
             start, anchor, place = start[same], anchor[same], place[same]
             length = self.short_lengths[place]
             piece = batch.piece[start]

@@ -3,11 +3,22 @@ the numpy index finding exactly what the reference (Python sets of word tuples) 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.decontamination import EvalIndex, EvalItem, Finding, ReferenceIndex, eval_strings, fold, words
+from packtool.decontamination import (
+    EvalIndex,
+    EvalItem,
+    Finding,
+    ReferenceIndex,
+    _batch,
+    _Table,
+    eval_strings,
+    fold,
+    words,
+)
 
 ANSWER = "The mitochondria is the powerhouse of the cell and it makes most of the energy a cell uses every day"
 
@@ -83,7 +94,9 @@ def test_pieces_are_apart_a_window_does_not_span_two_messages():
         assert index.check([([], [first, second])]) == [None]
 
 
+# words of one 8-byte chunk and of several (the longest past the 255 bytes whose length seeds a word's hash)
 VOCABULARY = ["alpha", "beta", "gamma", "Delta", "ETA", "Straße", "ﬁne", "café", "日本語", "naïve_x", "x²"]
+VOCABULARY += ["Internationalization", "überempfindlichkeit", "q" * 300]
 phrases = st.lists(st.sampled_from(VOCABULARY), min_size=0, max_size=20).map(" ".join)
 separators = st.sampled_from([" ", "\n", ", ", " -- "])
 
@@ -105,6 +118,30 @@ def test_the_index_finds_what_the_reference_finds(evals, samples, ngram, min_wor
     got, expected = fast.check(samples), reference.check(samples)
     # the same decision, part and rule; the eval record and words may be another of equal rank
     assert [(f.part, f.rule) if f else None for f in got] == [(f.part, f.rule) if f else None for f in expected]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.text(max_size=40) | phrases, max_size=8))
+def test_a_batch_hashes_the_words_that_words_finds(texts):
+    """The numpy word split (one translate for an ASCII batch, fold per piece otherwise) is `words`, word for word."""
+    batch = _batch(texts)
+    alone = [_batch([w]).runs(np.zeros(1, np.int64), 1)[0] for text in texts for w in words(text)]
+    assert np.diff(batch.first).tolist() == [len(words(text)) for text in texts]
+    assert batch.runs(np.arange(len(alone)), 1).tolist() == alone
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.lists(st.integers(0, 2**64 - 1), max_size=50))
+def test_a_table_finds_what_a_binary_search_finds(held, others):
+    """Repeats, empty buckets and buckets of many (few hashes share the top bits of a small table)."""
+    hashes = np.sort(np.array(held + held[:20], np.uint64))
+    table = _Table.of(hashes)
+    wanted = np.array(held[::3] + others, np.uint64)
+    at, place = table.find(wanted)
+    first = np.searchsorted(hashes, wanted)
+    expected = np.flatnonzero(hashes[np.minimum(first, len(hashes) - 1)] == wanted) if len(hashes) else []
+    assert at.tolist() == list(expected)
+    assert place.tolist() == first[at].tolist()
 
 
 def test_an_empty_index_and_empty_samples():

@@ -124,8 +124,9 @@ def build(
 
     settings_from_flags = [f"executor={executor}"] if executor else []
     settings_from_flags += [f"ray_address={address}"] if address else []
-    # paths typed on the command line are relative to the working folder
-    settings_from_flags += [f"cache={Path(cache_dir).resolve()}"] if cache_dir else []
+    # paths typed on the command line are relative to the working folder; a cache named by a link stays a link,
+    # which the build refuses as it refuses `cache:` in the config (resolved, the link was written through)
+    settings_from_flags += [f"cache={os.path.abspath(cache_dir)}"] if cache_dir else []
     settings_from_flags += ["max_reject_share=0", "on_quota_miss=fail"] if strict else []
     try:
         config_path = resolve_config_path(config)

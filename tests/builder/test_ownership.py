@@ -224,6 +224,17 @@ def test_a_cache_path_that_is_a_link_or_not_packtool_s_is_refused(inputs, write_
     assert (_tree(victim), _tree(cache)) == before and not (inputs / "out").exists()
 
 
+def test_a_cache_flag_naming_a_link_is_refused_as_the_config_key_is(inputs, write_config):
+    """h37: --cache LINK was resolved on the command line, so the build wrote through a link `cache:` refuses."""
+    config = write_config(_raw())
+    assert _build(config).exit_code == 0
+    link = inputs / "link"
+    link.symlink_to(inputs / ".packtool-cache", target_is_directory=True)
+    before = _tree(inputs / ".packtool-cache")
+    _refused(_build(config, "--cache", str(link), "-o", str(inputs / "other")), f"{link} is a symbolic link")
+    assert _tree(inputs / ".packtool-cache") == before and not (inputs / "other").exists()
+
+
 @pytest.mark.parametrize("how", ["plain_folder", "symlink_to_a_cache"])
 def test_cache_clear_refuses_a_folder_that_is_not_a_packtool_cache(inputs, write_config, victim, how):
     folder = victim

@@ -38,9 +38,8 @@ import pyarrow as pa
 import torch
 
 from packtool.arrow import list_parts
-from packtool.errors import DatasetError, PacktoolError, one_line
+from packtool.errors import DatasetError, one_line
 from packtool.format import Manifest, sha256_file
-from packtool.vision.processors import PREPROCESSOR_CONFIG, QwenVLProcessor, load_processor
 
 __all__ = ["VISION_FIELDS", "ImageSource", "PackImages", "place_images", "vision_schema_problem"]
 
@@ -60,6 +59,7 @@ VISION_FIELDS = pa.schema(
 VISION_COLUMNS = tuple(VISION_FIELDS.names)
 # Families whose images the loader preprocesses: transformers' PIL Qwen2-VL image processor serves all three.
 GRID_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 
 def vision_schema_problem(schema: pa.Schema) -> str | None:
@@ -137,6 +137,7 @@ class ImageSource:
                 f"{manifest.folder}: its shards hold images but the manifest has no vision object; rebuild the output"
             )
         self.folder = manifest.folder / "processor"
+        self.family = vision["processor"].get("family")
         self.files: dict[str, Any] = vision["processor"].get("files") or {}
         root = image_root if image_root is not None else vision.get("root")
         self.root = None if root is None else Path(root)
@@ -144,7 +145,7 @@ class ImageSource:
 
     def __getstate__(self) -> dict[str, Any]:
         """A worker builds its own processor (it is cheap to build and not always cheap to send)."""
-        return {"folder": self.folder, "files": self.files, "root": self.root, "_processor": None}
+        return {**{k: getattr(self, k) for k in ("folder", "family", "files", "root")}, "_processor": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -156,6 +157,10 @@ class ImageSource:
         return self._processor
 
     def _build_processor(self) -> Any:
+        if self.family not in GRID_FAMILIES:
+            raise DatasetError(
+                f"{self.folder}: the loader preprocesses {', '.join(GRID_FAMILIES)} images, not {self.family}"
+            )
         if PREPROCESSOR_CONFIG not in self.files:
             raise DatasetError(f"{self.folder}: the manifest's vision.processor names no {PREPROCESSOR_CONFIG}")
         for name, recorded in self.files.items():
@@ -164,14 +169,6 @@ class ImageSource:
                 raise DatasetError(f"{file}: the build's image processor file is missing; rebuild the output")
             if sha256_file(file) != recorded:
                 raise DatasetError(f"{file}: changed since the build (sha256 differs from the manifest's); rebuild")
-        try:
-            planned = load_processor(self.folder)
-        except PacktoolError as err:
-            raise DatasetError(str(err)) from None
-        if planned.family not in GRID_FAMILIES or not isinstance(planned, QwenVLProcessor):
-            raise DatasetError(
-                f"{self.folder}: the loader preprocesses {', '.join(GRID_FAMILIES)} images, not {planned.family}"
-            )
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         return Qwen2VLImageProcessorPil.from_pretrained(self.folder)

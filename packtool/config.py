@@ -36,7 +36,7 @@ import yaml
 from packtool import hub
 from packtool.checks import range_problem, seed_problem
 from packtool.errors import ConfigError, HubError, PacktoolError
-from packtool.format import MIX_UNITS, Interleaving
+from packtool.format import IMAGE_STORAGE, MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
 from packtool.vision.processors import PREPROCESSOR_CONFIG, load_processor
@@ -299,6 +299,11 @@ class Decontamination:
     fields: tuple[str, ...] = ()  # the eval records' top-level fields read; empty: every string field
 
 
+def config_folder(config: BuildConfig) -> Path:
+    """The folder of the config file: image references are relative to it (records.PlacedImage)."""
+    return Path(config.config_file).resolve().parent
+
+
 # The top-level config keys of the run section (each Run field has its key's name): left out of the manifest.
 RUN_KEYS = tuple(f.name for f in fields(Run))
 
@@ -315,6 +320,7 @@ class BuildConfig:
     run: Run
     template: str = MODEL_TEMPLATE  # model, model:NAME, a bundled name, or a .jinja file (resolved)
     processor: str | None = None  # the folder holding preprocessor_config.json: images' grids and token counts
+    images: str = "reference"  # reference: shards name each image file; embed: shards hold its bytes too
     template_vars: dict[str, Any] = field(default_factory=dict)
     encoding: Encoding = Encoding()
     truncation: Truncation = Truncation()
@@ -347,6 +353,7 @@ KEYED_BY = {
     "template": "content",
     "template_vars": "content",
     "processor": "content",  # preprocessor_config.json (and processor_config.json) by their sha256
+    "images": "plan",
     "encoding": "encode",
     "capacity": "plan",
     "truncation": "plan",
@@ -496,6 +503,7 @@ TOP_KEYS = {
     "template",
     "template_vars",
     "processor",
+    "images",
     "capacity",
     "output",
     "truncation",
@@ -787,6 +795,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
     template = _parse_template(raw, base_dir, p)
     processor_raw = p.take(raw, "processor", str, "", field_default(BuildConfig, "processor"))
     processor = _parse_processor(processor_raw, tokenizer, base_dir, p)
+    images = p.take(raw, "images", str, "", field_default(BuildConfig, "images"), choices=IMAGE_STORAGE)
     template_vars = _template_vars(
         p.take(raw, "template_vars", dict, "", field_default(BuildConfig, "template_vars")), p
     )
@@ -830,6 +839,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, config_file: str = "<co
         tokenizer=tokenizer,
         template=template,
         processor=processor,
+        images=images,
         capacity=capacity or 0,
         run=Run(
             output=output,

@@ -121,6 +121,27 @@ V2_COLUMNS = (
 SEGMENT_FIELDS = [pa.field(column.name, pa.list_(column.arrow)) for column in V2_COLUMNS]
 SCHEMA_V2 = pa.schema(list(SCHEMA) + SEGMENT_FIELDS, metadata={"packtool.schema_version": str(SEGMENTS_SCHEMA_VERSION)})
 
+# docs/format.md "Images": the columns of a build whose config names an image processor, after the others. Per
+# pack, one entry per image in token order (grids 3 and spans 2 values an image); mrope_positions (the mRoPE
+# families only) holds the temporal, the height and the width position of every token, one row after another.
+IMAGE_FIELDS = [
+    pa.field("image_refs", pa.list_(pa.string())),
+    pa.field("image_sha256", pa.list_(pa.string())),
+    pa.field("image_sizes", pa.list_(pa.int64())),
+    pa.field("image_grids", pa.list_(pa.int32())),
+    pa.field("image_spans", pa.list_(pa.int32())),
+    pa.field("image_documents", pa.list_(pa.int32())),
+    pa.field("image_data", pa.list_(pa.binary())),
+]
+MROPE_FIELD = pa.field("mrope_positions", pa.list_(pa.int32()))
+IMAGE_STORAGE = ("reference", "embed")  # config `images:`: shards name each image file, or hold its bytes too
+PROCESSOR_FOLDER = "processor"  # OUT/processor/: the image processor's files (manifest vision.processor.files)
+
+
+def vision_schema(schema: pa.Schema, mrope: bool) -> pa.Schema:
+    """A shard schema (SCHEMA, SCHEMA_V2) with the image columns, and the mRoPE positions before them."""
+    return pa.schema(list(schema) + [MROPE_FIELD] * mrope + IMAGE_FIELDS, metadata=schema.metadata)
+
 
 def conventions(stream: bool) -> dict[str, Any]:
     """How to read labels, positions and attention in an output (the manifest's `conventions`)."""
@@ -358,6 +379,11 @@ class Manifest:
     def entry(self, name: str) -> dict[str, Any] | None:
         """The `shards` entry of the shard file `name` (None when not listed)."""
         return next((e for e in self.raw["shards"] if e["file"] == name), None)
+
+    @property
+    def vision(self) -> dict[str, Any] | None:
+        """The build's images (a config with a processor): processor, image_token_id, storage, root, counts."""
+        return self.raw.get("vision")
 
     @property
     def sealed(self) -> bool:
@@ -668,6 +694,38 @@ def _is_canary(entry: Any) -> bool:
     )
 
 
+def _vision_problems(vision: Any) -> list[str]:
+    """`vision`: null (a build without a processor), or {processor: {family, class, files: {name: sha256}},
+    image_token_id (null: no image was kept), images: reference | embed, root, n_images, n_image_tokens}."""
+    if vision is None:
+        return []
+    if not isinstance(vision, dict):
+        return [f"'vision' must be an object, got {vision!r:.80}"]
+    problems = []
+    processor = vision.get("processor")
+    files = processor.get("files") if isinstance(processor, dict) else None
+    if (
+        not isinstance(processor, dict)
+        or not isinstance(processor.get("family"), str)
+        or not isinstance(processor.get("class"), str)
+        or not isinstance(files, dict)
+        or not all(is_plain_name(name) and _is_sha256(digest) for name, digest in files.items())
+    ):
+        problems.append(f"vision.processor must be {{family, class, files: {{name: sha256}}}}, got {processor!r:.80}")
+    token = vision.get("image_token_id")
+    if token is not None and not _is_count(token):
+        problems.append(f"vision.image_token_id must be a token id or null, got {token!r:.80}")
+    if vision.get("images") not in IMAGE_STORAGE:
+        problems.append(f"vision.images must be one of {', '.join(IMAGE_STORAGE)}, got {vision.get('images')!r:.80}")
+    if not isinstance(vision.get("root"), str):
+        problems.append(f"vision.root must be a folder, got {vision.get('root')!r:.80}")
+    counts = [k for k in VISION_COUNTS if not _is_count(vision.get(k))]
+    return problems + [f"vision.{k} must be a count, got {vision.get(k)!r:.80}" for k in counts]
+
+
+VISION_COUNTS = ("n_images", "n_image_tokens")
+
+
 def _card_problems(card: Any) -> list[str]:
     """`card`: null (an older packtool wrote none), or {file, bytes, sha256} of the dataset card in the folder."""
     if card is None:
@@ -743,6 +801,8 @@ class ManifestFields:
     # the main folder's canary set (packtool.canaries), chosen from the staged shards; absent in sub-outputs and
     # in older builds, whose canaries `packtool canary` selects again
     canaries: dict[str, Any] | None = field(default=None, metadata=_rule(_canaries_problems))
+    # a build whose config names an image processor (docs/format.md "Images"); absent in every other build
+    vision: dict[str, Any] | None = field(default=None, metadata=_rule(_vision_problems))
     # the main folder's dataset card (builder.card), written from every other field: so it is added last, before
     # the seal; absent in sub-outputs and in older builds
     card: dict[str, Any] | None = field(default=None, metadata=_rule(_card_problems))

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.arrow import int32_offsets, list_values, lists, numbers, offsets_of, strings, true_counts
+from packtool.arrow import binaries, int32_offsets, list_values, lists, numbers, offsets_of, strings, true_counts
 from packtool.errors import PackFormatError, PacktoolError, one_line
 from packtool.format import (
     IGNORE_INDEX,
@@ -38,6 +38,7 @@ from packtool.format import (
     pack_hash,
     read_manifest,
     sha256_file,
+    vision_schema,
     write_json_atomic,
 )
 
@@ -77,6 +78,23 @@ class SegmentColumns:
     advantages: np.ndarray
     pieces: np.ndarray
     piece_offsets: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class ImageColumns:
+    """A vision build's image columns (format.IMAGE_FIELDS): pack i's images are `offsets[i]:offsets[i + 1]`, in
+    token order, each with its span [start, end) in the pack row and the document (segment) of the pack holding it.
+    `mrope` (mRoPE families): each pack's temporal, height and width rows of positions, packs end to end."""
+
+    offsets: np.ndarray  # int64 [packs + 1]
+    refs: list[str]
+    sha256: list[str]
+    sizes: np.ndarray  # int64 [images]
+    grids: np.ndarray  # int32 [images, 3]
+    spans: np.ndarray  # int32 [images, 2]
+    documents: np.ndarray  # int32 [images]
+    data: list[bytes]  # empty: the image is read from its file
+    mrope: np.ndarray | None  # int32 [3 * tokens]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +162,7 @@ class PackColumns:
     sample_repeats: np.ndarray
     sources: list[str]
     segments: SegmentColumns | None = None  # schema v2 only (builder.plan.shard_schema_version)
+    images: ImageColumns | None = None  # a build whose config names an image processor
 
     def __post_init__(self) -> None:
         tokens = int(self.token_offsets[-1])
@@ -198,6 +217,7 @@ class PackColumns:
             sample_repeats=concatenated([np.asarray(p.sample_repeats) for p in packs], np.int32),
             sources=[source for p in packs for source in p.sources],
             segments=segments,
+            images=None,  # packs one by one are a stream build's or a test's, never a vision build's
         )
 
     def n_targets(self) -> np.ndarray:
@@ -225,19 +245,21 @@ def concatenated(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
 
-def _table(packs: PackColumns) -> pa.Table:
-    def lists_at(offsets: np.ndarray, values: pa.Array) -> pa.Array:
-        return lists(int32_offsets(offsets), values)
+def _lists_at(offsets: np.ndarray, values: pa.Array) -> pa.Array:
+    """A shard's list column: row i holds values[offsets[i]:offsets[i + 1]]."""
+    return lists(int32_offsets(offsets), values)
 
+
+def _table(packs: PackColumns) -> pa.Table:
     tokens, cu, documents = packs.token_offsets, packs.cu_offsets, packs.document_offsets
     columns = {
-        **{c.name: lists_at(tokens, numbers(getattr(packs, c.name), c.dtype)) for c in TOKEN_COLUMNS},
-        "cu_seqlens": lists_at(cu, numbers(packs.cu_seqlens, np.int32)),
-        "doc_cu_seqlens": lists_at(packs.doc_cu_offsets, numbers(packs.doc_cu_seqlens, np.int32)),
-        "sample_ids": lists_at(documents, strings(packs.sample_ids)),
-        "sample_hashes": lists_at(documents, strings(packs.sample_hashes)),
-        "sample_repeats": lists_at(documents, numbers(packs.sample_repeats, np.int32)),
-        "sources": lists_at(documents, strings(packs.sources)),
+        **{c.name: _lists_at(tokens, numbers(getattr(packs, c.name), c.dtype)) for c in TOKEN_COLUMNS},
+        "cu_seqlens": _lists_at(cu, numbers(packs.cu_seqlens, np.int32)),
+        "doc_cu_seqlens": _lists_at(packs.doc_cu_offsets, numbers(packs.doc_cu_seqlens, np.int32)),
+        "sample_ids": _lists_at(documents, strings(packs.sample_ids)),
+        "sample_hashes": _lists_at(documents, strings(packs.sample_hashes)),
+        "sample_repeats": _lists_at(documents, numbers(packs.sample_repeats, np.int32)),
+        "sources": _lists_at(documents, strings(packs.sources)),
         "n_tokens": numbers(np.diff(tokens), np.int32),
         "n_targets": numbers(packs.n_targets(), np.int32),
         "attn_cost": numbers(packs.attn_cost(), np.int64),
@@ -249,8 +271,27 @@ def _table(packs: PackColumns) -> pa.Table:
         segments = cu - np.arange(len(cu))  # a pack's attention segments: its offsets but one
         for column in V2_COLUMNS:
             values = numbers(getattr(packs.segments, column.field), column.dtype)
-            columns[column.name] = lists_at(segments, values)
+            columns[column.name] = _lists_at(segments, values)
+    if packs.images is not None:
+        columns |= _image_columns(packs.images, tokens)
+        schema = vision_schema(schema, mrope=packs.images.mrope is not None)
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def _image_columns(images: ImageColumns, token_offsets: np.ndarray) -> dict[str, pa.Array]:
+    at = images.offsets
+    columns = {
+        "image_refs": _lists_at(at, strings(images.refs)),
+        "image_sha256": _lists_at(at, strings(images.sha256)),
+        "image_sizes": _lists_at(at, numbers(images.sizes, np.int64)),
+        "image_grids": _lists_at(3 * at, numbers(images.grids.reshape(-1), np.int32)),
+        "image_spans": _lists_at(2 * at, numbers(images.spans.reshape(-1), np.int32)),
+        "image_documents": _lists_at(at, numbers(images.documents, np.int32)),
+        "image_data": _lists_at(at, binaries(images.data)),
+    }
+    if images.mrope is not None:
+        columns["mrope_positions"] = _lists_at(3 * token_offsets, numbers(images.mrope, np.int32))
+    return columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +323,8 @@ def write_shards(
     return shards
 
 
-_PLAIN_COLUMNS = ("input_ids", "labels")
+# image_data and mrope_positions: image bytes repeat only as often as an image does, positions as ids do
+_PLAIN_COLUMNS = ("input_ids", "labels", "mrope_positions", "image_data")
 
 
 def write_shard(packs: PackColumns, path: Path, *, row_group_rows: int, metadata: dict[str, str]) -> ShardInfo:
@@ -361,9 +403,12 @@ def locate(path: str | Path) -> tuple[Path, Manifest | None, list[Path]]:
 
 
 def schema_problem(schema: pa.Schema) -> str | None:
-    """Why a Parquet schema is not the shard schema of docs/format.md (v1 or v2), or None when it is."""
+    """Why a Parquet schema is not the shard schema of docs/format.md (v1 or v2, with images or not), or None when
+    it is."""
     actual = pa.schema(list(schema))  # without metadata
     expected = SCHEMA_V2 if "segment_groups" in actual.names else SCHEMA
+    if "image_refs" in actual.names:
+        expected = vision_schema(expected, mrope="mrope_positions" in actual.names)
     for field in expected:
         if field.name not in actual.names:
             return f"no column {field.name!r}: not a shard of this packtool's schema (docs/format.md); rebuild it"

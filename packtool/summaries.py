@@ -26,6 +26,7 @@ from packtool.shards import read_columns, shard_metadata
 
 STAT_COLUMNS = ["labels", "doc_cu_seqlens", "cu_seqlens", "sources", "sample_repeats"]
 KIND_COLUMNS = ["segment_kinds", "segment_groups"]  # schema v2 (pairs and groups)
+IMAGE_COLUMNS = ["image_spans", "image_documents"]  # a build with images (docs/format.md "Images")
 
 # Sixteen equal bins up to capacity: fine enough to see where a source's mass sits relative to the
 # pack, coarse enough to print as one terminal line per bin. Everything longer falls in one more bin.
@@ -125,8 +126,9 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
     kinds = KindTally()
     interleave = manifest.interleave if manifest is not None else None
     documents = _Documents()  # per document: its pack, source and amounts (for the interleave windows)
+    images = ImageTally()
     for shard in shards:
-        table = read_columns(shard, STAT_COLUMNS, KIND_COLUMNS)
+        table = read_columns(shard, STAT_COLUMNS, KIND_COLUMNS + IMAGE_COLUMNS)
         v2 = "segment_kinds" in table.column_names
         label_offsets, labels = list_parts(table.column("labels"))
         doc_offsets, docs = list_parts(table.column("doc_cu_seqlens"))
@@ -173,6 +175,8 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
         if interleave is not None:
             pack_of = first_pack + np.repeat(np.arange(table.num_rows), np.diff(doc_offsets) - 1)
             documents.add(pack_of, sources, doc_lengths, doc_targets)
+        if "image_spans" in table.column_names:
+            images.add(shard, table, np.diff(doc_offsets) - 1, sources)
         if v2:
             _, segment_kinds = list_parts(table.column("segment_kinds"))
             _, segment_groups = list_parts(table.column("segment_groups"))
@@ -224,6 +228,8 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
         stats["interleave"] = interleave_stats(documents.amounts(packs, interleave.unit), interleave)
     if kinds.seen:  # schema v2 only: a v1 output's stats keep their keys
         stats["kinds"] = kinds.as_dict()
+    if images.seen:  # a build with images only: every other output's stats keep their keys
+        stats["images"] = images.as_dict()
     if manifest is not None:
         recorded = manifest.raw
         stats["accounting"] = recorded.get("accounting", {})
@@ -236,6 +242,76 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
         if items:
             stats["item_sources"] = items
     return stats
+
+
+def spread(values: np.ndarray) -> dict[str, Any]:
+    """How evenly an amount is spread: mean, min, percentiles, max, and the coefficient of variation (std / mean;
+    0 when every value is the same)."""
+    values = np.asarray(values, dtype=np.int64)
+    if not len(values):
+        return {"mean": 0.0, "min": 0, "p50": 0, "p90": 0, "max": 0, "cv": 0.0}
+    mean = float(values.mean())
+    return {
+        "mean": round(mean, 3),
+        "min": int(values.min()),
+        "p50": int(np.percentile(values, 50, method="inverted_cdf")),
+        "p90": int(np.percentile(values, 90, method="inverted_cdf")),
+        "max": int(values.max()),
+        "cv": round(float(values.std()) / mean, 3) if mean else 0.0,
+    }
+
+
+class ImageTally:
+    """Images and their tokens per pack and per source (documents as packed), from image_spans and image_documents."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.pack_images: list[np.ndarray] = []
+        self.pack_tokens: list[np.ndarray] = []
+        self.sources: dict[str, list[np.ndarray]] = defaultdict(list)  # per document of the source: images, tokens
+
+    def add(self, shard: Path, table: Any, documents_per_pack: np.ndarray, sources: list[str]) -> None:
+        self.seen = True
+        span_offsets, spans = list_parts(table.column("image_spans"))
+        image_offsets, image_documents = list_parts(table.column("image_documents"))
+        if not np.array_equal(span_offsets, 2 * image_offsets) or (image_documents < 0).any():
+            raise PackFormatError(
+                f"{shard}: image_spans and image_documents disagree on the images of a pack: a damaged shard "
+                "(`packtool verify` names it)"
+            )
+        per_pack = np.diff(image_offsets)
+        lengths = (spans[1::2] - spans[0::2]).astype(np.int64)
+        pack_of = np.repeat(np.arange(len(per_pack)), per_pack)
+        document_base = np.concatenate([[0], np.cumsum(documents_per_pack)])
+        document = document_base[pack_of] + image_documents
+        if len(document) and int(document.max()) >= len(sources):
+            raise PackFormatError(f"{shard}: image_documents names a document its pack does not hold: a damaged shard")
+        self.pack_images.append(per_pack)
+        self.pack_tokens.append(np.bincount(pack_of, weights=lengths, minlength=len(per_pack)).astype(np.int64))
+        counts = np.bincount(document, minlength=len(sources))
+        tokens = np.bincount(document, weights=lengths, minlength=len(sources)).astype(np.int64)
+        names = np.array(sources, dtype=object)
+        for name in dict.fromkeys(sources):
+            mine = names == name
+            self.sources[name].append(np.stack([counts[mine], tokens[mine]]))
+
+    def as_dict(self) -> dict[str, Any]:
+        images, tokens = _joined(self.pack_images), _joined(self.pack_tokens)
+        sources = {}
+        for name, parts in sorted(self.sources.items()):
+            per_document = np.concatenate(parts, axis=1)
+            sources[name] = {
+                "images": int(per_document[0].sum()),
+                "image_tokens": int(per_document[1].sum()),
+                "images_per_document": spread(per_document[0]),
+                "image_tokens_per_document": spread(per_document[1]),
+            }
+        return {
+            "images": int(images.sum()),
+            "image_tokens": int(tokens.sum()),
+            "per_pack": {"images": spread(images), "image_tokens": spread(tokens)},
+            "sources": sources,
+        }
 
 
 class _Documents:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from support import REPO
 
-from packtool.format import MANIFEST_FIELDS, SCHEMA, V2_COLUMNS
+from packtool.format import IMAGE_FIELDS, MANIFEST_FIELDS, MROPE_FIELD, SCHEMA, V2_COLUMNS
 
 FORMAT = (REPO / "docs" / "format.md").read_text(encoding="utf-8")
 
@@ -55,9 +55,11 @@ def test_the_column_tables_are_the_shard_schema():
     assert _documented_columns("## Shard schema (one row per pack)") == list(SCHEMA)
     v2 = _documented_columns("## Per-segment columns (schema version 2)")
     assert v2 == [pa.field(column.name, pa.list_(column.arrow)) for column in V2_COLUMNS]
+    assert _documented_columns("## Images (a build with an image processor)") == [MROPE_FIELD, *IMAGE_FIELDS]
 
 
 def test_the_manifest_field_list_is_the_declared_fields():
     documented = _documented_manifest_fields("## Manifest (`manifest.json`)")
     added = _documented_manifest_fields("### Manifest additions")  # what schema v2 adds (kind_codes) or extends
+    added |= _documented_manifest_fields("## Images (a build with an image processor)")  # vision
     assert documented | added == {name for name, _ in MANIFEST_FIELDS}

@@ -12,6 +12,7 @@ again and reported, never published.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -21,13 +22,15 @@ import numpy as np
 
 import packtool
 from packtool.arrow import int32_offsets
-from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, load_plan
+from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, VisionPlan, load_plan
 from packtool.builder.store import PartitionReader, SegmentRole, StoredParts
+from packtool.errors import BuildError
 from packtool.format import SCHEMA_VERSION, WHOLE, sha256_file, write_json_atomic
 from packtool.labels import IGNORE_INDEX, cu_seqlens_from_lengths
 from packtool.packing import PackPlan, StreamPlan
-from packtool.records import ROLE_CODES
-from packtool.shards import OutputPack, PackColumns, SegmentColumns, ShardInfo, concatenated, write_shard
+from packtool.records import ROLE_CODES, PlacedImage
+from packtool.shards import ImageColumns, OutputPack, PackColumns, SegmentColumns, ShardInfo, concatenated, write_shard
+from packtool.vision.positions import document_positions
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class _Gather:
     def segments(self, ks: np.ndarray) -> _Segments:
         """Segments `ks` in order, their tokens laid end to end."""
         input_ids, targets, roles, example_ids, sample_hashes, segment_roles, sources = [], [], [], [], [], [], []
+        images = []
         for stored, source in self.stored(ks):
             input_ids.append(stored.input_ids)
             targets.append(stored.targets)
@@ -171,6 +175,7 @@ class _Gather:
             sample_hashes.append(stored.sample_hash)
             segment_roles.append(stored.role)
             sources.append(source)
+            images.append(stored.images)
         lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
         if (lengths <= 0).any():
             raise ValueError(f"segment lengths must be positive, got {lengths.tolist()}")
@@ -191,6 +196,7 @@ class _Gather:
             segment_roles=segment_roles,
             groups=np.full(len(ks), -1, np.int64) if self.folder.group is None else self.folder.group[ks],
             parts=parts,
+            images=images,
         )
 
 
@@ -209,6 +215,7 @@ class _Segments:
     segment_roles: list[SegmentRole]
     groups: np.ndarray
     parts: np.ndarray  # [segments, 2]: piece number (WHOLE: uncut), token offset in its sample
+    images: list[tuple[PlacedImage, ...]]  # each segment's, spans in the segment
 
 
 def _packed(gather: _Gather, layout: PackPlan, first: int, end: int) -> PackColumns:
@@ -246,7 +253,68 @@ def _packed(gather: _Gather, layout: PackPlan, first: int, end: int) -> PackColu
         sample_repeats=segments.repeats,
         sources=segments.sources,
         segments=_segment_columns(segments) if v2 else None,
+        images=None if gather.plan.vision is None else _image_columns(segments, starts, documents, gather.plan.vision),
     )
+
+
+def _image_columns(segments: _Segments, starts: np.ndarray, documents: np.ndarray, vision: VisionPlan) -> ImageColumns:
+    """The packs' images in token order, their spans moved from their segment into the pack row, and (mRoPE) every
+    token's positions: each segment's own, from 0, as the model computes them for the document alone.
+
+    packs' documents [0 2 3], segments of 3 and 4 | 5 tokens, an image at 1..3 of segment 1:
+    its span in pack 0 is [3 + 1, 3 + 3) = [4, 6), its document 1; image_offsets [0 1 1]
+    """
+    pack_of = np.repeat(np.arange(len(documents) - 1), np.diff(documents))
+    placed = [(s, image) for s, images in enumerate(segments.images) for image in images]
+    pack_start = starts[documents[pack_of]] if len(pack_of) else starts[:0]
+    per_pack = np.bincount([pack_of[s] for s, _ in placed], minlength=len(documents) - 1)
+    offsets = np.zeros(len(documents), dtype=np.int64)
+    np.cumsum(per_pack, out=offsets[1:])
+    moved = [int(starts[s] - pack_start[s]) for s, _ in placed]
+    return ImageColumns(
+        offsets=offsets,
+        refs=[image.reference for _, image in placed],
+        sha256=[image.sha256 for _, image in placed],
+        sizes=np.array([image.n_bytes for _, image in placed], dtype=np.int64),
+        grids=np.array([image.grid for _, image in placed], dtype=np.int32).reshape(-1, 3),
+        spans=np.array(
+            [(image.start + at, image.end + at) for (_, image), at in zip(placed, moved)], dtype=np.int32
+        ).reshape(-1, 2),
+        documents=np.array([s - documents[pack_of[s]] for s, _ in placed], dtype=np.int32),
+        data=[_image_bytes(image, vision) for _, image in placed],
+        mrope=None if vision.merge_size is None else _mrope(segments, documents, vision.merge_size),
+    )
+
+
+def _image_bytes(image: PlacedImage, vision: VisionPlan) -> bytes:
+    """What image_data holds: the bytes a record carried itself, the file's under `images: embed` (read now, and
+    refused unless they are the bytes that were encoded), else nothing."""
+    if image.data is not None or not vision.embed:
+        return image.data or b""
+    path = Path(vision.root) / image.reference
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise BuildError(f"images: embed: cannot read {path} ({error.strerror or error})") from None
+    if len(data) != image.n_bytes or hashlib.sha256(data).hexdigest() != image.sha256:
+        raise BuildError(
+            f"images: embed: {path} changed since it was encoded (sha256 {image.sha256[:12]}..., "
+            f"{image.n_bytes} bytes then); rerun the build to encode it again"
+        )
+    return data
+
+
+def _mrope(segments: _Segments, documents: np.ndarray, merge_size: int) -> np.ndarray:
+    """Each pack's mRoPE positions, its temporal row, then its height row, then its width row (int32)."""
+    rows = [
+        document_positions(n, [(i.start, i.end) for i in images], [i.grid for i in images], merge_size)
+        for n, images in zip(segments.lengths.tolist(), segments.images)
+    ]
+    packs = [
+        np.concatenate(rows[a:b], axis=1).reshape(-1) if b > a else np.zeros(0, np.int64)
+        for a, b in zip(documents[:-1].tolist(), documents[1:].tolist())
+    ]
+    return concatenated(packs, np.int32)
 
 
 def _segment_columns(segments: _Segments) -> SegmentColumns:

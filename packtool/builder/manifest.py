@@ -8,6 +8,7 @@ config, the setup (tokenizer, template), the plan and the shards emit wrote; pac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -15,7 +16,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import packtool
+from packtool.arrow import list_parts
 from packtool.builder.card import card_text, write_card
 from packtool.builder.plan import Plan
 from packtool.builder.stages import Stages
@@ -26,6 +30,7 @@ from packtool.decontamination import EvalSet
 from packtool.format import (
     CONTAMINATED,
     KIND_CODES,
+    PROCESSOR_FOLDER,
     REJECTS,
     ROLE_CODES,
     SCHEMA_VERSION,
@@ -35,8 +40,9 @@ from packtool.format import (
     write_manifest,
 )
 from packtool.render import template_injections
-from packtool.shards import ShardInfo
+from packtool.shards import ShardInfo, read_columns
 from packtool.summaries import length_summary, summarize
+from packtool.vision.processors import PREPROCESSOR_CONFIG, PROCESSOR_FILES, load_processor
 
 
 def write_outputs(
@@ -60,7 +66,8 @@ def write_outputs(
         shards = infos[folder.name]
         fields = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
         stats = _stats(fields, path, shards)
-        written[folder.name] = write_manifest(path, replace(fields, stats=stats).as_dict())
+        fields = replace(fields, stats=stats, vision=vision_record(config, plan, path, stats, shards))
+        written[folder.name] = write_manifest(path, fields.as_dict())
         parts[folder.name] = {
             "folder": folder.name,
             "capacity": folder.capacity,
@@ -82,9 +89,57 @@ def write_outputs(
     if config.mixing.interleave is not None:
         fields = replace(fields, mixing={**fields.mixing, "interleave": config.mixing.interleave.as_dict()})
     fields = replace(fields, stats=_stats(fields, out, infos[""]))
+    fields = replace(fields, vision=vision_record(config, plan, out, fields.stats or {}, infos[""]))
     fields = replace(fields, canaries=_canaries(config, stages, fields, out, infos[""]))
     card = write_card(out, card_text(config.card, fields.as_dict(), written))
     return write_manifest(out, replace(fields, card=card).as_dict())
+
+
+def vision_record(
+    config: BuildConfig, plan: Plan, folder: Path, stats: dict[str, Any], shards: list[ShardInfo]
+) -> dict[str, Any] | None:
+    """The manifest's `vision` (a build whose config names an image processor): the processor's files copied into
+    FOLDER/processor/ with their sha256 (a loader builds the image processor from the output alone), the image
+    token, how images are stored, the folder references are relative to, and the counts the shards hold."""
+    if plan.vision is None or config.processor is None:
+        return None
+    copied = folder / PROCESSOR_FOLDER
+    copied.mkdir(exist_ok=True)
+    files = {}
+    for name in PROCESSOR_FILES:
+        source = Path(config.processor) / name
+        if source.is_file():
+            data = source.read_bytes()
+            (copied / name).write_bytes(data)
+            files[name] = hashlib.sha256(data).hexdigest()
+    settings = json.loads((copied / PREPROCESSOR_CONFIG).read_text(encoding="utf-8"))
+    images = stats.get("images", {})
+    return {
+        "processor": {
+            "family": load_processor(copied).family,
+            "class": str(settings.get("processor_class") or settings.get("image_processor_type") or ""),
+            "files": files,
+        },
+        "image_token_id": _image_token_id([folder / s.file for s in shards]),
+        "images": config.images,
+        "root": plan.vision.root,
+        "n_images": images.get("images", 0),
+        "n_image_tokens": images.get("image_tokens", 0),
+    }
+
+
+def _image_token_id(shards: list[Path]) -> int | None:
+    """The token of the first image of the first shard holding one (verify checks every other span against it);
+    None when no pack holds an image."""
+    for shard in shards:
+        table = read_columns(shard, ["input_ids", "image_spans"])
+        span_offsets, spans = list_parts(table.column("image_spans"))
+        token_offsets, input_ids = list_parts(table.column("input_ids"))
+        holding = np.flatnonzero(np.diff(span_offsets))
+        if len(holding):
+            pack = int(holding[0])
+            return int(input_ids[token_offsets[pack] + spans[span_offsets[pack]]])
+    return None
 
 
 def decontamination_record(evals: EvalSet, accounting: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -41,15 +41,25 @@ from packtool.builder.mixing import (
     source_seed,
     splitmix64,
 )
-from packtool.builder.plan_files import PIECES_FILE, PLAN_FILE, FolderPlan, Partition, Plan, load_plan, write_plan
+from packtool.builder.plan_files import (
+    PIECES_FILE,
+    PLAN_FILE,
+    FolderPlan,
+    Partition,
+    Plan,
+    VisionPlan,
+    load_plan,
+    write_plan,
+)
 from packtool.builder.store import PartitionReader, PartitionWriter
-from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, keyed_parts, section_data
+from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, config_folder, keyed_parts, section_data
 from packtool.errors import BuildError
 from packtool.format import SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION, Interleaving
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
 from packtool.summaries import WINDOW_SLACK, mix_amounts, window_mix
 from packtool.truncate import truncate
+from packtool.vision.processors import QwenVLProcessor, load_processor
 
 
 def plan_settings(config: BuildConfig) -> dict[str, Any]:
@@ -68,6 +78,16 @@ def shard_schema_version(config: BuildConfig) -> int:
     strategies = {s.plan.truncation or config.truncation.strategy for s in config.sources}
     splits = "split" in strategies or ("turns" in strategies and config.truncation.fallback == "split")
     return SEGMENTS_SCHEMA_VERSION if items or (splits and config.packing.strategy != "stream") else SCHEMA_VERSION
+
+
+def vision_plan(config: BuildConfig) -> VisionPlan | None:
+    """A build whose config names an image processor writes image columns (decided by the config, as the schema
+    version is); a stream build holds text sources alone, so never images."""
+    if config.processor is None or config.packing.strategy == "stream":
+        return None
+    processor = load_processor(Path(config.processor))
+    merge_size = processor.merge_size if isinstance(processor, QwenVLProcessor) else None
+    return VisionPlan(merge_size=merge_size, embed=config.images == "embed", root=str(config_folder(config)))
 
 
 def plan_key(config: BuildConfig, partition_keys: list[str]) -> str:
@@ -135,6 +155,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         piece_numbers=fitted.piece_numbers,
         piece_offsets=fitted.piece_offsets,
         schema_version=shard_schema_version(config),
+        vision=vision_plan(config),
     )
     write_plan(plan)
     return plan

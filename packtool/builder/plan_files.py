@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,15 @@ class FolderPlan:
 
 
 @dataclass(frozen=True)
+class VisionPlan:
+    """What emit needs to write a vision build's image columns (builder.plan.vision_plan)."""
+
+    merge_size: int | None  # the mRoPE families': positions are stored (None: another family, no positions)
+    embed: bool  # `images: embed`: each image's bytes go into the shard
+    root: str  # the config's folder, which image references are relative to
+
+
+@dataclass(frozen=True)
 class Plan:
     key: str
     folder: Path
@@ -74,6 +83,7 @@ class Plan:
     piece_numbers: np.ndarray  # per row of pieces.arrow: which part of its sample it is (_Fitted)
     piece_offsets: np.ndarray
     schema_version: int  # of the shards this plan gives (shard_schema_version)
+    vision: VisionPlan | None = None  # a build whose config names an image processor
 
     @property
     def bases(self) -> np.ndarray:
@@ -119,6 +129,7 @@ def write_plan(plan: Plan) -> None:
         "rejects": plan.rejects,
         "sources": list(plan.lengths),
         "schema_version": plan.schema_version,
+        **({"vision": asdict(plan.vision)} if plan.vision is not None else {}),
         # what a resumed build checks before reusing the plan (stored_plan_problem)
         "files": {name: sha256_file(plan.folder / name) for name in (ARRAYS_FILE, PIECES_FILE)},
     }
@@ -190,4 +201,5 @@ def load_plan(folder: Path) -> Plan:
         piece_numbers=arrays["pieces.number"],
         piece_offsets=arrays["pieces.offset"],
         schema_version=meta["schema_version"],
+        vision=VisionPlan(**meta["vision"]) if "vision" in meta else None,
     )

@@ -40,7 +40,16 @@ from pathlib import Path
 
 from packtool.builder.owned import LOCK, MARKER, SUBFOLDERS, claim, locked
 from packtool.errors import OwnershipError, PacktoolError
-from packtool.format import CARD, MANIFEST, REJECTS, is_plain_name, read_manifest, sha256_file, write_json_atomic
+from packtool.format import (
+    CARD,
+    MANIFEST,
+    PROCESSOR_FOLDER,
+    REJECTS,
+    is_plain_name,
+    read_manifest,
+    sha256_file,
+    write_json_atomic,
+)
 from packtool.reading import file_sha256
 from packtool.seal import SEAL, manifest_digest
 
@@ -252,6 +261,8 @@ def built_entries(folder: Path) -> set[str]:
         # the card is small and often edited by hand (on the Hub): packtool's only with the bytes it wrote
         card = manifest.get("card")
         listed += [card["file"]] if card is not None and _card_is_ours(folder / sub, card) else []
+        vision = manifest.get("vision")
+        listed += [PROCESSOR_FOLDER] if vision is not None and _processor_is_ours(folder / sub, vision) else []
         found |= {os.path.join(sub, name) if sub else name for name in listed if isinstance(name, str) and name}
     return found
 
@@ -283,6 +294,22 @@ def _card_is_ours(folder: Path, card: object) -> bool:
         return False
     path = folder / card["file"]
     return path.is_file() and not path.is_symlink() and sha256_file(path) == card.get("sha256")
+
+
+def _processor_is_ours(folder: Path, vision: object) -> bool:
+    """True when folder/processor/ holds exactly the files the manifest's vision.processor lists, each with its
+    recorded sha256 (a folder the user put there, or changed since, is the user's)."""
+    processor = vision.get("processor") if isinstance(vision, dict) else None
+    files = processor.get("files") if isinstance(processor, dict) else None
+    path = folder / PROCESSOR_FOLDER
+    if not isinstance(files, dict) or not path.is_dir() or path.is_symlink():
+        return False
+    if sorted(os.listdir(path)) != sorted(files):
+        return False
+    return all(
+        is_plain_name(name) and not (path / name).is_symlink() and sha256_file(path / name) == digest
+        for name, digest in files.items()
+    )
 
 
 def _size(path: Path) -> int | None:

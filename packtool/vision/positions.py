@@ -63,3 +63,20 @@ def _image_positions(grid: Grid, merge_size: int, start: int) -> np.ndarray:
         indexing="ij",
     )
     return np.stack([temporal.ravel(), rows.ravel(), columns.ravel()]) + start
+
+
+def document_positions(
+    n_tokens: int, spans: Sequence[tuple[int, int]], grids: Sequence[Sequence[int]], merge_size: int
+) -> np.ndarray:
+    """The (3, n_tokens) positions of one document whose images take tokens [start, end) of `spans` (in order) with
+    these (t, h, w) grids: what a shard's mrope_positions hold, and what `verify` recomputes them from."""
+    segments: list[int | Grid] = []
+    at = 0
+    for (start, end), grid in zip(spans, grids, strict=True):
+        segments += [start - at, Grid(*grid)]
+        at = end
+    segments.append(n_tokens - at)
+    positions = mrope_positions(segments, merge_size)
+    if positions.shape[1] != n_tokens:
+        raise ValueError(f"the images' grids give {positions.shape[1]} positions to a document of {n_tokens} tokens")
+    return positions

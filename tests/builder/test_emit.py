@@ -19,7 +19,7 @@ class FakeGather:
 
     def __init__(self, samples: list[tuple[np.ndarray, np.ndarray]]):
         self.samples = samples
-        self.plan = SimpleNamespace(schema_version=SCHEMA_VERSION)
+        self.plan = SimpleNamespace(schema_version=SCHEMA_VERSION, vision=None)
 
     def segments(self, ks: np.ndarray) -> _Segments:
         picked = [self.samples[k] for k in ks.tolist()]
@@ -35,6 +35,7 @@ class FakeGather:
             segment_roles=[SINGLE] * len(ks),
             groups=np.full(len(ks), -1),
             parts=np.tile(np.array([WHOLE, 0], dtype=np.int32), (len(ks), 1)),
+            images=[()] * len(ks),
         )
 
 

@@ -64,6 +64,7 @@ ROWS: dict[str, tuple[str, str]] = {
     "mixing.interleave.window": ("plan", "8"),
     "mixing.interleave.tolerance": ("plan", "0.1"),
     "mixing.interleave.unit": ("plan", "samples"),
+    "images": ("plan", "embed"),  # how shards hold the images: not what is encoded
     "seed": ("plan", "7"),
     "rows_per_shard": ("plan", "50"),
     "row_group_rows": ("plan", "16"),

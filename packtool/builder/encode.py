@@ -261,7 +261,8 @@ def encode_item(item: EncodeItem) -> EncodeResult:
             # a table's last range ends where its hashed rows end (a text span stops the read at its last byte)
             table_end = item.end is None and item.unit == "rows" and item.size is not None
             end = item.start + item.size if table_end and item.size is not None else item.end
-            records = islice(read_file(source, item.file, item.start + skip, end, span), item.stop)
+            images = item.config.processor is not None
+            records = islice(read_file(source, item.file, item.start + skip, end, span, images=images), item.stop)
             for ordinal, outcome in enumerate(outcomes(stages, source, records), start=first):
                 failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
                 if failure is not None:

@@ -1,9 +1,10 @@
 """Render and encode, per process: an input file's records to one Outcome each, in order.
 
-    records --Stages.render--> Prepared (rendered samples; pairs and groups fitted at once, builder.answers)
+    records --Stages.render--> Prepared (rendered samples, their images planned; pairs and groups fitted at once,
+                               builder.answers)
             --Stages.screen--> (decontamination:) a sample overlapping an eval set dropped as `contaminated`,
                                or kept with its Finding (prompt_action/action: report)
-            --Stages.encode--> Outcome per record: Tokenized | ItemTruncation | RecordError
+            --Stages.encode--> Outcome per record: Tokenized (its images placed) | ItemTruncation | RecordError
 
 `outcomes` runs these over a work item's records in chunks: this thread reads and renders, ENCODE_THREADS
 threads tokenize. builder.encode stores each Outcome in order.
@@ -21,7 +22,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from packtool.adapters import Parsed
+from packtool.adapters import NO_PROCESSOR, Parsed
 from packtool.builder.answers import encode_answers, item_roles
 from packtool.builder.store import SegmentRole
 from packtool.chat_templates import (
@@ -36,10 +37,19 @@ from packtool.decontamination import EvalSet, Finding, Sample, eval_set
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
 from packtool.format import CONTAMINATED
-from packtool.records import CompletionGroup, PreferencePair, Rendered, Tokenized
+from packtool.records import CompletionGroup, Example, PreferencePair, Rendered, Tokenized
 from packtool.render import render_example
 from packtool.render.accelerators import Accelerators, accelerators_for, render_mode
 from packtool.truncate import ItemTruncation, truncate_item
+from packtool.vision.placing import (
+    IMAGE_TOKENS,
+    ImageReader,
+    PlannedImage,
+    config_folder,
+    place_images,
+    plan_images,
+)
+from packtool.vision.processors import PROCESSOR_FILES, ImageProcessor, load_processor
 
 ENCODE_BATCH = 512  # records rendered, then tokenized together (tokenizers batches in Rust)
 # Threads that tokenize and label rendered chunks in one process, while its reading thread renders the
@@ -64,13 +74,28 @@ class Stages:
     # what the render routes learned of the template, and how many samples each route produced
     accelerators: Accelerators
     evals: EvalSet | None = None  # decontamination: the eval sets, indexed once per process
+    # `processor:`: the images' plans, the token their placeholder is, the folder their references are relative to
+    processor: ImageProcessor | None = None
+    image_token_id: int | None = None
+    root: Path = Path()
 
     @classmethod
     def load(cls, config: BuildConfig) -> Stages:
         tokenizer = load_tokenizer(config.tokenizer)
         evals = eval_set(config.decontamination) if config.decontamination is not None else None
         template = template_for(config, tokenizer.config)
-        return cls(config, tokenizer, template, accelerators_for(config.run.render), evals)
+        processor = load_processor(Path(config.processor)) if config.processor else None
+        image_token = tokenizer.token_id(IMAGE_TOKENS.get(processor.family)) if processor is not None else None
+        return cls(
+            config,
+            tokenizer,
+            template,
+            accelerators_for(config.run.render),
+            evals,
+            processor,
+            image_token,
+            config_folder(config.config_file),
+        )
 
     def fit_item(self, item: PreferencePair | CompletionGroup, source: SourceConfig) -> Outcome:
         """A pair or group: its answers encoded with one shared prompt, cut jointly to fit one pack."""
@@ -99,9 +124,12 @@ class Stages:
         fitted = truncate_item(segments, self.config.capacity, self.config.truncation.items, too_long=too_long)
         return Outcome(item.location, item.id, fitted, roles=item_roles(item), finding=finding)
 
-    def render(self, chunk: list[Parsed | RecordError], source: SourceConfig) -> Prepared:
-        """Render each input in order; an input that cannot be rendered gets its Outcome (the RecordError
-        saying why) at once, a rendered one waits for `encode`."""
+    def render(
+        self, chunk: list[Parsed | RecordError], source: SourceConfig, images: ImageReader | None = None
+    ) -> Prepared:
+        """Render each input in order and plan its images (read by `images`); an input that cannot be rendered,
+        or whose image cannot be used, gets its Outcome (the RecordError saying why) at once, a rendered one
+        waits for `encode`."""
         prepared = Prepared(source.special_tokens)
         for item in chunk:
             if isinstance(item, RecordError):
@@ -120,6 +148,7 @@ class Stages:
                     add_eos=self.config.encoding.add_eos,
                     accelerators=self.accelerators,
                 )
+                planned = self.plan(item, images) if item.images else ()
             except RecordError as error:
                 error.sample_id = item.id
                 prepared.outcomes.append(Outcome(item.location, item.id, error))
@@ -127,7 +156,14 @@ class Stages:
             prepared.outcomes.append(None)
             prepared.rendered.append(rendered)
             prepared.literals.append(has_special_literal(rendered, self.tokenizer))
+            prepared.planned.append(planned)
         return self.screen(prepared)
+
+    def plan(self, example: Example, images: ImageReader | None) -> tuple[PlannedImage, ...]:
+        """The example's images read and planned by the processor (a RecordError for the first that cannot be)."""
+        if self.processor is None:  # read_file keeps images only for a build with a processor
+            raise RecordError(NO_PROCESSOR, kind="images_not_supported")
+        return plan_images(example.images, images or ImageReader(), self.processor, self.image_token_id)
 
     def screen(self, prepared: Prepared) -> Prepared:
         """The chunk checked against the eval sets, in one batch: a sample whose overlap drops it gets its Outcome
@@ -136,20 +172,31 @@ class Stages:
             return prepared
         findings = self.evals.index.check([rendered_pieces(rendered) for rendered in prepared.rendered])
         screened = Prepared(prepared.special_tokens)
-        waiting = zip(prepared.rendered, prepared.literals, findings, strict=True)
+        waiting = zip(prepared.rendered, prepared.literals, prepared.planned, findings, strict=True)
         for outcome in prepared.outcomes:
             if outcome is not None:
                 screened.outcomes.append(outcome)
                 continue
-            rendered, literal, finding = next(waiting)
+            rendered, literal, planned, finding = next(waiting)
             if finding is not None and self.evals.drops(finding):
                 screened.outcomes.append(contaminated(rendered.example.location, rendered.example.id, finding))
                 continue
             screened.outcomes.append(None)
             screened.rendered.append(rendered)
             screened.literals.append(literal)
+            screened.planned.append(planned)
             screened.findings.append(finding)
         return screened
+
+    def placed(self, result: Tokenized | RecordError, planned: tuple[PlannedImage, ...]) -> Tokenized | RecordError:
+        """An encoded document with its images placed (vision.placing), or the RecordError saying why not."""
+        if not isinstance(result, Tokenized):
+            return result
+        assert self.image_token_id is not None
+        try:
+            return place_images(result, planned, self.image_token_id, self.root)
+        except RecordError as error:
+            return error
 
     def encode(self, prepared: Prepared) -> list[Outcome]:
         """The Outcome of each input of a rendered chunk in order: its Tokenized sample or the RecordError
@@ -157,6 +204,8 @@ class Stages:
         add_bos, add_eos = bool(self.config.encoding.add_bos), bool(self.config.encoding.add_eos)
         batch = [(rendered, prepared.special_tokens) for rendered in prepared.rendered]
         results = encode_batch(batch, self.tokenizer, add_bos=add_bos, add_eos=add_eos, literals=prepared.literals)
+        if self.image_token_id is not None:
+            results = [self.placed(result, planned) for result, planned in zip(results, prepared.planned, strict=True)]
         findings = prepared.findings or [None] * len(prepared.rendered)
         encoded = (
             Outcome(rendered.example.location, rendered.example.id, result, literal, finding=finding)
@@ -176,6 +225,7 @@ class Prepared:
     outcomes: list[Outcome | None] = field(default_factory=list)
     rendered: list[Rendered] = field(default_factory=list)
     literals: list[bool] = field(default_factory=list)
+    planned: list[tuple[PlannedImage, ...]] = field(default_factory=list)  # per rendered sample, its images
     findings: list[Finding | None] = field(default_factory=list)  # per rendered sample, when screened
 
 
@@ -229,6 +279,7 @@ def stages_for(config: BuildConfig) -> Stages:
             [s.format for s in config.sources],
             render_mode(config.run.render),  # the environment's switch too, as it is now
             file_identities(config),
+            str(config_folder(config.config_file)) if config.processor else None,  # image references' folder
         ]
     )
     if key not in _STAGES:
@@ -243,6 +294,7 @@ def file_identities(config: BuildConfig) -> list[list[Any]]:
     paths = [config.tokenizer.path, config.tokenizer.config_path]
     paths += list(config.decontamination.against) if config.decontamination is not None else []
     paths += [config.template] if config.template.endswith(".jinja") else []  # a template file, not a name
+    paths += [str(Path(config.processor) / name) for name in PROCESSOR_FILES] if config.processor else []
     folder = Path(config.tokenizer.path).parent if config.tokenizer.path else None
     if folder is not None:  # a model folder's own templates (chat_templates.model_templates reads these)
         paths += [str(folder / TEMPLATE_FILE), str(folder / PROCESSOR_TEMPLATE_FILE)]
@@ -272,10 +324,11 @@ def outcomes(stages: Stages, source: SourceConfig, records: Iterator[Parsed | Re
     on timing.
     """
     chunks = _chunks(records, ENCODE_BATCH)
+    images = ImageReader() if stages.processor is not None else None  # each image file read once per work item
     with _tokenizer_threads_off(), ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="packtool-encode") as pool:
         pending: deque[Future[list[Outcome]]] = deque()
         for chunk in chunks:
-            pending.append(pool.submit(stages.encode, stages.render(chunk, source)))
+            pending.append(pool.submit(stages.encode, stages.render(chunk, source, images)))
             # store what is done before rendering on, so the partition and memory keep pace
             while len(pending) > ENCODE_THREADS or (pending and pending[0].done()):
                 yield from pending.popleft().result()

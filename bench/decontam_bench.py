@@ -1,22 +1,33 @@
-"""Decontamination throughput: packtool's EvalIndex against a Python set of word tuples, in the same run.
+"""Decontamination throughput: packtool's EvalIndex against a Python set of word tuples, and against an earlier
+revision's EvalIndex, in the same run.
 
 The peer is packtool.decontamination.ReferenceIndex: word n-grams as tuples in Python sets, the way
 datatrove's NGramsDecont* and NeMo Curator's TaskDecontamination hold them (plus the short-item and exact
-rules, so both give the same answer: the table says whether they did). Both index the same synthetic eval
-set and check the same synthetic training samples (a prompt piece and a target piece each, Zipf words
-from a 50k vocabulary, 1 in 200 samples copying an eval window), one core, in batches of 512 samples (the
-encode stage's chunk). Rows alternate packtool / peer, ROUNDS times; the ratio is the median of the
-per-round ratios.
+rules, so both give the same answer: the table says whether they did). With --since REV, REV's
+packtool/decontamination.py (git show) is loaded beside this tree's and timed too. All index the same
+synthetic eval set and check the same synthetic training samples (a prompt piece and a target piece each,
+Zipf words from a 50k vocabulary, 1 in 200 samples copying an eval window), one core, in batches of 512
+samples (the encode stage's chunk). Rows alternate (this tree, REV, peer), ROUNDS times; each speed is
+samples per CPU second of this process (time.process_time: on a shared machine, wall time counts the
+other processes' turns too) with the wall-clock speed beside it; ratios are the median of the per-round
+ratios.
 
-    .venv/bin/python bench/decontam_bench.py                  # index of 1M windows (both), then 10M (packtool)
-    .venv/bin/python bench/decontam_bench.py --ngrams 200000  # one size, both
+    .venv/bin/python bench/decontam_bench.py                        # 1M windows (all), then 10M (not the peer)
+    .venv/bin/python bench/decontam_bench.py --since 073e313^       # and the EvalIndex before that commit
+    .venv/bin/python bench/decontam_bench.py --ngrams 200000        # one size
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import subprocess
+import sys
 import time
+from dataclasses import astuple
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -24,7 +35,8 @@ from packtool.decontamination import EvalIndex, EvalItem, ReferenceIndex
 
 VOCABULARY = 50_000
 BATCH = 512
-ROUNDS = 3
+ROUNDS = 5
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _vocabulary(rng: np.random.Generator) -> list[str]:
@@ -61,55 +73,77 @@ def samples(rng: np.random.Generator, vocab: list[str], n: int, evals: list[tupl
     return out
 
 
-def throughput(index, batch_samples) -> tuple[float, int]:
-    start = time.perf_counter()
+def throughput(index, batch_samples) -> tuple[float, float, int]:
+    """(samples per CPU second, samples per wall second, samples found)."""
+    cpu, wall = time.process_time(), time.perf_counter()
     found = 0
     for i in range(0, len(batch_samples), BATCH):
         found += sum(f is not None for f in index.check(batch_samples[i : i + BATCH]))
-    return len(batch_samples) / (time.perf_counter() - start), found
+    return len(batch_samples) / (time.process_time() - cpu), len(batch_samples) / (time.perf_counter() - wall), found
 
 
-def run(ngrams: int, n_samples: int, peer: bool) -> None:
+def module_at(rev: str) -> ModuleType:
+    """REV's packtool/decontamination.py as a module of its own (it imports this tree's packtool for the rest)."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:packtool/decontamination.py"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout
+    spec = importlib.util.spec_from_loader(f"decontamination_at_{rev}", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:packtool/decontamination.py", "exec"), module.__dict__)
+    return module
+
+
+def run(ngrams: int, n_samples: int, peer: bool, since: str | None) -> None:
     rng = np.random.default_rng(0)
     vocab = _vocabulary(rng)
     evals = eval_set(rng, vocab, ngrams)
+    rows: list[tuple[str, object]] = []
     start = time.perf_counter()
-    fast = EvalIndex.build(evals, 13, 6)
-    built = time.perf_counter() - start
-    print(f"\nindex: {len(fast.grams):,} windows, {len(fast.short_hashes):,} short items; built in {built:.1f} s")
-    reference = None
+    rows.append(("packtool", EvalIndex.build(evals, 13, 6)))
+    print(f"\nindex: {ngrams:,} windows asked, {EvalIndex.__name__} built in {time.perf_counter() - start:.1f} s")
+    if since is not None:
+        old = module_at(since)
+        start = time.perf_counter()
+        rows.append((since, old.EvalIndex.build([(old.EvalItem(*astuple(i)), t) for i, t in evals], 13, 6)))
+        print(f"{since} index built in {time.perf_counter() - start:.1f} s")
     if peer:
         start = time.perf_counter()
-        reference = ReferenceIndex(evals, 13, 6)
+        rows.append(("peer", ReferenceIndex(evals, 13, 6)))
         print(f"peer index (Python sets): built in {time.perf_counter() - start:.1f} s")
     batch_samples = samples(rng, vocab, n_samples, evals)
     print(f"{n_samples:,} samples of 210 words (a 60-word prompt, a 150-word answer in 12-word lines), one core\n")
-    print("| round | packtool samples/s | peer samples/s | ratio | found (packtool / peer) |")
-    print("|---|---:|---:|---:|---:|")
-    ratios, speeds = [], []
+    names = [name for name, _ in rows]
+    print("| round | " + " | ".join(f"{n} samples/s (CPU; wall)" for n in names) + " | found |")
+    print("|---|" + "---:|" * len(names) + "---:|")
+    speeds: dict[str, list[float]] = {name: [] for name in names}
     for r in range(ROUNDS):
-        speed, found = throughput(fast, batch_samples)
-        speeds.append(speed)
-        if reference is None:
-            print(f"| {r} | {speed:,.0f} | - | - | {found} / - |")
-            continue
-        peer_speed, peer_found = throughput(reference, batch_samples)
-        ratios.append(speed / peer_speed)
-        print(f"| {r} | {speed:,.0f} | {peer_speed:,.0f} | {speed / peer_speed:.1f}x | {found} / {peer_found} |")
-    median = f", median ratio {statistics.median(ratios):.1f}x" if ratios else ""
-    print(f"\nmedian packtool: {statistics.median(speeds):,.0f} samples/s per core{median}")
+        cells, found = [], []
+        for name, index in rows:
+            cpu, wall, hits = throughput(index, batch_samples)
+            speeds[name].append(cpu)
+            cells.append(f"{cpu:,.0f}; {wall:,.0f}")
+            found.append(str(hits))
+        print(f"| {r} | " + " | ".join(cells) + f" | {' / '.join(found)} |", flush=True)
+    ours = speeds["packtool"]
+    print(f"\nmedian packtool: {statistics.median(ours):,.0f} samples per CPU second (one core)")
+    for name in names[1:]:
+        ratio = statistics.median(a / b for a, b in zip(ours, speeds[name], strict=True))
+        print(f"packtool / {name}: median of per-round ratios {ratio:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ngrams", type=int, default=None, help="one index size (both implementations)")
+    parser.add_argument("--ngrams", type=int, default=None, help="one index size (the peer too)")
     parser.add_argument("--samples", type=int, default=20_480)
+    parser.add_argument("--since", default=None, help="also time REV's EvalIndex (a git revision)")
     args = parser.parse_args()
     if args.ngrams is not None:
-        run(args.ngrams, args.samples, peer=True)
+        run(args.ngrams, args.samples, peer=True, since=args.since)
         return
-    run(1_000_000, args.samples, peer=True)
-    run(10_000_000, args.samples, peer=False)  # the peer's sets of 10M 13-tuples need ~10 GB
+    run(1_000_000, args.samples, peer=True, since=args.since)
+    run(10_000_000, args.samples, peer=False, since=args.since)  # the peer's sets of 10M 13-tuples need ~10 GB
 
 
 if __name__ == "__main__":

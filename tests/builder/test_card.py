@@ -104,6 +104,20 @@ def test_datasets_loads_train_and_validation_apart_and_overflow_as_its_own_confi
     assert loaded["train"].features.arrow_schema.types == schema.types  # the card's features are the shards'
 
 
+def test_the_parquet_builder_reads_the_splits_apart_given_the_cards_data_files(built, tmp_path):
+    """`load_dataset("parquet", data_dir=OUT)` never reads the card: its default patterns take validation/**, the
+    manifest.json there included, and fail on it. The card's data_files, given to it, read each split apart."""
+    datasets = pytest.importorskip("datasets")
+    front = _front_matter((built / CARD).read_text(encoding="utf-8"))
+    default = next(c for c in front["configs"] if c["config_name"] == "default")
+    data_files = {f["split"]: f["path"] for f in default["data_files"]}
+    loaded = datasets.load_dataset("parquet", data_dir=str(built), data_files=data_files, cache_dir=str(tmp_path))
+    assert {split: loaded[split].num_rows for split in loaded} == {
+        "train": read_manifest(built).raw["stats"]["packs"],
+        "validation": read_manifest(built / "validation").raw["stats"]["packs"],
+    }
+
+
 def test_the_hub_reads_the_card_metadata(built):
     hub = pytest.importorskip("huggingface_hub")
     data = hub.DatasetCard((built / CARD).read_text(encoding="utf-8")).data

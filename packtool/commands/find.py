@@ -15,14 +15,20 @@ the shard, i.e. whether the file changed since the build. A sample that was not 
 in rejects.jsonl with its reason.
 
 Source files are found through the config recorded in the manifest. Its relative paths are
-relative to the config's folder, which is taken from `--config`, or else inferred from where the
-manifest says the tokenizer was (the config names it relative to the same folder).
+relative to the config's folder, which is taken from `--config`, or else inferred: from where the
+manifest says the tokenizer was (the config names it relative to the same folder), or else as the
+first of the working folder and the folders above OUT where every relative source path is (a hub
+dataset id may be missing there). A wrong guess cannot pass unseen: each record read is checked
+against the sample hash the shard holds.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import itertools
 import json
+import operator
 import os
 import re
 from collections import defaultdict
@@ -30,8 +36,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import PackFormatError, PacktoolError, RecordError
+from packtool.errors import HubError, PackFormatError, PacktoolError, RecordError
 from packtool.format import JSON_ERRORS, KIND_CODES, MANIFEST, REJECTS, WHOLE, Manifest, read_manifest
+from packtool.hub import is_repo_id, snapshot
 from packtool.shards import listed_shard, read_columns
 from packtool.terminal import shown
 
@@ -319,15 +326,19 @@ class SourceFiles:
         if self.config_path is not None:
             return load_config(Path(self.config_path), output=str(self.folder))
         raw = dict(self.manifest.raw.get("config") or {})
-        base = config_folder(self.manifest.raw, self.folder)
+        base = self._inferred_base
         if base is None:
-            relative = anchored_paths(raw)
+            relative = source_paths(raw)
             if relative:
                 raise PacktoolError(
                     f"cannot tell which folder the build's config was in, where its relative paths "
-                    f"({', '.join(map(repr, relative))}) start; pass --config CONFIG"
+                    f"({', '.join(map(repr, relative))}) start: they are not all in the working folder or a "
+                    "folder above the output; pass --config CONFIG"
                 )
-            base = self.folder  # every path is absolute: any folder reads them alike
+            base = self.folder  # every path find reads is absolute: any folder reads them alike
+        tokenizer = (self.manifest.raw.get("tokenizer") or {}).get("file")
+        if _relative(raw.get("tokenizer")) and isinstance(tokenizer, str):
+            raw["tokenizer"] = str(self.folder.resolve() / tokenizer)  # where the build read it, whatever the base
         raw["output"] = str(self.folder)
         return parse_config(raw, base_dir=base, config_file=str(base / "<config from the manifest>"))
 
@@ -347,7 +358,16 @@ class SourceFiles:
     def _base(self) -> Path:
         if self.config_path is not None:
             return Path(self.config_path).resolve().parent
-        return config_folder(self.manifest.raw, self.folder) or Path.cwd()
+        return self._inferred_base or Path.cwd()
+
+    @functools.cached_property
+    def _inferred_base(self) -> Path | None:
+        """The config's folder as the manifest tells it (the tokenizer), else where its sources are."""
+        told = config_folder(self.manifest.raw, self.folder)
+        if told is not None:
+            return told
+        patterns = source_paths(self.manifest.raw.get("config") or {})
+        return folder_holding(patterns, [Path.cwd(), *self.folder.resolve().parents]) if patterns else None
 
     def record_at(self, file: str, number: int) -> tuple[str, Any] | None:
         """(source name, Example or the RecordError it is now) of the record at FILE:NUMBER, read from the file."""
@@ -460,19 +480,44 @@ def config_folder(manifest: dict[str, Any], folder: Path | None = None) -> Path 
     return None
 
 
-def anchored_paths(raw_config: dict[str, Any]) -> list[str]:
-    """The config's relative paths (sources, tokenizer, a template file), which only its folder anchors."""
+def source_paths(raw_config: dict[str, Any]) -> list[str]:
+    """The config's relative paths that only its folder anchors: its sources' patterns and a template file
+    (the tokenizer is where the manifest says it was read)."""
     sources = raw_config.get("sources")
     patterns = []
     for source in sources if isinstance(sources, list) else ():
         path = source.get("path") if isinstance(source, dict) else None
         patterns += [path] if isinstance(path, str) else [p for p in path or () if isinstance(p, str)]
     template = raw_config.get("template")
-    files = [
-        raw_config.get("tokenizer"),
-        template if isinstance(template, str) and template.endswith(".jinja") else None,
-    ]
-    return [path for path in [*patterns, *files] if isinstance(path, str) and path and not Path(path).is_absolute()]
+    if isinstance(template, str) and template.endswith(".jinja"):
+        patterns.append(template)
+    return [path for path in patterns if _relative(path)]
+
+
+def _relative(path: Any) -> bool:
+    return isinstance(path, str) and bool(path) and not Path(path).is_absolute()
+
+
+def folder_holding(patterns: list[str], candidates: list[Path]) -> Path | None:
+    """The first candidate folder in which each of the config's relative `patterns` matches a file or
+    is a dataset of the local hub cache (`ORG/NAME`, read from there wherever the config was), at least
+    one matching a file; a config whose relative paths are all such datasets reads alike anywhere."""
+    cached = [_in_hub_cache(pattern) for pattern in patterns]
+    for candidate in candidates:
+        here = [bool(glob.glob(str(candidate / pattern), recursive=True)) for pattern in patterns]
+        if any(here) and all(map(operator.or_, here, cached)):
+            return candidate
+    return candidates[0] if all(cached) else None
+
+
+def _in_hub_cache(pattern: str) -> bool:
+    if not is_repo_id(pattern):
+        return False
+    try:
+        snapshot(pattern, "datasets")
+    except HubError:
+        return False
+    return True
 
 
 def _resolved(path: str, base: Path) -> Path:
@@ -495,10 +540,14 @@ def format_trace(trace: Trace) -> str:
             f"  not trained: {shown(r.get('id'))} at {shown(r.get('location'))}: {shown(r.get('reason'))} "
             f"({shown(r.get('detail'))})"
         )
+    unread: dict[str, int] = {}  # one line per reason the sources could not be read, not one per document
     for o in trace.origins:
-        where = o.location or "?"
+        if o.status == "unknown":
+            unread[o.detail] = unread.get(o.detail, 0) + 1
+            continue
         lines.append(
-            f"  from {shown(where)} (source {shown(o.source)}, sample {shown(o.sample_id)}): {o.status}: "
-            f"{shown(o.detail)}"
+            f"  from {shown(o.location or '?')} (source {shown(o.source)}, sample {shown(o.sample_id)}): "
+            f"{o.status}: {shown(o.detail)}"
         )
+    lines += [f"  sources of {n} sample(s) not read: {shown(detail)}" for detail, n in unread.items()]
     return "\n".join(lines)

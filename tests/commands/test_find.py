@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from support import QUICKSTART
 
 from packtool.cli import main
-from packtool.commands.find import config_folder, find
+from packtool.commands.find import config_folder, find, folder_holding
 from packtool.format import read_manifest
 
 
@@ -125,10 +125,10 @@ def test_a_rejected_sample_is_found_with_its_reason(tmp_path, write_config, writ
     assert len(rejects) == 1
     output = _find(str(out), rejects[0]["id"])
     assert "0 document(s)" in output and f"not trained: {rejects[0]['id']}" in output
-    # An absolute tokenizer path says nothing about the config's folder: relative sources need --config.
-    assert f"relative paths ({data.name!r}) start; pass --config CONFIG" in _find(str(out), f"{data}:2", exit_code=1)
-    by_location = json.loads(_find(str(out), f"{data}:2", "--json", "--config", str(config)))
-    assert by_location["rejects"] == rejects and by_location["origins"][0]["status"] == "unreadable"
+    # the config's folder is above OUT, where its relative source is: found without --config
+    for config_given in ([], ["--config", str(config)]):
+        by_location = json.loads(_find(str(out), f"{data}:2", "--json", *config_given))
+        assert by_location["rejects"] == rejects and by_location["origins"][0]["status"] == "unreadable"
     assert find(out, "good", config=config).origins[0].status == "matches"
 
 
@@ -151,6 +151,54 @@ def test_a_config_of_absolute_paths_needs_no_folder(tmp_path, write_config, writ
     by_hash = _find(str(out), by_location["placements"][0]["pack_hash"][:12])
     assert "unknown" not in by_hash and "from ?" not in by_hash
     assert by_hash.count(": matches") == 3, by_hash
+
+
+def test_relative_sources_beside_an_absolute_tokenizer_are_found_where_they_are(
+    tmp_path, tmp_path_factory, write_config, write_jsonl, monkeypatch
+):
+    """An absolute tokenizer (or a hub id) tells nothing of the config's folder. Before, find then refused
+    every FILE:LINE and printed "from ? ... unknown" once per document of a pack. Now the folder is the
+    working one or one above OUT where the relative sources are; elsewhere one line says to pass --config."""
+    data = write_jsonl([{"id": f"doc-{i}", "text": f"plain document number {i}"} for i in range(3)])
+    beside = tmp_path_factory.mktemp("elsewhere") / "out"  # OUT not below the config's folder
+    config = write_config(
+        {
+            "sources": [{"name": "t", "path": data.name, "format": "text", "fields": {"id": "id"}}],
+            "tokenizer": str(QUICKSTART / "tokenizer" / "tokenizer.json"),
+            "template": "model",
+            "capacity": 64,
+            "output": str(beside),
+        }
+    )
+    built = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert built.exit_code == 0, built.output
+    pack = json.loads(_find(str(beside), "doc-1", "--json"))["placements"][0]["pack_hash"][:12]
+    refused = _find(str(beside), pack)
+    assert "from ?" not in refused and refused.count("not read: ") == 1, refused
+    assert f"relative paths ({data.name!r}) start: they are not all in the working folder or a folder above " in refused
+    assert "pass --config CONFIG" in _find(str(beside), f"{data}:2", exit_code=1)
+    monkeypatch.chdir(tmp_path)  # where the user built it from
+    for key in (f"{data.name}:2", f"{data}:2", pack):
+        trace = json.loads(_find(str(beside), key, "--json"))
+        assert trace["origins"] and {o["status"] for o in trace["origins"]} == {"matches"}, trace
+    assert "from data.jsonl:2 (source t, sample doc-1): matches" in _find(str(beside), "doc-1")
+    # OUT below the config's folder: found from any working folder
+    inside = tmp_path / "out"
+    assert CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(inside)]).exit_code == 0
+    monkeypatch.chdir(tmp_path_factory.mktemp("anywhere"))
+    assert json.loads(_find(str(inside), f"{data}:2", "--json"))["origins"][0]["status"] == "matches"
+
+
+def test_a_config_folder_is_where_every_relative_source_is(tmp_path):
+    (tmp_path / "a" / "data").mkdir(parents=True)
+    (tmp_path / "a" / "data" / "x.jsonl").write_text("{}")
+    (tmp_path / "b" / "data").mkdir(parents=True)
+    (tmp_path / "b" / "data" / "y.jsonl").write_text("{}")
+    candidates = [tmp_path / "b", tmp_path / "a", tmp_path]
+    assert folder_holding(["data/x.jsonl"], candidates) == tmp_path / "a"
+    assert folder_holding(["data/*.jsonl"], candidates) == tmp_path / "b"
+    assert folder_holding(["data/x.jsonl", "data/y.jsonl"], candidates) is None  # never split over two folders
+    assert folder_holding(["a/data/x.jsonl", "nobody/no-such-dataset"], candidates) is None  # not in the hub cache
 
 
 def test_unknown_keys_are_one_line(quickstart_build):

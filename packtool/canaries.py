@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool.arrow import list_parts
 from packtool.format import KIND_CODES, ROLE_CODES, WHOLE
 from packtool.shards import read_columns
 
@@ -40,7 +41,8 @@ LATIN_END = 0x24F  # Latin Extended-B: above it, scripts and symbols a byte-leve
 _BEYOND_LATIN = re.compile(f"[^\\x00-\\u{LATIN_END:04x}]")
 _TEXT, _TOOL, _ASSISTANT = ROLE_CODES["text"], ROLE_CODES["tool"], ROLE_CODES["assistant"]
 _CHAT_ROLES = [ROLE_CODES[r] for r in ("system", "user", "assistant", "tool")]
-_COLUMNS = ["input_ids", "labels", "token_roles", "doc_cu_seqlens", "sample_ids", "sample_hashes", "sources"]
+_TOKEN_COLUMNS = ["input_ids", "token_roles"]
+_COLUMNS = [*_TOKEN_COLUMNS, "doc_cu_seqlens", "sample_ids", "sample_hashes", "sources"]
 _SEGMENTS = ["segment_kinds", "segment_groups", "segment_pieces"]
 
 
@@ -183,23 +185,29 @@ def _why_missing(kind: str, empty_why: str) -> str:
     return f"{what} in the first {MAX_PACKS} packs"
 
 
-def _packs(files: Sequence[Path]) -> Iterator[tuple[Path, int, dict[str, list[Any]]]]:
+def _packs(files: Sequence[Path]) -> Iterator[tuple[Path, int, dict[str, Any]]]:
+    """Each pack of the first MAX_PACKS: its token columns as numpy views, its per-document columns as lists.
+
+    The tokens stay numpy: as Python lists, MAX_PACKS packs of a 2048 capacity were ~300 MB of int objects
+    at once (a fixed cost, but the largest of a build's publish)."""
     seen = 0
     for shard in files:
         if seen == MAX_PACKS:
             return
         table = read_columns(shard, _COLUMNS, _SEGMENTS).slice(0, MAX_PACKS - seen)  # a large shard: no more rows
-        columns = {name: table.column(name).to_pylist() for name in table.column_names}
+        tokens = {name: list_parts(table.column(name)) for name in _TOKEN_COLUMNS}
+        per_document = {name: table.column(name).to_pylist() for name in table.column_names if name not in tokens}
         for row in range(table.num_rows):
             seen += 1
-            yield shard, row, {name: values[row] for name, values in columns.items()}
+            pack = {name: values[offsets[row] : offsets[row + 1]] for name, (offsets, values) in tokens.items()}
+            yield shard, row, pack | {name: values[row] for name, values in per_document.items()}
 
 
 def _offer_pack(
     best: _Best, shard: Path, row: int, pack: dict[str, Any], decoder: Any, capacity: int, truncating: set[str]
 ) -> None:
     docs = pack["doc_cu_seqlens"]
-    roles = np.asarray(pack["token_roles"], dtype=np.int8)
+    roles = pack["token_roles"]
     chat = np.isin(roles, _CHAT_ROLES)
     count = len(docs) - 1
     if count >= 2:
@@ -241,7 +249,7 @@ def _document_kinds(
         kinds.append("truncated")
     if all(kind in best.docs and best.docs[kind][0] <= end - start for kind in ("unicode", "code")):
         return kinds  # no shorter than both chosen so far: decoding it could change neither (the costly part)
-    text = decoder.decode(pack["input_ids"][start:end], skip_special_tokens=False)
+    text = decoder.decode(pack["input_ids"][start:end].tolist(), skip_special_tokens=False)
     if _BEYOND_LATIN.search(text):
         kinds.append("unicode")
     if "```" in text:

@@ -34,7 +34,7 @@ from packtool.builder.accounting import DROP_KINDS, Counts
 from packtool.builder.cache import TokenCache, code_fingerprint, publish_file, seal_report
 from packtool.builder.stages import Outcome, outcomes, stages_for
 from packtool.builder.store import PartitionReader, PartitionWriter
-from packtool.config import BuildConfig, canonical_json
+from packtool.config import BuildConfig, canonical_json, config_folder
 from packtool.errors import RecordError
 from packtool.format import REJECTS
 from packtool.ranges import RowRange, rows_digest, table_rows_digest, text_prefix
@@ -183,10 +183,36 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> tuple[Carried | None,
     if lines is None:
         return None, None
     partition = cache.partition(item.grown_from)
+    if item.config.processor and (stale := stale_image(partition, item)) is not None:
+        return None, stale
     first = item.start + (item.unit == "bytes")  # JSON Lines locations count lines from 1, tables rows from 0
     if (problem := _holds(report, partition, first, lines)) is not None:
         return None, f"cache entry {partition}: {problem}"
     return Carried(report, partition, lines), None
+
+
+def stale_image(partition: Path, item: EncodeItem) -> str | None:
+    """Why an entry's images are not the files they reference now (one missing, or not the bytes encoded: an
+    image's grid and sha256 were computed from them, and no key holds an image file's content); None when every
+    one still hashes as recorded. Each file is hashed once, however many samples show it."""
+    reader = PartitionReader(partition)
+    try:
+        recorded = {
+            (image["reference"], image["sha256"]) for images in reader.batch_column("images") for image in images
+        }
+    finally:
+        reader.close()
+    root = config_folder(item.config)
+    for reference, sha256 in sorted(recorded):
+        if not reference:  # bytes the record carried: stored with the entry, sealed with it
+            continue
+        try:
+            data = (root / reference).read_bytes()
+        except OSError:
+            return f"cache entry {partition}: its image {reference} cannot be read now"
+        if hashlib.sha256(data).hexdigest() != sha256:
+            return f"cache entry {partition}: its image {reference} changed since it was encoded"
+    return None
 
 
 def _holds(report: dict[str, Any], partition: Path, first: int, lines: int) -> str | None:
@@ -236,6 +262,8 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     """Run one encode work item (in any process); reuse its cache entry when complete and as it was written."""
     cache = TokenCache(Path(item.cache_root))
     cached, damaged = cache.check(item.key)  # a damaged entry is replaced below, as a new one is written
+    if cached is not None and item.config.processor and (stale := stale_image(cache.partition(item.key), item)):
+        cached, damaged = None, stale  # its images are not the files now: encoded again
     if cached is not None:
         return EncodeResult(item.key, reused=True, failure=_stop_message(cached, item), left=_grown_since(item))
     carried, refused = carried_prefix(item, cache)

@@ -32,7 +32,7 @@ from packtool.chat_templates import (
     ChatTemplate,
     template_for,
 )
-from packtool.config import BuildConfig, SourceConfig, canonical_json, item_fit_parts, keyed_parts
+from packtool.config import BuildConfig, SourceConfig, canonical_json, config_folder, item_fit_parts, keyed_parts
 from packtool.decontamination import EvalSet, Finding, Sample, eval_set
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -45,7 +45,6 @@ from packtool.vision.placing import (
     IMAGE_TOKENS,
     ImageReader,
     PlannedImage,
-    config_folder,
     place_images,
     plan_images,
 )
@@ -94,7 +93,7 @@ class Stages:
             evals,
             processor,
             image_token,
-            config_folder(config.config_file),
+            config_folder(config),
         )
 
     def fit_item(self, item: PreferencePair | CompletionGroup, source: SourceConfig) -> Outcome:
@@ -279,7 +278,7 @@ def stages_for(config: BuildConfig) -> Stages:
             [s.format for s in config.sources],
             render_mode(config.run.render),  # the environment's switch too, as it is now
             file_identities(config),
-            str(config_folder(config.config_file)) if config.processor else None,  # image references' folder
+            str(config_folder(config)) if config.processor else None,  # image references' folder
         ]
     )
     if key not in _STAGES:

@@ -127,10 +127,3 @@ def reference_of(ref: ImageRef, root: Path) -> str:
     if ref.path is None:
         return ""
     return Path(os.path.relpath(os.path.abspath(ref.path), os.path.abspath(root))).as_posix()
-
-
-def config_folder(config_file: str) -> Path:
-    """The folder image references are relative to: the build config's, or the working directory for a config
-    that is no file (built from a dict)."""
-    path = Path(config_file)
-    return path.resolve().parent if path.is_file() else Path.cwd()

@@ -249,3 +249,30 @@ def test_an_image_file_is_read_once_per_work_item(tmp_path, monkeypatch):
         "image_missing",
     ] * 3
     assert reads.count(tmp_path / "data" / "a.png") == 1  # a missing file is looked for each time: no stat to key
+
+
+def test_a_build_counts_each_bad_image_and_encodes_again_an_image_changed_since(tmp_path):
+    from click.testing import CliRunner
+
+    from packtool.cli import main
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    Image.new("RGB", (30, 30)).save(folder / "fine.png")
+    bad = bad_images(folder)
+    turns = [{"from": "human", "value": "<image>Which?"}, {"from": "gpt", "value": "That one."}]
+    records = [{"conversations": turns, "images": [name]} for name in ["fine.png", *bad.values()]]
+    config = vision_config(tmp_path, "sharegpt", records)
+    raw = {**json.loads((tmp_path / "config.yaml").read_text()), "on_error": "skip", "max_reject_share": 1.0}
+    (tmp_path / "config.yaml").write_text(json.dumps(raw))
+    build = CliRunner().invoke(main, ["build", config.config_file, "-q", "-j", "1"])
+    assert build.exit_code == 0, build.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["accounting"]["source0"]["rejected"] == dict.fromkeys(bad, 1)
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["reason"], r["location"]) for r in rejects] == [
+        (kind, f"data/chat.jsonl:{line}") for line, kind in enumerate(bad, start=2)
+    ]
+    Image.new("RGB", (90, 30)).save(folder / "fine.png")  # the same name, another picture: another grid
+    again = CliRunner().invoke(main, ["build", config.config_file, "-j", "1"])
+    assert again.exit_code == 0 and "its image data/fine.png changed since it was encoded" in again.output

@@ -160,6 +160,8 @@ def build(
         )
     for missed in built.quota_misses:
         click.echo(f"warning: {missed}; --strict makes this an error", err=True)
+    for unsampled in built.unsampled:
+        click.echo(f"warning: {unsampled}", err=True)
     if dry_run:
         from packtool.builder import format_preview
 

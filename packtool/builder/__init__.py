@@ -31,7 +31,7 @@ from packtool.builder.emit import emit_item, emit_items, release
 from packtool.builder.encode import CachedRanges, EncodeItem, encode_item
 from packtool.builder.executors import make_executor
 from packtool.builder.manifest import write_outputs, write_rejects
-from packtool.builder.mixing import quota_misses, source_quotas
+from packtool.builder.mixing import quota_misses, source_quotas, unsampled_sources
 from packtool.builder.owned import check_apart, claim, locked, unlinked
 from packtool.builder.plan import make_plan, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
@@ -81,6 +81,7 @@ class Built:
     # reused cache entry renders nothing. A fact of the run, not of the shards: which route a conversation takes
     # depends on what its process rendered before, so it is not in the manifest (whose bytes it would change)
     render_routes: dict[str, int] = field(default_factory=dict)
+    unsampled: tuple[str, ...] = ()  # one line per source that kept records and trains none (a weight that drew none)
 
 
 def build(
@@ -181,6 +182,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 quota_misses=missed,
                 up_to_date=True,
                 render_routes=dict(routes),
+                unsampled=_unsampled(config, held),
             )
         staging.keep_only(key)
         damaged = stored_plan_problem(staging.plan(key), key, partitions)
@@ -224,6 +226,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         shards_repaired,
         missed,
         render_routes=dict(routes),
+        unsampled=_unsampled(config, manifest),
     )
 
 
@@ -236,6 +239,11 @@ def _quota_misses(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, .
             "lower the quota, or fix the source that could not meet it"
         )
     return missed
+
+
+def _unsampled(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, ...]:
+    weights = {s.name: s.plan.weight for s in config.sources if s.plan.quota is None}
+    return tuple(unsampled_sources(weights, manifest["accounting"]))
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:
@@ -386,6 +394,13 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
         listed = ", ".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "no input records"
         summary = f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published"
         raise _rejects_problem(config, plan, summary) if plan.rejects else BuildError(summary)
+    held_out = sum(f.n_packs for f in plan.folders if f.name == "validation")
+    if held_out and not sum(f.n_packs for f in plan.folders if f.name != "validation"):
+        asked = f"samples: {config.validation.samples:,}" if config.validation.samples else "share"
+        raise BuildError(
+            f"no pack to train: the validation split ({asked}) holds every kept record ({held_out:,} pack(s) in "
+            "validation/); nothing was published; lower validation.samples or validation.share"
+        )
 
 
 __all__ = ["Built", "build"]

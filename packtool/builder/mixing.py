@@ -5,12 +5,14 @@ quota (a source's amount of tokens or target tokens) --quota_plan--> copies
 copies: (positions, repeat numbers) into the source's items, drawn under source_seed(seed, name)
 packs' amounts of each source (mixing.interleave) --interleave_order--> the pack order
 quotas and the amounts the shards hold --quota_misses--> a line for each quota the build fell short of
+weights and what reached a pack --unsampled_sources--> a line for each source that kept records and trains none
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +117,25 @@ def quota_misses(quotas: dict[str, Quota], realized: dict[str, dict[str, int]]) 
                 f"quota {name!r} missed: realized {got:,} of {quota.amount:,} {quota.unit} (short by "
                 f"{quota.amount - got:,}; a quota is met within one sample)"
                 + ("; the source holds none in OUT: see packtool stats" if got == 0 else "")
+            )
+    return lines
+
+
+def unsampled_sources(weights: dict[str, float], accounting: dict[str, dict[str, Any]]) -> list[str]:
+    """One line for each source weighed in that kept records of which no segment reached a pack: a weight that
+    draws no sample (1e-300 x 1,300 rounds to 0) left a whole source out of OUT without a word.
+
+    weights {chat: 1e-300}, accounting {chat: {kept: 1300, segments: 0}}
+    -> ["source 'chat' kept 1,300 records and none reached a pack (at weight 1e-300 it draws no sample, or the
+        validation split holds them all); raise its weight: see packtool stats"]
+    """
+    lines = []
+    for name, weight in weights.items():
+        counts = accounting.get(name, {})
+        if counts.get("kept", 0) > 0 and counts.get("segments", 0) == 0:
+            lines.append(
+                f"source {name!r} kept {counts['kept']:,} records and none reached a pack (at weight {weight:g} "
+                "it draws no sample, or the validation split holds them all); raise its weight: see packtool stats"
             )
     return lines
 

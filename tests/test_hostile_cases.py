@@ -1,0 +1,94 @@
+"""Issue 37's hostile-user run: what a careless or hostile user tried on the build that crosses several wings.
+
+Each case is a build a correct tool must either refuse in one line (exit 1, nothing published) or finish
+with a `warning:` line that says what OUT lacks; none may exit 0 in silence. Cases that belong to one
+module live beside its tests (probe, ownership, states)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from support import QUICKSTART
+
+from packtool.builder.mixing import unsampled_sources
+from packtool.cli import main
+
+
+def _chat(words: str) -> dict:
+    return {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": words}]}
+
+
+@pytest.fixture
+def two_sources(tmp_path, write_config, write_jsonl):
+    """Sources a and b of four small chats each; settings change the config's top level or a source's."""
+    write_jsonl([_chat(f"a {i}") for i in range(4)], "a.jsonl")
+    write_jsonl([_chat(f"b {i}") for i in range(4)], "b.jsonl")
+
+    def config(b: dict | None = None, **settings) -> str:
+        raw = {
+            "sources": [
+                {"name": "a", "path": "a.jsonl", "format": "messages"},
+                {"name": "b", "path": "b.jsonl", "format": "messages", **(b or {})},
+            ],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 64,
+            "output": str(tmp_path / "out"),
+            "workers": 1,
+            **settings,
+        }
+        return str(write_config(raw))
+
+    return config
+
+
+def _build(config: str, *args: str):
+    return CliRunner().invoke(main, ["build", config, "-q", "--no-cache", *args])
+
+
+def test_a_weight_that_draws_no_sample_is_a_warning(two_sources, tmp_path):
+    """weight 1e-300 x 4 samples rounds to none: b was left out of OUT with exit 0 and no word."""
+    result = _build(two_sources({"weight": 1e-300}))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "warning: source 'b' kept 4 records and none reached a pack (at weight 1e-300 it draws no sample, or the "
+        "validation split holds them all); raise its weight: see packtool stats"
+    ]
+    accounting = json.loads((tmp_path / "out" / "manifest.json").read_text())["accounting"]
+    assert accounting["b"]["kept"] == 4 and accounting["b"]["segments"] == 0
+    assert "warning" not in _build(two_sources({"weight": 0.5})).output  # two of four drawn: nothing to say
+
+
+def test_unsampled_sources_names_only_sources_that_kept_records_and_train_none():
+    accounting = {"a": {"kept": 4, "segments": 4}, "b": {"kept": 4, "segments": 0}, "c": {"kept": 0, "segments": 0}}
+    lines = unsampled_sources({"a": 1.0, "b": 1e-9, "c": 1.0}, accounting)
+    assert len(lines) == 1 and lines[0].startswith("source 'b' kept 4 records and none reached a pack (at weight 1e-09")
+
+
+def test_a_validation_split_holding_every_record_fails_and_publishes_nothing(two_sources, tmp_path):
+    """validation.samples past the records held every one out: 0 packs to train, exit 0."""
+    result = _build(two_sources(validation={"samples": 100_000}))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith("Error: no pack to train: the validation split (samples: 100,000) holds every")
+    assert not (tmp_path / "out").exists()
+    assert _build(two_sources(validation={"samples": 1})).exit_code == 0
+
+
+@pytest.mark.parametrize("filter_", ["dedup", "decontamination"])
+def test_a_quota_on_a_source_its_filter_empties_is_a_warning_and_fails_strict(two_sources, tmp_path, filter_):
+    """b's records all repeat a's (dropped by dedup), or all overlap the eval set (dropped by decontamination):
+    its quota is realized 0, which must be said, and --strict must fail."""
+    settings: dict = {"max_reject_share": 1.0}
+    if filter_ == "dedup":
+        (tmp_path / "b.jsonl").write_text((tmp_path / "a.jsonl").read_text())
+        settings["dedup"] = "exact"
+    else:
+        (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"text": f"b {i}"}) + "\n" for i in range(4)))
+        settings["decontamination"] = {"against": str(tmp_path / "eval.jsonl"), "ngram": 2, "min_line_words": 2}
+    config = two_sources({"quota": {"target_tokens": 1_000}}, **settings)
+    result = _build(config)
+    assert result.exit_code == 0, result.output
+    assert "warning: quota 'b' missed: realized 0 of 1,000 target_tokens" in result.output
+    strict = _build(config, "--strict")
+    assert strict.exit_code == 1 and "Traceback" not in strict.output

@@ -86,7 +86,7 @@ def message_images(messages: Any, base: Path, column: str = "messages", images: 
             reference, field = entries[taken], f"images[{taken}]"
             taken += 1
         refs.append(resolve(reference, field, base))
-    if taken and taken != len(entries):
+    if refs and taken != len(entries):  # an entry no part takes would be dropped without a word
         raise RecordError(
             f"{taken} image part(s) without an image for {len(entries)} image(s) in `images`",
             kind="image_count_mismatch",

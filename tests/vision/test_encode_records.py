@@ -94,6 +94,10 @@ def test_trl_bare_image_parts_take_the_images_column_in_order(tmp_path):
     assert isinstance(error, RecordError) and (error.kind, error.field) == ("bad_record", "messages[0].content[2]")
     (error,) = read(tmp_path, "messages", [{**record, "images": ["a.png", "b.png", "c.png"]}])
     assert isinstance(error, RecordError) and error.kind == "image_count_mismatch"
+    named = [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "?"}]}, ANSWER]
+    (error,) = read(tmp_path, "messages", [{"messages": named, "images": ["b.png"]}])  # b.png would go unseen
+    assert isinstance(error, RecordError) and error.kind == "image_count_mismatch"
+    assert "0 image part(s) without an image for 1 image(s)" in error.reason
 
 
 def test_image_root_is_where_relative_paths_are(tmp_path):

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the loader (torch) is imported when a trace runs, not with 
 # The hf module's name of the loader state in a checkpoint folder; read here without importing
 # transformers (hf.py imports it at module level).
 CHECKPOINT_STATE = "packtool_data.json"
+CHECKPOINT_TRAINER = "packtool_trainer.json"  # the run's gradient accumulation, beside the state
 TRAINER_STATE = "trainer_state.json"
 PACK_COLUMNS = ["pack_hash", "n_tokens", "sample_ids", "sources", "sample_hashes", "sample_repeats", "doc_cu_seqlens"]
 
@@ -139,7 +140,8 @@ def settings_from_checkpoint(folder: Path, **settings: Any) -> TraceSettings:
     """Settings anchored at a checkpoint folder of `packtool.loader.hf`: its loader state and global step.
 
     The Trainer's per-device batch size (`train_batch_size` in trainer_state.json) is the default
-    batch_size; gradient accumulation is not recorded there, so it comes from the caller.
+    batch_size, and its gradient accumulation (packtool_trainer.json; a checkpoint written before it
+    has none, so the caller's) the default accumulation.
     """
     state_file = folder / CHECKPOINT_STATE
     if not state_file.is_file():
@@ -154,6 +156,15 @@ def settings_from_checkpoint(folder: Path, **settings: Any) -> TraceSettings:
             anchored["first_step"] = trainer["global_step"]
         if type(trainer.get("train_batch_size")) is int:
             anchored["batch_size"] = trainer["train_batch_size"]
+    steps_file = folder / CHECKPOINT_TRAINER
+    if steps_file.is_file():
+        steps = read_state_file(steps_file)
+        accumulation = steps.get("gradient_accumulation_steps") if isinstance(steps, dict) else None
+        if type(accumulation) is not int or accumulation < 1:
+            raise TraceError(
+                f'{steps_file}: expected {{"gradient_accumulation_steps": N >= 1}}, got {json.dumps(steps)[:80]}'
+            )
+        anchored["accumulation"] = accumulation
     return settings_from_state(read_state_file(state_file), str(state_file), **{**anchored, **settings})
 
 

@@ -24,7 +24,9 @@ What a Trainer user needs, and where it is:
     the data order       saved beside every checkpoint (`packtool_data.json`, the dataset's global state) and
                          restored by `train(resume_from_checkpoint=...)`; the Trainer's own batch skipping is
                          turned off (`ignore_data_skip`), so a resume reads no batch twice and skips none,
-                         also under another world size
+                         also under another world size. `packtool_trainer.json` beside it holds the run's
+                         gradient_accumulation_steps, which `packtool trace --checkpoint` needs and HF keeps
+                         only in the pickled training_args.bin
     metrics              per logging window: input_tokens, target_tokens, segments, padding_slots added to the
                          Trainer's logs next to the loss (this rank's counts)
     provenance           `trainer.last_pack_hashes`: the packs of the micro-batch just trained
@@ -78,6 +80,7 @@ __all__ = [  # + PackedSFTTrainer (needs trl)
 
 LOSSES = ("chunked", "model")  # from the last hidden states a chunk at a time, or the model's own (with the logits)
 STATE_FILE = "packtool_data.json"
+TRAINER_FILE = "packtool_trainer.json"
 log = logging.getLogger(__name__)
 POSITION_KEY = "packtool_resume_after"  # ride in each batch from the collator to training_step, popped there
 HASHES_KEY = "packtool_pack_hashes"
@@ -375,6 +378,8 @@ class _SaveDataOrder(transformers.TrainerCallback):
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / STATE_FILE).write_text(json.dumps(self.trainer.packed.state_dict(), indent=2) + "\n")
+            steps = {"gradient_accumulation_steps": args.gradient_accumulation_steps}
+            (folder / TRAINER_FILE).write_text(json.dumps(steps, indent=2) + "\n")
         return control
 
 

@@ -113,7 +113,8 @@ def test_packs_mode_steps_agree_with_trainer_batches(make_build):
     """Packs mode: a Trainer batches 3 consecutive packs of its rank (hf._Batches) and accumulates 2 batches."""
     path, _ = make_build(n_packs=40, packs_per_shard=15, row_group_size=4)
     hf = pytest.importorskip("packtool.loader.hf", exc_type=ImportError)
-    assert lineage.CHECKPOINT_STATE == hf.STATE_FILE  # the trace reads what the trainer writes
+    # the trace reads what the trainer writes
+    assert (lineage.CHECKPOINT_STATE, lineage.CHECKPOINT_TRAINER) == (hf.STATE_FILE, hf.TRAINER_FILE)
     batches_of = hf._Batches
     batch, accumulation, world = 3, 2, 2
 
@@ -348,12 +349,29 @@ def test_a_real_trainer_checkpoint_is_traced(quickstart_build, tmp_path):
         assert [
             [q.pack_hash for q in mb.packs] for mb in trace_step(quickstart_build, s, from_start).micro_batches
         ] == steps[s]
-    anchored = settings_from_checkpoint(tmp_path / "full" / "checkpoint-2", accumulation=2)
-    assert (anchored.first_step, anchored.position, anchored.batch_size) == (2, 4, 1)
+    anchored = settings_from_checkpoint(tmp_path / "full" / "checkpoint-2")  # accumulation 2: the run's
+    assert (anchored.first_step, anchored.position, anchored.batch_size, anchored.accumulation) == (2, 4, 1, 2)
     for s in (2, 3):
         assert [
             [q.pack_hash for q in mb.packs] for mb in trace_step(quickstart_build, s, anchored).micro_batches
         ] == steps[s]
+    # --step 1 at checkpoint-2 of a run that never resumed: one line, steps counted from 0, and the command that works
+    # no --accumulation 2: the checkpoint holds it (before, the trace planned accumulation 1: other packs)
+    checkpoint = ["--checkpoint", str(tmp_path / "full" / "checkpoint-2")]
+    refused = CliRunner().invoke(main, ["trace", str(quickstart_build), "--step", "1", *checkpoint])
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert "trace steps count from 0: the Trainer's global_step 2 ends with trace step 1" in refused.output
+    command = re.search(r"packtool trace (\S+) (--step 1 .*?); a resumed one", refused.output)
+    assert command and command.group(1) == str(quickstart_build), refused.output
+    result = CliRunner().invoke(main, ["trace", command.group(1), *command.group(2).split(), "--json"])
+    assert result.exit_code == 0, result.output
+    assert [[p["pack_hash"] for p in mb["packs"]] for mb in json.loads(result.output)["micro_batches"]] == steps[1]
+    shown = CliRunner().invoke(main, ["trace", str(quickstart_build), "--step", "3", *checkpoint])
+    assert shown.output.startswith("step 3 (counted from 0, the Trainer's global_step 4 after it; epoch 0)")
+    (tmp_path / "full" / "checkpoint-2" / "packtool_trainer.json").write_text('{"gradient_accumulation_steps": 0}')
+    bad = CliRunner().invoke(main, ["trace", str(quickstart_build), "--step", "3", *checkpoint])
+    assert bad.exit_code == 1 and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert 'packtool_trainer.json: expected {"gradient_accumulation_steps": N >= 1}' in bad.output
 
 
 def test_the_readme_lineage_examples_are_what_the_commands_print(quickstart_build):

@@ -284,7 +284,7 @@ class ImageTally:
         pack_of = np.repeat(np.arange(len(per_pack)), per_pack)
         document_base = np.concatenate([[0], np.cumsum(documents_per_pack)])
         document = document_base[pack_of] + image_documents
-        if len(document) and int(document.max()) >= len(sources):
+        if (image_documents >= documents_per_pack[pack_of]).any():
             raise PackFormatError(f"{shard}: image_documents names a document its pack does not hold: a damaged shard")
         self.pack_images.append(per_pack)
         self.pack_tokens.append(np.bincount(pack_of, weights=lengths, minlength=len(per_pack)).astype(np.int64))

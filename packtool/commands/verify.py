@@ -15,6 +15,8 @@ What the manifest states is either recomputed or sealed:
     card                         README.md (the dataset card) has the bytes and sha256 the manifest records
     canaries                     each recorded canary's shard, row, documents, sample ids and tokens are the
                                  shards' (packtool.canaries)
+    images                       a vision build's processor files, image columns, spans, positions and image
+                                 bytes or files (commands.verify_images)
     sealed                       everything else (config, seed, capacity, conventions, ...): `manifest_sha256`
                                  is the sha256 of the manifest's canonical JSON without that field (packtool.seal)
     sub-outputs                  overflow/ and validation/ when the manifest names them: the same checks
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packtool.commands.verify_images import ImageCheck, count_problems, image_check, image_row_problems, schema_problems
 from packtool.format import (
     CONTAMINATED,
     DOCUMENT_COLUMNS,
@@ -191,12 +194,16 @@ def _check_output(
     """Shards of one output folder against its manifest (the main output or the overflow bucket)."""
     capacity = manifest.capacity
     listed = {entry.file.name: entry for entry in manifest.shards}
+    images, problems = image_check(folder, manifest)
+    for problem in problems:
+        result.add(problem)
+    images_checked = images is not None or manifest.vision is None  # a damaged processor/ is the one problem named
     if lone is not None:
         entry = listed.get(lone.name)
         if entry is None:
             result.add(f"{lone.name}: not listed in {folder / MANIFEST} (a leftover from another build?)")
         else:
-            _check_shard(lone, entry, capacity, result, tally)
+            _check_shard(lone, entry, capacity, result, tally, images, images_checked)
         return
     present = {p.name for p in folder.glob("*.parquet") if p.is_file()}
     for name in sorted(present - listed.keys()):
@@ -206,7 +213,10 @@ def _check_output(
             result.add(f"{name}: listed in the manifest but missing from {folder}")
             tally.readable = False
             continue
-        _check_shard(folder / name, entry, capacity, result, tally)
+        _check_shard(folder / name, entry, capacity, result, tally, images, images_checked)
+    if images is not None and tally.readable:
+        for problem in count_problems(folder, manifest, images):
+            result.add(problem)
     leftovers = sorted(p.name for p in folder.glob("*.tmp*"))
     if leftovers:
         result.warnings.append(f"{folder}: temporary files from an interrupted write: {', '.join(leftovers)}")
@@ -216,7 +226,15 @@ def _check_output(
         _check_stats(folder, manifest, result)
 
 
-def _check_shard(path: Path, entry: ShardEntry, capacity: int, result: Verification, tally: _Tally) -> None:
+def _check_shard(
+    path: Path,
+    entry: ShardEntry,
+    capacity: int,
+    result: Verification,
+    tally: _Tally,
+    images: ImageCheck | None,
+    images_checked: bool,
+) -> None:
     result.shards += 1
     if not path.resolve().is_relative_to(path.parent.resolve()):
         result.add(f"{path.name}: a link to {path.resolve()}, outside {path.parent}; shards are files in the output")
@@ -231,12 +249,20 @@ def _check_shard(path: Path, entry: ShardEntry, capacity: int, result: Verificat
         for number, row in enumerate(_rows(path)):
             result.packs += 1
             problems = row_problems(row, capacity)
+            if number == 0 and images_checked:
+                for problem in schema_problems(list(row), images):
+                    result.add(f"{path.name}: {problem}")
             for problem in problems:
                 result.add(f"{path.name} row {number}: {problem}")
             rows += 1
             if problems:
                 tally.readable = False  # counts over broken rows would only repeat the row's problem
                 continue
+            if images is not None and "image_refs" in row:
+                problems = image_row_problems(row, images)
+                for problem in problems:
+                    result.add(f"{path.name} row {number}: {problem}")
+                tally.readable = tally.readable and not problems
             tokens += len(row["input_ids"])
             targets += row["n_targets"]
             for source, sample_id, sample_hash in zip(row["sources"], row["sample_ids"], row["sample_hashes"]):

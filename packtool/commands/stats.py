@@ -78,6 +78,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         ]
         for name, k in kinds["per_kind"].items():
             lines.append(f"{name:<20} {k['segments']:>9,} {k['tokens']:>11,} {k['targets']:>10,}")
+    if "images" in stats:
+        lines += ["", *format_images(stats["images"])]
     accounting = stats.get("accounting") or {}
     if accounting:
         # notes count samples that were not dropped for them (a literal under `escape`, a straddling token)
@@ -123,6 +125,32 @@ def format_stats(stats: dict[str, Any]) -> str:
         "  (flat counts cross-sample pairs)",
     ]
     return "\n".join(lines)
+
+
+def format_images(block: dict[str, Any]) -> list[str]:
+    """Images and image tokens per pack and per source, with their spread (the `images` block of
+    `summaries.summarize`):
+
+    images 120 (15,360 image tokens)
+    per pack         mean     min     p50     p90     max      cv
+      images         3.75       0       4       6       8   0.512
+    """
+    lines = [
+        f"images {block['images']:,} ({block['image_tokens']:,} image tokens)",
+        f"{'':<20} {'mean':>9} {'min':>7} {'p50':>7} {'p90':>7} {'max':>7} {'cv':>7}",
+    ]
+
+    def row(name: str, spread: dict[str, Any]) -> str:
+        counts = " ".join(f"{spread[key]:>7,}" for key in ("min", "p50", "p90", "max"))
+        return f"{name:<20} {spread['mean']:>9,.2f} {counts} {spread['cv']:>7.3f}"
+
+    lines += [row("per pack: images", block["per_pack"]["images"])]
+    lines += [row("  image tokens", block["per_pack"]["image_tokens"])]
+    for name, source in block["sources"].items():
+        lines.append(f"{shown(name)[:20]:<20} {source['images']:,} images, {source['image_tokens']:,} image tokens")
+        lines += [row("  per document", source["images_per_document"])]
+        lines += [row("  image tokens", source["image_tokens_per_document"])]
+    return lines
 
 
 def format_interleave(block: dict[str, Any]) -> list[str]:

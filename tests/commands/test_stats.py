@@ -213,3 +213,21 @@ def test_a_build_that_cuts_many_samples_says_so(tmp_path):
     assert re.search(
         r"^note: \d+ of \d+ chat samples lost tokens to fit capacity 96 \(truncated\.", result.output, re.M
     )
+
+
+def test_notes_stand_apart_from_what_was_rejected_dropped_or_cut(quickstart_build):
+    """Special-token literals of kept samples were listed under "rejected / dropped / truncated"."""
+    from packtool.commands.stats import format_stats
+
+    stats = json.loads(CliRunner().invoke(main, ["stats", str(quickstart_build), "--json"]).output)
+    chat = stats["accounting"]["chat"]
+    assert chat["special_token_literals"] > 0 and not chat["rejected"] and not chat["dropped"]
+
+    def row(text: str) -> str:
+        return next(line for line in text.splitlines() if line.startswith("chat ") and "|" in line)
+
+    literals = f"special_token_literals={chat['special_token_literals']}"
+    assert row(format_stats(stats)).endswith(f"  - | {literals}")
+    chat["rejected"] = {"bad_record": 2}
+    chat["straddling_targets"] = 3
+    assert row(format_stats(stats)).endswith(f"  rejected.bad_record=2 | {literals}, straddling_targets=3")

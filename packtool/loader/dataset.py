@@ -232,6 +232,7 @@ class PackedDataset(IterableDataset):
         self.verify = verify
         self.balance, self.packs_per_step, self.alpha = balance, packs_per_step, alpha
         self.isolate_documents = isolate_documents
+        self.image_root = image_root
         self._check_options()
         self.seed, self.alpha = int(seed), float(alpha)  # numpy's numbers as Python's, once checked
         self._verified: set[int] = set()  # shards whose sha256 this process has checked
@@ -282,6 +283,8 @@ class PackedDataset(IterableDataset):
                 f"token_budget {self.token_budget} < capacity {self.capacity}: packs are never split, so a micro-batch "
                 f"could not stay under the budget; set token_budget >= {self.capacity}"
             )
+        if self.image_root is not None and "vision" not in self.manifest.raw:
+            problems.append(f"image_root {str(self.image_root)!r}: {self.path} holds no images (no image processor)")
         if self.fixed_shape and self.token_budget is None:
             problems.append(f"fixed_shape needs token_budget (a multiple of the capacity {self.capacity})")
         if self.balance not in BALANCE_MODES:

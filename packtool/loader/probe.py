@@ -173,10 +173,25 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "qwen2_vl",
-            "Qwen2-VL, text only (mRoPE)",
+            "Qwen2-VL (mRoPE; images: below)",
             "qwen2_vl",
             _MROPE,
             positions_verdict="leak",
+            gpu_route="[4, 1, T] position_ids (model_inputs); flash reads cu_seq_lens",
+        ),
+        Family(
+            "qwen2_5_vl",
+            "Qwen2.5-VL (mRoPE; images: below)",
+            "qwen2_5_vl",
+            _MROPE,
+            positions_verdict="leak",
+            gpu_route="[4, 1, T] position_ids (model_inputs); flash reads cu_seq_lens",
+        ),
+        Family(
+            "qwen3_vl",
+            "Qwen3-VL (interleaved mRoPE; images: below)",
+            "qwen3_vl",
+            _MROPE,  # 2-D position_ids become its text row too: text alone stays apart, images need model_inputs
             gpu_route="[4, 1, T] position_ids (model_inputs); flash reads cu_seq_lens",
         ),
         Family(
@@ -326,7 +341,27 @@ TINY_SIZES: dict[str, int] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-TINY_VISION = MappingProxyType({"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2})
+# Two vision blocks (Qwen2.5-VL: one windowed, one full; Qwen3-VL: one feeding its deepstack), 8-dim heads, the
+# output as wide as the tiny text model; Qwen2-VL names its width embed_dim and its output hidden_size.
+_VISION_BLOCKS: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+}
+TINY_VISIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "qwen2_vl": {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
+        "qwen2_5_vl": {**_VISION_BLOCKS, "fullatt_block_indexes": [1], "window_size": 56},
+        "qwen3_vl": {**_VISION_BLOCKS, "deepstack_visual_indexes": [0], "num_position_embeddings": 64},
+    }
+)
+TINY_VISION = TINY_VISIONS["qwen2_vl"]  # another model type's vision tower: its own keys where they match
+# The image and vision marker tokens inside the tiny vocabulary (the released ids are past it).
+TINY_IMAGE_TOKENS = MappingProxyType(
+    {"image_token_id": 124, "video_token_id": 125, "vision_start_token_id": 126, "vision_end_token_id": 127}
+)
 
 
 def _fewer_heads(kv_heads: Any, query_heads: Any) -> int:
@@ -465,7 +500,8 @@ def family_config(family: Family) -> Any:
     text = base.get("text_config", base)
     tiny = shrink({**text, **family.settings})
     if "text_config" in base:
-        return AutoConfig.for_model(family.model_type, text_config=tiny, vision_config=dict(TINY_VISION))
+        vision = dict(TINY_VISIONS.get(family.model_type, TINY_VISION))
+        return AutoConfig.for_model(family.model_type, text_config=tiny, vision_config=vision, **TINY_IMAGE_TOKENS)
     return AutoConfig.for_model(family.model_type, **{k: v for k, v in tiny.items() if k != "model_type"})
 
 
@@ -644,7 +680,9 @@ def _shrunk(config: Any) -> Any:
     settings = config.to_dict()
     if "text_config" in settings:
         settings["text_config"] = shrink(settings["text_config"])
-        settings["vision_config"] = {**settings.get("vision_config", {}), **TINY_VISION}
+        tiny_vision = TINY_VISIONS.get(settings.get("model_type", ""), TINY_VISION)
+        settings["vision_config"] = {**settings.get("vision_config", {}), **tiny_vision}
+        settings.update(TINY_IMAGE_TOKENS)
     else:
         settings = shrink(settings)
     return AutoConfig.for_model(settings.pop("model_type"), **settings)
@@ -1082,6 +1120,18 @@ def _first_recurrent(kinds: Sequence[str]) -> str:
     return next((k for k in kinds if k in RECURRENT_KINDS), kinds[0] if kinds else "attention")
 
 
+def reads_images(model: Any) -> bool:
+    """A Qwen-VL model: a vision tower fed pixel_values and image_grid_thw, mRoPE positions from get_rope_index."""
+    inner = getattr(model, "model", None)
+    return hasattr(inner, "visual") and hasattr(inner, "get_rope_index") and hasattr(model.config, "image_token_id")
+
+
+def image_row(model: Any) -> ProbeRow:
+    from packtool.loader.vision_probe import image_row as checked  # it builds on this module
+
+    return checked(model)
+
+
 def probe(
     model: str,
     *,
@@ -1121,6 +1171,8 @@ def probe(
         tried = [run_checks(built, mb, feed) for feed in feeds]
         if fallback and any(row.failed for row in tried):
             tried.append(run_checks(built, mb, "one_document_per_row"))
+        if "model_inputs" in feeds and reads_images(built):  # a vision-language model: packed image documents too
+            tried.append(image_row(built))
         rows.extend(tried)
         del built
     weights_kind = "real" if weights else "tiny random"
@@ -1144,10 +1196,12 @@ def format_probe(report: ProbeReport) -> str:
         f"layers: {', '.join(dict.fromkeys(report.layer_kinds))}"
     )
     lines = [head, *(f"note: {note}" for note in report.notes)]
-    lines.append(f"{'backend':<18} {'feed':<21} " + " ".join(f"{c:>15}" for c in CHECKS) + "  verdict")
+    # the text checks, then any other rows' own (a vision-language model's image checks)
+    columns = list(dict.fromkeys([*CHECKS, *(c.check for row in report.rows for c in row.checks)]))
+    lines.append(f"{'backend':<18} {'feed':<21} " + " ".join(f"{c:>15}" for c in columns) + "  verdict")
     for row in report.rows:
         cells = {c.check: f"{c.worst:.1e}{'' if c.ok else '!'}" for c in row.checks}
-        shown = " ".join(f"{cells.get(c, '-'):>15}" for c in CHECKS)
+        shown = " ".join(f"{cells.get(c, '-'):>15}" for c in columns)
         verdict = row.status.upper() + (f": {row.detail}" if row.detail else "")
         lines.append(f"{row.backend:<18} {row.feed:<21} {shown}  {verdict}")
     if report.verdict == "could not run":

@@ -389,3 +389,9 @@ def test_a_trainer_trains_a_vision_build(vision_build, tmp_path):
     assert len(fed) == 2 and sum(fed) > 0
     with pytest.raises(DatasetError, match="TRL's padding-free collator drops"):
         sft_example(next(iter(PackedDataset(vision_build))))
+
+
+def test_an_image_root_for_a_build_without_images_is_refused(make_build, tmp_path):
+    path, _ = make_build(n_packs=4)
+    with pytest.raises(DatasetError, match=r"image_root .* holds no images"):
+        PackedDataset(path, image_root=tmp_path)

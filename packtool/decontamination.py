@@ -163,7 +163,7 @@ class ReferenceIndex:
 _Q = 0x9E3779B97F4A7C15
 _Q_INVERSE = pow(_Q, -1, 1 << 64)
 _LENGTH_SALT = 0xD6E8FEB86659FD93  # a run's hash also depends on its length (a run of 3 != of 4)
-# The bit filter: about 16 bits per indexed run, up to 2**27 bits (16 MB, beside the 80 MB of 10M windows).
+# A bit filter: about 16 bits per hash, up to 2**27 bits (16 MB, beside the 80 MB of 10M windows).
 _FILTER_BITS_PER_HASH = 16
 _MIN_FILTER_BITS, _MAX_FILTER_BITS = 10, 27
 # A table's buckets: about 2-4 hashes per value of their top bits (10M hashes: 2**22 buckets, 16 MB of offsets).
@@ -267,13 +267,13 @@ _CHUNK_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(9)], np.uint64)
 
 
 def _word_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The hash of each word data[start : start + length]: its length (up to 255, a word longer has more chunks),
-    then each 8-byte chunk (little-endian, the bytes past its end masked off) mixed in turn."""
+    """The hash of each word data[start : start + length]: each 8-byte chunk (little-endian, the bytes past the
+    word's end masked off) mixed in turn. A word has no zero byte (`fold` makes it a space), so its first chunk
+    is its length too: two words of up to 8 bytes never share a hash, longer ones by chance (2**-64)."""
     # the 8 bytes from every offset as one little-endian uint64, an unaligned view of `data` (2.3x a gather of
     # 8-byte rows)
     chunks = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
-    seeds = _LENGTH_SEEDS[np.minimum(lengths, len(_LENGTH_SEEDS) - 1)]
-    hashes = _mix(seeds ^ (chunks[starts] & _CHUNK_MASKS[np.minimum(lengths, 8)]))
+    hashes = _mix(chunks[starts] & _CHUNK_MASKS[np.minimum(lengths, 8)])
     todo = np.flatnonzero(lengths > 8)  # the few words of more than one chunk
     offset, left = starts[todo] + 8, lengths[todo] - 8
     while todo.size:
@@ -293,9 +293,6 @@ def _mix(values: np.ndarray) -> np.ndarray:
     return values
 
 
-_LENGTH_SEEDS = _mix(np.arange(256, dtype=np.uint64))  # looked up: a mix per word cost 20% of the word hashes
-
-
 def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`hashes` sorted without repeats, each with the value of its first occurrence."""
     unique, first = np.unique(hashes, return_index=True)
@@ -304,11 +301,33 @@ def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, 
 
 # Two bits per hash, in the same 64-bit word of the filter (one cache miss): for the 12 low bits of a hash, the
 # word with bits (h & 63) and (h >> 6 & 63) set. Against 10M windows in 16 MB, 5% of the runs that are not
-# indexed pass (one bit per hash: 10%), and each that passes costs two table lookups.
+# indexed pass (one bit per hash: 10%), and each that passes costs a table lookup.
 _PAIR_MASKS = np.array([(1 << (v & 63)) | (1 << (v >> 6)) for v in range(1 << 12)], np.uint64)
 
 
-def _filter_bits(hashes: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True, eq=False)
+class _BitFilter:
+    """A blocked Bloom filter of uint64 hashes: two bits in the word their top bits pick. No false negative."""
+
+    words: np.ndarray  # uint64
+    shift: np.uint64  # 64 - log2(len(words))
+
+    @classmethod
+    def of(cls, hashes: np.ndarray) -> _BitFilter:
+        wanted = (len(hashes) * _FILTER_BITS_PER_HASH).bit_length()
+        bits = min(max(wanted, _MIN_FILTER_BITS), _MAX_FILTER_BITS) - 6  # 2**6 bits a word
+        words = np.zeros(1 << bits, np.uint64)
+        shift = np.uint64(64 - bits)
+        np.bitwise_or.at(words, (hashes >> shift).astype(np.intp), _pair_masks(hashes))
+        return cls(words, shift)
+
+    def holds(self, hashes: np.ndarray) -> np.ndarray:
+        """Whether each hash may be in the filter (bool); every hash it was built from is."""
+        wanted = _pair_masks(hashes)
+        return (self.words[(hashes >> self.shift).astype(np.intp)] & wanted) == wanted
+
+
+def _pair_masks(hashes: np.ndarray) -> np.ndarray:
     return _PAIR_MASKS[(hashes & np.uint64(4095)).astype(np.intp)]  # indexing by uint64 costs ~10x intp
 
 
@@ -356,23 +375,26 @@ class _Table:
 class EvalIndex:
     """An eval set's strings as hash tables (see the module docstring), and where each came from.
 
-    A check hashes the run of min_words words from every word of the batch and keeps those the bit filter may
-    hold: the first min_words words of some eval window or short item. Only there are the ngram-word windows
-    hashed and both tables read: one filter probe per word, where one per window and one per anchor cost two."""
+    The filters are read on runs of min_words words. A window of `ngram` words holds stride = ngram - min_words + 1
+    such runs, at consecutive words, so one of them starts at a multiple of the stride: the window filter holds
+    every run of the eval windows, and a check reads it at every stride-th word of the batch only, then looks up
+    the stride windows around each run that passes (ngram 13, min_words 6: one probe per 8 words; a probe in a
+    16 MB filter is a cache miss). A short item has fewer runs than the stride: its first run (its anchor) is
+    looked for at every word, in a filter of the anchors alone (a few hundred kB, in cache)."""
 
     ngram: int
     min_words: int
     items: tuple[EvalItem, ...]
     grams: _Table  # window hashes
     gram_items: np.ndarray  # the item of each (its first)
+    gram_filter: _BitFilter  # every run of min_words words inside an eval window
     short_anchors: _Table  # the hash of each short item's first min_words words
     short_lengths: np.ndarray  # the item's words (in the order of short_anchors)
     short_hashes: np.ndarray  # the hash of the item whole
     short_items: np.ndarray
+    short_filter: _BitFilter  # the anchors
     exact: _Table  # the hash of each string whole (>= min_words words)
     exact_items: np.ndarray
-    bit_filter: np.ndarray  # uint64 [2**(filter_bits - 6)]: two bits of each window's and anchor's first words
-    filter_bits: int
 
     @classmethod
     def build(cls, items: Iterable[tuple[EvalItem, str]], ngram: int, min_words: int) -> EvalIndex:
@@ -383,44 +405,35 @@ class EvalIndex:
         batch = _batch(texts)
         gram_starts, gram_hashes = batch.windows(ngram)
         grams, gram_items = _sorted_unique(gram_hashes, batch.piece[gram_starts])
+        lengths = np.diff(batch.first)
+        inside, runs = batch.every_run(min_words)
+        in_windows = runs[inside & (lengths[batch.piece[: len(runs)]] >= ngram)]
         whole_pieces, whole_hashes = batch.wholes(min_words)
         exact, exact_items = _sorted_unique(whole_hashes, whole_pieces)
-        lengths = np.diff(batch.first)
         short = whole_pieces[lengths[whole_pieces] < ngram]
         short_hashes, short_items = _sorted_unique(batch.runs(batch.first[short], lengths[short]), short)
         anchors = batch.runs(batch.first[short_items], min_words)
         order = np.argsort(anchors, kind="stable")
-        every = np.concatenate([batch.runs(gram_starts, min_words), anchors])
-        wanted = (len(every) * _FILTER_BITS_PER_HASH).bit_length()
-        bits = min(max(wanted, _MIN_FILTER_BITS), _MAX_FILTER_BITS)
-        bit_filter = np.zeros(1 << (bits - 6), np.uint64)
-        np.bitwise_or.at(bit_filter, (every >> np.uint64(70 - bits)).astype(np.intp), _filter_bits(every))
         return cls(
             ngram,
             min_words,
             tuple(listed),
             _Table.of(grams),
             gram_items.astype(np.int64),
+            _BitFilter.of(in_windows),
             _Table.of(anchors[order]),
             lengths[short_items][order],
             short_hashes[order],
             short_items[order].astype(np.int64),
+            _BitFilter.of(anchors),
             _Table.of(exact),
             exact_items.astype(np.int64),
-            bit_filter,
-            bits,
         )
 
     @property
     def sizes(self) -> dict[str, int]:
         """How much the index holds: eval strings, distinct windows, short items and whole strings."""
         return {"strings": len(self.items), "ngrams": len(self.grams), "short": len(self.short_hashes)}
-
-    def _maybe(self, hashes: np.ndarray, inside: np.ndarray) -> np.ndarray:
-        """Positions of the `inside` hashes whose bit is set in the filter (every indexed run's is)."""
-        wanted = _filter_bits(hashes)
-        held = self.bit_filter[(hashes >> np.uint64(70 - self.filter_bits)).astype(np.intp)] & wanted
-        return np.flatnonzero(inside & (held == wanted))
 
     def check(self, samples: Sequence[Sample]) -> list[Finding | None]:
         """Each sample's first overlap (a target one before a prompt one; exact, then ngram, then short), or None."""
@@ -437,14 +450,15 @@ class EvalIndex:
         at, place = self.exact.find(whole_hashes)
         for p, i in zip(whole_pieces[at].tolist(), place.tolist()):
             hits.append((p, 0, int(batch.first[p + 1] - batch.first[p]), "exact", int(self.exact_items[i])))
-        inside, anchors = batch.every_run(self.min_words)
-        maybe = self._maybe(anchors, inside)
-        starts = maybe[maybe + self.ngram <= batch.first[batch.piece[maybe] + 1]]  # a window fits in the piece
+        inside, runs = batch.every_run(self.min_words)
+        starts = self._window_starts(batch, inside, runs)
         at, place = self.grams.find(batch.runs(starts, self.ngram))
         for start, i in zip(starts[at].tolist(), place.tolist()):
             p = int(batch.piece[start])
             hits.append((p, start - int(batch.first[p]), self.ngram, "ngram", int(self.gram_items[i])))
-        hits += self._short_hits(batch, maybe, anchors[maybe])
+        if len(self.short_anchors):
+            maybe = np.flatnonzero(inside & self.short_filter.holds(runs))
+            hits += self._short_hits(batch, maybe, runs[maybe])
         found: list[list[Finding]] = [[] for _ in samples]
         folded: dict[int, list[str]] = {}
         for p, start, length, rule, item in hits:
@@ -453,6 +467,16 @@ class EvalIndex:
             group = bisect.bisect_right(ends, p)  # 2 * sample, + 1 in its targets
             found[group // 2].append(Finding(self.items[item], ("prompt", "target")[group % 2], rule, overlap))
         return [_first(f) if f else None for f in found]
+
+    def _window_starts(self, batch: _Batch, inside: np.ndarray, runs: np.ndarray) -> np.ndarray:
+        """The starts, increasing, of the windows inside one piece that may be eval windows: the stride windows
+        that hold a stride-th run passing the window filter."""
+        stride = self.ngram - self.min_words + 1
+        probed = np.arange(stride - 1, len(runs), stride)
+        probed = probed[inside[probed] & self.gram_filter.holds(runs[probed])]
+        starts = (probed[:, None] + np.arange(1 - stride, 1)).ravel()  # each window holds one probed run
+        starts = starts[starts <= len(batch.piece) - self.ngram]
+        return starts[batch.piece[starts] == batch.piece[starts + self.ngram - 1]]
 
     def _short_hits(
         self, batch: _Batch, starts: np.ndarray, anchors: np.ndarray

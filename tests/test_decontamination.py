@@ -144,6 +144,28 @@ def test_a_table_finds_what_a_binary_search_finds(held, others):
     assert place.tolist() == first[at].tolist()
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    ngram=st.integers(2, 9),
+    min_words=st.integers(1, 9),
+    start=st.integers(0, 31),
+    before=st.integers(0, 20),
+    lead=st.integers(0, 20),
+)
+def test_every_eval_window_is_found_wherever_it_sits_in_the_batch(ngram, min_words, start, before, lead):
+    """The window filter is read at every stride-th word of the batch only: a copied window is found at any
+    word of any piece (`lead` words in an earlier sample shift it in the batch, `before` within its piece)."""
+    min_words = min(min_words, ngram)
+    answer = [f"answer{i}" for i in range(40)]
+    copied = answer[start : start + ngram]
+    piece = " ".join([f"filler{i}" for i in range(before)] + copied + ["filler", "end"])
+    index = EvalIndex.build([(_item(1), " ".join(answer))], ngram, min_words)
+    lead_sample = ([" ".join(f"lead{i}" for i in range(lead))], [])
+    found = index.check([lead_sample, (["A question?"], [piece])])
+    assert found[0] is None
+    assert found[1] == Finding(_item(1), "target", "ngram", " ".join(copied))
+
+
 def test_an_empty_index_and_empty_samples():
     index = EvalIndex.build([], 13, 6)
     assert index.check([([], []), ([""], ["   "])]) == [None, None]

@@ -227,6 +227,11 @@ def one_document_per_row(mb: MicroBatch, model: Any = None) -> dict[str, Any]:
     Right padding never reaches a real token (causal attention, left-to-right recurrence) and its
     labels are -100, so the targets, and the number the loss divides by, are those of the packed row.
     """
+    if mb.vision_inputs() or mb.mrope_position_ids is not None:
+        raise DatasetError(
+            "one document per row has no place for a vision build's images and mRoPE positions: feed "
+            "model_inputs(mb, model), which keeps a Qwen-VL model's packed documents apart (docs/isolation.md)"
+        )
     bounds = mb.cu_seqlens.tolist()
     lengths = [hi - lo for lo, hi in itertools.pairwise(bounds)]
     rows, width = len(lengths), max(lengths)

@@ -73,6 +73,8 @@ def context_parallel_slice(mb: MicroBatch, cp_size: int, cp_rank: int, *, pad_id
         raise ValueError(
             f"context_parallel_slice takes a flattened micro-batch [1, T], got {tuple(mb.input_ids.shape)}"
         )
+    if mb.vision_inputs() or mb.mrope_position_ids is not None:
+        raise ValueError("context_parallel_slice does not split a vision build's images or mRoPE positions")
     ids = mb.input_ids[0].cpu().numpy()
     labels = mb.labels[0].cpu().numpy()
     cu = mb.cu_seqlens.cpu().numpy().astype(np.int64)

@@ -395,3 +395,16 @@ def test_an_image_root_for_a_build_without_images_is_refused(make_build, tmp_pat
     path, _ = make_build(n_packs=4)
     with pytest.raises(DatasetError, match=r"image_root .* holds no images"):
         PackedDataset(path, image_root=tmp_path)
+
+
+def test_ways_that_would_drop_the_images_are_refused(vision_build):
+    """One document per row and context-parallel slices have no place for images: one line, not a pack trained
+    with its image tokens read as text."""
+    from packtool.loader import context_parallel_slice
+    from packtool.loader.boundaries import one_document_per_row
+
+    mb = _micro_batches(vision_build, "packed_batches")[0]
+    with pytest.raises(DatasetError, match="one document per row has no place for a vision build's images"):
+        one_document_per_row(mb)
+    with pytest.raises(ValueError, match="does not split a vision build's images"):
+        context_parallel_slice(mb, 2, 0)

@@ -1,0 +1,52 @@
+"""configs/quickstart-vision.yaml builds with no download and verifies: its chats keep their pictures, each
+placed with the processor's grid, stored by reference or embedded, and the files it ships are what its generator
+writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from support import REPO
+
+from packtool.builder import build
+from packtool.commands.verify import verify
+from packtool.config import load_config
+from packtool.format import read_manifest
+
+CONFIG = REPO / "configs" / "quickstart-vision.yaml"
+DATA = REPO / "configs" / "quickstart_vision"
+
+
+@pytest.mark.parametrize("images", ["reference", "embed"])
+def test_the_vision_quickstart_builds_and_verifies(tmp_path, images):
+    pytest.importorskip("PIL")
+    config = load_config(CONFIG, output=str(tmp_path / "out"), overrides=[f"images={images}"])
+    built = build(config, use_cache=False)
+    out = tmp_path / "out"
+    result = verify(out)
+    assert result.ok, result.problems
+    manifest = read_manifest(out)
+    records = [json.loads(line) for line in (DATA / "chat.jsonl").read_text().splitlines()]
+    pictures = sum(
+        len(r.get("images", []))
+        + sum(1 for m in r["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
+        for r in records
+    )
+    vision = manifest.vision
+    assert built.manifest["accounting"]["pictures"]["kept"] == len(records)  # nothing rejected
+    assert vision["n_images"] == pictures and vision["images"] == images
+    assert vision["processor"]["family"] == "qwen2_vl" and vision["root"] == str(CONFIG.parent)
+    rows = pq.read_table(manifest.shards[0].file).to_pylist()
+    for row in rows:
+        for reference, digest, data in zip(row["image_refs"], row["image_sha256"], row["image_data"]):
+            assert reference.startswith("quickstart_vision/images/")
+            assert hashlib.sha256((CONFIG.parent / reference).read_bytes()).hexdigest() == digest
+            assert (data != b"") == (images == "embed")
+
+
+def test_the_shipped_pictures_are_small():
+    pictures = sorted((DATA / "images").glob("*.png"))
+    assert len(pictures) == 6 and sum(p.stat().st_size for p in pictures) < 4096

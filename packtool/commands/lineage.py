@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packtool.checks import MAX_SEED, integer_problem
 from packtool.errors import DatasetError, PacktoolError, TraceError
 
 if TYPE_CHECKING:  # the loader (torch) is imported when a trace runs, not with the CLI
@@ -152,9 +153,16 @@ def settings_from_checkpoint(folder: Path, **settings: Any) -> TraceSettings:
         trainer = read_state_file(trainer_file)
         if not isinstance(trainer, dict):
             raise TraceError(f"{trainer_file}: a Trainer's state is a JSON object, got {type(trainer).__name__}")
-        if type(trainer.get("global_step")) is int:  # not True
-            anchored["first_step"] = trainer["global_step"]
-        if type(trainer.get("train_batch_size")) is int:
+        # the anchor step: "5", 5.0 or a missing one was passed over, and the trace counted from step 0
+        step = trainer.get("global_step")
+        problem = integer_problem(step, 0, MAX_SEED, "the Trainer's step count") if step is not None else "missing"
+        if problem:
+            raise TraceError(f"{trainer_file}: global_step: {problem}; it anchors the trace's steps")
+        anchored["first_step"] = trainer["global_step"]
+        if "train_batch_size" in trainer:
+            problem = integer_problem(trainer["train_batch_size"], 1, MAX_SEED, "packs per micro-batch")
+            if problem:
+                raise TraceError(f"{trainer_file}: train_batch_size: {problem}")
             anchored["batch_size"] = trainer["train_batch_size"]
     steps_file = folder / CHECKPOINT_TRAINER
     if steps_file.is_file():

@@ -324,6 +324,30 @@ def test_a_flag_of_zero_overrides_the_state(make_build, tmp_path):
     assert result.exit_code == 1 and "cannot resume mid-epoch with a different seed 3 (now 0)" in result.output
 
 
+@pytest.mark.parametrize(
+    ("trainer", "message"),
+    [
+        ({"global_step": "6"}, r"global_step: expected an integer, got str '6'"),  # h37: once passed over: step 0
+        ({"global_step": 6.0}, r"global_step: expected an integer, got float 6.0"),
+        ({"global_step": True}, r"global_step: expected an integer, got bool True"),
+        ({}, r"global_step: missing"),
+        ({"global_step": 6, "train_batch_size": "1"}, r"train_batch_size: expected an integer, got str '1'"),
+        ({"global_step": 6, "train_batch_size": 0}, r"train_batch_size: must be between 1 and"),
+    ],
+)
+def test_a_checkpoint_whose_trainer_state_is_mistyped_is_one_line(make_build, tmp_path, trainer, message):
+    """A global_step the trace cannot read anchored the trace at step 0 instead, and traced other packs."""
+    path, _ = make_build(n_packs=40)
+    ds = PackedDataset(path, seed=3)
+    ds.advance(6)
+    (tmp_path / "packtool_data.json").write_text(json.dumps(ds.state_dict()))
+    (tmp_path / "trainer_state.json").write_text(json.dumps(trainer))
+    with pytest.raises(TraceError, match=f"trainer_state.json: {message}"):
+        settings_from_checkpoint(tmp_path)
+    result = CliRunner().invoke(main, ["trace", str(path), "--step", "7", "--checkpoint", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output and len(result.output.splitlines()) == 1
+
+
 def test_locate_names_file_and_line(quickstart_build):
     trace = trace_step(quickstart_build, 2, TraceSettings(world_size=2, token_budget=4096), locate=True)
     samples = [s for mb in trace.micro_batches for p in mb.packs for s in p.samples]

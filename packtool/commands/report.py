@@ -3,7 +3,8 @@
 The page carries its numbers as JSON in `<script type="application/json" id="packtool-data">`
 and draws every plot from them with a small inline script (SVG, no library, no network). A browser
 that runs no script (a mail client, a locked-down viewer) shows the same numbers as static tables
-in `<noscript>`: the summary, per source, pack fill and documents per pack. The plots:
+in `<noscript>`: the summary, per source, pack fill and documents per pack; the empty plots are hidden
+there, and the JSON block at the foot is written into the page, not by the script. The plots:
 
     lengths       per source: a histogram of sample lengths with the capacity marked; before and after
                   truncation when the build recorded them (manifest `lengths`), else the packed documents
@@ -56,14 +57,16 @@ def report_data(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_report(stats: dict[str, Any], *, title: str) -> str:
-    data = json.dumps(report_data(stats), sort_keys=True)
+    numbers = report_data(stats)
+    data = json.dumps(numbers, sort_keys=True)
     # "</" would end the script element early; JSON allows the escaped slash.
     data = data.replace("</", "<\\/")
     return _PAGE.format(
         title=html.escape(title),
         version=html.escape(packtool.__version__),
         data=data,
-        tables=static_tables(report_data(stats)),
+        numbers=html.escape(json.dumps(numbers, sort_keys=True, indent=1)),
+        tables=static_tables(numbers),
         style=_STYLE,
         script=_SCRIPT,
     )
@@ -149,6 +152,7 @@ _PAGE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <title>{title}</title>
 <style>{style}</style>
+<noscript><style>#plots {{ display: none; }}</style></noscript>
 </head>
 <body>
 <h1>{title}</h1>
@@ -168,7 +172,7 @@ _PAGE = """<!DOCTYPE html>
 </section>
 <footer>packtool {version}; every number on this page is in the JSON below, taken from
 <code>packtool stats --json</code>.
-<details id="numbers"><summary>The numbers (JSON)</summary><pre></pre></details></footer>
+<details id="numbers"><summary>The numbers (JSON)</summary><pre>{numbers}</pre></details></footer>
 <script type="application/json" id="packtool-data">{data}</script>
 <script>{script}</script>
 </body>
@@ -339,7 +343,6 @@ _SCRIPT = r"""
   var sources = Object.keys(data.target_ratio).sort();
   simple("#plot-targets", sources, sources.map(function (n) { return data.target_ratio[n]; }), {height: 160});
   outcomes();
-  document.querySelector("#numbers pre").textContent = JSON.stringify(data, null, 1);
   document.body.setAttribute("data-rendered", "true");
 })();
 """

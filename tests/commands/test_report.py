@@ -83,7 +83,7 @@ def _tables(dom: str) -> dict[str, list[list[str]]]:
 @pytest.mark.parametrize("kind", ["built", "legacy"])
 def test_without_scripts_the_page_shows_its_numbers_as_tables(outputs, tmp_path, kind):
     page, data = _report(outputs[kind], tmp_path / "report.html")
-    noscript = re.search(r"<noscript>(.*?)</noscript>", page, re.S)
+    noscript = re.search(r"<noscript>(<p .*?)</noscript>", page, re.S)  # the body's, not the head's style
     assert noscript is not None
     tables = _tables(noscript.group(1))
     which = "before truncation" if kind == "built" else "as packed"
@@ -98,6 +98,10 @@ def test_without_scripts_the_page_shows_its_numbers_as_tables(outputs, tmp_path,
     assert [int(n) for _, n in fill[1:]] == data["pack_fill"]["histogram"]["counts"]
     assert sum(int(n) for _, n in tables["Documents per pack"][1:]) == data["packs"]
     assert f"{data['packs']} packs of capacity {data['capacity']}" in noscript.group(1)
+    # the JSON block is written into the page (the script filled it), and the plots left empty are hidden
+    numbers = re.search(r'<details id="numbers"><summary>The numbers \(JSON\)</summary><pre>(.*?)</pre>', page, re.S)
+    assert numbers is not None and json.loads(html.unescape(numbers.group(1))) == data
+    assert "<noscript><style>#plots { display: none; }</style></noscript>" in page
 
 
 @needs_chromium

@@ -33,7 +33,7 @@ from packtool.builder.executors import make_executor
 from packtool.builder.manifest import write_outputs, write_rejects
 from packtool.builder.mixing import quota_misses, source_quotas, unsampled_sources
 from packtool.builder.owned import check_apart, claim, locked, unlinked
-from packtool.builder.plan import make_plan, plan_key
+from packtool.builder.plan import make_plan, plan_inputs, plan_key
 from packtool.builder.plan_files import Partition, Plan, stored_plan_problem
 from packtool.builder.progress import Progress
 from packtool.builder.publish import Staging, holds_build
@@ -143,7 +143,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
         partitions = [_partition(item, cache) for item in items]
         records = reencoded(config, cache, items, results, partitions)
-        key = plan_key(config, [p.key for p in partitions])
+        key = plan_key(config, plan_inputs(config, partitions))
         if dry_run:
             # an interrupted build's staged work stays untouched; the preview's plan goes with it
             folder = staging.root / f"dry-run-{key}"

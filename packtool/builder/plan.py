@@ -90,6 +90,15 @@ def vision_plan(config: BuildConfig) -> VisionPlan | None:
     return VisionPlan(merge_size=merge_size, embed=config.images == "embed", root=str(config_folder(config)))
 
 
+def plan_inputs(config: BuildConfig, partitions: list[Partition]) -> list[str]:
+    """What the plan key holds of each partition: its encode key; in a build with an image processor its bytes'
+    sha256 too, as no encode key holds an image's content (an image changed since it was encoded has its entry
+    encoded again under the same key, and OUT is up to date only while the plan key says so)."""
+    if config.processor is None:
+        return [p.key for p in partitions]
+    return [f"{p.key}:{p.report['partition_sha256']}" for p in partitions]
+
+
 def plan_key(config: BuildConfig, partition_keys: list[str]) -> str:
     facts = {"partitions": partition_keys, "settings": plan_settings(config), "code": code_fingerprint()}
     return hashlib.sha256(canonical_json(facts).encode()).hexdigest()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -50,3 +51,23 @@ def test_the_vision_quickstart_builds_and_verifies(tmp_path, images):
 def test_the_shipped_pictures_are_small():
     pictures = sorted((DATA / "images").glob("*.png"))
     assert len(pictures) == 6 and sum(p.stat().st_size for p in pictures) < 4096
+
+
+def test_an_image_changed_since_the_build_builds_again(tmp_path):
+    """No encode key holds an image's content: the plan key holds the re-encoded partition's bytes, so OUT is not
+    taken for up to date while one of its images changed."""
+    from PIL import Image
+
+    shutil.copytree(DATA, tmp_path / "quickstart_vision")
+    shutil.copy(CONFIG, tmp_path / CONFIG.name)
+    config = load_config(tmp_path / CONFIG.name, output=str(tmp_path / "out"))
+    build(config)
+    assert build(config).up_to_date
+    picture = tmp_path / "quickstart_vision" / "images" / "red-square.png"
+    Image.new("RGB", Image.open(picture).size, "black").save(picture)
+    rebuilt = build(config)
+    assert not rebuilt.up_to_date
+    digest = hashlib.sha256(picture.read_bytes()).hexdigest()
+    rows = pq.read_table(read_manifest(tmp_path / "out").shards[0].file).to_pylist()
+    assert digest in {sha for row in rows for sha in row["image_sha256"]}
+    assert verify(tmp_path / "out").ok

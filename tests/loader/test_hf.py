@@ -314,3 +314,41 @@ def test_a_model_whose_logits_are_more_than_its_head_gets_its_own_loss(make_buil
     assert plain.loss == "chunked"
     with pytest.raises(Exception, match=r"loss='logits': one of 'chunked', 'model'"):
         PackedTrainer(model=tiny_qwen3(128), args=args, train_dataset=trainer_dataset(path, args), loss="logits")
+
+
+def test_the_chunked_loss_trains_as_the_model_s_own(quickstart_build, tmp_path):
+    """The trainers' loss beside its reference, transformers' own: three steps of two accumulated
+    micro-batches (the window's targets over num_items_in_batch) log the same losses and leave the
+    same weights with loss="chunked" as with loss="model"."""
+    import torch
+    import transformers
+
+    from packtool.format import read_manifest
+    from packtool.loader.hf import PackedTrainer, trainer_dataset
+
+    runs = {}
+    for loss in ("chunked", "model"):
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / loss),
+            max_steps=3,
+            per_device_train_batch_size=1,
+            gradient_accumulation_steps=2,
+            optim="sgd",  # Adam's g / sqrt(v) turns float noise on a near-zero gradient into a whole step
+            learning_rate=1.0,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        model = tiny_qwen3(read_manifest(quickstart_build).vocab_size)
+        dataset = trainer_dataset(quickstart_build, args)
+        trainer = PackedTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+        trainer.train()
+        assert trainer.loss == loss
+        losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+        runs[loss] = (losses, {k: v.detach().clone() for k, v in model.named_parameters()})
+    assert len(runs["chunked"][0]) == 3
+    assert runs["chunked"][0] == pytest.approx(runs["model"][0], abs=1e-5)
+    for name, weight in runs["model"][1].items():
+        torch.testing.assert_close(runs["chunked"][1][name], weight, rtol=1e-4, atol=1e-5, msg=name)

@@ -215,7 +215,8 @@ class ImageSource:
         try:
             picture = Image.open(io.BytesIO(data))
             picture.load()
-            return ImageOps.exif_transpose(picture)
+            ImageOps.exif_transpose(picture, in_place=True)  # upright, as load_image; without a copy of the pixels
+            return picture
         except (OSError, ValueError, Image.DecompressionBombError) as err:
             raise DatasetError(f"{name}: cannot be decoded ({one_line(err)})") from None
 

@@ -189,6 +189,29 @@ def test_relative_sources_beside_an_absolute_tokenizer_are_found_where_they_are(
     assert json.loads(_find(str(inside), f"{data}:2", "--json"))["origins"][0]["status"] == "matches"
 
 
+def test_a_config_of_hub_ids_is_read_from_the_cache_wherever_it_was(tmp_path, tmp_path_factory, monkeypatch):
+    """A dataset and a tokenizer named ORG/NAME are relative paths no folder holds: the hub cache does."""
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for kind, repo, files in (
+        ("datasets", "org--docs", {"train.jsonl": "".join(f'{{"text": "document {i}"}}\n' for i in range(3))}),
+        ("models", "org--tok", {n: (QUICKSTART / "tokenizer" / n).read_text() for n in ("tokenizer.json",)}),
+    ):
+        (cache / f"{kind}--{repo}" / "refs").mkdir(parents=True)
+        (cache / f"{kind}--{repo}" / "refs" / "main").write_text("0" * 40)
+        for name, text in files.items():
+            (cache / f"{kind}--{repo}" / "snapshots" / ("0" * 40) / name).parent.mkdir(parents=True, exist_ok=True)
+            (cache / f"{kind}--{repo}" / "snapshots" / ("0" * 40) / name).write_text(text)
+    config = tmp_path / "config.yaml"
+    config.write_text("sources: [{name: t, path: org/docs, format: text}]\ntokenizer: org/tok\ncapacity: 64\n")
+    out = tmp_path_factory.mktemp("elsewhere") / "out"
+    built = CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(out)])
+    assert built.exit_code == 0, built.output
+    monkeypatch.chdir(tmp_path_factory.mktemp("anywhere"))
+    trace = json.loads(_find(str(out), "t:org/docs/train.jsonl:2", "--json"))
+    assert [o["status"] for o in trace["origins"]] == ["matches"], trace
+
+
 def test_a_config_folder_is_where_every_relative_source_is(tmp_path):
     (tmp_path / "a" / "data").mkdir(parents=True)
     (tmp_path / "a" / "data" / "x.jsonl").write_text("{}")

@@ -1183,10 +1183,24 @@ def probe(
 def load_real(model: str, backend: str) -> Any:
     if model in FAMILIES:
         raise ProbeError(f"--weights needs a model folder or a cached hub id, not the family name {model!r}")
+    if Path(model).is_file():  # transformers would read config.json itself as the weights (torch.load)
+        raise ProbeError(f"--weights {model}: a file; give the model folder that holds it and the weights")
     config = read_config(model)
-    loaded = _model_class(config).from_pretrained(
-        model, config=config, attn_implementation=backend, local_files_only=True, dtype="auto", trust_remote_code=False
-    )
+    try:
+        loaded = _model_class(config).from_pretrained(
+            model,
+            config=config,
+            attn_implementation=backend,
+            local_files_only=True,
+            dtype="auto",
+            trust_remote_code=False,
+        )
+    except (ValueError, ImportError, OSError):
+        raise  # the backend cannot run this model, or no weights are there: the backend's row says so
+    except Exception as err:  # a weights file cut short or not what its name says (safetensors, pickle)
+        raise ProbeError(
+            f"{model}: its weights could not be read ({_short(err)}); check or download them again"
+        ) from None
     return loaded.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 

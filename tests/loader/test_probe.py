@@ -160,6 +160,25 @@ def test_cli_probe_with_real_weights_from_a_folder(tmp_path):
     assert "(real weights, float32)" in result.output
 
 
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ("model.safetensors", r"model: its weights could not be read \(SafetensorError"),
+        ("pytorch_model.bin", r"model: its weights could not be read \(UnpicklingError"),
+        (None, r"--weights .*config\.json: a file; give the model folder that holds it and the weights"),
+    ],
+)
+def test_weights_that_cannot_be_read_are_one_line(tmp_path, weights, message):
+    """h37: a weights file cut short, or config.json given to --weights (read as the weights), was a traceback."""
+    config = write_config(tmp_path / "model", "llama")
+    if weights is not None:
+        (config.parent / weights).write_bytes(b"garbage")
+    model = str(config.parent if weights else config)
+    result = CliRunner().invoke(main, ["audit", "--probe", model, "--weights", "--backend", "eager"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert re.search(message, result.output) and len(result.output.strip().splitlines()) == 1
+
+
 def test_an_unknown_model_is_one_line():
     result = CliRunner().invoke(main, ["audit", "--probe", "no-such-org/no-such-model"])
     assert result.exit_code == 1

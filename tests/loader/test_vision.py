@@ -68,7 +68,10 @@ class Document:
     files: list[tuple[str, bytes, bool]]  # (name, bytes, embedded in the shard)
 
     def pictures(self) -> list:
-        return [Image.open(io.BytesIO(data)) for _, data, _ in self.files]
+        """Upright, as transformers' load_image hands a file to the processor (the build plans them so)."""
+        from PIL import ImageOps
+
+        return [ImageOps.exif_transpose(Image.open(io.BytesIO(data))) for _, data, _ in self.files]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,8 @@ def processor():
 
 
 def random_documents(rng: random.Random, n: int) -> list[Document]:
-    """Conversations with 0-3 pictures each (PNG or JPEG, random sides; some stored in the shard)."""
+    """Conversations with 0-3 pictures each (PNG or JPEG, random sides, some turned by EXIF; some stored in the
+    shard)."""
     documents = []
     for d in range(n):
         files = []
@@ -88,7 +92,9 @@ def random_documents(rng: random.Random, n: int) -> list[Document]:
             )
             kind = rng.choice(["PNG", "JPEG"])
             buffer = io.BytesIO()
-            Image.fromarray(pixels.astype(np.uint8)).save(buffer, kind)
+            exif = Image.Exif()
+            exif[0x0112] = rng.choice([1, 6, 8])  # orientation: upright or turned a quarter either way
+            Image.fromarray(pixels.astype(np.uint8)).save(buffer, kind, exif=exif)
             files.append((f"pictures/{d}-{i}.{kind.lower()}", buffer.getvalue(), rng.random() < 0.3))
         question = "".join(IMAGE + rng.choice(["What is this?", "\n", "and"]) for _ in files) + f"Question {d}."
         text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\nAnswer {d}.<|im_end|>\n"

@@ -269,7 +269,8 @@ def cache_command(action: str, folder: Path | None) -> None:
         packtool cache list out/quickstart
         packtool cache clear out/.packtool-cache
     """
-    from packtool.builder.cache import CACHE_DIR, TokenCache
+    from packtool.builder.cache import CACHE_DIR, CACHE_KIND, TokenCache
+    from packtool.builder.owned import is_marked
 
     if folder is None:
         folder = Path("out") / CACHE_DIR
@@ -283,14 +284,21 @@ def cache_command(action: str, folder: Path | None) -> None:
             raise _fail(error) from None
         click.echo(f"cleared {folder}: {freed:,} bytes freed")
         return
+    if folder.exists() and not is_marked(folder, CACHE_KIND):  # a mistyped folder read as an empty cache
+        raise click.ClickException(f"{folder} is not a packtool cache (no packtool-owned.json marking it as one)")
     entries = store.entries()
     for entry in entries:
+        shown = "damaged: a build encodes it again" if entry["damaged"] else f"{entry['samples']:>9,} samples  "
         click.echo(
-            f"{entry['key'][:12]}  {entry['bytes']:>12,} B  {entry['samples']:>9,} samples  "
-            f"{entry['source']}  {entry['file']}"
+            f"{entry['key'][:12]}  {entry['bytes']:>12,} B  {shown}"
+            + ("" if entry["damaged"] else f"{entry['source']}  {entry['file']}")
         )
     total = sum(e["bytes"] for e in entries)
-    click.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {total:,} bytes in {folder}")
+    damaged = sum(e["damaged"] for e in entries)
+    click.echo(
+        f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {total:,} bytes in {folder}"
+        + (f" ({damaged} damaged: a build encodes them again)" if damaged else "")
+    )
 
 
 @main.command(name="inspect")

@@ -92,3 +92,21 @@ def test_a_quota_on_a_source_its_filter_empties_is_a_warning_and_fails_strict(tw
     assert "warning: quota 'b' missed: realized 0 of 1,000 target_tokens" in result.output
     strict = _build(config, "--strict")
     assert strict.exit_code == 1 and "Traceback" not in strict.output
+
+
+def test_cache_list_counts_damaged_entries_and_refuses_a_folder_that_is_no_cache(two_sources, tmp_path):
+    """A report edited to `"samples": "many"` was a traceback; one cut short, or a list, was left out of the
+    listing without a word; a folder that is no cache listed as an empty one."""
+    cache = tmp_path / "cache"
+    assert CliRunner().invoke(main, ["build", two_sources(), "-q", "--cache", str(cache)]).exit_code == 0
+    reports = sorted((cache / "tokens").glob("*/*.json"))
+    reports[0].write_text('{"samples": "many"}')
+    reports[1].write_text("[1]")
+    listing = CliRunner().invoke(main, ["cache", "list", str(cache)])
+    assert listing.exit_code == 0 and "Traceback" not in listing.output, listing.output
+    lines = listing.output.splitlines()
+    assert sum("damaged: a build encodes it again" in line for line in lines) == 2
+    assert lines[-1].startswith("2 entries,") and lines[-1].endswith("(2 damaged: a build encodes them again)")
+    (tmp_path / "mine").mkdir()
+    refused = CliRunner().invoke(main, ["cache", "list", str(tmp_path / "mine")])
+    assert refused.exit_code == 1 and "is not a packtool cache" in refused.output

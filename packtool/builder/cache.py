@@ -181,14 +181,17 @@ class TokenCache:
         return record if isinstance(record, dict) and record.get("entry_sha256") == entry_digest(record) else None
 
     def entries(self) -> list[dict[str, Any]]:
-        """Every complete entry: key, source, file, samples and bytes on disk."""
+        """Every entry on disk: key, source, file, samples and bytes; `damaged` when its report is unreadable, its
+        partition missing or the report not sealed for its key (a build encodes it again; `clear` removes it).
+        Partitions are not hashed, so a listing stays quick on a large cache."""
         found = []
-        for report_path in sorted((self.root / "tokens").glob("*/*.json")):
-            key = report_path.stem
+        tokens = self.root / "tokens"
+        for key in sorted({p.stem for p in tokens.glob("*/*") if p.suffix in (".json", ".arrow")}):
             report = self.load_report(key)
-            if report is None:
+            size = sum(p.stat().st_size for p in (self.report(key), self.partition(key)) if p.is_file())
+            if report is None or report.get("key") != key or report.get("entry_sha256") != entry_digest(report):
+                found.append({"key": key, "bytes": size, "damaged": True})
                 continue
-            size = report_path.stat().st_size + self.partition(key).stat().st_size
             found.append(
                 {
                     "key": key,
@@ -196,6 +199,7 @@ class TokenCache:
                     "file": report.get("file"),
                     "samples": report.get("samples"),
                     "bytes": size,
+                    "damaged": False,
                 }
             )
         return found

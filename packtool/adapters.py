@@ -30,13 +30,11 @@ from packtool.vision.inputs import IMAGE_PARTS, PLACEHOLDER, message_images, pla
 Parsed = Example | PreferencePair | CompletionGroup
 Adapter = Callable[[dict, SourceConfig, str, str], Parsed]
 
-# Media a record can carry (LLaMA-Factory's `images` / `videos` lists, content parts of these types). A
-# record whose media are not built (videos; images without `processor:`, or in a format other than
+# Media a record can carry: LLaMA-Factory's `images` / `videos` lists, image parts (IMAGE_PARTS) and video
+# parts. A record whose media are not built (videos; images without `processor:`, or in a format other than
 # IMAGE_FORMATS) is an `images_not_supported` reject, never text with its pictures dropped and `<image>`
 # trained as words (docs/vision.md).
-MEDIA_COLUMNS = ("images", "videos")
 VIDEO_PARTS = frozenset({"video", "video_url"})
-MEDIA_PARTS = IMAGE_PARTS | VIDEO_PARTS
 # The formats whose records keep their images when the build has a processor.
 IMAGE_FORMATS = frozenset({"messages", "sharegpt", "alpaca"})
 NO_PROCESSOR = "images are built only with `processor:` set (the model's preprocessor_config.json, docs/vision.md)"

@@ -39,8 +39,8 @@ class PlannedImage:
 @dataclass
 class ImageReader:
     """The facts of the images one work item's records name: a file is read once however many records name
-    it, and again only when its stat (device, inode, size, times) says it changed. A failure is kept too, so
-    a missing file named a thousand times is looked for once per change."""
+    it, and again only when its stat (device, inode, size, times) says it changed. A file that is there but
+    cannot be used (damaged, too large) keeps its reject the same way; a missing one is looked for each time."""
 
     _known: dict[tuple, ImageFacts | RecordError] = field(default_factory=dict)
 

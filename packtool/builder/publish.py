@@ -261,8 +261,10 @@ def built_entries(folder: Path) -> set[str]:
         # the card is small and often edited by hand (on the Hub): packtool's only with the bytes it wrote
         card = manifest.get("card")
         listed += [card["file"]] if card is not None and _card_is_ours(folder / sub, card) else []
+        # the image processor's files: packtool's while processor/ holds them alone, as recorded
         vision = manifest.get("vision")
-        listed += [PROCESSOR_FOLDER] if vision is not None and _processor_is_ours(folder / sub, vision) else []
+        if vision is not None and _processor_is_ours(folder / sub, vision):
+            listed += [f"{PROCESSOR_FOLDER}/{name}" for name in vision["processor"]["files"]]
         found |= {os.path.join(sub, name) if sub else name for name in listed if isinstance(name, str) and name}
     return found
 
@@ -279,11 +281,21 @@ def user_entries(folder: Path) -> list[str]:
     for entry in sorted(folder.iterdir()):
         if entry.name in SUBFOLDERS and entry.is_dir() and not entry.is_symlink():
             found += [
-                f"{entry.name}/{inner.name}" for inner in sorted(entry.iterdir()) if _rel(inner, folder) not in ours
+                f"{entry.name}/{inner.name}" for inner in sorted(entry.iterdir()) if not _is_ours(inner, folder, ours)
             ]
-        elif entry.name not in ours:
+        elif not _is_ours(entry, folder, ours):
             found.append(entry.name)
     return found
+
+
+def _is_ours(entry: Path, folder: Path, ours: set[str]) -> bool:
+    """A file packtool wrote, or a folder of nothing else (processor/)."""
+    if _rel(entry, folder) in ours:
+        return True
+    if not entry.is_dir() or entry.is_symlink():
+        return False
+    inside = list(entry.iterdir())
+    return bool(inside) and all(_rel(inner, folder) in ours for inner in inside)
 
 
 def _card_is_ours(folder: Path, card: object) -> bool:

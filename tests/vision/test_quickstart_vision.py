@@ -71,3 +71,21 @@ def test_an_image_changed_since_the_build_builds_again(tmp_path):
     rows = pq.read_table(read_manifest(tmp_path / "out").shards[0].file).to_pylist()
     assert digest in {sha for row in rows for sha in row["image_sha256"]}
     assert verify(tmp_path / "out").ok
+
+
+def test_processor_files_are_the_builds_own(tmp_path):
+    """OUT/processor/ (and each sub-output's) is packtool's while it holds the recorded files alone: a rebuild
+    replaces it, `push` uploads its files, and a file of the user's put there makes the folder the user's."""
+    from packtool.builder.publish import user_entries
+    from packtool.commands.push import push
+
+    out = tmp_path / "out"
+    settings = ["validation={share: 0.3}"]
+    build(load_config(CONFIG, output=str(out), overrides=settings))
+    assert user_entries(out) == []
+    build(load_config(CONFIG, output=str(out), overrides=[*settings, "seed=5"]))
+    assert verify(out).ok and (out / "validation" / "processor" / "preprocessor_config.json").is_file()
+    uploaded = {name for name, _ in push(out, "someone/vision", dry_run=True).files}
+    assert {"processor/preprocessor_config.json", "validation/processor/preprocessor_config.json"} <= uploaded
+    (out / "processor" / "notes.txt").write_text("mine")
+    assert user_entries(out) == ["processor"]

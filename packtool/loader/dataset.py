@@ -80,14 +80,7 @@ from packtool.loader.schedule import (
     read_state,
     share_micro_batches,
 )
-from packtool.loader.vision import (
-    VISION_COLUMNS,
-    ImageSource,
-    PackImages,
-    VisionRows,
-    vision_schema_problem,
-    without_vision,
-)
+from packtool.loader.vision import VISION_COLUMNS, ImageSource, PackImages, VisionRows
 from packtool.seal import manifest_digest
 from packtool.shards import READ_ERRORS, SegmentColumns, footer_problem, schema_problem
 
@@ -246,7 +239,7 @@ class PackedDataset(IterableDataset):
         self._identities = {-1: _identity_of(self.manifest.folder / MANIFEST)}
         self.units = self._read_footers()
         # A vision build's images, read and preprocessed with each pack (in the workers that read it).
-        self.images = ImageSource(self.manifest, image_root) if "vision" in self.manifest.raw else None
+        self.images = None if self.manifest.vision is None else ImageSource(self.manifest, image_root)
         self.build = manifest_digest(self.manifest.raw)  # names the build in the resume state
         self._small: tuple[np.ndarray, np.ndarray] | None = None  # n_tokens, cost per pack, for planning
         self._plan: tuple[tuple[int, int], EpochOrder, EpochPlan] | None = None
@@ -283,7 +276,7 @@ class PackedDataset(IterableDataset):
                 f"token_budget {self.token_budget} < capacity {self.capacity}: packs are never split, so a micro-batch "
                 f"could not stay under the budget; set token_budget >= {self.capacity}"
             )
-        if self.image_root is not None and "vision" not in self.manifest.raw:
+        if self.image_root is not None and self.manifest.vision is None:
             problems.append(f"image_root {str(self.image_root)!r}: {self.path} holds no images (no image processor)")
         if self.fixed_shape and self.token_budget is None:
             problems.append(f"fixed_shape needs token_budget (a multiple of the capacity {self.capacity})")
@@ -407,13 +400,12 @@ class PackedDataset(IterableDataset):
         return units
 
     def _schema_problem(self, schema: pa.Schema) -> str | None:
-        """The shard schema's problem, its vision columns (present exactly when the manifest has a vision object)
-        checked apart from the text columns."""
+        """The shard schema's problem; image columns must come with the manifest's vision object, and it with them."""
         vision = "image_refs" in schema.names
-        if vision != ("vision" in self.manifest.raw):
+        if vision != (self.manifest.vision is not None):
             has = "has image columns and the manifest no" if vision else "has no image columns and the manifest a"
             return f"the shard {has} vision object: not one build; rebuild it"
-        return schema_problem(without_vision(schema)) or vision_schema_problem(schema)
+        return schema_problem(schema)
 
     def _per_pack(self) -> tuple[np.ndarray, np.ndarray]:
         """(n_tokens, sum(l_i^2)) of every pack, flat in unit order, from the small columns (read once).

@@ -39,48 +39,15 @@ import torch
 
 from packtool.arrow import list_parts
 from packtool.errors import DatasetError, one_line
-from packtool.format import Manifest, sha256_file
+from packtool.format import IMAGE_FIELDS, MROPE_FIELD, PROCESSOR_FOLDER, Manifest, sha256_file
 
-__all__ = ["VISION_FIELDS", "ImageSource", "PackImages", "place_images", "vision_schema_problem"]
+__all__ = ["VISION_COLUMNS", "ImageSource", "PackImages", "place_images"]
 
-# The per-pack columns of a vision build (docs/format.md): written only by builds that have images.
-VISION_FIELDS = pa.schema(
-    [
-        pa.field("mrope_positions", pa.list_(pa.int32())),  # 3 * n_tokens: temporal row, height row, width row
-        pa.field("image_refs", pa.list_(pa.string())),  # relative to the manifest's vision root; "" when embedded
-        pa.field("image_sha256", pa.list_(pa.string())),
-        pa.field("image_sizes", pa.list_(pa.int64())),
-        pa.field("image_grids", pa.list_(pa.int32())),  # (t, h, w) per image
-        pa.field("image_spans", pa.list_(pa.int32())),  # [start, end) per image, in the pack row
-        pa.field("image_documents", pa.list_(pa.int32())),
-        pa.field("image_data", pa.list_(pa.binary())),  # the bytes with `images: embed` or no file, else b""
-    ]
-)
-VISION_COLUMNS = tuple(VISION_FIELDS.names)
+# A vision build's per-pack columns (docs/format.md "Images"), in the order shards hold them.
+VISION_COLUMNS = (MROPE_FIELD.name, *(field.name for field in IMAGE_FIELDS))
 # Families whose images the loader preprocesses: transformers' PIL Qwen2-VL image processor serves all three.
 GRID_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-PREPROCESSOR_CONFIG = "preprocessor_config.json"
-
-
-def vision_schema_problem(schema: pa.Schema) -> str | None:
-    """Why a shard's vision columns are not those of docs/format.md (some missing, a wrong type), or None."""
-    present = [name for name in VISION_COLUMNS if name in schema.names]
-    if not present:
-        return None
-    optional = ("mrope_positions",)  # written for the mRoPE families only
-    missing = [name for name in VISION_COLUMNS if name not in present and name not in optional]
-    if missing:
-        return f"vision columns {missing} missing beside {present}: a damaged vision shard; rebuild it"
-    for name in present:
-        have, want = schema.field(name).type, VISION_FIELDS.field(name).type
-        if not have.equals(want):
-            return f"column {name!r} is {have}, the vision shard schema has {want}"
-    return None
-
-
-def without_vision(schema: pa.Schema) -> pa.Schema:
-    """The schema less its vision columns: what the text shard schema is checked against."""
-    return pa.schema([field for field in schema if field.name not in VISION_COLUMNS])
+PREPROCESSOR_CONFIG = "preprocessor_config.json"  # the file transformers builds the image processor from
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +98,12 @@ class ImageSource:
     """
 
     def __init__(self, manifest: Manifest, image_root: str | Path | None = None) -> None:
-        vision = manifest.raw.get("vision")
-        if not isinstance(vision, dict) or not isinstance(vision.get("processor"), dict):
-            raise DatasetError(
-                f"{manifest.folder}: its shards hold images but the manifest has no vision object; rebuild the output"
-            )
-        self.folder = manifest.folder / "processor"
-        self.family = vision["processor"].get("family")
-        self.files: dict[str, Any] = vision["processor"].get("files") or {}
+        vision = manifest.vision  # its fields' types checked with the manifest (format.manifest_problems)
+        if vision is None:
+            raise DatasetError(f"{manifest.folder}: the manifest has no vision object; not a build with images")
+        self.folder = manifest.folder / PROCESSOR_FOLDER
+        self.family = vision["processor"]["family"]
+        self.files: dict[str, str] = vision["processor"]["files"]
         root = image_root if image_root is not None else vision.get("root")
         self.root = None if root is None else Path(root)
         self._processor: Any = None

@@ -11,6 +11,7 @@ shards from the project's own writer (conftest.write_build) with the vision colu
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import random
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ import pytest
 from support import shared
 
 from packtool.errors import DatasetError
-from packtool.format import MANIFEST, sha256_file
+from packtool.format import IMAGE_FIELDS, MANIFEST, MROPE_FIELD, sha256_file
 from packtool.labels import cu_seqlens_from_lengths, labels_for
 from packtool.records import ROLE_CODES
 from packtool.shards import OutputPack, write_json_atomic
@@ -39,7 +40,6 @@ from transformers.processing_utils import ProcessorMixin  # noqa: E402
 
 from packtool.loader import PackedDataset, collate, packed_batches  # noqa: E402
 from packtool.loader.boundaries import model_inputs  # noqa: E402
-from packtool.loader.vision import VISION_FIELDS  # noqa: E402
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # what Qwen-VL chat templates render for one image
 # Small pictures (4-16 image tokens each) keep the [T, V] logits of a 151,936-token vocabulary small.
@@ -163,9 +163,9 @@ def write_vision_build(out: Path, root: Path, groups: list[list[Document]], proc
     for entry in manifest["shards"]:
         file = out / entry["file"]
         table = pq.read_table(file)
-        columns = {k: [v[k] for v in vision[at : at + table.num_rows]] for k in VISION_FIELDS.names}
-        for field in VISION_FIELDS:
-            table = table.append_column(field, pa.array(columns[field.name], field.type))
+        for field in [MROPE_FIELD, *IMAGE_FIELDS]:  # after the others, as a vision build writes them
+            values = [v[field.name] for v in vision[at : at + table.num_rows]]
+            table = table.append_column(field, pa.array(values, field.type))
         pq.write_table(table, file, row_group_size=2)
         entry.update(bytes=file.stat().st_size, sha256=sha256_file(file))
         at += table.num_rows
@@ -316,7 +316,8 @@ def test_a_grid_other_than_the_planned_one_is_named(vision_build):
     row = next(i for i, g in enumerate(grids) if g)
     grids[row][1] += 2  # the first image's height, in patches
     index = table.column_names.index("image_grids")
-    table = table.set_column(index, VISION_FIELDS.field("image_grids"), pa.array(grids, pa.list_(pa.int32())))
+    field = next(f for f in IMAGE_FIELDS if f.name == "image_grids")
+    table = table.set_column(index, field, pa.array(grids, field.type))
     pq.write_table(table, file, row_group_size=2)
     manifest = json.loads((vision_build / MANIFEST).read_text())
     entry = next(e for e in manifest["shards"] if e["file"] == file.name)
@@ -414,3 +415,58 @@ def test_ways_that_would_drop_the_images_are_refused(vision_build):
         one_document_per_row(mb)
     with pytest.raises(ValueError, match="does not split a vision build's images"):
         context_parallel_slice(mb, 2, 0)
+
+
+def test_the_vision_quickstart_trains_packed_as_each_document_alone(tmp_path):
+    """A real build (configs/quickstart-vision.yaml) through PackedDataset and model_inputs into a tiny random
+    Qwen2-VL: every document's logits equal those of the document alone, its pictures read from their files and
+    preprocessed by the build's image processor, its positions computed by the model itself."""
+    from PIL import ImageOps
+    from support import REPO
+
+    from packtool.builder import build
+    from packtool.config import load_config
+
+    config = load_config(REPO / "configs" / "quickstart-vision.yaml", output=str(tmp_path / "out"))
+    build(config, use_cache=False)
+    out = tmp_path / "out"
+    vision = json.loads((out / MANIFEST).read_text())["vision"]
+    processor = Qwen2VLImageProcessorPil.from_pretrained(out / "processor")
+    rows = {
+        row["pack_hash"]: row for shard in sorted(out.glob("*.parquet")) for row in pq.read_table(shard).to_pylist()
+    }
+    torch.manual_seed(0)
+    model = transformers.Qwen2VLForConditionalGeneration(
+        transformers.Qwen2VLConfig(
+            text_config={
+                "vocab_size": 4100,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]},
+            },
+            vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2},
+            image_token_id=vision["image_token_id"],
+            video_token_id=4099,
+            vision_start_token_id=4096,
+            vision_end_token_id=4098,
+        )
+    ).eval()
+    documents = 0
+    with torch.no_grad():
+        for mb in packed_batches(PackedDataset(out, shuffle=False, token_budget=config.capacity)):
+            (row,) = [rows[h] for h in mb.pack_hashes]
+            logits = model(**model_inputs(mb, model)).logits[0]
+            bounds = mb.cu_seqlens.tolist()
+            for d, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+                ids = mb.input_ids[:, lo:hi]
+                inputs = {"input_ids": ids, "mm_token_type_ids": (ids == vision["image_token_id"]).int()}
+                refs = [r for r, doc in zip(row["image_refs"], row["image_documents"], strict=True) if doc == d]
+                if refs:
+                    pictures = [ImageOps.exif_transpose(Image.open(Path(vision["root"]) / r)) for r in refs]
+                    inputs.update(processor(images=pictures, return_tensors="pt"))
+                torch.testing.assert_close(logits[lo:hi], model(**inputs).logits[0], rtol=0, atol=1e-5)
+                documents += 1
+    assert documents == 24 and vision["n_images"] == 24

@@ -4,6 +4,7 @@ is a problem naming it (commands.verify_images)."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -110,3 +111,15 @@ def test_embedded_bytes_that_do_not_hash_are_a_problem(images_placed):  # noqa: 
     rewritten(out, "image_data", lambda row: [data + b"x" for data in row["image_data"]])
     assert "its stored bytes do not hash as recorded" in problems(out)
     assert hashlib.sha256(b"").hexdigest()  # empty data would be a reference's: embed builds hold every image
+
+
+def test_a_damaged_vision_field_is_one_line(built):
+    from packtool.errors import PackFormatError
+
+    out = built / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["vision"]["images"] = "pictures"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert "vision.images must be one of reference, embed, got 'pictures'" in problems(out)
+    with pytest.raises(PackFormatError, match=r"vision\.images must be one of"):
+        read_manifest(out)

@@ -266,8 +266,8 @@ def _image_columns(segments: _Segments, starts: np.ndarray, documents: np.ndarra
     """
     pack_of = np.repeat(np.arange(len(documents) - 1), np.diff(documents))
     placed = [(s, image) for s, images in enumerate(segments.images) for image in images]
-    pack_start = starts[documents[pack_of]] if len(pack_of) else starts[:0]
-    per_pack = np.bincount([pack_of[s] for s, _ in placed], minlength=len(documents) - 1)
+    pack_start = starts[documents[pack_of]]
+    per_pack = np.bincount(np.array([pack_of[s] for s, _ in placed], dtype=np.int64), minlength=len(documents) - 1)
     offsets = np.zeros(len(documents), dtype=np.int64)
     np.cumsum(per_pack, out=offsets[1:])
     moved = [int(starts[s] - pack_start[s]) for s, _ in placed]

@@ -283,3 +283,14 @@ def test_each_pack_holds_its_documents_images_and_positions(seed):
         }
         members_here = members[layout.offsets[i + 1] : layout.offsets[i + 2]].tolist()
         assert check_pack(row) == sum(len(samples[k][1]) for k in members_here)
+
+
+def test_a_shard_without_images_has_empty_image_columns_and_plain_positions():
+    samples = [(n, ()) for n in (5, 3, 7)]
+    layout = PackPlan(members=np.arange(3), offsets=np.array([0, 2, 3]))
+    columns = _packed(FakeGather(samples, VisionPlan(2, True, "/")), layout, 0, 2)
+    images = columns.images
+    assert images is not None and images.offsets.tolist() == [0, 0, 0] and images.data == []
+    assert images.grids.shape == (0, 3) and images.spans.shape == (0, 2)
+    first = np.concatenate([np.arange(5), np.arange(3)])
+    assert images.mrope is not None and images.mrope[:24].tolist() == np.tile(first, 3).tolist()

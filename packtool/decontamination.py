@@ -17,11 +17,11 @@ contiguous run of its words, when it has at least `min_words` ("yes" or "A" woul
 
 Two implementations, one answer: `ReferenceIndex` (Python sets of word tuples, as datatrove and NeMo
 Curator match) states the rule; `EvalIndex` hashes a batch's words in numpy (each word's bytes 8 at a
-time, mixed: the same hash in every process), word runs with polynomial prefix sums over uint64, probes a
-bit filter once per word (with the run of `min_words` words from it: the first words of every window and
-short item set their bits), looks up only the runs that pass in sorted hash tables bucketed by their top
-bits, and finds what the reference finds (tests/test_decontamination.py, hypothesis). A 64-bit hash may
-collide: for 10M eval windows and 1e10 training windows, about 5e-3 false matches in all.
+time, mixed: the same hash in every process), word runs with polynomial prefix sums over uint64, reads
+bit filters on runs of `min_words` words (the window filter at every ngram - min_words + 1'th word only:
+see EvalIndex), looks up only what passes in sorted hash tables bucketed by their top bits, and finds what
+the reference finds (tests/test_decontamination.py, hypothesis). A 64-bit hash may collide: for 10M eval
+windows and 1e10 training windows, about 5e-3 false matches in all.
 """
 
 from __future__ import annotations
@@ -299,9 +299,10 @@ def _sorted_unique(hashes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, 
     return unique, values[first]
 
 
-# Two bits per hash, in the same 64-bit word of the filter (one cache miss): for the 12 low bits of a hash, the
-# word with bits (h & 63) and (h >> 6 & 63) set. Against 10M windows in 16 MB, 5% of the runs that are not
-# indexed pass (one bit per hash: 10%), and each that passes costs a table lookup.
+# Two bits per hash, in the one 64-bit word its top bits pick (one cache miss): for the 12 low bits of a hash, the
+# word with bits (h & 63) and (h >> 6 & 63) set. Against 10M windows in 16 MB, 4-5% of the runs pass (one bit
+# per hash: 10%), some of them runs that eval windows do hold; each costs `stride` table lookups. A third bit
+# (~1% in theory) measured no faster.
 _PAIR_MASKS = np.array([(1 << (v & 63)) | (1 << (v >> 6)) for v in range(1 << 12)], np.uint64)
 
 
@@ -316,19 +317,22 @@ class _BitFilter:
     def of(cls, hashes: np.ndarray) -> _BitFilter:
         wanted = (len(hashes) * _FILTER_BITS_PER_HASH).bit_length()
         bits = min(max(wanted, _MIN_FILTER_BITS), _MAX_FILTER_BITS) - 6  # 2**6 bits a word
-        words = np.zeros(1 << bits, np.uint64)
-        shift = np.uint64(64 - bits)
-        np.bitwise_or.at(words, (hashes >> shift).astype(np.intp), _pair_masks(hashes))
-        return cls(words, shift)
+        found = cls(np.zeros(1 << bits, np.uint64), np.uint64(64 - bits))
+        np.bitwise_or.at(found.words, found._word(hashes), _masks(hashes))
+        return found
 
     def holds(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each hash may be in the filter (bool); every hash it was built from is."""
-        wanted = _pair_masks(hashes)
-        return (self.words[(hashes >> self.shift).astype(np.intp)] & wanted) == wanted
+        wanted = _masks(hashes)
+        return (self.words[self._word(hashes)] & wanted) == wanted
+
+    def _word(self, hashes: np.ndarray) -> np.ndarray:
+        return (hashes >> self.shift).view(np.intp)
 
 
-def _pair_masks(hashes: np.ndarray) -> np.ndarray:
-    return _PAIR_MASKS[(hashes & np.uint64(4095)).astype(np.intp)]  # indexing by uint64 costs ~10x intp
+# Indices as views of uint64 values under 2**63: indexing by uint64 costs ~10x intp, and a view copies nothing.
+def _masks(hashes: np.ndarray) -> np.ndarray:
+    return _PAIR_MASKS[(hashes & np.uint64(4095)).view(np.intp)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -345,7 +349,7 @@ class _Table:
     def of(cls, hashes: np.ndarray) -> _Table:
         bits = max(len(hashes) // _HASHES_PER_BUCKET, 1).bit_length()
         shift = np.uint64(64 - bits)
-        counts = np.bincount((hashes >> shift).astype(np.intp), minlength=1 << bits)
+        counts = np.bincount((hashes >> shift).view(np.intp), minlength=1 << bits)
         starts = np.zeros(len(counts) + 1, np.int32)  # tables of up to 2**31 hashes
         np.cumsum(counts, out=starts[1:])
         return cls(hashes, starts, shift)
@@ -355,7 +359,7 @@ class _Table:
 
     def find(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions in `hashes` that the table holds, increasing; the place in the table of each, its first)."""
-        bucket = (hashes >> self.shift).astype(np.intp)
+        bucket = (hashes >> self.shift).view(np.intp)
         place, end = self.starts[bucket].astype(np.intp), self.starts[bucket + 1]
         found = np.full(len(hashes), -1, np.intp)
         todo = np.arange(len(hashes))

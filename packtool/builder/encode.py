@@ -38,7 +38,7 @@ from packtool.config import BuildConfig, canonical_json, config_folder
 from packtool.errors import RecordError
 from packtool.format import REJECTS
 from packtool.ranges import RowRange, rows_digest, table_rows_digest, text_prefix
-from packtool.reading import Span, sniff
+from packtool.reading import READ_ERRORS, Span, sniff
 from packtool.records import Tokenized
 from packtool.sources import read_file
 from packtool.truncate import ItemTruncation
@@ -293,8 +293,8 @@ def encode_item(item: EncodeItem) -> EncodeResult:
             records = islice(read_file(source, item.file, item.start + skip, end, span, images=images), item.stop)
             for ordinal, outcome in enumerate(outcomes(stages, source, records), start=first):
                 failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
-                if failure is not None:
-                    return EncodeResult(item.key, reused=False, failure=failure)
+                if failure is not None:  # a file rewritten under the build reads as bad records: name the change
+                    return EncodeResult(item.key, reused=False, failure=_changed_since_hashed(item) or failure)
         finally:
             writer.close()
         if span is not None and (changed := _changed_while_read(item, span)) is not None:
@@ -341,11 +341,33 @@ def _changed_while_read(item: EncodeItem, span: Span) -> str | None:
     if same:
         return None
     end = item.end if item.end is not None else item.start + (span.lines if item.unit == "bytes" else span.size)
+    return _changed_message(item, end)
+
+
+def _changed_message(item: EncodeItem, end: int | None) -> str:
     what = "lines" if item.unit == "bytes" else "rows"
+    where = f"{item.start + 1:,}-{end:,}" if end is not None else f"{item.start + 1:,} on"
     return (
-        f"{item.file}: {what} {item.start + 1:,}-{end:,} changed while the build read them (they are not what "
+        f"{item.file}: {what} {where} changed while the build read them (they are not what "
         "it hashed when it planned); nothing was published: run the build again once the file is written"
     )
+
+
+def _changed_since_hashed(item: EncodeItem) -> str | None:
+    """Whether the range's bytes or rows on disk are no longer those its key hashed, read again once a bad record
+    stops the encode early (the read's own check runs at the range's end): a file replaced under the build reads
+    as lines cut at the old offsets, and the change, not those lines, is what stops it."""
+    if item.unit is None or item.size is None:
+        return None
+    try:
+        if item.unit == "rows":
+            same = table_rows_digest(item.file, item.start, item.start + item.size) == item.content
+        else:
+            prefix = text_prefix(item.file, item.offset or 0, item.size)
+            same = prefix is not None and prefix.sha256 == item.content
+    except READ_ERRORS:
+        same = False
+    return None if same else _changed_message(item, item.end)
 
 
 def _grown_since(item: EncodeItem) -> bool:

@@ -642,7 +642,9 @@ def test_verify_names_a_row_trained_twice(data, monkeypatch):
     rows 33-36 twice, and verify names them."""
     unbounded = encode_phase.read_file
     monkeypatch.setattr(
-        encode_phase, "read_file", lambda source, file, start, end, span: unbounded(source, file, start, end)
+        encode_phase,
+        "read_file",
+        lambda source, file, start, end, span, **kw: unbounded(source, file, start, end, **kw),
     )
     monkeypatch.setattr(encode_phase, "_changed_while_read", lambda item, span: None)
     monkeypatch.setattr(encode_phase, "_holds", lambda *args: None)
@@ -713,3 +715,31 @@ def test_a_table_whose_rows_change_while_a_build_runs_stops_it_with_one_line(tmp
     with pytest.raises(PacktoolError, match=r"a\.parquet: rows 17-20 changed while the build read them"):
         build(load_config(tmp_path / "config.json", workers="1"))
     assert len(_keys(tmp_path / ".packtool-cache")) == 2  # 0-8 and 8-16, as hashed; none under 16-20's key
+
+
+@pytest.mark.parametrize(
+    ("target", "on_error"), [("grown_copy", "fail"), ("other_rows", "fail"), ("other_rows", "skip")]
+)
+def test_an_input_replaced_by_a_link_while_a_build_runs(data, monkeypatch, target, on_error):
+    """h37: the input swapped for a link to another file after its ranges were hashed. A copy holding the
+    same rows and more is a file that grew (the new rows are the next build's); a file of other rows is a
+    change under the build, one line (under on_error: fail its lines cut at the old offsets were named as a
+    parse error instead). Either way no row is trained twice and the next build is a fresh one."""
+    file = data / "data" / "a.jsonl"
+    _append(file, range(30, 33))  # the last range, 24-33, is encoded by the build below
+    elsewhere = data / "elsewhere.jsonl"
+    _write(elsewhere, range(37) if target == "grown_copy" else range(100, 133))
+
+    def swap() -> None:
+        file.unlink()
+        file.symlink_to(elsewhere)
+
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, swap)
+        if target == "grown_copy":
+            assert _build(data, "out", on_error=on_error).records.left == ("data/a.jsonl",)
+        else:
+            with pytest.raises(PacktoolError, match=r"a\.jsonl: lines 25( on|-32) changed while the build read them"):
+                _build(data, "out", on_error=on_error)
+    _build(data, "out")
+    _same_as_fresh(data)

@@ -41,6 +41,10 @@ crosses a document and positions restart per document (collate derives them from
     isolated       cu_seqlens [0, 3, 5]   labels [-100 a1 E -100 E]   positions 0 1 2 0 1
 
 Packed builds have `doc_cu_seqlens == cu_seqlens`, so the option changes nothing there.
+
+Images. A vision build's packs carry their images: each pack's are read, checked by sha256,
+preprocessed and checked against their planned grids where the pack is read (in the DataLoader
+workers when there are some), and ride in its LoadedPack / MicroBatch (`packtool.loader.vision`).
 """
 
 from __future__ import annotations

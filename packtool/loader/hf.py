@@ -6,7 +6,8 @@ What a Trainer user needs, and where it is:
                          one pack per rank per round, so every rank runs the same number of steps
     batches              `PackedCollator(model)`: the Trainer's per_device_train_batch_size packs -> one
                          flattened row with the boundaries the model's layer types read (`model_inputs`:
-                         restarting position_ids, cu_seq_lens_q/k, seq_idx, mRoPE positions; docs/isolation.md);
+                         restarting position_ids, cu_seq_lens_q/k, seq_idx, mRoPE positions, a vision build's
+                         pixel_values and image_grid_thw; docs/isolation.md);
                          `one_document_per_row=True` pads each document into its own row instead
     isolation            `train()` first runs `check_isolation` (two forwards on a short packed row through
                          the trainer's own collator) and stops with one line when the model lets one

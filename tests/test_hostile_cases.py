@@ -110,3 +110,15 @@ def test_cache_list_counts_damaged_entries_and_refuses_a_folder_that_is_no_cache
     (tmp_path / "mine").mkdir()
     refused = CliRunner().invoke(main, ["cache", "list", str(tmp_path / "mine")])
     assert refused.exit_code == 1 and "is not a packtool cache" in refused.output
+
+
+def test_a_dry_run_says_what_the_build_would_warn_of_or_fail_on(two_sources, write_jsonl):
+    """A dry run whose build would miss a quota whole, or leave a source out, exited 0 and said nothing."""
+    write_jsonl([{"text": "not a conversation"}] * 3, "b.jsonl")
+    config = two_sources({"quota": {"target_tokens": 1_000}}, on_error="skip", max_reject_share=1.0)
+    dry = _build(config, "--dry-run")
+    assert dry.exit_code == 0 and "warning: quota 'b' missed: realized 0 of 1,000 target_tokens" in dry.output
+    failed = _build(config, "--dry-run", "--set", "on_quota_miss=fail")
+    assert failed.exit_code == 1 and failed.output.startswith("Error: quota 'b' missed: realized 0 of 1,000")
+    unsampled = _build(two_sources({"path": "a.jsonl", "weight": 1e-300}), "--dry-run")
+    assert unsampled.exit_code == 0 and "warning: source 'b' kept 4 records and none reached a pack" in unsampled.output

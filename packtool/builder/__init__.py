@@ -163,7 +163,9 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 nodes,
                 tuple(repaired),
                 records,
+                quota_misses=_planned_quota_misses(config, plan.accounting),
                 render_routes=dict(routes),
+                unsampled=_unsampled(config, {"accounting": plan.accounting}),
             )
         held = holds_build(staging.output, key, config.config_hash)
         if held is not None:  # the same bytes again: keep them, write nothing
@@ -232,7 +234,17 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
 
 def _quota_misses(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, ...]:
     """One line per quota the build's shards fall short of; under on_quota_miss: fail, the build's end."""
-    missed = tuple(quota_misses(source_quotas(config), manifest["stats"]["sources"]))
+    return _judged(config, tuple(quota_misses(source_quotas(config), manifest["stats"]["sources"])))
+
+
+def _planned_quota_misses(config: BuildConfig, accounting: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """A dry run's quota misses: a plan holds no per-source amounts, but a quota whose source reaches no pack
+    is missed whole (realized 0), as the shards would show; under on_quota_miss: fail, the dry run's end."""
+    empty = {n: q for n, q in source_quotas(config).items() if not accounting.get(n, {}).get("segments")}
+    return _judged(config, tuple(quota_misses(empty, {})))
+
+
+def _judged(config: BuildConfig, missed: tuple[str, ...]) -> tuple[str, ...]:
     if missed and config.outcome.on_quota_miss == "fail":
         raise BuildError(
             "\n".join(missed) + "\nnothing was published (on_quota_miss: fail, as --strict sets); "

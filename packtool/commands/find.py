@@ -504,7 +504,8 @@ def folder_holding(patterns: list[str], candidates: list[Path]) -> Path | None:
     one matching a file; a config whose relative paths are all such datasets reads alike anywhere."""
     cached = [_in_hub_cache(pattern) for pattern in patterns]
     for candidate in candidates:
-        here = [bool(glob.glob(str(candidate / pattern), recursive=True)) for pattern in patterns]
+        # `**` as one level, the first match enough: a recursive pattern at / would walk the whole disk
+        here = [next(glob.iglob(str(candidate / pattern)), None) is not None for pattern in patterns]
         if any(here) and all(map(operator.or_, here, cached)):
             return candidate
     return candidates[0] if all(cached) else None

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -412,6 +413,17 @@ def canonical_json(value: Any) -> str:
     return _CANONICAL.encode(value)
 
 
+SCIENTIFIC_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _yaml_number(value: Any) -> str:
+    """A hint for a number in scientific notation that YAML 1.1 reads as text: it wants a dot and a signed
+    exponent, so `1e13` is the string '1e13' (1.0e+13, or the digits, is the number)."""
+    if isinstance(value, str) and SCIENTIFIC_TEXT.fullmatch(value.strip()):
+        return f" (YAML reads {value.strip()} as text: write the digits, or a dot and a signed exponent as in 1.0e+13)"
+    return ""
+
+
 class _Problems:
     """Collects problems with their YAML path so all of them are reported together."""
 
@@ -445,7 +457,7 @@ class _Problems:
         if float in kinds and isinstance(value, int):
             value = float(value)
         if not isinstance(value, kinds):
-            self.add(path, f"expected {_kind_name(kinds)}, got {type(value).__name__} {value!r}")
+            self.add(path, f"expected {_kind_name(kinds)}, got {type(value).__name__} {value!r}{_yaml_number(value)}")
             return default
         if choices is not None and value not in choices:
             self.add(

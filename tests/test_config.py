@@ -284,6 +284,16 @@ def test_overrides_and_max_samples_are_validated_like_the_file(tmp_path, write_c
         load_config(path, overrides=["sources.docs.wieght=2"])
 
 
+@pytest.mark.parametrize(
+    ("setting", "hinted"), [("capacity=1e3", True), ("sources.docs.weight=2e-1", True), ("seed=nan", False)]
+)
+def test_scientific_notation_yaml_reads_as_text_says_so(tmp_path, write_config, setting, hinted):
+    """h37: `quota: {target_tokens: 1e13}` was "expected an integer, got str '1e13'", for a number as written."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(write_config(_base(tmp_path)), overrides=[setting])
+    assert ("as text: write the digits, or a dot and a signed exponent as in 1.0e+13" in str(refused.value)) == hinted
+
+
 def test_build_takes_set_and_max_samples_on_the_command_line(tmp_path, write_config):
     raw = _base(tmp_path) | {"workers": 1}
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n" for i in range(9)))

@@ -394,7 +394,9 @@ class _Batch:
         self.targets = as_numpy(batch.column(1).values)
         self.roles = as_numpy(batch.column(2).values)
         self.kind = as_numpy(batch.column("kind"))
-        self.image_offsets = as_numpy(batch.column("images").offsets)
+        images = batch.column("images")
+        # Python ints, not numpy scalars: emit asks every row whether it has images (0.3 us a row less)
+        self.image_offsets = memoryview(images.buffers()[1]).cast("B").cast("i")[images.offset :]
 
     # Emit asks for these row by row. Each row is decoded from the mapped column when asked, never held: a
     # per-batch list (one conversion per batch) kept every id and hash of the build as a Python string in every

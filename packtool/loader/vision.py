@@ -103,9 +103,12 @@ class ImageSource:
             raise DatasetError(f"{manifest.folder}: the manifest has no vision object; not a build with images")
         self.folder = manifest.folder / PROCESSOR_FOLDER
         self.family = vision["processor"]["family"]
+        if self.family not in GRID_FAMILIES:
+            raise DatasetError(
+                f"{manifest.folder}: the loader preprocesses {', '.join(GRID_FAMILIES)} images, not {self.family}"
+            )
         self.files: dict[str, str] = vision["processor"]["files"]
-        root = image_root if image_root is not None else vision.get("root")
-        self.root = None if root is None else Path(root)
+        self.root = Path(image_root if image_root is not None else vision["root"])
         self._processor: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -122,10 +125,6 @@ class ImageSource:
         return self._processor
 
     def _build_processor(self) -> Any:
-        if self.family not in GRID_FAMILIES:
-            raise DatasetError(
-                f"{self.folder}: the loader preprocesses {', '.join(GRID_FAMILIES)} images, not {self.family}"
-            )
         if PREPROCESSOR_CONFIG not in self.files:
             raise DatasetError(f"{self.folder}: the manifest's vision.processor names no {PREPROCESSOR_CONFIG}")
         for name, recorded in self.files.items():
@@ -164,8 +163,6 @@ class ImageSource:
     def _picture(self, ref: str, data: bytes, sha256: str, name: str) -> Any:
         """One image's bytes, checked against its recorded sha256, decoded upright."""
         if not data:
-            if self.root is None:
-                raise DatasetError(f"{name}: the manifest names no image root; pass PackedDataset(image_root=...)")
             file = self.root / ref
             try:
                 data = file.read_bytes()

@@ -470,3 +470,11 @@ def test_the_vision_quickstart_trains_packed_as_each_document_alone(tmp_path):
                 torch.testing.assert_close(logits[lo:hi], model(**inputs).logits[0], rtol=0, atol=1e-5)
                 documents += 1
     assert documents == 24 and vision["n_images"] == 24
+
+
+def test_a_family_the_loader_cannot_preprocess_is_refused_when_the_dataset_is_made(vision_build):
+    manifest = json.loads((vision_build / MANIFEST).read_text())
+    manifest["vision"]["processor"]["family"] = "gemma3"
+    write_json_atomic(vision_build / MANIFEST, manifest)
+    with pytest.raises(DatasetError, match="the loader preprocesses qwen2_vl, qwen2_5_vl, qwen3_vl images, not gemma3"):
+        PackedDataset(vision_build)

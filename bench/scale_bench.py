@@ -2,6 +2,7 @@
 
     python bench/build_bench.py --scale              # the same as: python bench/scale_bench.py
     python bench/scale_bench.py --mb 200 --memory-mb 50,500 --skip-ray
+    python bench/scale_bench.py --only samples --samples 20000,1000000 --samples-workers 1,2   # issue 43's targets
 
 Input: a synthetic chat set written here (seeded, so every run reads the same bytes): JSON Lines
 files of FILE_MB each, `messages` rows of 1-3 user/assistant turns (a system prompt in one row of
@@ -368,6 +369,36 @@ def print_per_sample(small: dict, large: dict, top: int = 8) -> None:
         print(f"{phase:<9}{held:>15.0f}{peak:>15.0f}{anon:>18.0f}   {largest}")
 
 
+def sample_builds(folder: Path, samples: list[int], workers: list[str]) -> list[tuple[str, dict]]:
+    """Untraced builds of about `samples` short conversations (the trace's), each count at every `workers`."""
+    rows = []
+    for count in samples:
+        data = folder / f"chat-{count}"
+        write_chat_set(data, count * 415 / 1e6, scale=TRACE_SCALE)
+        config = write_config(folder, data, f"chat{count}")
+        for j in workers:
+            rows.append((f"{count:,} short samples, -j {j}", measured_build(config, folder / "out", j)))
+            shutil.rmtree(folder / "out", ignore_errors=True)
+        shutil.rmtree(data)
+    return rows
+
+
+def print_samples(rows: list[tuple[str, dict]], workers: list[str]) -> None:
+    """The builds, then per row its driver's RssAnon as each phase ends and, against the smallest build at the
+    same -j, the driver's peak RssAnon per sample above it and the tokens per second as a share of its."""
+    print_builds("builds of short synthetic chats (~40 tokens a sample), no cache", rows)
+    for index, (name, r) in enumerate(rows):
+        base = rows[index % len(workers)][1]
+        after = ", ".join(f"{phase} {mb:.0f}" for phase, mb in r["anon_after_mb"].items())
+        line = f"  {name}: driver RssAnon (MB) as each phase ends: {after}"
+        if r is not base:
+            more = r["samples"] - base["samples"]
+            per_sample = (r["memory_mb"]["driver_anon"] - base["memory_mb"]["driver_anon"]) * 2**20 / more
+            speed = (r["tokens"] / r["seconds"]) / (base["tokens"] / base["seconds"])
+            line += f"; peak {per_sample:.0f} B a sample above the {base['samples']:,}, tokens/s {speed:.2f}x its"
+        print(line)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=60, help="size of the synthetic chat set for the executors table")
@@ -377,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["executors", "plan", "repack", "memory", "trace"],
+        choices=["executors", "plan", "repack", "memory", "trace", "samples"],
         action="append",
         help="run only these parts",
     )
@@ -385,8 +416,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--trace-samples", default="20000,200000", help="sample counts (comma-separated) of the traced builds"
     )
+    parser.add_argument(
+        "--samples", default="20000,1000000", help="sample counts (comma-separated) of the untraced short builds"
+    )
+    parser.add_argument("--samples-workers", default="1,2", help="the -j values (comma-separated) of each count")
     args = parser.parse_args(argv)
-    parts = set(args.only or ["executors", "plan", "repack", "memory"])  # trace: only when asked
+    parts = set(args.only or ["executors", "plan", "repack", "memory"])  # trace, samples: only when asked
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     tokenizer = "Qwen2.5" if QWEN.is_dir() else "the quickstart's"
     print(
@@ -435,6 +470,11 @@ def main(argv: list[str] | None = None) -> None:
                     f"{r['packs']:,} packs, driver peak RssAnon {r['memory_mb']['driver_anon']:.0f} MB"
                 )
             print_per_sample(traced[0], traced[-1])
+        if "samples" in parts:
+            workers = args.samples_workers.split(",")
+            rows = sample_builds(folder / "samples", [int(n) for n in args.samples.split(",")], workers)
+            print()
+            print_samples(rows, workers)
         if "memory" in parts:
             sizes = [float(s) for s in args.memory_mb.split(",")]
             rows = memory_flatness(folder / "memory", sizes)

@@ -16,9 +16,11 @@ For each source the accounting adds up:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
+import sys
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -26,8 +28,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_key, source_settings
-from packtool.builder.emit import emit_item, emit_items, release
+from packtool.builder.emit import emit_item, emit_items, release, share
 from packtool.builder.encode import CachedRanges, EncodeItem, encode_item
 from packtool.builder.executors import make_executor
 from packtool.builder.manifest import write_outputs, write_rejects
@@ -53,6 +57,8 @@ from packtool.vision.processors import PROCESSOR_FILES
 # this process once two encode items have finished (emit:N likewise; plan:1 once the plan is written,
 # publish:1 once the new build is in OUT); encode:2:TERM sends SIGTERM, :INT SIGINT.
 KILL_HOOK = "PACKTOOL_TEST_KILL"
+# glibc's; absent on other C libraries (musl, macOS), where freed memory is not trimmed
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 bar.update(item.bytes)
                 _kill_hook("encode", done)
         nodes = {"encode": dict(executor.nodes)}
+        _return_freed_memory()
 
         partitions = [_partition(item, cache) for item in items]
         records = reencoded(config, cache, items, results, partitions)
@@ -196,6 +203,8 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             bar.update(1)
         _kill_hook("plan", 1)
         _check_outcome(config, plan)
+        _return_freed_memory()
+        share(plan)
 
         out = staging.out(key)
         emits = emit_items(plan, out, staging.done(key), config.shards.rows_per_shard, config.shards.row_group_rows)
@@ -211,6 +220,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 _kill_hook("emit", done)
         nodes["emit"] = dict(executor.nodes - Counter(nodes["encode"]))
     release()
+    _return_freed_memory()
 
     manifest = write_outputs(config, stages, plan, out, infos)
     missed = _quota_misses(config, manifest)
@@ -230,6 +240,17 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
         render_routes=dict(routes),
         unsampled=_unsampled(config, manifest),
     )
+
+
+def _return_freed_memory() -> None:
+    """Hand back to the system what the phase that just ended freed but its allocators kept: Arrow's pool
+    (mimalloc keeps freed pages for reuse) and glibc's heaps (numpy arrays below the mmap threshold, which
+    rises to the largest array freed). Kept, one phase's peak stays resident under the next phases' and adds
+    to theirs: at 100k short samples, `-j 1`, the driver's RssAnon at the end of encode, plan and emit went
+    93 -> 65, 110 -> 70 and 127 -> 75 MB (issue 43)."""
+    pa.default_memory_pool().release_unused()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _quota_misses(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, ...]:

@@ -80,6 +80,12 @@ def _reader(path: str) -> PartitionReader:
     return _READERS[path]
 
 
+def share(plan: Plan) -> None:
+    """Let shards written in this process (the serial executor's) gather from the plan the driver holds,
+    instead of a second copy read from plan.npz (~45 B a sample more at `-j 1`, issue 43)."""
+    _PLANS[str(plan.folder)] = plan
+
+
 def release() -> None:
     """Close what this process mapped (the driver calls it before publishing, so files can be removed)."""
     for reader in _READERS.values():

@@ -423,15 +423,15 @@ class EvalIndex:
             min_words,
             tuple(listed),
             _Table.of(grams),
-            gram_items.astype(np.int64),
+            gram_items.astype(np.int32),  # eval strings number under 2**31: 4 bytes a window, not 8
             _BitFilter.of(in_windows),
             _Table.of(anchors[order]),
             lengths[short_items][order],
             short_hashes[order],
-            short_items[order].astype(np.int64),
+            short_items[order].astype(np.int32),
             _BitFilter.of(anchors),
             _Table.of(exact),
-            exact_items.astype(np.int64),
+            exact_items.astype(np.int32),
         )
 
     @property

@@ -29,8 +29,10 @@ def _check_copies(copies: int, n: int, asked: str, source: str) -> None:
     """Refuse a plan too large to hold before any of it is allocated (a source's own samples, once each, are
     already held: a large source down-sampled or taken once is never refused)."""
     if copies > max(MAX_COPIES, n):
+        digits = str(copies)  # weight 1e308: not a line of 309 digits (nor a float, which it overflows)
+        count = f"{copies:,}" if len(digits) < 19 else f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
         raise BuildError(
-            f"source {source!r}: {asked} needs {copies:,} copies of its {n:,} samples, over the {MAX_COPIES:,} "
+            f"source {source!r}: {asked} needs {count} copies of its {n:,} samples, over the {MAX_COPIES:,} "
             "a plan holds in memory (~14 GB); lower it, or add more data to the source"
         )
 

@@ -116,6 +116,8 @@ def test_a_quota_too_large_to_plan_is_refused_before_it_is_allocated():
         quota_plan(np.array([5, 3, 4]), 10**13, seed=0, source="chat")
     with pytest.raises(BuildError, match=rf"over the {MAX_COPIES:,} a plan holds in memory"):
         repeat_plan(10, 1e12, seed=0, source="chat")  # a weight of 1e12 with mixing.by: multiplier
+    with pytest.raises(BuildError, match=r"weight 1e\+308 needs 1\.00e\+309 copies of its 10 samples"):
+        repeat_plan(10, 1e308, seed=0, source="chat")  # h37: the count was a line of 309 digits
     positions, _ = quota_plan(np.ones(10, np.int64), MAX_COPIES, seed=0)  # the limit itself is planned
     assert len(positions) == MAX_COPIES
 

@@ -89,3 +89,27 @@ def test_processor_files_are_the_builds_own(tmp_path):
     assert {"processor/preprocessor_config.json", "validation/processor/preprocessor_config.json"} <= uploaded
     (out / "processor" / "notes.txt").write_text("mine")
     assert user_entries(out) == ["processor"]
+
+
+def test_the_loader_reads_every_picture_of_the_vision_quickstart(tmp_path):
+    """The shards' image columns are what the loader reads: every picture loaded, checked against its sha256
+    and preprocessed by transformers' image processor built from OUT/processor/ into the planned grid."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from packtool.loader import PackedDataset
+    from packtool.loader.dataset import packed_batches
+
+    out = tmp_path / "out"
+    build(load_config(CONFIG, output=str(out)), use_cache=False)
+    grids = [
+        grid
+        for entry in read_manifest(out).shards
+        for row in pq.read_table(entry.file).to_pylist()
+        for grid in zip(*[iter(row["image_grids"])] * 3)
+    ]
+    loaded = []
+    for batch in packed_batches(PackedDataset(out, token_budget=256, shuffle=False), epochs=1):
+        if batch.image_grid_thw is not None:
+            loaded += [tuple(grid) for grid in batch.image_grid_thw.tolist()]
+            assert batch.pixel_values is not None and len(batch.pixel_values) == int(batch.image_grid_thw.prod(1).sum())
+    assert sorted(loaded) == sorted(grids) and len(loaded) == read_manifest(out).vision["n_images"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 from support import QUICKSTART
 
@@ -28,7 +29,7 @@ def _lines(stream: io.StringIO) -> list[str]:
 
 def test_a_phase_writes_its_start_its_end_and_a_line_at_most_every_ten_seconds():
     clock, stream = _Clock(), io.StringIO()
-    log = LogProgress(stream, every=10, clock=clock, quiet_for=0)
+    log = LogProgress(stream, every=10, clock=clock, quiet_for=0, timer=False)
     with log.phase("encode", 4_000_000, "B") as bar:
         for _ in range(40):  # 100 kB every second
             clock.now += 1
@@ -44,7 +45,7 @@ def test_a_phase_writes_its_start_its_end_and_a_line_at_most_every_ten_seconds()
 
 def test_counted_units_long_phases_and_steps():
     clock, stream = _Clock(), io.StringIO()
-    log = LogProgress(stream, every=10, clock=clock, quiet_for=0)
+    log = LogProgress(stream, every=10, clock=clock, quiet_for=0, timer=False)
     log.step("loading tokenizer tok.json")
     with log.phase("emit", 3, "shards") as bar:
         clock.now += 1800
@@ -61,7 +62,7 @@ def test_counted_units_long_phases_and_steps():
 
 def test_a_quick_build_writes_no_line_and_a_longer_one_writes_what_was_held_back():
     clock, stream = _Clock(), io.StringIO()
-    quick = LogProgress(stream, every=10, clock=clock, quiet_for=10)
+    quick = LogProgress(stream, every=10, clock=clock, quiet_for=10, timer=False)
     quick.step("loading tokenizer tok.json")
     with quick.phase("plan", 1, "plan") as bar:
         clock.now += 9
@@ -78,6 +79,23 @@ def test_a_quick_build_writes_no_line_and_a_longer_one_writes_what_was_held_back
         "emit: started, 2 shards",
         "emit: done, 2 shards in 2 s",
     ]
+
+
+def test_a_phase_whose_work_has_not_ended_still_writes_its_line():
+    """Lines came only when a work item ended: a build of one large JSON array (one item) wrote nothing
+    until it was done. The timer thread writes the due line; before any work ends it says how long so far."""
+    stream = io.StringIO()
+    log = LogProgress(stream, every=0.2, quiet_for=0)
+    with log.phase("encode", 3_000, "B") as bar:
+        time.sleep(0.7)  # one work item, running
+        bar.update(1_000)
+        time.sleep(0.5)
+    lines = _lines(stream)
+    assert lines[0] == "encode: started, 3.0 kB" and lines[-1].startswith("encode: done, 1.0 kB in ")
+    running = lines[1:-1]
+    assert len(running) >= 2, lines
+    assert re.fullmatch(r"encode: 0 B of 3\.0 kB \(0%\), \d+ s so far", running[0]), running
+    assert re.fullmatch(r"encode: 1\.0 kB of 3\.0 kB \(33%\), .*B/s, about \d+ s left", running[-1]), running
 
 
 def test_a_build_logging_to_a_file_shows_its_phases(tmp_path, monkeypatch):

@@ -996,6 +996,12 @@ def _check_together(config: BuildConfig, p: _Problems) -> None:
         p.add("packing", "'stream' (documents visible to each other) is only for format: text sources")
     if config.mixing.interleave is not None:
         _check_interleave(config, config.mixing.interleave.window, p)
+    if config.images == "embed" and config.processor is None and config.raw.get("processor") is None:
+        p.add(
+            "images",
+            "embed stores the images of a build with an image processor, and this config names none "
+            "(processor:, or a tokenizer folder holding preprocessor_config.json)",
+        )
 
 
 def _template_vars(values: dict, p: _Problems) -> dict[str, Any]:

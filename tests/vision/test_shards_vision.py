@@ -294,3 +294,13 @@ def test_a_shard_without_images_has_empty_image_columns_and_plain_positions():
     assert images.grids.shape == (0, 3) and images.spans.shape == (0, 2)
     first = np.concatenate([np.arange(5), np.arange(3)])
     assert images.mrope is not None and images.mrope[:24].tolist() == np.tile(first, 3).tolist()
+
+
+def test_images_embed_without_a_processor_is_one_config_line(tmp_path):
+    from packtool.errors import ConfigError
+
+    config = json.loads(vision_config(tmp_path).read_text())
+    del config["processor"]
+    (tmp_path / "text.json").write_text(json.dumps({**config, "images": "embed"}))
+    with pytest.raises(ConfigError, match="images: embed stores the images of a build with an image processor"):
+        load_config(tmp_path / "text.json")

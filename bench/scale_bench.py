@@ -333,7 +333,7 @@ def memory_flatness(folder: Path, sizes: list[float]) -> list[tuple[str, dict]]:
     return rows
 
 
-TRACE_SCALE = 0.1  # short turns (~40 tokens a sample): what is measured is per sample, not per token
+TRACE_SCALE = 0.1  # short turns (~167 tokens a sample with Qwen2.5's default system prompt): per sample, not per token
 TRACED_PHASES = ("encode", "plan", "emit", "publish")
 
 
@@ -386,11 +386,12 @@ def sample_builds(folder: Path, samples: list[int], workers: list[str]) -> list[
 def print_samples(rows: list[tuple[str, dict]], workers: list[str]) -> None:
     """The builds, then per row its driver's RssAnon as each phase ends and, against the smallest build at the
     same -j, the driver's peak RssAnon per sample above it and the tokens per second as a share of its."""
-    print_builds("builds of short synthetic chats (~40 tokens a sample), no cache", rows)
+    print_builds("builds of short synthetic chats (turns a tenth of the scale bench's), no cache", rows)
     for index, (name, r) in enumerate(rows):
         base = rows[index % len(workers)][1]
         after = ", ".join(f"{phase} {mb:.0f}" for phase, mb in r["anon_after_mb"].items())
-        line = f"  {name}: driver RssAnon (MB) as each phase ends: {after}"
+        tokens = r["tokens"] / r["samples"]
+        line = f"  {name}: {tokens:.0f} tokens a sample; driver RssAnon (MB) as each phase ends: {after}"
         if r is not base:
             more = r["samples"] - base["samples"]
             per_sample = (r["memory_mb"]["driver_anon"] - base["memory_mb"]["driver_anon"]) * 2**20 / more

@@ -174,7 +174,7 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
             document_lengths[name].append(doc_lengths[mine])
         if interleave is not None:
             pack_of = first_pack + np.repeat(np.arange(table.num_rows), np.diff(doc_offsets) - 1)
-            documents.add(pack_of, sources, doc_lengths, doc_targets)
+            documents.add(pack_of, list(code_of), codes, doc_lengths, doc_targets)
         if "image_spans" in table.column_names:
             images.add(shard, table, np.diff(doc_offsets) - 1, sources)
         if v2:
@@ -319,21 +319,26 @@ class _Documents:
 
     def __init__(self) -> None:
         self.pack: list[np.ndarray] = []
-        self.source: list[str] = []
+        self.code_of: dict[str, int] = {}  # each source met, by order of meeting
+        self.source: list[np.ndarray] = []  # codes of code_of: a name per document was a Python string each
         self.tokens: list[np.ndarray] = []
         self.targets: list[np.ndarray] = []
 
-    def add(self, pack: np.ndarray, source: list[str], tokens: np.ndarray, targets: np.ndarray) -> None:
+    def add(
+        self, pack: np.ndarray, names: list[str], codes: np.ndarray, tokens: np.ndarray, targets: np.ndarray
+    ) -> None:
+        """One shard's documents, the source of each as `codes` into that shard's `names`."""
+        ours = np.array([self.code_of.setdefault(name, len(self.code_of)) for name in names], dtype=np.int64)
         self.pack.append(pack)
-        self.source += source
+        self.source.append(ours[codes])
         self.tokens.append(tokens)
         self.targets.append(targets)
 
     def amounts(self, packs: int, unit: str) -> tuple[list[str], np.ndarray]:
         """(source names, sorted; amounts [packs, sources] in `unit`: samples, tokens or target_tokens)."""
-        names = sorted(set(self.source))
-        code = {name: i for i, name in enumerate(names)}
-        sources = np.fromiter((code[n] for n in self.source), dtype=np.int64, count=len(self.source))
+        names = sorted(self.code_of)
+        sorted_code = np.array([names.index(name) for name in self.code_of], dtype=np.int64)
+        sources = sorted_code[_joined(self.source)]
         amounts = mix_amounts(
             _joined(self.pack), sources, unit, _joined(self.tokens), _joined(self.targets), (packs, len(names))
         )

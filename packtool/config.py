@@ -40,6 +40,7 @@ from packtool.errors import ConfigError, HubError, PacktoolError
 from packtool.format import IMAGE_STORAGE, MIX_UNITS, Interleaving
 from packtool.packing import PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
+from packtool.vision.placing import IMAGE_TOKENS
 from packtool.vision.processors import PREPROCESSOR_CONFIG, load_processor
 from packtool.workers import EXECUTORS, WORKERS_CHOICES, auto_workers, count_workers, usable_cores
 
@@ -303,6 +304,19 @@ class Decontamination:
 def config_folder(config: BuildConfig) -> Path:
     """The folder of the config file: image references are relative to it (records.PlacedImage)."""
     return Path(config.config_file).resolve().parent
+
+
+def missing_image_token(config: BuildConfig, family: str) -> ConfigError:
+    """A processor whose image token the tokenizer lacks: every image record would be rejected for the same
+    reason, so the first one stops the build with this one line instead (a text record needs no image token:
+    a build without image records is not refused)."""
+    return ConfigError(
+        config.config_file,
+        [
+            f"processor: {config.processor} ({family}) puts each image in the text as {IMAGE_TOKENS[family]}, and the "
+            f"tokenizer {config.tokenizer.path} has no such token; use the tokenizer of the processor's model"
+        ],
+    )
 
 
 # The top-level config keys of the run section (each Run field has its key's name): left out of the manifest.

@@ -32,7 +32,15 @@ from packtool.chat_templates import (
     ChatTemplate,
     template_for,
 )
-from packtool.config import BuildConfig, SourceConfig, canonical_json, config_folder, item_fit_parts, keyed_parts
+from packtool.config import (
+    BuildConfig,
+    SourceConfig,
+    canonical_json,
+    config_folder,
+    item_fit_parts,
+    keyed_parts,
+    missing_image_token,
+)
 from packtool.decontamination import EvalSet, Finding, Sample, eval_set
 from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
 from packtool.errors import RecordError
@@ -162,6 +170,8 @@ class Stages:
         """The example's images read and planned by the processor (a RecordError for the first that cannot be)."""
         if self.processor is None:  # read_file keeps images only for a build with a processor
             raise RecordError(NO_PROCESSOR, kind="images_not_supported")
+        if self.image_token_id is None and self.processor.family in IMAGE_TOKENS:
+            raise missing_image_token(self.config, self.processor.family)
         return plan_images(example.images, images or ImageReader(), self.processor, self.image_token_id)
 
     def screen(self, prepared: Prepared) -> Prepared:

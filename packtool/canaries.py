@@ -133,10 +133,13 @@ def choose_canaries(
     decoder: Any,
     sources: Sequence[Any] | None,
     unreadable: str = "",
+    *,
+    images: bool = False,
 ) -> CanarySet:
     """The canary set of the shards `files` (in manifest order) of a build of `capacity`, whose manifest
     `accounting` says which sources truncated; `decoder` is the build's tokenizers.Tokenizer and `sources` its
-    SourceConfigs (None: the records cannot be read, `unreadable` says why)."""
+    SourceConfigs (None: the records cannot be read, `unreadable` says why), their records read with their
+    images when the build had an image processor (`images`), as the build read them."""
     truncating = {name for name, counts in accounting.items() if _truncated(counts)}
     best = _Best()
     for shard, row, pack in _packs(files):
@@ -144,7 +147,7 @@ def choose_canaries(
     if sources is None:
         empty_why = f"the build's source records could not be read ({unreadable})"
     else:
-        empty_why = _offer_empty(best, sources)
+        empty_why = _offer_empty(best, sources, images)
     canaries = [
         Canary(k, d.shard, d.row, (d.document,), (d.sample_id,), n)
         for k in KINDS
@@ -274,13 +277,13 @@ def _offer_grouped(best: _Best, shard: Path, row: int, pack: dict[str, Any], d: 
     best.grouped[kind] = (shard, row, docs, tuple(pack["sample_ids"][i] for i in docs), tokens)
 
 
-def _offer_empty(best: _Best, sources: Sequence[Any]) -> str:
+def _offer_empty(best: _Best, sources: Sequence[Any], images: bool) -> str:
     """Offer the shortest kept sample whose record holds an empty message or text; the reason when none."""
     from packtool.records import Example
     from packtool.sources import read_source
 
     for source in sources:
-        for number, example in enumerate(read_source(source)):
+        for number, example in enumerate(read_source(source, images=images)):
             if number == MAX_RECORDS:
                 break
             # a pair or a group is chosen whole (preference_pair, completion_group); a bad record was never kept
@@ -295,4 +298,4 @@ def _offer_empty(best: _Best, sources: Sequence[Any]) -> str:
 def _has_empty_field(example: Any) -> bool:
     if example.text is not None:
         return example.text == ""
-    return any(m.content == "" for m in example.messages)
+    return any(m.content == "" and not m.image_at for m in example.messages)  # a picture alone is no empty message

@@ -43,12 +43,13 @@ def file_label(source: SourceConfig, file: str) -> str:
     return source.labels.get(file, file)
 
 
-def read_source(source: SourceConfig) -> Iterator[Parsed | RecordError]:
+def read_source(source: SourceConfig, *, images: bool = False) -> Iterator[Parsed | RecordError]:
     """Every record of a source (files in order) as an Example or the RecordError saying why it is not one.
 
-    `max_samples` keeps the first N records; a bad record counts as one of them.
+    `max_samples` keeps the first N records; a bad record counts as one of them. `images`: as `read_file`
+    (read records as the build reads them: `config.processor is not None`).
     """
-    records = chain.from_iterable(read_file(source, file) for file in source_files(source))
+    records = chain.from_iterable(read_file(source, file, images=images) for file in source_files(source))
     return islice(records, source.max_samples) if source.max_samples is not None else records
 
 

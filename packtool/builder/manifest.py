@@ -170,7 +170,8 @@ def _canaries(
     # the build's own tokenizer: what it changes of the file's (a pre-tokenizer, padding) never changes decoding
     decoder = stages.tokenizer.tokenizer
     files = [folder / s.file for s in shards]
-    return choose_canaries(files, fields.capacity, fields.accounting, decoder, config.sources).as_dict()
+    images = config.processor is not None
+    return choose_canaries(files, fields.capacity, fields.accounting, decoder, config.sources, images=images).as_dict()
 
 
 def write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:

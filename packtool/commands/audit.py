@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice, pairwise
 from typing import Any
 
 import numpy as np
 
-from packtool.chat_templates import ChatTemplate, template_for
+from packtool.builder.stages import Stages
+from packtool.chat_templates import ChatTemplate
 from packtool.commands.show import tokenized_table, visible
 from packtool.config import BuildConfig, SourceConfig, TrainPolicy
-from packtool.encode import TextTokenizer, encode_batch, has_special_literal, load_tokenizer
+from packtool.encode import TextTokenizer, encode_batch, has_special_literal
 from packtool.errors import PacktoolError, RecordError
 from packtool.records import ROLE_CODES, Example, Message, Rendered, Tokenized, answer_example
 from packtool.render import render_example, template_injections, trained_messages
 from packtool.sources import read_source
 from packtool.truncate import truncate
+from packtool.vision.placing import ImageReader
 
 STATUSES = ("pass", "warn", "fail", "skip")
 _TABLE_LIMIT = 120  # tokens of the failing sample to print; enough to see a header, a turn and its end
@@ -96,8 +98,10 @@ class _Audit:
     config: BuildConfig
     tokenizer: TextTokenizer
     template: ChatTemplate | None
+    stages: Stages  # the build's: a record's images planned and placed as it plans and places them
     checks: list[Check] = field(default_factory=list)
     failing: dict[str, _Trial] = field(default_factory=dict)  # check name -> first failing trial
+    images: ImageReader = field(default_factory=ImageReader)
 
     def add(self, name: str, status: str, evidence: str, trial: _Trial | None = None) -> None:
         self.checks.append(Check(name, status, evidence, trial.example.id if trial and status == "fail" else None))
@@ -110,6 +114,7 @@ class _Audit:
         trial = _Trial(example, policy, special_tokens)
         try:
             trial.rendered = self._render(example, policy)
+            planned = self.stages.plan(example, self.images) if example.images else ()
         except RecordError as error:
             trial.error = error
             return trial
@@ -119,6 +124,8 @@ class _Audit:
             add_bos=bool(self.config.encoding.add_bos),
             add_eos=bool(self.config.encoding.add_eos),
         )
+        if planned:
+            result = self.stages.placed(result, planned)
         if isinstance(result, RecordError):
             trial.error = result
         else:
@@ -231,9 +238,10 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
     """Run every check on probes and the first `rows` rows of each source; never writes anything."""
     if rows < 0:
         raise PacktoolError(f"audit rows must be >= 0, got {rows}")
-    tokenizer = load_tokenizer(config.tokenizer)
-    template = template_for(config, tokenizer.config)
-    state = _Audit(config, tokenizer, template)
+    # the build's tokenizer, template and image processor; no eval set (audit does not check contamination)
+    stages = Stages.load(replace(config, decontamination=None))
+    tokenizer, template = stages.tokenizer, stages.template
+    state = _Audit(config, tokenizer, template, stages)
     data = {source.name: _source_trials(state, source, rows) for source in config.sources}
     chat_source = next((s for s in config.sources if s.format != "text"), None)
     policy = chat_source.train if chat_source else TrainPolicy()
@@ -278,7 +286,7 @@ def audit(config: BuildConfig, *, rows: int = 50) -> AuditReport:
 
 def _source_trials(state: _Audit, source: SourceConfig, rows: int) -> list[_Trial | RecordError]:
     out: list[_Trial | RecordError] = []
-    for item in islice(read_source(source), rows):
+    for item in islice(read_source(source, images=state.config.processor is not None), rows):
         if isinstance(item, RecordError):
             out.append(item)
         elif isinstance(item, Example):

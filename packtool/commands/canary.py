@@ -65,6 +65,7 @@ def select_canaries(output: str | Path) -> CanarySet:
         decoder,
         None if config is None else config.sources,
         "" if config is not None else sources.describe(),
+        images=config is not None and config.processor is not None,
     )
 
 

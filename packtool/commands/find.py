@@ -378,7 +378,7 @@ class SourceFiles:
         for source in self.config.sources:
             if not any(self.same_file(path, file) for path in source.paths):
                 continue
-            for record in read_source(source):
+            for record in read_source(source, images=self.config.processor is not None):
                 where = record.location if not isinstance(record, RecordError) else f"{record.file}:{record.row}"
                 match = _NUMBERED.match(where or "")
                 if match and int(match["number"]) == number and self.same_file(match["file"], file):
@@ -394,6 +394,7 @@ class SourceFiles:
         """`origin` of many (sample_id, source, sample_hash) at once: each source read once."""
         from packtool.sources import read_source
 
+        images = self.config is not None and self.config.processor is not None  # records read as the build read them
         wanted: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
         for sample in samples:
             wanted[sample[1]].add(sample)
@@ -408,7 +409,7 @@ class SourceFiles:
             hashes = {s[2] for s in group}
             by_id: dict[str, tuple[str | None, str]] = {}  # the first record with the id: location, content hash
             by_hash: dict[str, str | None] = {}  # the first record with the content
-            for example in read_source(source):
+            for example in read_source(source, images=images):
                 if isinstance(example, RecordError):
                     continue
                 if example.id in ids and example.id not in by_id:

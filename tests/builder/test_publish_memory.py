@@ -32,10 +32,10 @@ def selected(tmp_path, write_config, write_jsonl, samples: int, monkeypatch) -> 
     config = load_config(write_config(raw, f"{samples}/config.yaml"), workers="1")
     peaks = []
 
-    def traced(*args):
+    def traced(*args, **kwargs):
         tracemalloc.start()
         try:
-            chosen = choose_canaries(*args)
+            chosen = choose_canaries(*args, **kwargs)
             peaks.append(tracemalloc.get_traced_memory()[1])
         finally:
             tracemalloc.stop()

@@ -124,6 +124,7 @@ NEEDS = {
     "ray_address": ["executor=ray"],
     "mixing.interleave.tolerance": ["mixing.interleave={window: 8}"],
     "mixing.interleave.unit": ["mixing.interleave={window: 8}"],
+    "images": [f"processor={QUICKSTART.parent / 'quickstart_vision' / 'model'}"],  # embed needs a processor
     **{
         f"decontamination.{key}": [f"decontamination={{against: [{QUICKSTART / 'docs.jsonl'}]}}"]
         for key in ("against", "ngram", "min_line_words", "action", "prompt_action", "fields")

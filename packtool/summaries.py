@@ -176,7 +176,7 @@ def summarize(shards: list[Path], manifest: Manifest | None) -> dict[str, Any]:
             pack_of = first_pack + np.repeat(np.arange(table.num_rows), np.diff(doc_offsets) - 1)
             documents.add(pack_of, list(code_of), codes, doc_lengths, doc_targets)
         if "image_spans" in table.column_names:
-            images.add(shard, table, np.diff(doc_offsets) - 1, sources)
+            images.add(shard, table, np.diff(doc_offsets) - 1, list(code_of), codes)
         if v2:
             _, segment_kinds = list_parts(table.column("segment_kinds"))
             _, segment_groups = list_parts(table.column("segment_groups"))
@@ -270,7 +270,8 @@ class ImageTally:
         self.pack_tokens: list[np.ndarray] = []
         self.sources: dict[str, list[np.ndarray]] = defaultdict(list)  # per document of the source: images, tokens
 
-    def add(self, shard: Path, table: Any, documents_per_pack: np.ndarray, sources: list[str]) -> None:
+    def add(self, shard: Path, table: Any, documents_per_pack: np.ndarray, names: list[str], codes: np.ndarray) -> None:
+        """One shard's images; `codes[d]` is document d's source, `names[code]` its name."""
         self.seen = True
         span_offsets, spans = list_parts(table.column("image_spans"))
         image_offsets, image_documents = list_parts(table.column("image_documents"))
@@ -288,11 +289,10 @@ class ImageTally:
             raise PackFormatError(f"{shard}: image_documents names a document its pack does not hold: a damaged shard")
         self.pack_images.append(per_pack)
         self.pack_tokens.append(np.bincount(pack_of, weights=lengths, minlength=len(per_pack)).astype(np.int64))
-        counts = np.bincount(document, minlength=len(sources))
-        tokens = np.bincount(document, weights=lengths, minlength=len(sources)).astype(np.int64)
-        names = np.array(sources, dtype=object)
-        for name in dict.fromkeys(sources):
-            mine = names == name
+        counts = np.bincount(document, minlength=len(codes))
+        tokens = np.bincount(document, weights=lengths, minlength=len(codes)).astype(np.int64)
+        for code, name in enumerate(names):
+            mine = codes == code
             self.sources[name].append(np.stack([counts[mine], tokens[mine]]))
 
     def as_dict(self) -> dict[str, Any]:

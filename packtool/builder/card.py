@@ -30,7 +30,8 @@ import pyarrow as pa
 import yaml
 
 from packtool.config import CARD_LISTS, Card
-from packtool.format import CARD, SCHEMA, SCHEMA_V2, SCHEMA_VERSION, json_text, sha256_file
+from packtool.format import CARD, SCHEMA, SCHEMA_V2, SCHEMA_VERSION, json_text, sha256_file, vision_schema
+from packtool.vision.processors import QWEN_PROCESSORS
 
 # The part of the card another section of packtool may fill: the manifest's optional `decontamination` field.
 DECONTAMINATION_MARK = "<!-- packtool card: decontamination (the manifest's `decontamination`) -->"
@@ -43,6 +44,7 @@ _DTYPES = {
     pa.int64(): "int64",
     pa.float64(): "float64",
     pa.string(): "string",
+    pa.binary(): "binary",
 }
 
 
@@ -125,6 +127,9 @@ def front_matter(card: Card, manifest: dict[str, Any], splits: list[Split]) -> d
         for config in configs
     ]
     schema = SCHEMA if manifest.get("schema_version") == SCHEMA_VERSION else SCHEMA_V2
+    vision = manifest.get("vision")
+    if vision is not None:  # the image columns, and positions for the mRoPE families (builder.plan.vision_plan)
+        schema = vision_schema(schema, mrope=vision["processor"]["family"] in QWEN_PROCESSORS.values())
     front["dataset_info"] = [
         {
             "config_name": config,

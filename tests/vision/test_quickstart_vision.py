@@ -113,3 +113,13 @@ def test_the_loader_reads_every_picture_of_the_vision_quickstart(tmp_path):
             loaded += [tuple(grid) for grid in batch.image_grid_thw.tolist()]
             assert batch.pixel_values is not None and len(batch.pixel_values) == int(batch.image_grid_thw.prod(1).sum())
     assert sorted(loaded) == sorted(grids) and len(loaded) == read_manifest(out).vision["n_images"]
+
+
+def test_datasets_loads_a_vision_build_by_its_card(tmp_path):
+    """The card's features are the shard schema with its image columns: `datasets` checks them as it loads."""
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "out"
+    build(load_config(CONFIG, output=str(out)), use_cache=False)
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))["train"]
+    assert loaded.num_rows == read_manifest(out).shards[0].rows
+    assert {"mrope_positions", "image_refs", "image_data"} <= set(loaded.column_names)

@@ -7,6 +7,10 @@ The model's own templates are found as transformers (>= 4.43) finds them (`model
     additional_chat_templates/NAME.jinja   -> NAME          chat_template key is not read at all
     tokenizer_config.json chat_template    -> "default" (a string) or each {name, template} of a list
 
+With an image processor (`processor:`), `template: model` is the template transformers' processor renders with
+(`processor.apply_chat_template`, `processor_templates`): processor_config.json's chat_template key, else
+chat_template.json, else the files above, in the processor's folder.
+
 The bundled .jinja files ship as the package data folder `packtool.templates`, hence this module's name.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -44,6 +49,7 @@ TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
 # A processor's template (AutoProcessor); AutoTokenizer, and so apply_chat_template, never reads it.
 PROCESSOR_TEMPLATE_FILE = "chat_template.json"
+PROCESSOR_CONFIG_FILE = "processor_config.json"  # its chat_template key comes before every template file
 # The name transformers gives a lone template, and the one it renders a conversation with tools with.
 DEFAULT_NAME, TOOL_USE_NAME = "default", "tool_use"
 # Set to 1 to render every template with jinja2 alone (shard bytes are the same either way; the
@@ -169,15 +175,17 @@ def template_for(config: BuildConfig, tokenizer_config: dict[str, Any]) -> ChatT
     if formats <= {"text"}:
         return None
     folder = Path(config.tokenizer.path).parent
+    processor = Path(config.processor) if config.processor else None
     if (
         formats <= {"text", "prompt_completion"}
         and config.template == MODEL_TEMPLATE
         and not model_templates(folder, tokenizer_config)[0]
+        and not (processor and processor_templates(processor))
     ):
         # TRL's string prompt-completion is plain text, often for a base model whose tokenizer has no chat
         # template; a message-list record of such a source is then rejected on its own (template_error)
         return None
-    return load_template(config.template, tokenizer_config, config.template_vars, folder=folder)
+    return load_template(config.template, tokenizer_config, config.template_vars, folder=folder, processor=processor)
 
 
 def bundled_templates() -> list[str]:
@@ -226,6 +234,44 @@ def model_templates(folder: Path | None, tokenizer_config: dict[str, Any]) -> tu
     return files or keyed, "; ".join(passed_over)
 
 
+def processor_templates(folder: Path) -> dict[str, ModelTemplate]:
+    """The templates transformers' processor renders with, by name, as ProcessorMixin.get_processor_dict
+    (transformers 5.25) reads them from its folder: processor_config.json's chat_template key wins; else the
+    legacy chat_template.json's chat_template ("default"); else chat_template.jinja and
+    additional_chat_templates/ as the tokenizer reads them. Empty: the processor has none (packtool then takes
+    the tokenizer's, where transformers' processor would refuse to render)."""
+    keyed = _json_object(folder / PROCESSOR_CONFIG_FILE).get("chat_template")
+    if isinstance(keyed, dict):  # {name: template}, as a processor saves several
+        return {name: ModelTemplate(name, PROCESSOR_CONFIG_FILE, source) for name, source in keyed.items()}
+    if keyed is not None:
+        return {n: replace(t, file=PROCESSOR_CONFIG_FILE) for n, t in _keyed_templates(keyed).items()}
+    legacy = folder / PROCESSOR_TEMPLATE_FILE
+    if legacy.is_file():
+        if (folder / TEMPLATE_DIR).is_dir() and any((folder / TEMPLATE_DIR).glob("*.jinja")):
+            raise PacktoolError(
+                f"{folder}: {PROCESSOR_TEMPLATE_FILE} beside {TEMPLATE_DIR}/, which transformers' processor refuses "
+                f"to load; replace {PROCESSOR_TEMPLATE_FILE} with {TEMPLATE_FILE}"
+            )
+        source = _json_object(legacy).get("chat_template")
+        if not isinstance(source, str):
+            raise PacktoolError(f"{legacy}: its chat_template must be a string (the template), got {source!r:.80}")
+        return {DEFAULT_NAME: ModelTemplate(DEFAULT_NAME, PROCESSOR_TEMPLATE_FILE, source)}
+    return model_templates(folder, {})[0]
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A processor file's JSON object; {} when there is no such file."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PacktoolError(f"{path}: not a JSON file transformers can read ({exc})") from None
+    if not isinstance(value, dict):
+        raise PacktoolError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _read_template_file(path: Path) -> str:
     """A template file's text as transformers reads it: UTF-8, universal newlines (CRLF becomes LF)."""
     if not path.is_file():  # a folder fails to open, and a named pipe would wait for a writer forever
@@ -265,6 +311,14 @@ def _keyed_templates(value: Any) -> dict[str, ModelTemplate]:
     return out
 
 
+def _processor_passed_over(tokenizer: dict[str, ModelTemplate], processor: dict[str, ModelTemplate]) -> str:
+    """What the processor's templates leave out of the tokenizer's ("" when they are the same)."""
+    if not tokenizer or {n: t.source for n, t in tokenizer.items()} == {n: t.source for n, t in processor.items()}:
+        return ""
+    unused, used = (", ".join(sorted({t.file for t in templates.values()})) for templates in (tokenizer, processor))
+    return f"the tokenizer's {unused} differs and is not used: the processor renders with {used}"
+
+
 def _model_choice(spec: str, templates: dict[str, ModelTemplate]) -> tuple[ModelTemplate, ModelTemplate | None]:
     """The template `template: model` or `model:NAME` renders with, and the tool_use template records with
     tools render with (only for `model`, as apply_chat_template without a chat_template argument)."""
@@ -284,13 +338,22 @@ def _model_choice(spec: str, templates: dict[str, ModelTemplate]) -> tuple[Model
 
 
 def load_template(
-    spec: str, tokenizer_config: dict[str, Any], variables: dict[str, Any] | None = None, *, folder: Path | None = None
+    spec: str,
+    tokenizer_config: dict[str, Any],
+    variables: dict[str, Any] | None = None,
+    *,
+    folder: Path | None = None,
+    processor: Path | None = None,
 ) -> ChatTemplate:
     """`spec` is `model` (the model's own template, found as transformers finds it in `folder` and
-    tokenizer_config: see model_templates), `model:NAME` (one of its named templates), a bundled template
-    name, or a .jinja path."""
+    tokenizer_config: see model_templates; with an image `processor` folder, as its processor finds it there:
+    processor_templates), `model:NAME` (one of its named templates), a bundled template name, or a .jinja
+    path."""
     if spec == MODEL_TEMPLATE or spec.startswith(f"{MODEL_TEMPLATE}:"):
         templates, passed_over = model_templates(folder, tokenizer_config)
+        if processor is not None and (rendered := processor_templates(processor)):
+            passed_over = _processor_passed_over(templates, rendered) or passed_over
+            templates = rendered
         if not templates:
             raise PacktoolError(
                 f"template: {spec}, but the model has no chat_template (no {TEMPLATE_FILE}, no {TEMPLATE_DIR}/, "

@@ -304,8 +304,9 @@ def file_identities(config: BuildConfig) -> list[list[Any]]:
     paths += list(config.decontamination.against) if config.decontamination is not None else []
     paths += [config.template] if config.template.endswith(".jinja") else []  # a template file, not a name
     paths += [str(Path(config.processor) / name) for name in PROCESSOR_FILES] if config.processor else []
-    folder = Path(config.tokenizer.path).parent if config.tokenizer.path else None
-    if folder is not None:  # a model folder's own templates (chat_templates.model_templates reads these)
+    folders = [Path(config.tokenizer.path).parent] if config.tokenizer.path else []
+    folders += [Path(config.processor)] if config.processor else []  # its templates: processor_templates
+    for folder in folders:  # a model folder's own templates (chat_templates.model_templates reads these)
         paths += [str(folder / TEMPLATE_FILE), str(folder / PROCESSOR_TEMPLATE_FILE)]
         paths += sorted(str(p) for p in (folder / TEMPLATE_DIR).glob("*.jinja"))
     identities = []

@@ -11,12 +11,12 @@ from support import REPO
 
 pytest.importorskip("PIL")
 
-from packtool.builder import build  # noqa: E402
-from packtool.commands.audit import audit  # noqa: E402
-from packtool.commands.canary import select_canaries  # noqa: E402
-from packtool.commands.find import find  # noqa: E402
-from packtool.config import load_config  # noqa: E402
-from packtool.format import read_manifest  # noqa: E402
+from packtool.builder import build
+from packtool.commands.audit import audit
+from packtool.commands.canary import select_canaries
+from packtool.commands.find import find
+from packtool.config import load_config
+from packtool.format import read_manifest
 
 MODEL = REPO / "configs" / "quickstart_vision" / "model"  # its tokenizer has <|image_pad|>; a Qwen2-VL processor
 

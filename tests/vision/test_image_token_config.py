@@ -11,7 +11,7 @@ from support import QUICKSTART
 
 pytest.importorskip("PIL")
 
-from packtool.cli import main  # noqa: E402
+from packtool.cli import main
 
 QWEN2_VL = {"processor_class": "Qwen2VLProcessor", "min_pixels": 3136, "max_pixels": 12544, "patch_size": 14}
 TEXT = {"id": "text", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}

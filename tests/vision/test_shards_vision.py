@@ -304,3 +304,24 @@ def test_images_embed_without_a_processor_is_one_config_line(tmp_path):
     (tmp_path / "text.json").write_text(json.dumps({**config, "images": "embed"}))
     with pytest.raises(ConfigError, match="images: embed stores the images of a build with an image processor"):
         load_config(tmp_path / "text.json")
+
+
+def test_emit_embeds_only_the_bytes_that_were_encoded(tmp_path):
+    """A file changed or gone between its encode and emit (another process writing it mid-build) is one line."""
+    from packtool.builder.emit import _image_bytes
+    from packtool.errors import BuildError
+
+    data = png(1)
+    (tmp_path / "a.png").write_bytes(data)
+    image = PlacedImage("a.png", hashlib.sha256(data).hexdigest(), len(data), 8, 6, (1, 2, 2), 0, 1)
+    embed = VisionPlan(2, True, str(tmp_path))
+    assert _image_bytes(image, embed) == data
+    assert _image_bytes(image, VisionPlan(2, False, str(tmp_path))) == b""
+    carried = dataclasses.replace(image, reference="", data=data)
+    assert _image_bytes(carried, VisionPlan(2, False, str(tmp_path))) == data
+    (tmp_path / "a.png").write_bytes(data + b"x")
+    with pytest.raises(BuildError, match=r"a\.png changed since it was encoded"):
+        _image_bytes(image, embed)
+    (tmp_path / "a.png").unlink()
+    with pytest.raises(BuildError, match=r"cannot read .*a\.png"):
+        _image_bytes(image, embed)

@@ -250,9 +250,9 @@ def test_one_thread_renders_and_the_encode_threads_tokenize(tmp_path, write_conf
     rendering, encoding = [], []
     render, encode = Stages.render, Stages.encode
 
-    def render_recording(self, chunk, source):
+    def render_recording(self, chunk, *rest):
         rendering.append((threading.current_thread().name, [item.id for item in chunk]))
-        return render(self, chunk, source)
+        return render(self, chunk, *rest)
 
     def encode_recording(self, prepared):
         encoding.append(threading.current_thread().name)

@@ -1194,6 +1194,9 @@ def _expand(
         relative = not Path(pattern).expanduser().is_absolute()
         try:
             if not matched and hub.is_repo_id(pattern):
+                if _reads_as_a_local_file(base_dir, pattern) and not hub.in_cache(pattern, "datasets"):
+                    p.add(f"{where}.{key}", f"no file matches {pattern!r} (relative to {base_dir})")
+                    continue
                 root = hub.snapshot(pattern, "datasets", revision)
                 name = pattern.split("@", 1)[0]
                 for file in hub.dataset_repo_files(root, split):
@@ -1218,6 +1221,11 @@ def _expand(
         except HubError as exc:
             p.add(f"{where}.{key}", str(exc))
     return files
+
+
+def _reads_as_a_local_file(base_dir: Path, pattern: str) -> bool:
+    """`ap/docs.jsonl` reads as ORG/NAME too: a data file's suffix, or a folder `ap` here, says it is a path."""
+    return pattern.endswith(hub.DATA_SUFFIXES) or _resolve(base_dir, pattern).parent.is_dir()
 
 
 def _parse_source(item: Any, index: int, base_dir: Path, p: _Problems) -> SourceConfig | None:

@@ -40,6 +40,15 @@ def is_repo_id(value: str) -> bool:
     return _REPO_ID.fullmatch(value.split("@", 1)[0]) is not None
 
 
+def _repo_folder(repo_id: str, kind: str) -> Path:
+    return hub_cache() / f"{kind}--{repo_id.split('@', 1)[0].replace('/', '--')}"
+
+
+def in_cache(repo_id: str, kind: str) -> bool:
+    """Whether the local cache holds any revision of the repository."""
+    return _repo_folder(repo_id, kind).is_dir()
+
+
 def snapshot(repo_id: str, kind: str, revision: str | None = None) -> Path:
     """The cached snapshot folder of a dataset (`kind="datasets"`) or model (`"models"`) repository.
 
@@ -47,8 +56,7 @@ def snapshot(repo_id: str, kind: str, revision: str | None = None) -> Path:
     """
     if "@" in repo_id and revision is None:
         repo_id, revision = repo_id.split("@", 1)
-    cache = hub_cache()
-    folder = cache / f"{kind}--{repo_id.replace('/', '--')}"
+    folder = _repo_folder(repo_id, kind)
     if not folder.is_dir():
         raise HubError(
             f"{repo_id}: not a local path and not in the local Hugging Face cache (looked for {folder}; "

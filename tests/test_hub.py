@@ -177,7 +177,11 @@ def test_a_name_not_in_the_cache_is_one_line_saying_where_it_looked(tmp_path, ca
         ({"path": "org/chat", "revision": "v9"}, None, "revision 'v9' is not in the local cache"),
         ({"path": "local.jsonl"}, "org/no-model", f"looked for {cache}/models--org--no-model"),
         ({"path": "local.jsonl"}, "org/no-model", "download it first: hf download org/no-model)"),
+        # a deleted input whose path reads as ORG/NAME is a missing file, not a dataset to download
+        ({"path": "data/gone.jsonl"}, None, "no file matches 'data/gone.jsonl' (relative to"),
+        ({"path": "data/gone"}, None, "no file matches 'data/gone' (relative to"),
     ]:
+        (tmp_path / "data").mkdir(exist_ok=True)
         (tmp_path / "local.jsonl").write_text(json.dumps(CHAT[0]) + "\n")
         result = CliRunner().invoke(main, ["build", str(_config_file(tmp_path, source, tokenizer))])
         assert result.exit_code == 1 and "Traceback" not in result.output

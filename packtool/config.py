@@ -1127,7 +1127,8 @@ def _parse_decontamination(raw: dict[str, Any], base_dir: Path, p: _Problems) ->
     default = Decontamination((), {})
     ngram = p.take(value, "ngram", int, where, default.ngram)
     p.number(f"{where}.ngram", ngram, 2, 64, "words per window")
-    min_words = p.take(value, "min_line_words", int, where, default.min_line_words)
+    # Left out, it follows a smaller ngram down: a 4-word window cannot ask for 6-word lines.
+    min_words = p.take(value, "min_line_words", int, where, min(default.min_line_words, ngram))
     p.number(f"{where}.min_line_words", min_words, 1, ngram, f"words of a short eval string, up to ngram ({ngram})")
     action = p.take(value, "action", str, where, default.action, choices=DECONTAMINATION_ACTIONS)
     prompt_action = p.take(value, "prompt_action", str, where, default.prompt_action, choices=DECONTAMINATION_ACTIONS)

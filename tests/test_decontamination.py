@@ -211,6 +211,12 @@ def test_the_section_is_checked_like_any_other_all_problems_at_once(tmp_path):
         _config(tmp_path, ngram=10)
 
 
+def test_min_line_words_left_out_follows_a_smaller_ngram(tmp_path):
+    (tmp_path / "eval.jsonl").write_text('{"q": "fine"}\n')
+    assert _config(tmp_path, against="eval.jsonl", ngram=4).decontamination.min_line_words == 4
+    assert _config(tmp_path, against="eval.jsonl", ngram=13).decontamination.min_line_words == 6
+
+
 def test_an_eval_set_is_read_whole_or_the_build_stops_naming_the_record(tmp_path):
     from packtool.decontamination import eval_set
     from packtool.errors import PacktoolError

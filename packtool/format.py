@@ -372,6 +372,15 @@ class Manifest:
         return self.raw.get("tokenizer", {}).get("file")
 
     @property
+    def config_folders(self) -> list[Path]:
+        """Where the build's config was, as recorded (empty in an older manifest): relative to `folder` first, so
+        an output moved together with its config finds it there, then the absolute path at build time."""
+        recorded = self.raw.get("config_folder")
+        if recorded is None:
+            return []
+        return [Path(os.path.normpath(self.folder.resolve() / recorded["relative"])), Path(recorded["path"])]
+
+    @property
     def parts(self) -> dict[str, str]:
         """The sub-outputs this one names (overflow bucket, validation split): key -> folder name inside it."""
         return {key: self.raw[key]["folder"] for key in ("overflow", "validation") if self.raw.get(key)}
@@ -547,6 +556,20 @@ def _an_object(key: str) -> Callable[[Any], list[str]]:
         return [] if isinstance(value, dict) else [f"'{key}' must be an object, got {value!r:.80}"]
 
     return problems
+
+
+def _config_folder_problems(folder: Any) -> list[str]:
+    """`config_folder`: null (an older packtool wrote none), or {path: absolute at build time, relative: to the
+    manifest's folder as published}."""
+    if folder is None or (
+        isinstance(folder, dict)
+        and isinstance(folder.get("path"), str)
+        and Path(folder["path"]).is_absolute()
+        and isinstance(folder.get("relative"), str)
+        and not Path(folder["relative"]).is_absolute()
+    ):
+        return []
+    return [f"'config_folder' must be {{path: absolute, relative: to this folder}}, got {folder!r:.80}"]
 
 
 def _tokenizer_problems(tokenizer: Any) -> list[str]:
@@ -786,6 +809,8 @@ class ManifestFields:
     # taken from the shards once the rest is written (builder.manifest), so the builder fills it in last
     stats: dict[str, Any] | None = field(default=None, metadata=_rule(_an_object("stats"), absent={}))
     config: dict[str, Any] = field(metadata=_rule(_an_object("config"), absent={}))
+    # where `config`'s relative paths start (find reads the sources again); absent in older builds
+    config_folder: dict[str, Any] | None = field(default=None, metadata=_rule(_config_folder_problems))
     tokenizer: dict[str, Any] = field(metadata=_rule(_tokenizer_problems, absent={}))
     mixing: dict[str, Any] = field(metadata=_rule(_mixing_problems, absent={}))
     conventions: dict[str, Any] = field(metadata=_rule(_an_object("conventions"), absent={}))

@@ -200,3 +200,13 @@ def test_the_checks_run_in_declaration_order_and_stop_where_nothing_else_can_be_
         "'capacity' must be a positive integer, got 0",
         "'mode' must be 'packed' or 'stream', got 'train'",
     ]
+
+
+@pytest.mark.parametrize(
+    "recorded", ["/a/configs", {"path": "configs", "relative": "../configs"}, {"path": "/a/configs", "relative": 3}]
+)
+def test_a_config_folder_is_an_absolute_path_and_one_relative_to_the_folder(recorded: object) -> None:
+    assert manifest_problems(_fields(config_folder={"path": "/a/configs", "relative": "../../a/configs"})) == []
+    assert manifest_problems(_fields(config_folder=recorded)) == [
+        f"'config_folder' must be {{path: absolute, relative: to this folder}}, got {recorded!r:.80}"
+    ]

@@ -25,7 +25,7 @@ from packtool.builder.plan import Plan
 from packtool.builder.stages import Stages
 from packtool.canaries import choose_canaries
 from packtool.chat_templates import ChatTemplate
-from packtool.config import ITEM_FORMATS, BuildConfig
+from packtool.config import ITEM_FORMATS, BuildConfig, config_folder
 from packtool.decontamination import EvalSet
 from packtool.format import (
     CONTAMINATED,
@@ -204,6 +204,11 @@ def assemble_manifest(
         capacity=capacity,
         seed=config.seed,
         config=config.raw,
+        # where config's relative paths start: find reads the sources from there, wherever it is run from
+        config_folder={
+            "path": str(config_folder(config)),
+            "relative": os.path.relpath(config_folder(config), published.resolve()),
+        },
         config_hash=config.config_hash,
         plan_hash=plan.key,
         tokenizer={

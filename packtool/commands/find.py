@@ -15,11 +15,13 @@ the shard, i.e. whether the file changed since the build. A sample that was not 
 in rejects.jsonl with its reason.
 
 Source files are found through the config recorded in the manifest. Its relative paths are
-relative to the config's folder, which is taken from `--config`, or else inferred: from where the
-manifest says the tokenizer was (the config names it relative to the same folder), or else as the
-first of the working folder and the folders above OUT where every relative source path is (a hub
-dataset id may be missing there). A wrong guess cannot pass unseen: each record read is checked
-against the sample hash the shard holds.
+relative to the config's folder, which is taken from `--config`, or else from the manifest's
+`config_folder` (relative to OUT first, then the absolute path at build time: the first where every
+relative source path is), or else, for an older output, inferred: from where the manifest says the
+tokenizer was (the config names it relative to the same folder), or else as the first of the working
+folder and the folders above OUT where every relative source path is (a hub dataset id may be missing
+there). A wrong folder cannot pass unseen: each record read is checked against the sample hash the
+shard holds.
 """
 
 from __future__ import annotations
@@ -330,10 +332,11 @@ class SourceFiles:
         if base is None:
             relative = source_paths(raw)
             if relative:
+                recorded = "the config folder the manifest records, " if self.manifest.config_folders else ""
                 raise PacktoolError(
                     f"cannot tell which folder the build's config was in, where its relative paths "
-                    f"({', '.join(map(repr, relative))}) start: they are not all in the working folder or a "
-                    "folder above the output; pass --config CONFIG"
+                    f"({', '.join(map(repr, relative))}) start: they are not all in {recorded}the working folder "
+                    "or a folder above the output; pass --config CONFIG"
                 )
             base = self.folder  # every path find reads is absolute: any folder reads them alike
         tokenizer = (self.manifest.raw.get("tokenizer") or {}).get("file")
@@ -362,11 +365,15 @@ class SourceFiles:
 
     @functools.cached_property
     def _inferred_base(self) -> Path | None:
-        """The config's folder as the manifest tells it (the tokenizer), else where its sources are."""
-        told = config_folder(self.manifest.raw, self.folder)
+        """The config's folder as the manifest records it, or tells it (the tokenizer), else where its sources are."""
+        patterns = source_paths(self.manifest.raw.get("config") or {})
+        recorded = [folder for folder in self.manifest.config_folders if folder.is_dir()]
+        held = (folder_holding(patterns, recorded) if patterns else recorded[0]) if recorded else None
+        if held is not None:
+            return held
+        told = config_folder_from_tokenizer(self.manifest.raw, self.folder)
         if told is not None:
             return told
-        patterns = source_paths(self.manifest.raw.get("config") or {})
         return folder_holding(patterns, [Path.cwd(), *self.folder.resolve().parents]) if patterns else None
 
     def record_at(self, file: str, number: int) -> tuple[str, Any] | None:
@@ -460,9 +467,10 @@ def sample_origins(
     return SourceFiles(Path(output), manifest, config).origins(samples)
 
 
-def config_folder(manifest: dict[str, Any], folder: Path | None = None) -> Path | None:
-    """The folder the build's config was in, inferred from the tokenizer: the manifest records the tokenizer
-    file relative to its own `folder` (absolute before) and the config the relative path that led there, e.g.
+def config_folder_from_tokenizer(manifest: dict[str, Any], folder: Path | None = None) -> Path | None:
+    """The folder the build's config was in, for a manifest that does not record it (`config_folder`), inferred
+    from the tokenizer: the manifest records the tokenizer file relative to its own `folder` (absolute before)
+    and the config the relative path that led there, e.g.
 
         OUT /home/me/out/qs, config tokenizer: quickstart/tokenizer
         manifest tokenizer.file: ../../configs/quickstart/tokenizer/tokenizer.json  ->  /home/me/configs

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from support import QUICKSTART
 
 from packtool.cli import main
-from packtool.commands.find import config_folder, find, folder_holding
-from packtool.format import read_manifest
+from packtool.commands.find import config_folder_from_tokenizer, find, folder_holding
+from packtool.format import MANIFEST, read_manifest, write_manifest
 
 
 def _find(*args: str, exit_code: int = 0) -> str:
@@ -157,8 +157,9 @@ def test_relative_sources_beside_an_absolute_tokenizer_are_found_where_they_are(
     tmp_path, tmp_path_factory, write_config, write_jsonl, monkeypatch
 ):
     """An absolute tokenizer (or a hub id) tells nothing of the config's folder. Before, find then refused
-    every FILE:LINE and printed "from ? ... unknown" once per document of a pack. Now the folder is the
-    working one or one above OUT where the relative sources are; elsewhere one line says to pass --config."""
+    every FILE:LINE and printed "from ? ... unknown" once per document of a pack. Now, for an output whose
+    manifest does not record the config's folder (an older build), the folder is the working one or one above
+    OUT where the relative sources are; elsewhere one line says to pass --config."""
     data = write_jsonl([{"id": f"doc-{i}", "text": f"plain document number {i}"} for i in range(3)])
     beside = tmp_path_factory.mktemp("elsewhere") / "out"  # OUT not below the config's folder
     config = write_config(
@@ -172,6 +173,7 @@ def test_relative_sources_beside_an_absolute_tokenizer_are_found_where_they_are(
     )
     built = CliRunner().invoke(main, ["build", str(config), "-q"])
     assert built.exit_code == 0, built.output
+    _as_older_build(beside)
     pack = json.loads(_find(str(beside), "doc-1", "--json"))["placements"][0]["pack_hash"][:12]
     refused = _find(str(beside), pack)
     assert "from ?" not in refused and refused.count("not read: ") == 1, refused
@@ -185,8 +187,47 @@ def test_relative_sources_beside_an_absolute_tokenizer_are_found_where_they_are(
     # OUT below the config's folder: found from any working folder
     inside = tmp_path / "out"
     assert CliRunner().invoke(main, ["build", str(config), "-q", "-o", str(inside)]).exit_code == 0
+    _as_older_build(inside)
     monkeypatch.chdir(tmp_path_factory.mktemp("anywhere"))
     assert json.loads(_find(str(inside), f"{data}:2", "--json"))["origins"][0]["status"] == "matches"
+
+
+def _as_older_build(out: Path) -> None:
+    """The manifest as a packtool that did not record `config_folder` wrote it (sealed again)."""
+    raw = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    write_manifest(out, {k: v for k, v in raw.items() if k not in ("config_folder", "manifest_sha256")})
+
+
+def test_the_recorded_config_folder_finds_relative_sources_from_anywhere(tmp_path, monkeypatch):
+    """Relative sources, an absolute tokenizer (which tells nothing of the config's folder), OUT outside the
+    config's folder tree and find run from a third folder: the manifest's config_folder is where the sources
+    are, by its absolute path, and by its path relative to OUT once both folders moved together."""
+    configs, out, anywhere = tmp_path / "a" / "configs", tmp_path / "b" / "out", tmp_path / "c"
+    configs.mkdir(parents=True)
+    anywhere.mkdir()
+    rows = [{"id": f"doc-{i}", "text": f"plain document number {i}"} for i in range(3)]
+    (configs / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    settings = {
+        "sources": [{"name": "t", "path": "data.jsonl", "format": "text", "fields": {"id": "id"}}],
+        "tokenizer": str(QUICKSTART / "tokenizer" / "tokenizer.json"),
+        "capacity": 64,
+        "output": "../../b/out",
+    }
+    (configs / "config.yaml").write_text(json.dumps(settings), encoding="utf-8")
+    built = CliRunner().invoke(main, ["build", str(configs / "config.yaml"), "-q"])
+    assert built.exit_code == 0, built.output
+    assert read_manifest(out).raw["config_folder"] == {"path": str(configs.resolve()), "relative": "../../a/configs"}
+    monkeypatch.chdir(anywhere)
+    by_location = json.loads(_find(str(out), f"{configs / 'data.jsonl'}:2", "--json"))
+    assert [o["status"] for o in by_location["origins"]] == ["matches"] and len(by_location["placements"]) == 1
+    pack = by_location["placements"][0]["pack_hash"][:12]
+    assert _find(str(out), pack).count(": matches") == 3
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("a", "b"):
+        shutil.move(tmp_path / name, moved / name)  # the recorded absolute path is gone; the relative one holds
+    assert _find(str(moved / "b" / "out"), pack).count(": matches") == 3
+    assert "matches" in _find(str(moved / "b" / "out"), f"{moved / 'a' / 'configs' / 'data.jsonl'}:2")
 
 
 def test_a_config_of_hub_ids_is_read_from_the_cache_wherever_it_was(tmp_path, tmp_path_factory, monkeypatch):
@@ -249,16 +290,16 @@ def test_unknown_keys_are_one_line(quickstart_build):
 )
 def test_config_folder_from_the_tokenizer(named, file, expected):
     manifest = {"config": {"tokenizer": named}, "tokenizer": {"file": file}}
-    assert config_folder(manifest, Path("/a/out/qs")) == (Path(expected) if expected else None)
+    assert config_folder_from_tokenizer(manifest, Path("/a/out/qs")) == (Path(expected) if expected else None)
 
 
 def test_the_manifest_names_the_tokenizer_relative_to_its_folder(quickstart_build):
-    """docs/format.md: no machine path in the manifest beyond the config's (it held the absolute path)."""
+    """docs/format.md: the tokenizer is named relative to OUT, not by a machine path (it held the absolute path)."""
     manifest = read_manifest(quickstart_build)
     file = Path(manifest.tokenizer_file or "")
     assert not file.is_absolute()
     assert (quickstart_build / file).resolve() == (QUICKSTART / "tokenizer" / "tokenizer.json").resolve()
-    assert config_folder(manifest.raw, quickstart_build) == QUICKSTART.parent
+    assert config_folder_from_tokenizer(manifest.raw, quickstart_build) == QUICKSTART.parent
 
 
 def test_documents_in_the_overflow_bucket_are_found(tmp_path):

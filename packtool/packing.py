@@ -42,6 +42,7 @@ __all__ = [
     "lower_bound",
     "plan_packs",
     "plan_stream",
+    "plan_vision",
 ]
 
 
@@ -167,20 +168,25 @@ def plan_packs(
     seed: int = 0,
     max_segments: int | None = None,
     shuffle: bool = True,
+    patches: np.ndarray | None = None,
 ) -> PackPlan:
     """Assign every sample to one pack of at most `capacity` tokens and `max_segments` samples.
 
     `shuffle` permutes the finished packs with `seed` so that the long-first order of the
     decreasing strategies does not put all the full packs at the start of an epoch; the
     contents of each pack do not depend on the seed. `sequential` never shuffles: its order
-    is the point.
+    is the point. `patches` (the vision patches of each sample) plans with `plan_vision`
+    instead, evening them out across the packs; `sequential` and `pad` keep their own rule.
     """
     lengths = _checked(lengths, capacity)
     if max_segments is not None and max_segments < 1:
         raise ValueError(f"max_segments must be at least 1, got {max_segments}")
     if strategy not in PACKERS:
         raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(PACKERS)}")
-    plan = PACKERS[strategy](lengths, capacity, max_segments)
+    if patches is not None and strategy in BALANCEABLE:
+        plan = plan_vision(lengths, patches, capacity, max_segments)
+    else:
+        plan = PACKERS[strategy](lengths, capacity, max_segments)
     return _shuffled(plan, seed) if shuffle and strategy not in ORDER_PRESERVING else plan
 
 
@@ -193,6 +199,7 @@ def plan_groups(
     seed: int = 0,
     max_segments: int | None = None,
     shuffle: bool = True,
+    patches: np.ndarray | None = None,
 ) -> PackPlan:
     """`plan_packs` per group, so that no pack mixes groups; then one seeded shuffle over all packs.
 
@@ -204,13 +211,132 @@ def plan_groups(
     sizes = [np.zeros(0, dtype=np.int64)]
     for group in np.unique(groups):
         index = np.flatnonzero(groups == group)
-        plan = plan_packs(lengths[index], capacity, strategy, max_segments=max_segments, shuffle=False)
+        mine = None if patches is None else patches[index]
+        plan = plan_packs(lengths[index], capacity, strategy, max_segments=max_segments, shuffle=False, patches=mine)
         members.append(index[plan.members])
         sizes.append(plan.segments())
     offsets = np.zeros(sum(len(s) for s in sizes) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(sizes), out=offsets[1:])
     combined = PackPlan(members=np.concatenate(members), offsets=offsets)
     return _shuffled(combined, seed) if shuffle and strategy not in ORDER_PRESERVING else combined
+
+
+def plan_vision(
+    lengths: np.ndarray,
+    patches: np.ndarray,
+    capacity: int,
+    max_segments: int | None = None,
+) -> PackPlan:
+    """Packs whose vision patches sit near their mean, at about the token efficiency of `bfd`.
+
+    A pack's tokens are what packing fills; the vision tower's work is its patches (t * h * w of each
+    image), which token-filled packs spread several-fold. Here the documents with images go first, most
+    patches first, each to the pack with the fewest patches so far that still has the tokens and a segment
+    for it (longest processing time first over `bfd`'s pack count: a new pack only when none has room);
+    then the documents without images fill the room left by best fit, longest first, as `bfd` does.
+
+        lengths [4, 4, 4, 4], patches [8, 8, 0, 0], capacity 8: bfd's 2 packs
+        images   sample 0 (8) -> pack 0 (0 patches)     sample 1 (8) -> pack 1 (0 patches)
+        text     sample 2 -> pack 0, sample 3 -> pack 1          packs {0, 2} {1, 3}: 8 and 8 patches
+        (bfd alone: {0, 1} {2, 3}, 16 and 0)
+
+    Deterministic: equal patches are taken by sample index, equal packs by pack index.
+    `_vision_reference` is the same rule one sample at a time.
+    """
+    lengths = _checked(lengths, capacity)
+    patches = _checked_patches(patches, lengths)
+    if lengths.size == 0:
+        return _best_fit_decreasing(lengths, capacity, max_segments)
+    target = _best_fit_decreasing(lengths, capacity, max_segments).n_packs
+    pictured = np.flatnonzero(patches > 0)
+    pictured = pictured[np.lexsort((pictured, -patches[pictured]))]
+    most = pictured.size + target
+    load = np.zeros(most, dtype=np.int64)
+    work = np.zeros(most, dtype=np.int64)
+    held = np.zeros(most, dtype=np.int64)
+    limit = max_segments if max_segments is not None else lengths.size + 1
+    # A pack with less room than every picture still to come never takes one again: dropped from the heap.
+    shortest_left = np.minimum.accumulate(lengths[pictured][::-1])[::-1]
+    heap = [(0, p) for p in range(target)]
+    n_packs = target
+    pack_of = np.empty(pictured.size, dtype=np.int64)
+    for k, (sample, length) in enumerate(zip(pictured.tolist(), lengths[pictured].tolist())):
+        chosen = _lightest_fitting(heap, load, work, held, capacity - length, limit)
+        if chosen is None:
+            fits = (load[:n_packs] <= capacity - length) & (held[:n_packs] < limit)
+            chosen = int(np.argmin(np.where(fits, work[:n_packs], np.iinfo(np.int64).max))) if fits.any() else n_packs
+            n_packs = max(n_packs, chosen + 1)
+        pack_of[k] = chosen
+        load[chosen] += length
+        work[chosen] += patches[sample]
+        held[chosen] += 1
+        if k + 1 < pictured.size and capacity - load[chosen] >= shortest_left[k + 1] and held[chosen] < limit:
+            heapq.heappush(heap, (int(work[chosen]), chosen))
+    plain = np.flatnonzero(patches == 0)
+    order, plain_pack, n_packs = _best_fit_into(lengths[plain], capacity, max_segments, load[:n_packs], held[:n_packs])
+    return _grouped(np.concatenate([pictured, plain[order]]), np.concatenate([pack_of, plain_pack]), n_packs)
+
+
+def _lightest_fitting(
+    heap: list[tuple[int, int]], load: np.ndarray, work: np.ndarray, held: np.ndarray, most: int, limit: int
+) -> int | None:
+    """The pack with the fewest patches (then the lowest index) among the heap's first few that holds `most`
+    tokens or fewer and a free segment, or None to search every pack. An entry whose patches are not the pack's
+    now is stale (each placement adds patches and pushes the pack again) and goes."""
+    aside: list[tuple[int, int]] = []
+    chosen = None
+    while heap and len(aside) < 8:
+        entry = heapq.heappop(heap)
+        patches, p = entry
+        if patches != work[p]:
+            continue
+        if load[p] <= most and held[p] < limit:
+            chosen = p
+            break
+        aside.append(entry)
+    for entry in aside:
+        heapq.heappush(heap, entry)
+    # The heap holds every pack that could take a picture still to come, so the first fitting entry is the
+    # lightest fitting pack; after eight misses the caller searches them all instead.
+    return chosen
+
+
+def _vision_reference(lengths: np.ndarray, patches: np.ndarray, capacity: int, max_segments: int | None) -> PackPlan:
+    """`plan_vision` one sample at a time over plain lists: the rule the fast path is held to."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    patches = np.asarray(patches, dtype=np.int64)
+    target = _best_fit_decreasing(lengths, capacity, max_segments).n_packs
+    limit = max_segments if max_segments is not None else lengths.size + 1
+    load, work = [0] * target, [0] * target
+    members: list[list[int]] = [[] for _ in range(target)]
+
+    def place(sample: int, preference: Callable[[int], tuple[int, ...]]) -> None:
+        fitting = [p for p in range(len(load)) if load[p] + lengths[sample] <= capacity and len(members[p]) < limit]
+        chosen = min(fitting, key=preference) if fitting else len(load)
+        if chosen == len(load):
+            load.append(0)
+            work.append(0)
+            members.append([])
+        load[chosen] += int(lengths[sample])
+        work[chosen] += int(patches[sample])
+        members[chosen].append(sample)
+
+    for sample in sorted(np.flatnonzero(patches > 0).tolist(), key=lambda i: (-patches[i], i)):
+        place(sample, lambda p: (work[p], p))  # the lightest pack
+    for sample in sorted(np.flatnonzero(patches == 0).tolist(), key=lambda i: (-lengths[i], i)):
+        place(sample, lambda p: (capacity - load[p], len(members[p]), p))  # the best fit
+    offsets = np.zeros(len(members) + 1, dtype=np.int64)
+    np.cumsum([len(m) for m in members], out=offsets[1:])
+    return PackPlan(members=np.asarray([s for m in members for s in m], dtype=np.int64), offsets=offsets)
+
+
+def _checked_patches(patches: np.ndarray | Iterable[int], lengths: np.ndarray) -> np.ndarray:
+    array = np.asarray(patches if isinstance(patches, np.ndarray) else list(patches), dtype=np.int64)
+    if array.shape != lengths.shape:
+        raise ValueError(f"{array.size} patch counts for {lengths.size} samples")
+    if array.size and array.min() < 0:
+        raise ValueError(f"sample {int(np.argmin(array))}: negative patches {int(array.min())}")
+    return array
 
 
 def plan_stream(lengths: np.ndarray | Iterable[int], capacity: int) -> StreamPlan:
@@ -363,7 +489,16 @@ class _OpenPacks:
 
 
 def _best_fit_decreasing(lengths: np.ndarray, capacity: int, max_segments: int | None) -> PackPlan:
-    """Exact best-fit decreasing, run on the length histogram.
+    """Exact best-fit decreasing, run on the length histogram (`_best_fit_into` with no pack open)."""
+    none = np.zeros(0, dtype=np.int64)
+    return _grouped(*_best_fit_into(lengths, capacity, max_segments, none, none))
+
+
+def _best_fit_into(
+    lengths: np.ndarray, capacity: int, max_segments: int | None, load: np.ndarray, held: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(sample order, pack of each sample in that order, packs in all) of best-fit decreasing into packs
+    0..len(load)-1, already holding `load` tokens in `held` samples, and new packs after them.
 
     Scanning free space upward from `length`, the first bucket is the best fit for the next
     sample, and a pack stays the best fit until it has less than `length` left (or no segment
@@ -373,6 +508,12 @@ def _best_fit_decreasing(lengths: np.ndarray, capacity: int, max_segments: int |
     order, values, counts = _longest_first(lengths, capacity)
     pack_of = np.empty(lengths.size, dtype=np.int64)
     packs = _OpenPacks(capacity, max_segments, values[-1] if values else 0)
+    packs.n_packs = load.size
+    room = capacity - load
+    by_state = np.lexsort((held, room))
+    edges = np.flatnonzero(np.diff(room[by_state]) | np.diff(held[by_state])) + 1
+    for same in np.split(by_state, edges) if by_state.size else []:
+        packs.put(int(room[same[0]]), int(held[same[0]]), same.tolist())
     pos = 0
     for length, left in zip(values, counts, strict=True):
         for free in (np.flatnonzero(packs.count[length:]) + length).tolist():
@@ -401,7 +542,7 @@ def _best_fit_decreasing(lengths: np.ndarray, capacity: int, max_segments: int |
         if left:
             packs.open_new(length, left, pack_of, pos)
             pos += left
-    return _grouped(order, pack_of, packs.n_packs)
+    return order, pack_of, packs.n_packs
 
 
 def _worst_fit_decreasing(lengths: np.ndarray, capacity: int, max_segments: int | None) -> PackPlan:
@@ -514,3 +655,5 @@ PACKERS: dict[str, Packer] = {
 }
 # Strategies whose pack order carries meaning (a curriculum), so plan_packs never shuffles it.
 ORDER_PRESERVING = frozenset({"sequential"})
+# Strategies that fill packs by tokens, which plan_vision replaces when vision work is balanced.
+BALANCEABLE = frozenset({"bfd", "ffd", "histogram"})

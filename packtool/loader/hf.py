@@ -38,8 +38,11 @@ What a Trainer user needs, and where it is:
 
 TRL: `PackedSFTTrainer` is the same on top of `trl.SFTTrainer` with `padding_free=True`: TRL's own
 padding-free collator takes each pack as one example {input_ids, labels, seq_lengths}, so its
-flattened rows keep packtool's labels and segment boundaries. Give it `sft_dataset(dataset)` as
-train_dataset (TRL accepts only `datasets` types) and `SFTConfig(dataset_kwargs={"skip_prepare_dataset": True})`.
+flattened rows keep packtool's labels and segment boundaries. Give it `packed=trainer_dataset(path, args)`
+(it hands TRL `sft_dataset(packed)`, as TRL accepts only `datasets` types) and
+`SFTConfig(padding_free=True, dataset_kwargs={"skip_prepare_dataset": True})`. A vision build's packs go
+through `PackedCollator` instead (TRL's padding-free collator has no place for pixel_values, image_grid_thw
+and the mRoPE positions); TRL's trainer does the rest, its loss="model" path included.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import itertools
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +132,12 @@ def sft_example(pack: LoadedPack) -> dict[str, Any]:
     """One pack as the example TRL's padding-free collator reads: its segments are `seq_lengths`.
 
     TRL's collator has no place for a pack's images, so a vision build's pack is refused rather than trained
-    with its image tokens read as text."""
+    with its image tokens read as text (PackedSFTTrainer collates such packs with PackedCollator)."""
     if pack.images is not None:
         raise DatasetError(
             "a vision build's packs carry images, which TRL's padding-free collator drops: train it with "
-            "PackedTrainer (its PackedCollator feeds pixel_values, image_grid_thw and the mRoPE positions)"
+            "PackedSFTTrainer or PackedTrainer (their PackedCollator feeds pixel_values, image_grid_thw and the "
+            "mRoPE positions)"
         )
     return {
         "input_ids": pack.input_ids.tolist(),
@@ -154,6 +159,16 @@ def sft_dataset(dataset: PackedDataset):
             yield sft_example(pack)
 
     return datasets.IterableDataset.from_generator(examples)
+
+
+def _first_pack_text(dataset: PackedDataset):
+    """A vision build's first pack without its images: the one example TRL reads at init to choose its
+    collator (an example with images it refuses under padding_free). Never trained from: PackedSFTTrainer
+    reads the packs themselves, images included, through PackedCollator."""
+    import datasets
+
+    first = next(iter(dataset))
+    return datasets.Dataset.from_list([sft_example(replace(first, images=None))])
 
 
 class _Batches(IterableDataset):
@@ -407,13 +422,36 @@ def __getattr__(name: str) -> Any:
         base = _sft_trainer_base()
 
         class PackedSFTTrainer(_PackedMixin, base):  # type: ignore[misc, valid-type]
-            """`trl.SFTTrainer(padding_free=True)` reading a packtool build through TRL's own collator."""
+            """`trl.SFTTrainer(padding_free=True)` reading a packtool build through TRL's own collator, a vision
+            build's through PackedCollator (its images, grids and mRoPE positions)."""
 
             _packs_as_examples = True
 
             def __init__(self, *, packed: PackedDataset, loss: str = "chunked", **kwargs: Any) -> None:
-                super().__init__(train_dataset=sft_dataset(packed), **kwargs)
+                if packed.manifest.vision is None:
+                    super().__init__(train_dataset=sft_dataset(packed), **kwargs)
+                else:  # TRL refuses a collator of ours beside padding_free: it builds its own, replaced here
+                    super().__init__(train_dataset=_first_pack_text(packed), **kwargs)
+                    self.data_collator = PackedCollator(self.model)
+                    self._packs_as_examples = False
                 self._setup_packed(packed, loss)
+
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                if self._packs_as_examples or self.loss != "model" or return_outputs or not model.training:
+                    return super().compute_loss(
+                        model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+                    )
+                # TRL's loss counts a batch's tokens by its attention_mask when the key is there (PackedCollator's
+                # is None, the forward's default, which TRL cannot sum: left out), else by position_ids.size(1),
+                # which is 1 for the [4, 1, T] mRoPE rows: counted here
+                before = self._total_train_tokens
+                inputs = {key: value for key, value in inputs.items() if key != "attention_mask" or value is not None}
+                loss = super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+                tokens = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
+                counted = self.accelerator.gather_for_metrics(tokens).sum().item()
+                self._total_train_tokens = before + counted // self._tp_size
+                self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+                return loss
 
         globals()["PackedSFTTrainer"] = PackedSFTTrainer
         return PackedSFTTrainer

@@ -227,6 +227,29 @@ def tiny_qwen2_5_vl():
     return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
+def tiny_qwen2_vl(image_token_id: int):
+    """A random Qwen2-VL on the vision quickstart's vocabulary (configs/quickstart_vision/model: 4,096 text tokens,
+    then its vision tokens): two decoder layers, a two-block vision tower, float32."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2VLConfig(
+        text_config={
+            "vocab_size": 4100,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]},
+        },
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2},
+        image_token_id=image_token_id,
+        video_token_id=4099,
+        vision_start_token_id=4096,
+        vision_end_token_id=4098,
+    )
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
 @pytest.fixture(scope="module")
 def documents() -> list[Document]:
     return random_documents(random.Random(40), 9)
@@ -435,25 +458,7 @@ def test_the_vision_quickstart_trains_packed_as_each_document_alone(tmp_path):
     rows = {
         row["pack_hash"]: row for shard in sorted(out.glob("*.parquet")) for row in pq.read_table(shard).to_pylist()
     }
-    torch.manual_seed(0)
-    model = transformers.Qwen2VLForConditionalGeneration(
-        transformers.Qwen2VLConfig(
-            text_config={
-                "vocab_size": 4100,
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 2,
-                "num_key_value_heads": 1,
-                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]},
-            },
-            vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2},
-            image_token_id=vision["image_token_id"],
-            video_token_id=4099,
-            vision_start_token_id=4096,
-            vision_end_token_id=4098,
-        )
-    ).eval()
+    model = tiny_qwen2_vl(vision["image_token_id"])
     documents = 0
     with torch.no_grad():
         for mb in packed_batches(PackedDataset(out, shuffle=False, token_budget=config.capacity)):

@@ -37,7 +37,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from packtool.commands.verify_images import ImageCheck, count_problems, image_check, image_row_problems, schema_problems
+from packtool.commands.verify_images import (
+    ImageCheck,
+    ImagesChecked,
+    count_problems,
+    image_check,
+    image_row_problems,
+    schema_problems,
+)
 from packtool.format import (
     CONTAMINATED,
     DOCUMENT_COLUMNS,
@@ -75,6 +82,7 @@ class Verification:
     packs: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    images: ImagesChecked | None = None  # a vision build's: the image files and embedded images hashed
 
     @property
     def ok(self) -> bool:
@@ -95,6 +103,7 @@ class Verification:
             "packs": self.packs,
             "problems": self.problems,
             "warnings": self.warnings,
+            **({} if self.images is None else {"images": self.images.as_dict()}),
         }
 
 
@@ -198,6 +207,9 @@ def _check_output(
     for problem in problems:
         result.add(problem)
     images_checked = images is not None or manifest.vision is None  # a damaged processor/ is the one problem named
+    if images is not None:
+        result.images = result.images or ImagesChecked()
+        result.images.checks.append(images)  # counted once its rows are read
     if lone is not None:
         entry = listed.get(lone.name)
         if entry is None:
@@ -567,10 +579,11 @@ def format_verification(result: Verification) -> str:
     head = f"{shown(result.checked or result.folder)}: {result.shards} shard(s), {result.packs} pack(s) checked"
     warnings = [f"  warning: {shown(w)}" for w in result.warnings]
     if result.ok:
+        images = "" if result.images is None else f"; {result.images.describe()}"
         return "\n".join(
             [
                 f"{head}: OK (manifest seal, shard list, checksums, offsets, labels at segment starts, counts, "
-                "pack hashes, stats, accounting, rejects, card)",
+                f"pack hashes, stats, accounting, rejects, card{images})",
                 *warnings,
             ]
         )

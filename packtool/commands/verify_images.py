@@ -40,6 +40,30 @@ class ImageCheck:
     files: dict[str, str | None] = field(default_factory=dict)  # reference -> its file's sha256 (None: unreadable)
     images: int = 0
     image_tokens: int = 0
+    embedded: int = 0  # images whose stored bytes were hashed
+
+
+@dataclass
+class ImagesChecked:
+    """What verify's image checks read, over every folder of an output (main, overflow, validation): its OK
+    line says it. Each folder's check fills in as its rows are read."""
+
+    checks: list[ImageCheck] = field(default_factory=list)
+
+    @property
+    def files(self) -> int:
+        """Referenced files hashed, each once whichever folders' shards name it."""
+        return len({check.root / reference for check in self.checks for reference in check.files})
+
+    @property
+    def embedded(self) -> int:
+        return sum(check.embedded for check in self.checks)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"files": self.files, "embedded": self.embedded}
+
+    def describe(self) -> str:
+        return f"images checked: {self.files} file(s), {self.embedded} embedded"
 
 
 def image_check(folder: Path, manifest: Manifest) -> tuple[ImageCheck | None, list[str]]:
@@ -129,6 +153,7 @@ def _bytes_problems(row: dict[str, Any], check: ImageCheck) -> list[str]:
         zip(row["image_refs"], row["image_sha256"], row["image_sizes"], row["image_data"])
     ):
         if data:
+            check.embedded += 1
             if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
                 problems.append(f"image {i} ({reference or 'embedded'}): its stored bytes do not hash as recorded")
         elif not reference:

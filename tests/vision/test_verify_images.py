@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_shards_vision import images_placed, vision_config  # noqa: F401 (images_placed: a fixture)
+from test_shards_vision import images_placed, packs, vision_config  # noqa: F401 (images_placed: a fixture)
 
 from packtool.builder import build
-from packtool.commands.verify import verify
+from packtool.commands.verify import format_verification, verify
 from packtool.config import load_config
 from packtool.format import PROCESSOR_FOLDER, pack_hash, read_manifest
 
@@ -48,6 +48,20 @@ def problems(out) -> str:
 def test_a_sound_build_with_images_verifies(built):
     result = verify(built / "out")
     assert result.ok, result.problems
+
+
+def test_the_ok_line_says_which_images_were_checked(built):
+    """Each referenced file hashed once, each embedded image's bytes hashed: the OK line and --json count them."""
+    rows = packs(built / "out")
+    files = {ref for row in rows for ref in row["image_refs"] if ref}
+    embedded = sum(1 for row in rows for data in row["image_data"] if data)
+    assert files and embedded
+    result = verify(built / "out")
+    assert result.images is not None and result.images.as_dict() == {"files": len(files), "embedded": embedded}
+    assert format_verification(result).endswith(f"card; images checked: {len(files)} file(s), {embedded} embedded)")
+    assert result.as_dict()["images"] == {"files": len(files), "embedded": embedded}
+    shard = read_manifest(built / "out").shards[0].file
+    assert "images checked: " in format_verification(verify(shard))  # one shard: what that shard references
 
 
 def test_a_changed_or_missing_image_file_is_named(built):
@@ -107,7 +121,9 @@ def test_an_image_token_outside_every_span_is_a_problem(built):
 def test_embedded_bytes_that_do_not_hash_are_a_problem(images_placed):  # noqa: F811
     build(load_config(vision_config(images_placed, images="embed")))
     out = images_placed / "out"
-    assert verify(out).ok
+    result = verify(out)
+    assert result.ok and result.images is not None
+    assert result.images.as_dict() == {"files": 0, "embedded": read_manifest(out).vision["n_images"]}
     rewritten(out, "image_data", lambda row: [data + b"x" for data in row["image_data"]])
     assert "its stored bytes do not hash as recorded" in problems(out)
     assert hashlib.sha256(b"").hexdigest()  # empty data would be a reference's: embed builds hold every image

@@ -73,6 +73,24 @@ def qwen_model():
     return tokenizer, load_template("model", tokenizer.config)
 
 
+def images_only_processor(image_processor: Any, tokenizer: Any) -> Any:
+    """transformers' Qwen2_5_VLProcessor without its video processor, which needs torchvision: images take the
+    same path through it, so it is the reference the vision layout, encode and loader tests hold packtool to.
+    (transformers is imported here, not with this module, which every test imports.)"""
+    from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImagesOnlyProcessor(Qwen2_5_VLProcessor):
+        def __init__(self, image_processor: Any, tokenizer: Any) -> None:
+            # ProcessorMixin takes its parts from this signature: no video_processor among them
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer)
+
+    return ImagesOnlyProcessor(image_processor, tokenizer)
+
+
 # The real models' templates the render routes are held to.
 PARITY_MODELS = ("qwen2.5", "qwen3", "llama-3.2", "mistral-nemo", "gemma-3", "phi-3-mini")
 _TEMPLATES: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import shared
+from support import images_only_processor, shared
 
 from packtool.errors import DatasetError
 from packtool.format import IMAGE_FIELDS, MANIFEST, MROPE_FIELD, sha256_file
@@ -34,9 +34,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
-from transformers.processing_utils import ProcessorMixin  # noqa: E402
 
 from packtool.loader import PackedDataset, collate, packed_batches  # noqa: E402
 from packtool.loader.boundaries import model_inputs  # noqa: E402
@@ -50,16 +48,6 @@ PREPROCESSOR = {
     "max_pixels": 28 * 28 * 16,
 }
 CAPACITY = 160
-
-
-class ImagesOnlyProcessor(Qwen2_5_VLProcessor):
-    """Qwen2_5_VLProcessor without its video processor, which needs torchvision; images go the same way."""
-
-    def __init__(self, image_processor, tokenizer):
-        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-        ProcessorMixin.__init__(self, image_processor, tokenizer)
 
 
 @dataclass(frozen=True)
@@ -77,7 +65,7 @@ class Document:
 @pytest.fixture(scope="module")
 def processor():
     tokenizer = transformers.AutoTokenizer.from_pretrained(shared("tokenizers", "qwen2.5"))
-    return ImagesOnlyProcessor(Qwen2VLImageProcessorPil.from_dict(PREPROCESSOR), tokenizer)
+    return images_only_processor(Qwen2VLImageProcessorPil.from_dict(PREPROCESSOR), tokenizer)
 
 
 def random_documents(rng: random.Random, n: int) -> list[Document]:

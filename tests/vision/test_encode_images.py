@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import shared
+from support import images_only_processor, shared
 
 from packtool.builder.stages import outcomes, stages_for
 from packtool.config import BuildConfig, parse_config
@@ -26,7 +26,6 @@ Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
 transformers = pytest.importorskip("transformers")
 from test_images import png_header_only  # noqa: E402
-from test_layout import ImagesOnlyProcessor  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
 
 VL_MODEL = Path(__file__).parent / "qwen2_5_vl"
@@ -59,7 +58,7 @@ def encoded(config: BuildConfig) -> list[Tokenized | RecordError]:
 def reference():
     tokenizer = transformers.AutoTokenizer.from_pretrained(shared("tokenizers", "qwen2.5"))
     settings = json.loads((VL_MODEL / "preprocessor_config.json").read_text())
-    return ImagesOnlyProcessor(Qwen2VLImageProcessorPil.from_dict(settings), tokenizer)
+    return images_only_processor(Qwen2VLImageProcessorPil.from_dict(settings), tokenizer)
 
 
 def processor_path(reference, messages: list[dict], pictures: list) -> dict:

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from support import shared
+from support import images_only_processor, shared
 
 from packtool.errors import RecordError
 from packtool.records import Tokenized
@@ -18,22 +18,10 @@ from packtool.vision.processors import Grid, ImagePlan, processor_from_config
 Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
-from transformers.processing_utils import ProcessorMixin  # noqa: E402
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # what Qwen-VL chat templates render for one image
 QWEN2_5_VL = {"processor_class": "Qwen2_5_VLProcessor", "min_pixels": 3136, "max_pixels": 28 * 28 * 256}
-
-
-class ImagesOnlyProcessor(Qwen2_5_VLProcessor):
-    """Qwen2_5_VLProcessor without its video processor, which needs torchvision; images go the same way."""
-
-    def __init__(self, image_processor, tokenizer):
-        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-        ProcessorMixin.__init__(self, image_processor, tokenizer)
 
 
 def random_conversation(rng: random.Random) -> tuple[str, list]:
@@ -47,7 +35,7 @@ def test_expanded_ids_and_positions_equal_the_processor_path(rope_index):
     folder = shared("tokenizers", "qwen2.5")
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     ours = processor_from_config(QWEN2_5_VL, where="qwen2.5-vl")
-    reference = ImagesOnlyProcessor(Qwen2VLImageProcessorPil.from_dict(QWEN2_5_VL), tokenizer)
+    reference = images_only_processor(Qwen2VLImageProcessorPil.from_dict(QWEN2_5_VL), tokenizer)
     image_token_id = reference.image_token_id
     rng = random.Random(40)
     images = 0
@@ -114,7 +102,7 @@ def test_an_encoded_document_equals_the_processor_path():
     """The real Qwen2.5 tokens with the answer as targets: the processor's ids, its image tokens no targets."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(shared("tokenizers", "qwen2.5"))
     ours = processor_from_config(QWEN2_5_VL, where="qwen2.5-vl")
-    reference = ImagesOnlyProcessor(Qwen2VLImageProcessorPil.from_dict(QWEN2_5_VL), tokenizer)
+    reference = images_only_processor(Qwen2VLImageProcessorPil.from_dict(QWEN2_5_VL), tokenizer)
     rng = random.Random(41)
     for _ in range(10):
         text, pictures = random_conversation(rng)

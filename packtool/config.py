@@ -38,7 +38,7 @@ from packtool import hub
 from packtool.checks import range_problem, seed_problem
 from packtool.errors import ConfigError, HubError, PacktoolError
 from packtool.format import IMAGE_STORAGE, MIX_UNITS, Interleaving
-from packtool.packing import PACKERS
+from packtool.packing import BALANCEABLE, PACKERS
 from packtool.truncate import ITEM_TRUNCATION, STRATEGIES
 from packtool.vision.placing import IMAGE_TOKENS
 from packtool.vision.processors import PREPROCESSOR_CONFIG, load_processor
@@ -213,6 +213,7 @@ class Packing:
     max_segments: int | None = None
     shuffle: bool = True
     group_by: str | None = None  # None | "source"
+    balance_vision: bool = False  # with images: even out vision patches per pack (packing.plan_vision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,7 +578,7 @@ SOURCE_KEYS = {
 TRAIN_KEYS = {"roles", "turns", "end_of_turn", "tool_calls"}
 # The keys of the settings that may be written as a mapping (docs/config.md lists them all; a test checks it).
 TRUNCATION_KEYS = {"strategy", "fallback", "items"}
-PACKING_KEYS = {"strategy", "max_segments", "shuffle", "group_by"}
+PACKING_KEYS = {"strategy", "max_segments", "shuffle", "group_by", "balance_vision"}
 OVERFLOW_KEYS = {"mode", "capacity"}
 OVERFLOW_MODES = ("truncate", "bucket")
 MIXING_KEYS = {"by", "interleave"}
@@ -947,7 +948,7 @@ def _parse_truncation(raw: dict[str, Any], p: _Problems) -> Truncation:
 
 
 def _parse_packing(raw: dict[str, Any], p: _Problems) -> Packing:
-    """`packing`: a strategy name, or {strategy, max_segments, shuffle, group_by}."""
+    """`packing`: a strategy name, or {strategy, max_segments, shuffle, group_by, balance_vision}."""
     default = Packing()
     value = raw.get("packing", default.strategy)
     if isinstance(value, str):
@@ -968,7 +969,13 @@ def _parse_packing(raw: dict[str, Any], p: _Problems) -> Packing:
     p.number("packing.max_segments", max_segments, 1, MAX_CAPACITY, "documents per pack; null for no limit")
     shuffle = p.take(value, "shuffle", bool, "packing", default.shuffle)
     group_by = p.take(value, "group_by", str, "packing", default.group_by, choices=("source",))
-    return Packing(strategy, max_segments, shuffle, group_by)
+    balance_vision = p.take(value, "balance_vision", bool, "packing", default.balance_vision)
+    if balance_vision and strategy not in BALANCEABLE:
+        p.add(
+            "packing.balance_vision",
+            f"balances the packs that bfd, ffd or histogram fill; {strategy} keeps its own order (set it to false)",
+        )
+    return Packing(strategy, max_segments, shuffle, group_by, balance_vision)
 
 
 def _parse_overflow(raw: dict[str, Any], capacity: int | None, p: _Problems) -> Overflow:

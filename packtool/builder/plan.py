@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from packtool.arrow import as_numpy
 from packtool.builder.accounting import Counts
 from packtool.builder.cache import code_fingerprint
 from packtool.builder.mixing import (
@@ -139,6 +142,9 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
     finally:
         for reader in readers:
             reader.close()
+    if config.packing.balance_vision and config.processor is not None:
+        rows = [_file_patches(Path(p.path)) for p in partitions]
+        fitted = replace(fitted, patches=np.concatenate([*rows, _file_patches(folder / PIECES_FILE)]))
 
     folders = [_main_folder(config, fitted, counts)]
     if config.overflow.mode == "bucket":
@@ -208,6 +214,27 @@ class _Fitted:
     held_out: np.ndarray  # bool: in the validation split
     piece_numbers: np.ndarray  # piece k of pieces.arrow is part piece_numbers[k] of its sample ...
     piece_offsets: np.ndarray  # ... starting at token piece_offsets[k] of it (Truncation.numbers/offsets)
+    # When packing balances vision work: the patches of every stored row, then of every piece (`segment_patches`).
+    patches: np.ndarray | None = None
+
+    def segment_patches(self, ref: np.ndarray) -> np.ndarray | None:
+        """Vision patches (t * h * w summed over the images) of the segments `ref` names: a stored row's
+        (ref >= 0) or a piece's (ref -(k + 1)); None when packing fills by tokens alone."""
+        if self.patches is None:
+            return None
+        return self.patches[np.where(ref >= 0, ref, self.patches.size - len(self.piece_numbers) - ref - 1)]
+
+
+def _file_patches(path: Path) -> np.ndarray:
+    """Patches of every row of one store file, read from its grids alone (never the image bytes)."""
+    with pa.memory_map(str(path)) as source:
+        chunks = pa.ipc.open_file(source).read_all().column("images").chunks
+        per_row = [np.zeros(0, np.int64)]
+        for images in chunks:
+            grids = as_numpy(pc.struct_field(pc.list_flatten(images), "grid").flatten()).reshape(-1, 3)
+            row = as_numpy(pc.list_parent_indices(images))
+            per_row.append(np.bincount(row, weights=grids.astype(np.int64).prod(axis=1), minlength=len(images)))
+    return np.concatenate(per_row).astype(np.int64)
 
 
 def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[str, Counts]) -> _Fitted:
@@ -396,7 +423,8 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
     if config.packing.strategy == "stream":
         layout: PackPlan | StreamPlan = plan_stream(seg_len, config.capacity)
     elif (seg_kind == KIND_CODES["single"]).all():
-        layout = _layout(config, seg_len, seg_src, config.capacity)  # no pair or group: exactly the v1 plan
+        patches = fitted.segment_patches(seg_ref)
+        layout = _layout(config, seg_len, seg_src, config.capacity, patches)  # no pair or group: exactly the v1 plan
         if config.mixing.interleave is not None:
             layout = _interleaved(config, config.mixing.interleave, layout, seg_len, np.concatenate(targets), seg_src)
     else:
@@ -474,7 +502,7 @@ def _validation_folder(config: BuildConfig, fitted: _Fitted) -> FolderPlan:
     layout = (
         plan_stream(length, config.capacity)
         if config.packing.strategy == "stream"
-        else _layout(config, length, source, config.capacity)
+        else _layout(config, length, source, config.capacity, fitted.segment_patches(fitted.ref[held]))
     )
     return FolderPlan("validation", config.capacity, fitted.ref[held], repeat, length, layout)
 
@@ -532,20 +560,24 @@ def _overflow_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Cou
         counts[name].segments += int((fitted.source[spilled] == i).sum())
     capacity = config.overflow.capacity or config.capacity
     ref, length = fitted.ref[spilled], fitted.length[spilled]
-    layout = _layout(config, length, fitted.source[spilled], capacity)
+    layout = _layout(config, length, fitted.source[spilled], capacity, fitted.segment_patches(ref))
     return FolderPlan("overflow", capacity, ref, np.zeros(len(ref), dtype=np.int32), length, layout)
 
 
-def _layout(config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int) -> PackPlan:
-    """Global plan; with group_by: source, one plan per group so no pack mixes groups."""
+def _layout(
+    config: BuildConfig, lengths: np.ndarray, source: np.ndarray, capacity: int, patches: np.ndarray | None = None
+) -> PackPlan:
+    """Global plan; with group_by: source, one plan per group so no pack mixes groups; with `patches`, each
+    pack's vision patches near their mean (packing.plan_vision)."""
     seed, max_segments, shuffle = config.seed, config.packing.max_segments, config.packing.shuffle
+    strategy = config.packing.strategy
     if config.packing.group_by != "source":
         return plan_packs(
-            lengths, capacity, config.packing.strategy, seed=seed, max_segments=max_segments, shuffle=shuffle
+            lengths, capacity, strategy, seed=seed, max_segments=max_segments, shuffle=shuffle, patches=patches
         )
     groups = np.array([s.plan.group or s.name for s in config.sources], dtype=object)[source]
     return plan_groups(
-        lengths, groups, capacity, config.packing.strategy, seed=seed, max_segments=max_segments, shuffle=shuffle
+        lengths, groups, capacity, strategy, seed=seed, max_segments=max_segments, shuffle=shuffle, patches=patches
     )
 
 

@@ -286,8 +286,19 @@ def _by_location(
     trace.placements = [
         p for p in placements if p.source == source and (p.sample_id, p.sample_hash) == (record.id, record.sample_hash)
     ]
-    if trace.placements or trace.rejects:
+    rejected = sorted({str(r.get("id")) for r in trace.rejects})
+    if trace.placements:
         status, detail = "matches", "the record at this location now is the one in the output"
+    elif record.id in rejected:
+        # rejects.jsonl keeps no content hash: the id is all a rejected record can be held to
+        status = "matches"
+        detail = "the record at this location now has the id the build rejected here (so it is in no shard)"
+    elif rejected:
+        status = "changed"
+        detail = (
+            f"the build rejected id {', '.join(map(repr, rejected))} here, the record at this location now has id "
+            f"{record.id!r}: the file changed since the build"
+        )
     else:
         status = "not_found"
         detail = (

@@ -132,6 +132,39 @@ def test_a_rejected_sample_is_found_with_its_reason(tmp_path, write_config, writ
     assert find(out, "good", config=config).origins[0].status == "matches"
 
 
+def test_a_rejected_record_is_not_said_to_be_in_the_output(tmp_path, write_config, write_jsonl):
+    """A record the build rejected (too long), found by its location: it is the rejected one, in no shard; once
+    another id is at that line, the file changed."""
+    records = [{"id": "good", "text": "a plain document that trains"}, {"id": "long", "text": "word " * 80}]
+    data = write_jsonl(records)
+    config = write_config(
+        {
+            "sources": [{"name": "t", "path": data.name, "format": "text", "fields": {"id": "id"}}],
+            "tokenizer": str(QUICKSTART / "tokenizer"),
+            "capacity": 16,
+            "truncation": {"strategy": "drop"},
+            "output": "out",
+            "on_error": "skip",
+        }
+    )
+    built = CliRunner().invoke(main, ["build", str(config), "-q"])
+    assert built.exit_code == 0, built.output
+    output = _find(str(tmp_path / "out"), f"{data}:2")
+    assert "0 document(s)" in output and "not trained: long at data.jsonl:2: too_long" in output
+    rejected = "matches: the record at this location now has the id the build rejected here (so it is in no shard)"
+    assert rejected in output
+    assert "one in the output" not in output
+    write_jsonl([records[0], {**records[1], "id": "longer"}])
+    trace = find(tmp_path / "out", f"{data}:2")
+    assert [(o.status, o.detail) for o in trace.origins] == [
+        (
+            "changed",
+            "the build rejected id 'long' here, the record at this location now has id 'longer': "
+            "the file changed since the build",
+        )
+    ]
+
+
 def test_a_config_of_absolute_paths_needs_no_folder(tmp_path, write_config, write_jsonl):
     """No relative path to anchor: find by location and by pack hash read the sources without --config."""
     data = write_jsonl([{"id": f"doc-{i}", "text": f"plain document number {i}"} for i in range(3)])

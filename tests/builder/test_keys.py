@@ -58,6 +58,7 @@ ROWS: dict[str, tuple[str, str]] = {
     "packing.max_segments": ("plan", "4"),
     "packing.shuffle": ("plan", "false"),
     "packing.group_by": ("plan", "source"),
+    "packing.balance_vision": ("plan", "true"),  # keyed even where no image is placed (a text build: the same shards)
     "overflow.mode": ("plan", "bucket"),
     "overflow.capacity": ("plan", "4096"),
     "mixing.by": ("plan", "tokens"),

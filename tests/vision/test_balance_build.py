@@ -15,6 +15,7 @@ import pytest
 from support import QUICKSTART, REPO
 
 from packtool.builder import build
+from packtool.commands.verify import verify
 from packtool.config import load_config
 from packtool.errors import ConfigError
 from packtool.format import read_manifest
@@ -84,7 +85,9 @@ def test_balance_vision_evens_out_the_patches_per_pack(tmp_path):
     pytest.importorskip("PIL")
     mixed_records(tmp_path)
     tokens_before, before, pictures = pack_amounts(vision_build(tmp_path, False))
-    tokens_after, after, pictures_after = pack_amounts(vision_build(tmp_path, True))
+    balanced = vision_build(tmp_path, True)
+    assert verify(balanced).ok
+    tokens_after, after, pictures_after = pack_amounts(balanced)
     assert pictures_after == pictures > 0 and tokens_after.sum() == tokens_before.sum()  # every document kept
     cv_before, cv_after = before.std() / before.mean(), after.std() / after.mean()
     assert cv_after < 0.05 < 0.4 < cv_before, (cv_before, cv_after)  # measured: 0.51 -> 0.03

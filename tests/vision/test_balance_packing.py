@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.packing import _vision_reference, plan_packs, plan_vision
+from packtool.packing import _vision_reference, plan_groups, plan_packs, plan_vision
 
 
 @st.composite
@@ -57,6 +57,13 @@ def test_plan_packs_with_patches_balances_then_shuffles_whole_packs(workload, se
         plain = plan_packs(lengths, capacity, strategy, max_segments=max_segments)
         plan = plan_packs(lengths, capacity, strategy, max_segments=max_segments, patches=patches)
         assert plan.members.tolist() == plain.members.tolist() and plan.offsets.tolist() == plain.offsets.tolist()
+
+
+def test_group_by_balances_each_group_apart():
+    lengths, patches = np.array([4, 4, 4, 4, 3, 3]), np.array([8, 8, 0, 0, 5, 0])
+    groups = np.array(["a", "a", "a", "a", "b", "b"])
+    plan = plan_groups(lengths, groups, 8, shuffle=False, patches=patches)
+    assert [plan.pack(p).tolist() for p in range(plan.n_packs)] == [[0, 2], [1, 3], [4, 5]]
 
 
 def test_the_docstring_example():

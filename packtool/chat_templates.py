@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import hashlib
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from packtool.records import literal_pattern
 from packtool.sandbox import make_environment
 from packtool.template_limits import BUDGET, Budget, TemplateLimit
 from packtool.template_tracking import Tracked, marked_content
+from packtool.vision.processors import read_json_object
 
 # End-of-turn markers of the common chat formats; the template's eos_token is added to these.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
@@ -240,7 +240,8 @@ def processor_templates(folder: Path) -> dict[str, ModelTemplate]:
     legacy chat_template.json's chat_template ("default"); else chat_template.jinja and
     additional_chat_templates/ as the tokenizer reads them. Empty: the processor has none (packtool then takes
     the tokenizer's, where transformers' processor would refuse to render)."""
-    keyed = _json_object(folder / PROCESSOR_CONFIG_FILE).get("chat_template")
+    settings = folder / PROCESSOR_CONFIG_FILE
+    keyed = (read_json_object(settings) if settings.is_file() else {}).get("chat_template")
     if isinstance(keyed, dict):  # {name: template}, as a processor saves several
         return {name: ModelTemplate(name, PROCESSOR_CONFIG_FILE, source) for name, source in keyed.items()}
     if keyed is not None:
@@ -252,24 +253,11 @@ def processor_templates(folder: Path) -> dict[str, ModelTemplate]:
                 f"{folder}: {PROCESSOR_TEMPLATE_FILE} beside {TEMPLATE_DIR}/, which transformers' processor refuses "
                 f"to load; replace {PROCESSOR_TEMPLATE_FILE} with {TEMPLATE_FILE}"
             )
-        source = _json_object(legacy).get("chat_template")
+        source = read_json_object(legacy).get("chat_template")
         if not isinstance(source, str):
             raise PacktoolError(f"{legacy}: its chat_template must be a string (the template), got {source!r:.80}")
         return {DEFAULT_NAME: ModelTemplate(DEFAULT_NAME, PROCESSOR_TEMPLATE_FILE, source)}
     return model_templates(folder, {})[0]
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """A processor file's JSON object; {} when there is no such file."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PacktoolError(f"{path}: not a JSON file transformers can read ({exc})") from None
-    if not isinstance(value, dict):
-        raise PacktoolError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _read_template_file(path: Path) -> str:

@@ -209,9 +209,9 @@ IDEFICS3_PROCESSORS = {
 def load_processor(folder: Path) -> ImageProcessor:
     """The image processor of a model folder: its preprocessor_config.json (+ processor_config.json)."""
     config_file = folder / PREPROCESSOR_CONFIG
-    config = _read_json(config_file)
+    config = read_json_object(config_file)
     processor_file = folder / PROCESSOR_FILES[1]
-    processor_config = _read_json(processor_file) if processor_file.is_file() else {}
+    processor_config = read_json_object(processor_file) if processor_file.is_file() else {}
     return processor_from_config(config, processor_config, where=str(config_file))
 
 
@@ -313,7 +313,8 @@ def _positive(config: dict, key: str, default: int, problems: list[str]) -> int:
     return value
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A model folder's JSON settings file, as one object; a ConfigError naming the file otherwise."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:

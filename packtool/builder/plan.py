@@ -115,8 +115,45 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
     folder.mkdir(parents=True)
     names = [s.name for s in config.sources]
     counts = {name: Counts() for name in names}
-    budgets = _budgets(config, partitions)
+    fitted, before = _fit_partitions(config, partitions, folder, counts)
+    if config.packing.balance_vision and config.processor is not None:
+        rows = [_file_patches(Path(p.path)) for p in partitions]
+        fitted = replace(fitted, patches=np.concatenate([*rows, _file_patches(folder / PIECES_FILE)]))
 
+    folders = [_main_folder(config, fitted, counts)]
+    if config.overflow.mode == "bucket":
+        folders.append(_overflow_folder(config, fitted, counts))
+    if fitted.held_out.any():
+        folders.append(_validation_folder(config, fitted))
+    rejects = _ordered_rejects(partitions, _budgets(config, partitions), fitted.drops)
+    lengths_by_source = {
+        name: {"before": before[name], "after": fitted.length[(fitted.source == i) & ~fitted.bucket]}
+        for i, name in enumerate(names)
+    }
+    plan = Plan(
+        key=key,
+        folder=folder,
+        partitions=partitions,
+        folders=folders,
+        accounting={name: c.as_dict() for name, c in counts.items()},
+        rejects=rejects,
+        lengths=lengths_by_source,
+        piece_numbers=fitted.piece_numbers,
+        piece_offsets=fitted.piece_offsets,
+        schema_version=shard_schema_version(config),
+        vision=vision_plan(config),
+    )
+    write_plan(plan)
+    return plan
+
+
+def _fit_partitions(
+    config: BuildConfig, partitions: list[Partition], folder: Path, counts: dict[str, Counts]
+) -> tuple[_Fitted, dict[str, np.ndarray]]:
+    """The fit of every stored row, and each source's lengths before it (its samples within max_samples). The
+    stored rows' columns (~30 B a sample) go when it returns: the folders are planned without them (issue 43)."""
+    names = [s.name for s in config.sources]
+    budgets = _budgets(config, partitions)
     readers = [PartitionReader(Path(p.path)) for p in partitions]
     try:
         rows = [r.rows for r in readers]
@@ -139,41 +176,11 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         if config.validation.share is not None or config.validation.samples is not None:
             hashes = [h for r in readers for h in r.batch_column("sample_hash")]
             fitted = _hold_out(config, fitted, hashes)
+        before = {name: lengths[(source == i) & within] for i, name in enumerate(names)}
     finally:
         for reader in readers:
             reader.close()
-    if config.packing.balance_vision and config.processor is not None:
-        rows = [_file_patches(Path(p.path)) for p in partitions]
-        fitted = replace(fitted, patches=np.concatenate([*rows, _file_patches(folder / PIECES_FILE)]))
-
-    folders = [_main_folder(config, fitted, counts)]
-    if config.overflow.mode == "bucket":
-        folders.append(_overflow_folder(config, fitted, counts))
-    if fitted.held_out.any():
-        folders.append(_validation_folder(config, fitted))
-    rejects = _ordered_rejects(partitions, budgets, fitted.drops)
-    lengths_by_source = {
-        name: {
-            "before": lengths[(source == i) & within],
-            "after": fitted.length[(fitted.source == i) & ~fitted.bucket],
-        }
-        for i, name in enumerate(names)
-    }
-    plan = Plan(
-        key=key,
-        folder=folder,
-        partitions=partitions,
-        folders=folders,
-        accounting={name: c.as_dict() for name, c in counts.items()},
-        rejects=rejects,
-        lengths=lengths_by_source,
-        piece_numbers=fitted.piece_numbers,
-        piece_offsets=fitted.piece_offsets,
-        schema_version=shard_schema_version(config),
-        vision=vision_plan(config),
-    )
-    write_plan(plan)
-    return plan
+    return fitted, before
 
 
 @dataclass(frozen=True)
@@ -380,10 +387,33 @@ def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> lis
 
 def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]) -> FolderPlan:
     """Source weights realized by seeded up- or down-sampling; copies keep their id and get a repeat number."""
+    segments, repeat, item_sizes = _mixed(config, fitted, counts)
+    seg_ref, seg_len, seg_src = fitted.ref[segments], fitted.length[segments], fitted.source[segments]
+    seg_kind = fitted.kind[segments]
+    if config.packing.strategy == "stream":
+        layout: PackPlan | StreamPlan = plan_stream(seg_len, config.capacity)
+    elif (seg_kind == KIND_CODES["single"]).all():
+        patches = fitted.segment_patches(seg_ref)
+        layout = _layout(config, seg_len, seg_src, config.capacity, patches)  # no pair or group: exactly the v1 plan
+        if config.mixing.interleave is not None:
+            layout = _interleaved(config, config.mixing.interleave, layout, seg_len, fitted.targets[segments], seg_src)
+    else:
+        return _item_folder(config, seg_ref, repeat, seg_len, seg_src, seg_kind, item_sizes)
+    return FolderPlan("", config.capacity, seg_ref, repeat, seg_len, layout)
+
+
+def _mixed(
+    config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The main folder's segments after mixing, as indices into `fitted` (whole items, sources in order, an item
+    once per copy), each one's repeat number, and each chosen item's segment count.
+
+    Indices alone leave, so each column is gathered once: gathered per source and then joined, every column
+    was held twice while the packs were planned, ~60 B a sample (issue 43)."""
     names = [s.name for s in config.sources]
-    main = ~fitted.bucket & ~fitted.held_out
-    ref, length, source = fitted.ref[main], fitted.length[main], fitted.source[main]
-    offsets = np.append(np.flatnonzero(fitted.start[main]), main.sum())  # item i: segments offsets[i]..offsets[i+1]
+    main = np.flatnonzero(~fitted.bucket & ~fitted.held_out)
+    length, source = fitted.length[main], fitted.source[main]
+    offsets = np.append(np.flatnonzero(fitted.start[main]), len(main))  # item i: segments offsets[i]..offsets[i+1]
     item_source = source[offsets[:-1]]
     quotas = source_quotas(config)
     present = [i for i in range(len(names)) if (source == i).any() and names[i] not in quotas]
@@ -393,14 +423,11 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
         {s.name: s.plan.weight for s in config.sources},
         config.mixing.by,
     )
-    unit_amounts = {"tokens": length, "target_tokens": fitted.targets[main]}
-    refs, repeats, lens, srcs = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)], []
-    srcs.append(np.zeros(0, np.int16))
-    sizes, kinds, targets = [np.zeros(0, np.int64)], [np.zeros(0, np.int8)], [np.zeros(0, np.int64)]
+    chosen, repeats, sizes = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
     for i, name in enumerate(names):
         mine = np.flatnonzero(item_source == i)
         if name in quotas:
-            per_segment = unit_amounts[quotas[name].unit]
+            per_segment = length if quotas[name].unit == "tokens" else fitted.targets[main]
             item_amounts = np.add.reduceat(per_segment, offsets[:-1])[mine] if len(mine) else np.zeros(0, np.int64)
             amount, seed = quotas[name].amount, source_seed(config.seed, name)
             positions, repeat = quota_plan(item_amounts, amount, seed=seed, source=name)
@@ -410,26 +437,11 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
         chosen_items = mine[positions]  # whole items: a copy of a pair copies both sides
         size = offsets[chosen_items + 1] - offsets[chosen_items]
         segments = _segments_of(offsets[chosen_items], size)
-        refs.append(ref[segments])
+        chosen.append(main[segments])
         repeats.append(np.repeat(repeat, size))
-        lens.append(length[segments])
-        srcs.append(np.full(len(segments), i, dtype=np.int16))
         sizes.append(size)
-        kinds.append(fitted.kind[main][segments])
-        targets.append(fitted.targets[main][segments])
         counts[name].segments += len(segments)
-    seg_ref, seg_len, seg_src = np.concatenate(refs), np.concatenate(lens), np.concatenate(srcs)
-    item_sizes, seg_kind = np.concatenate(sizes), np.concatenate(kinds)
-    if config.packing.strategy == "stream":
-        layout: PackPlan | StreamPlan = plan_stream(seg_len, config.capacity)
-    elif (seg_kind == KIND_CODES["single"]).all():
-        patches = fitted.segment_patches(seg_ref)
-        layout = _layout(config, seg_len, seg_src, config.capacity, patches)  # no pair or group: exactly the v1 plan
-        if config.mixing.interleave is not None:
-            layout = _interleaved(config, config.mixing.interleave, layout, seg_len, np.concatenate(targets), seg_src)
-    else:
-        return _item_folder(config, seg_ref, np.concatenate(repeats), seg_len, seg_src, seg_kind, item_sizes)
-    return FolderPlan("", config.capacity, seg_ref, np.concatenate(repeats), seg_len, layout)
+    return np.concatenate(chosen), np.concatenate(repeats), np.concatenate(sizes)
 
 
 def _interleaved(

@@ -19,7 +19,7 @@ from packtool.records import Tokenized
 
 SMALL, LARGE = 500, 4000
 HELD_PER_SAMPLE = 160  # bytes the plan keeps per sample (its arrays: ref, repeat, length, members, lengths); ~55 now
-PEAK_PER_SAMPLE = 600  # bytes the plan phase allocates at most per sample, arrays being built included; ~180 now
+PEAK_PER_SAMPLE = 300  # bytes the plan phase allocates at most per sample, arrays being built included; ~145 now
 # Python objects (gc-tracked) the plan keeps per sample: none. One per sample reads 1.0; a few dozen objects made
 # once in the process (a cache, a lazy import) read up to ~0.011 between these sizes (seen in CI), hence 0.1
 OBJECTS_PER_SAMPLE = 0.1

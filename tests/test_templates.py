@@ -300,6 +300,7 @@ def _variant(prompt: str) -> str:
 def _model_folder(tmp_path: Path, key: Any = None, files: dict[str, Any] | None = None) -> Path:
     """A copy of Qwen2.5's tokenizer folder whose chat_template key is `key` (None: Qwen's own, "": no key)
     and which also holds `files` (relative path -> text or bytes)."""
+    _qwen_key()  # skips without the shared tokenizer
     folder = tmp_path / "model"
     folder.mkdir(parents=True)
     shutil.copy(QWEN / "tokenizer.json", folder)

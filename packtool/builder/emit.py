@@ -114,8 +114,6 @@ def emit_item(item: EmitItem) -> EmitResult:
         "packtool.capacity": str(folder.capacity),
         "packtool.mode": "stream" if folder.stream else "packed",
     }
-    for reader in _READERS.values():  # the packs hold copies; what this shard read would stay mapped to the end
-        reader.drop_pages()
     target.parent.mkdir(parents=True, exist_ok=True)
     info = write_shard(packs, target, row_group_rows=item.row_group_rows, metadata=metadata)
     done.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
     python bench/build_bench.py --scale              # the same as: python bench/scale_bench.py
     python bench/scale_bench.py --mb 200 --memory-mb 50,500 --skip-ray
     python bench/scale_bench.py --only samples --samples 20000,1000000 --samples-workers 1,2   # issue 43's targets
+    python bench/scale_bench.py --only plan-memory --plan-samples 20000,200000   # the plan phase alone, traced
 
 Input: a synthetic chat set written here (seeded, so every run reads the same bytes): JSON Lines
 files of FILE_MB each, `messages` rows of 1-3 user/assistant turns (a system prompt in one row of
@@ -58,14 +59,15 @@ from packtool.builder import build
 from packtool.builder.progress import Progress
 from packtool.config import load_config
 
-def anon_mb():
+def rss_mb(key="RssAnon"):
     status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-    return int(status["RssAnon"].split()[0]) / 1024
+    return int(status[key].split()[0]) / 1024
 
 class Timed(Progress):
     def __init__(self):
         self.spans = {}
         self.anon = {}  # RssAnon of this process as each phase ends
+        self.file = {}  # and its RssFile (mapped files: the token store's pages, shared libraries)
         self.traces = {}  # with PACKTOOL_TRACE set: tracemalloc's current, peak and top sites as each phase ends
     @contextmanager
     def phase(self, name, total, unit):
@@ -73,7 +75,8 @@ class Timed(Progress):
         with Progress.phase(self, name, total, unit) as bar:
             yield bar
         self.spans[name] = (begin - start, time.perf_counter() - start)
-        self.anon[name] = anon_mb()
+        self.anon[name] = rss_mb()
+        self.file[name] = rss_mb("RssFile")
         if traced:
             self.trace(name)
     def trace(self, name):
@@ -123,7 +126,8 @@ print(json.dumps({
     "shards": built.shards,
     "nodes": built.nodes,
     "vm_hwm_mb": int(status["VmHWM"].split()[0]) / 1024,
-    "anon_after_mb": {**timed.anon, "publish": anon_mb()},
+    "anon_after_mb": {**timed.anon, "publish": rss_mb()},
+    "file_after_mb": {**timed.file, "publish": rss_mb("RssFile")},
     "traces": timed.traces,
 }))
 """
@@ -288,6 +292,57 @@ def plan_10m(count: int = 10_000_000) -> tuple[float, float]:
     return seconds, efficiency(lengths, plan, CAPACITY)
 
 
+def plan_memory(folder: Path, count: int, partitions: int = 4) -> tuple[int, int]:
+    """make_plan alone over `count` stored samples (synthetic token-store partitions of one source, 20-400 tokens a
+    sample, every token a target), traced: the bytes it holds once it returns and its peak. No tokenizer: the
+    plan's costs are per sample, so the store's rows need not be real chats."""
+    sys.path.insert(0, str(ROOT))
+    import tracemalloc
+
+    from packtool.builder.plan import make_plan
+    from packtool.builder.plan_files import Partition
+    from packtool.builder.store import PartitionWriter
+    from packtool.config import load_config
+    from packtool.records import Tokenized
+
+    folder.mkdir(parents=True)
+    (folder / "a.jsonl").write_text("")
+    raw = {"sources": [{"name": "a", "path": "a.jsonl", "format": "messages"}], "capacity": CAPACITY}
+    (folder / "config.yaml").write_text(
+        json.dumps({**raw, "tokenizer": str(QUICKSTART / "tokenizer"), "output": "out"})
+    )
+    rng = np.random.default_rng(0)
+    stored = []
+    for p in range(partitions):
+        writer, rows = PartitionWriter(folder / f"part-{p}.arrow", "a"), count // partitions
+        for i, n in enumerate(rng.integers(20, 400, rows).tolist()):
+            ids = np.arange(n, dtype=np.int32)
+            sample = Tokenized(
+                f"a:{p}:{i}",
+                "a",
+                f"{i:064x}",
+                ids,
+                np.ones(n, bool),
+                np.zeros(n, np.int8),
+                np.zeros(n, np.int16),
+                ("user", "assistant"),
+            )
+            writer.append(sample, f"a.jsonl:{i + 1}", i)
+        writer.close()
+        report = {"read": rows, "rejected": {}, "dropped": {}, "special_token_literals": 0, "straddling_targets": []}
+        stored.append(Partition(f"key-{p}", str(writer.path), "a", {**report, "rejects": []}))
+    config = load_config(folder / "config.yaml", workers="1")
+    tracemalloc.start()
+    try:
+        plan = make_plan(config, stored, folder / "plan", "key")
+        held, peak = tracemalloc.get_traced_memory()
+        del plan
+    finally:
+        tracemalloc.stop()
+    shutil.rmtree(folder)
+    return held, peak
+
+
 def replicated_quickstart(folder: Path, copies: int = 20) -> Path:
     """The quickstart with every source file `copies` times over (ids made unique per copy)."""
     import yaml
@@ -384,14 +439,17 @@ def sample_builds(folder: Path, samples: list[int], workers: list[str]) -> list[
 
 
 def print_samples(rows: list[tuple[str, dict]], workers: list[str]) -> None:
-    """The builds, then per row its driver's RssAnon as each phase ends and, against the smallest build at the
-    same -j, the driver's peak RssAnon per sample above it and the tokens per second as a share of its."""
+    """The builds, then per row its driver's RssAnon and RssFile as each phase ends and, against the smallest build
+    at the same -j, the driver's peak RssAnon per sample above it and the tokens per second as a share of its."""
     print_builds("builds of short synthetic chats (turns a tenth of the scale bench's), no cache", rows)
     for index, (name, r) in enumerate(rows):
         base = rows[index % len(workers)][1]
         after = ", ".join(f"{phase} {mb:.0f}" for phase, mb in r["anon_after_mb"].items())
         tokens = r["tokens"] / r["samples"]
-        line = f"  {name}: {tokens:.0f} tokens a sample; driver RssAnon (MB) as each phase ends: {after}"
+        mapped = ", ".join(f"{phase} {mb:.0f}" for phase, mb in r["file_after_mb"].items())
+        line = (
+            f"  {name}: {tokens:.0f} tokens a sample; driver RssAnon (MB) as each phase ends: {after}; RssFile {mapped}"
+        )
         if r is not base:
             more = r["samples"] - base["samples"]
             per_sample = (r["memory_mb"]["driver_anon"] - base["memory_mb"]["driver_anon"]) * 2**20 / more
@@ -409,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["executors", "plan", "repack", "memory", "trace", "samples"],
+        choices=["executors", "plan", "repack", "memory", "trace", "samples", "plan-memory"],
         action="append",
         help="run only these parts",
     )
@@ -421,8 +479,11 @@ def main(argv: list[str] | None = None) -> None:
         "--samples", default="20000,1000000", help="sample counts (comma-separated) of the untraced short builds"
     )
     parser.add_argument("--samples-workers", default="1,2", help="the -j values (comma-separated) of each count")
+    parser.add_argument(
+        "--plan-samples", default="20000,200000", help="stored sample counts (comma-separated) of plan-memory"
+    )
     args = parser.parse_args(argv)
-    parts = set(args.only or ["executors", "plan", "repack", "memory"])  # trace, samples: only when asked
+    parts = set(args.only or ["executors", "plan", "repack", "memory"])  # trace, samples, plan-memory: when asked
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     tokenizer = "Qwen2.5" if QWEN.is_dir() else "the quickstart's"
     print(
@@ -471,6 +532,17 @@ def main(argv: list[str] | None = None) -> None:
                     f"{r['packs']:,} packs, driver peak RssAnon {r['memory_mb']['driver_anon']:.0f} MB"
                 )
             print_per_sample(traced[0], traced[-1])
+        if "plan-memory" in parts:
+            counts = [int(n) for n in args.plan_samples.split(",")]
+            plan_memory(folder / "plan-warm", 1000)  # first-time costs (imports, caches) out of the smallest count
+            traced_plans = [plan_memory(folder / f"plan-{n}", n) for n in counts]
+            held, peak = (
+                (large - small) / (counts[-1] - counts[0]) for small, large in zip(traced_plans[0], traced_plans[-1])
+            )
+            print(
+                f"\nplan phase alone (make_plan, tracemalloc), {counts[0]:,} -> {counts[-1]:,} stored samples: "
+                f"holds {held:.0f} B a sample, peaks at {peak:.0f}"
+            )
         if "samples" in parts:
             workers = args.samples_workers.split(",")
             rows = sample_builds(folder / "samples", [int(n) for n in args.samples.split(",")], workers)

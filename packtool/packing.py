@@ -252,53 +252,83 @@ def plan_vision(
     pictured = pictured[np.lexsort((pictured, -patches[pictured]))]
     most = pictured.size + target
     load = np.zeros(most, dtype=np.int64)
-    work = np.zeros(most, dtype=np.int64)
     held = np.zeros(most, dtype=np.int64)
     limit = max_segments if max_segments is not None else lengths.size + 1
-    # A pack with less room than every picture still to come never takes one again: dropped from the heap.
-    shortest_left = np.minimum.accumulate(lengths[pictured][::-1])[::-1]
-    heap = [(0, p) for p in range(target)]
+    packs = _LightestByRoom(capacity, most)
+    for p in range(target):
+        packs.push(capacity, 0, p)
     n_packs = target
     pack_of = np.empty(pictured.size, dtype=np.int64)
     for k, (sample, length) in enumerate(zip(pictured.tolist(), lengths[pictured].tolist())):
-        chosen = _lightest_fitting(heap, load, work, held, capacity - length, limit)
-        if chosen is None:
-            fits = (load[:n_packs] <= capacity - length) & (held[:n_packs] < limit)
-            chosen = int(np.argmin(np.where(fits, work[:n_packs], np.iinfo(np.int64).max))) if fits.any() else n_packs
-            n_packs = max(n_packs, chosen + 1)
+        found = packs.lightest(length)
+        if found is None:
+            chosen, work = n_packs, 0
+            n_packs += 1
+        else:
+            work, chosen = found
+            packs.pop(capacity - int(load[chosen]))
         pack_of[k] = chosen
         load[chosen] += length
-        work[chosen] += patches[sample]
         held[chosen] += 1
-        if k + 1 < pictured.size and capacity - load[chosen] >= shortest_left[k + 1] and held[chosen] < limit:
-            heapq.heappush(heap, (int(work[chosen]), chosen))
+        if load[chosen] < capacity and held[chosen] < limit:
+            packs.push(capacity - int(load[chosen]), work + int(patches[sample]), chosen)
     plain = np.flatnonzero(patches == 0)
     order, plain_pack, n_packs = _best_fit_into(lengths[plain], capacity, max_segments, load[:n_packs], held[:n_packs])
     return _grouped(np.concatenate([pictured, plain[order]]), np.concatenate([pack_of, plain_pack]), n_packs)
 
 
-def _lightest_fitting(
-    heap: list[tuple[int, int]], load: np.ndarray, work: np.ndarray, held: np.ndarray, most: int, limit: int
-) -> int | None:
-    """The pack with the fewest patches (then the lowest index) among the heap's first few that holds `most`
-    tokens or fewer and a free segment, or None to search every pack. An entry whose patches are not the pack's
-    now is stale (each placement adds patches and pushes the pack again) and goes."""
-    aside: list[tuple[int, int]] = []
-    chosen = None
-    while heap and len(aside) < 8:
-        entry = heapq.heappop(heap)
-        patches, p = entry
-        if patches != work[p]:
-            continue
-        if load[p] <= most and held[p] < limit:
-            chosen = p
-            break
-        aside.append(entry)
-    for entry in aside:
-        heapq.heappush(heap, entry)
-    # The heap holds every pack that could take a picture still to come, so the first fitting entry is the
-    # lightest fitting pack; after eight misses the caller searches them all instead.
-    return chosen
+class _LightestByRoom:
+    """Open packs by the room they have left, for "the pack with the fewest patches that has room for this".
+
+    Each room value keeps a heap of its packs keyed patches * n + pack (fewest patches, then lowest index);
+    a segment tree over the room values holds the least key of each range, so the lightest pack with at
+    least `length` free is one query of O(log capacity), whatever the number of packs.
+    """
+
+    def __init__(self, capacity: int, n: int) -> None:
+        self.n = n  # more than any pack index: the key's low part
+        self.leaves = 1 << (capacity + 1).bit_length()
+        self.none = float("inf")
+        self.tree: list[float] = [self.none] * (2 * self.leaves)
+        self.heaps: dict[int, list[int]] = {}
+        self.capacity = capacity
+
+    def push(self, room: int, patches: int, pack: int) -> None:
+        heap = self.heaps.setdefault(room, [])
+        heapq.heappush(heap, patches * self.n + pack)
+        self._update(room)
+
+    def pop(self, room: int) -> None:
+        """Drop the lightest pack of `room` (the one `lightest` gave)."""
+        heapq.heappop(self.heaps[room])
+        self._update(room)
+
+    def lightest(self, length: int) -> tuple[int, int] | None:
+        """(patches, pack) of the lightest pack with at least `length` free, or None."""
+        best = self.none
+        low, high = length + self.leaves, self.capacity + self.leaves + 1
+        while low < high:
+            if low & 1:
+                best = min(best, self.tree[low])
+                low += 1
+            if high & 1:
+                high -= 1
+                best = min(best, self.tree[high])
+            low >>= 1
+            high >>= 1
+        if best == self.none:
+            return None
+        patches, pack = divmod(int(best), self.n)
+        return patches, pack
+
+    def _update(self, room: int) -> None:
+        heap = self.heaps[room]
+        i = room + self.leaves
+        self.tree[i] = heap[0] if heap else self.none
+        i >>= 1
+        while i:
+            self.tree[i] = min(self.tree[2 * i], self.tree[2 * i + 1])
+            i >>= 1
 
 
 def _vision_reference(lengths: np.ndarray, patches: np.ndarray, capacity: int, max_segments: int | None) -> PackPlan:

@@ -23,6 +23,8 @@ the tokens afterwards. Worked example, lengths [3, 2, 4], capacity 5 (9 tokens):
 
 Strategies live in `PACKERS`. All of them plan globally over the whole array and are
 deterministic; the seed only permutes the order of the finished packs.
+`plan_vision` (`plan_packs` given each sample's vision patches) is bfd that places the samples
+with images by their patches first, so each pack's vision work sits near the mean.
 """
 
 from __future__ import annotations

@@ -399,12 +399,26 @@ class _SaveDataOrder(transformers.TrainerCallback):
         return control
 
 
+def _find_unused_for_images(dataset: PackedDataset, args: Any) -> None:
+    """Under DDP, a vision build's micro-batch without images leaves the vision tower without gradients, which
+    the other ranks wait for forever (a hang, seen under TRL's default gradient checkpointing) unless DDP looks
+    for unused parameters; transformers turns that off under gradient checkpointing, and TRL turns it back on
+    only when given a processor. Reentrant checkpointing fails with it, so it stays as the user left it there."""
+    if not isinstance(dataset, PackedDataset) or dataset.manifest.vision is None:
+        return  # not a vision build (or not a PackedDataset, which _setup_packed refuses)
+    if args is None or args.ddp_find_unused_parameters is not None:
+        return
+    if not (args.gradient_checkpointing_kwargs or {}).get("use_reentrant"):
+        args.ddp_find_unused_parameters = True
+
+
 class PackedTrainer(_PackedMixin, transformers.Trainer):
     """`transformers.Trainer` reading a packtool build: see the module docstring."""
 
     def __init__(
         self, *, train_dataset: PackedDataset, data_collator: Any = None, loss: str = "chunked", **kwargs: Any
     ) -> None:
+        _find_unused_for_images(train_dataset, kwargs.get("args"))
         collator = data_collator or PackedCollator(kwargs.get("model"))
         super().__init__(train_dataset=train_dataset, data_collator=collator, **kwargs)
         self._setup_packed(train_dataset, loss)
@@ -431,6 +445,7 @@ def __getattr__(name: str) -> Any:
                 if packed.manifest.vision is None:
                     super().__init__(train_dataset=sft_dataset(packed), **kwargs)
                 else:  # TRL refuses a collator of ours beside padding_free: it builds its own, replaced here
+                    _find_unused_for_images(packed, kwargs.get("args"))
                     super().__init__(train_dataset=_first_pack_text(packed), **kwargs)
                     self.data_collator = PackedCollator(self.model)
                     self._packs_as_examples = False

@@ -114,6 +114,8 @@ def emit_item(item: EmitItem) -> EmitResult:
         "packtool.capacity": str(folder.capacity),
         "packtool.mode": "stream" if folder.stream else "packed",
     }
+    for reader in _READERS.values():  # what the shard read beside its samples (a footer, the pieces' ordinals)
+        reader.drop_pages()
     target.parent.mkdir(parents=True, exist_ok=True)
     info = write_shard(packs, target, row_group_rows=item.row_group_rows, metadata=metadata)
     done.parent.mkdir(parents=True, exist_ok=True)
@@ -153,27 +155,52 @@ class _Gather:
             self._piece_rows = self.pieces.column("ordinal")
         return self._piece_rows
 
-    def stored(self, ks: np.ndarray) -> Iterator[tuple[StoredParts, str]]:
-        """Per segment of `ks`, in order: its stored sample's parts and its source."""
+    def _located(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per segment of `ks`: whether it is a piece, the partition naming its source (a piece's: its sample's),
+        and its row in its reader (pieces.arrow's for a piece)."""
         refs = self.folder.ref[ks].astype(np.int64)
         cut = refs < 0
-        owners = refs.copy()  # the global row whose partition names the source: a piece's is its sample's
+        owners = refs.copy()
         if cut.any():
             owners[cut] = self.piece_rows[-refs[cut] - 1]
         partitions = np.searchsorted(self.bases, owners, side="right") - 1
-        rows = np.where(cut, -refs - 1, refs - self.bases[partitions])
-        for piece, p, row in zip(cut.tolist(), partitions.tolist(), rows.tolist()):
-            if piece:
-                yield self.pieces.parts(row), self.plan.partitions[p].source
-            else:
-                reader = _reader(self.plan.partitions[p].path)
-                yield reader.parts(row), reader.source
+        return cut, partitions, np.where(cut, -refs - 1, refs - self.bases[partitions])
+
+    def _read(self, piece: bool, p: int, row: int) -> tuple[PartitionReader, StoredParts, str]:
+        if piece:
+            return self.pieces, self.pieces.parts(row), self.plan.partitions[p].source
+        reader = _reader(self.plan.partitions[p].path)
+        return reader, reader.parts(row), reader.source
+
+    def stored(self, ks: np.ndarray) -> Iterator[tuple[StoredParts, str]]:
+        """Per segment of `ks`, in order: its stored sample's parts (views of the map) and its source."""
+        for piece, p, row in zip(*(column.tolist() for column in self._located(ks))):
+            yield self._read(piece, p, row)[1:]
+
+    def copied(self, ks: np.ndarray) -> list[tuple[StoredParts, str]]:
+        """Per segment of `ks`, in order: its parts, tokens copied out of the map, and its source. Read reader by
+        reader, each one's pages dropped once its rows are copied: a packed shard draws its samples from across the
+        whole store, and the kernel maps page cache in large folios (one byte read per MB of a file mapped all of
+        it), so reading in pack order kept the whole store mapped (RssFile ~1 KB a sample at -j 1, issue 43)."""
+        cut, partitions, rows = self._located(ks)
+        found: dict[int, tuple[StoredParts, str]] = {}
+        reading = None
+        for i in np.lexsort((rows, np.where(cut, -1, partitions))).tolist():
+            reader, parts, source = self._read(bool(cut[i]), int(partitions[i]), int(rows[i]))
+            if reader is not reading and reading is not None:
+                reading.drop_pages()
+            reading = reader
+            tokens = (parts.input_ids.copy(), parts.targets.copy(), parts.roles.copy())
+            found[i] = (parts._replace(input_ids=tokens[0], targets=tokens[1], roles=tokens[2]), source)
+        if reading is not None:
+            reading.drop_pages()
+        return [found[i] for i in range(len(ks))]
 
     def segments(self, ks: np.ndarray) -> _Segments:
         """Segments `ks` in order, their tokens laid end to end."""
         input_ids, targets, roles, example_ids, sample_hashes, segment_roles, sources = [], [], [], [], [], [], []
         images = []
-        for stored, source in self.stored(ks):
+        for stored, source in self.copied(ks):
             input_ids.append(stored.input_ids)
             targets.append(stored.targets)
             roles.append(stored.roles)

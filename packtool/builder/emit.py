@@ -182,19 +182,24 @@ class _Gather:
         reader, each one's pages dropped once its rows are copied: a packed shard draws its samples from across the
         whole store, and the kernel maps page cache in large folios (one byte read per MB of a file mapped all of
         it), so reading in pack order kept the whole store mapped (RssFile ~1 KB a sample at -j 1, issue 43)."""
-        cut, partitions, rows = self._located(ks)
-        found: dict[int, tuple[StoredParts, str]] = {}
+        located = self._located(ks)
+        order = np.lexsort((located[2], np.where(located[0], -1, located[1]))).tolist()
+        cut, partitions, rows = (column.tolist() for column in located)
+        found: list[tuple[StoredParts, str]] = []
         reading = None
-        for i in np.lexsort((rows, np.where(cut, -1, partitions))).tolist():
-            reader, parts, source = self._read(bool(cut[i]), int(partitions[i]), int(rows[i]))
+        for i in order:
+            reader, parts, source = self._read(cut[i], partitions[i], rows[i])
             if reader is not reading and reading is not None:
                 reading.drop_pages()
             reading = reader
-            tokens = (parts.input_ids.copy(), parts.targets.copy(), parts.roles.copy())
-            found[i] = (parts._replace(input_ids=tokens[0], targets=tokens[1], roles=tokens[2]), source)
+            ids, targets, roles = parts.input_ids.copy(), parts.targets.copy(), parts.roles.copy()
+            found.append((StoredParts(ids, targets, roles, parts.example_id, parts.sample_hash, *parts[5:]), source))
         if reading is not None:
             reading.drop_pages()
-        return [found[i] for i in range(len(ks))]
+        in_order = found.copy()
+        for at, i in enumerate(order):
+            in_order[i] = found[at]
+        return in_order
 
     def segments(self, ks: np.ndarray) -> _Segments:
         """Segments `ks` in order, their tokens laid end to end."""

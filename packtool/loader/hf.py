@@ -403,13 +403,21 @@ def _find_unused_for_images(dataset: PackedDataset, args: Any) -> None:
     """Under DDP, a vision build's micro-batch without images leaves the vision tower without gradients, which
     the other ranks wait for forever (a hang, seen under TRL's default gradient checkpointing) unless DDP looks
     for unused parameters; transformers turns that off under gradient checkpointing, and TRL turns it back on
-    only when given a processor. Reentrant checkpointing fails with it, so it stays as the user left it there."""
+    only when given a processor. Reentrant checkpointing fails with that search (both seen on two CPU ranks),
+    so there a user who has not chosen is stopped in one line instead of left to hang."""
     if not isinstance(dataset, PackedDataset) or dataset.manifest.vision is None:
         return  # not a vision build (or not a PackedDataset, which _setup_packed refuses)
     if args is None or args.ddp_find_unused_parameters is not None:
         return
     if not (args.gradient_checkpointing_kwargs or {}).get("use_reentrant"):
         args.ddp_find_unused_parameters = True
+    elif args.gradient_checkpointing and args.world_size > 1:
+        raise DatasetError(
+            "a vision build under DDP with reentrant gradient checkpointing: a micro-batch without images leaves "
+            "the vision tower without gradients, which the ranks then wait for forever, and DDP's search for unused "
+            "parameters fails under reentrant checkpointing; set gradient_checkpointing_kwargs={'use_reentrant': "
+            "False}, or ddp_find_unused_parameters=False when every micro-batch holds an image"
+        )
 
 
 class PackedTrainer(_PackedMixin, transformers.Trainer):

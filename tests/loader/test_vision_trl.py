@@ -192,3 +192,16 @@ def test_packed_trainer_looks_for_unused_parameters_on_a_vision_build_only(quick
         )
         PackedTrainer(model=model, args=args, train_dataset=trainer_dataset(build, args))
         assert args.ddp_find_unused_parameters is wanted
+
+
+def test_reentrant_checkpointing_under_ddp_is_refused_on_a_vision_build(quickstart_vision, monkeypatch, tmp_path):
+    """Reentrant checkpointing fails with DDP's search for unused parameters and hangs without it (a micro-batch
+    without images): one line before training, unless the user chose."""
+    from packtool.errors import DatasetError
+
+    model = tiny_qwen2_vl(read_manifest(quickstart_vision).vision["image_token_id"])
+    monkeypatch.setattr(transformers.TrainingArguments, "world_size", property(lambda _: 2))
+    reentrant = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), **reentrant, **COMMON)
+    with pytest.raises(DatasetError, match=r"reentrant gradient checkpointing: .* set gradient_checkpointing_kwargs"):
+        PackedTrainer(model=model, args=args, train_dataset=trainer_dataset(quickstart_vision, args))

@@ -302,8 +302,12 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
             if result.removed_tokens or result.strategy == "split":
                 entry.note_truncation(result.strategy, result.removed_tokens, result.removed_targets)
             if result.drop_reason is not None:
+                # A strategy that could not cut this sample says why (split on a conversation); drop itself
+                # and a cut that left no target get the short line.
                 detail = {
-                    "too_long": f"{len(sample)} tokens > capacity {cap} (truncation: drop)",
+                    "too_long": f"{len(sample)} tokens > capacity {cap} (truncation: drop)"
+                    if result.strategy == "drop"
+                    else result.detail,
                     "no_targets": f"no target left after '{result.strategy}' truncation to {cap} tokens",
                 }.get(result.drop_reason, result.detail)
                 drop(g, result.drop_reason, detail)

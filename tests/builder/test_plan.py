@@ -39,3 +39,18 @@ def test_overflow_bucket_and_accounting_add_up(tmp_path, write_config, write_jso
     assert manifest["accounting"]["long"]["overflow"] == 3
     packed = sum(len(r["sample_ids"]) for r in shard_rows(out)) + sum(len(r["sample_ids"]) for r in bucket_rows)
     assert packed == sum(a["segments"] for a in manifest["accounting"].values())
+
+
+def test_a_conversation_split_cannot_cut_is_rejected_saying_why(tmp_path, write_config, write_jsonl):
+    """truncation: split keeps plain text only; a chat too long for it is too_long with split's own reason,
+    not the line of truncation: drop, which the config did not choose."""
+    import json
+
+    config = two_chat_sources(
+        tmp_path, write_config, write_jsonl, truncation={"strategy": "split"}, capacity=64, max_reject_share=1
+    )
+    build(config, use_cache=False)
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    too_long = [r for r in rejects if r["reason"] == "too_long"]
+    assert too_long and all("strategy 'split' applies to plain text" in r["detail"] for r in too_long)
+    assert not any("truncation: drop" in r["detail"] for r in rejects)

@@ -181,11 +181,13 @@ def real_reference(real_config) -> Path:
 
 
 def test_two_real_sources_give_the_same_bytes_serial_and_on_two_processes(real_config, real_reference, tmp_path):
-    parallel = build(load_config(real_config, output=str(tmp_path / "parallel"), workers="2"), use_cache=False)
-    assert _digest(real_reference) == _digest(tmp_path / "parallel")
+    # beside the reference: the manifest records the config's folder relative to OUT
+    parallel_out = Path(real_reference).parent / "parallel"
+    parallel = build(load_config(real_config, output=str(parallel_out), workers="2"), use_cache=False)
+    assert _digest(real_reference) == _digest(parallel_out)
     assert set(parallel.manifest["accounting"]) == {"glaive", "alpaca"}
     assert any("Qwen" in line for line in parallel.manifest["template"]["injects"])  # Qwen's default system prompt
-    assert verify(tmp_path / "parallel").ok
+    assert verify(parallel_out).ok
 
 
 def test_a_plan_only_change_reencodes_nothing(tmp_path, write_config, write_jsonl):

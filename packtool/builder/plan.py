@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from packtool.arrow import as_numpy
 from packtool.builder.accounting import Counts
@@ -238,8 +237,9 @@ def _file_patches(path: Path) -> np.ndarray:
         chunks = pa.ipc.open_file(source).read_all().column("images").chunks
         per_row = [np.zeros(0, np.int64)]
         for images in chunks:
-            grids = as_numpy(pc.struct_field(pc.list_flatten(images), "grid").flatten()).reshape(-1, 3)
-            row = as_numpy(pc.list_parent_indices(images))
+            placed = images.flatten()  # StructArray.flatten, unlike .field, honours a slice's offset
+            grids = as_numpy(placed.flatten()[placed.type.get_field_index("grid")].flatten()).reshape(-1, 3)
+            row = np.repeat(np.arange(len(images)), np.diff(as_numpy(images.offsets)))
             per_row.append(np.bincount(row, weights=grids.astype(np.int64).prod(axis=1), minlength=len(images)))
     return np.concatenate(per_row).astype(np.int64)
 

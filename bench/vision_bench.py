@@ -3,6 +3,7 @@
     python bench/vision_bench.py                          # 500, 1,000 and 2,000 samples, 3 rounds
     python bench/vision_bench.py --samples 250 --rounds 2  # a quick look
     python bench/vision_bench.py --alone 10000            # also packtool alone at 10,000 (its memory)
+    python bench/vision_bench.py --samples 100 --rounds 1 --alone 2000,10000,20000 --rows-per-shard 100
     python bench/vision_bench.py --samples 100 --rounds 1 --loader-samples 2000   # the loader rows
 
 Data: N one-turn chats, each about a picture of its own (a JPEG written here, smooth random colours,
@@ -150,7 +151,9 @@ def make_model(folder: Path) -> Path:
     return model
 
 
-def make_set(folder: Path, model: Path, pictures: list[str], n: int) -> tuple[Path, Path]:
+def make_set(
+    folder: Path, model: Path, pictures: list[str], n: int, rows_per_shard: int | None = None
+) -> tuple[Path, Path]:
     """The first n samples: packtool's config and the peer's data file (absolute picture paths)."""
     records, peer = [], []
     for i, name in enumerate(pictures[:n]):
@@ -180,6 +183,8 @@ def make_set(folder: Path, model: Path, pictures: list[str], n: int) -> tuple[Pa
         "packing": "bfd",
         "output": f"out-{n}",
     }
+    if rows_per_shard:
+        settings["rows_per_shard"] = rows_per_shard
     config.write_text(json.dumps(settings), encoding="utf-8")
     return config, folder / f"peer-{n}.jsonl"
 
@@ -245,8 +250,8 @@ def median(runs: list[tuple[float, float, float]], field: int) -> float:
     return statistics.median(run[field] for run in runs)
 
 
-def alone_row(folder: Path, model: Path, pictures: list[str], n: int) -> dict:
-    config, _ = make_set(folder, model, pictures, n)
+def alone_row(folder: Path, model: Path, pictures: list[str], n: int, rows_per_shard: int | None = None) -> dict:
+    config, _ = make_set(folder, model, pictures, n, rows_per_shard)
     env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "packtool", "build", config.name, "-q", "--no-cache", "-j", "1"]
     seconds, cpu, peak, _ = run(command, env, folder)
@@ -316,15 +321,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", default="500,1000,2000", help="comma-separated sample counts (build rows)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--alone", type=int, default=0, help="also build this many samples with packtool alone")
+    parser.add_argument("--alone", default="", help="also build these sample counts (comma-separated), packtool alone")
+    parser.add_argument(
+        "--rows-per-shard", type=int, default=0, help="the alone rows' shard size (default 1000: one shard here)"
+    )
     parser.add_argument("--loader-rounds", type=int, default=6)
     parser.add_argument("--loader-samples", type=int, default=0, help="the loader rows' set (default: the largest)")
     args = parser.parse_args()
     sizes = sorted(int(n) for n in args.samples.split(","))
+    alone = [int(n) for n in args.alone.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="vision-bench-") as name:
         folder = Path(name)
         model = make_model(folder)
-        pictures = make_pictures(folder, max([*sizes, args.alone, args.loader_samples]))
+        pictures = make_pictures(folder, max([*sizes, *alone, args.loader_samples]))
         results = build_rows(folder, model, pictures, sizes, args.rounds)
         print(
             "| samples | packtool s (CPU-s) | peer s (CPU-s) | x peer, CPU (pairs) | x peer, wall | peak MB | peer MB |"
@@ -338,8 +347,8 @@ def main() -> None:
                 f" | {statistics.median(r['cpu']):.1f} ({min(r['cpu']):.1f}-{max(r['cpu']):.1f})"
                 f" | {statistics.median(r['wall']):.1f} | {median(ours, 2):.0f} | {median(peer, 2):.0f} |"
             )
-        if args.alone:
-            r = alone_row(folder, model, pictures, args.alone)
+        for n in alone:
+            r = alone_row(folder, model, pictures, n, args.rows_per_shard or None)
             print(f"| {r['n']:,} | {r['seconds']:.1f} ({r['cpu']:.1f}) | - | - | - | {r['peak']:.0f} | - |")
         sizes_out = ", ".join(f"{r['n']:,}: {r['out_mb']:.2f} MB vs {r['peer_mb']:.0f} MB" for r in results)
         print(f"\noutput size, packtool vs peer: {sizes_out}")

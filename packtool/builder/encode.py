@@ -38,7 +38,7 @@ from packtool.config import BuildConfig, canonical_json, config_folder
 from packtool.errors import RecordError
 from packtool.format import REJECTS
 from packtool.ranges import RowRange, rows_digest, table_rows_digest, text_prefix
-from packtool.reading import READ_ERRORS, Span, sniff
+from packtool.reading import READ_ERRORS, Span, file_sha256, sniff
 from packtool.records import Tokenized
 from packtool.sources import read_file
 from packtool.truncate import ItemTruncation
@@ -207,10 +207,10 @@ def stale_image(partition: Path, item: EncodeItem) -> str | None:
         if not reference:  # bytes the record carried: stored with the entry, sealed with it
             continue
         try:
-            data = (root / reference).read_bytes()
+            found = file_sha256(root / reference)
         except OSError:
             return f"cache entry {partition}: its image {reference} cannot be read now"
-        if hashlib.sha256(data).hexdigest() != sha256:
+        if found != sha256:
             return f"cache entry {partition}: its image {reference} changed since it was encoded"
     return None
 

@@ -170,7 +170,7 @@ def _file_problems(reference: str, digest: str, check: ImageCheck) -> list[str]:
     path = check.root / reference
     if reference not in check.files:
         try:
-            check.files[reference] = hashlib.sha256(path.read_bytes()).hexdigest()
+            check.files[reference] = sha256_file(path)
         except OSError as error:
             check.files[reference] = None
             return [f"image {path}: cannot be read ({error.strerror or error}); the shards reference it"]

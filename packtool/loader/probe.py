@@ -1132,6 +1132,20 @@ def image_row(model: Any) -> ProbeRow:
     return checked(model)
 
 
+def check_backend_name(name: str) -> None:
+    """Refuse a backend transformers does not know by that name, before any model is built: a misspelt one
+    ("Eager") would otherwise be a skipped row beside the ones that ran, and the probe would pass without it.
+    A name transformers knows but this machine cannot run (flash_attention_2 without CUDA) stays a skipped row;
+    a hub kernel ("org/name") is left to transformers, which fetches it."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ("eager", *ALL_ATTENTION_FUNCTIONS.valid_keys())
+    plain = name.removeprefix("paged|")
+    if plain in known or "/" in plain:
+        return
+    raise ProbeError(f"--backend {name}: not an attention implementation transformers knows; choose {', '.join(known)}")
+
+
 def probe(
     model: str,
     *,
@@ -1149,6 +1163,8 @@ def probe(
     for name in feeds:
         if name not in FEEDS:
             raise ProbeError(f"--feed {name}: unknown; choose {', '.join(FEEDS)}")
+    for name in backends or ():
+        check_backend_name(name)
     config = resolve_config(model, tiny=not weights)
     vocab = int(config.get_text_config().vocab_size)
     docs = docs_from_build(data, vocab) if data is not None else synthetic_docs(DOC_LENGTHS, vocab)

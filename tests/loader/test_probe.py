@@ -189,6 +189,27 @@ def test_an_unknown_model_is_one_line():
     assert usage.exit_code == 2 and "give a CONFIG to audit, or --probe MODEL" in usage.output
 
 
+@pytest.mark.parametrize("name", ["Eager", "nonsense", "paged|nonsense", "flash_attention"])
+def test_a_backend_transformers_does_not_know_is_one_line_before_any_model_is_built(name):
+    """`--backend sdpa --backend Eager` ran sdpa, skipped the misspelt one and passed with exit 0."""
+    result = CliRunner().invoke(main, ["audit", "--probe", "llama", "--backend", "sdpa", "--backend", name])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith(f"Error: --backend {name}: not an attention implementation transformers knows;")
+    assert "eager, " in result.output and "sdpa" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["eager", "paged|eager", "flash_attention_2"])
+def test_a_backend_transformers_knows_is_probed_or_skipped_with_its_reason(name):
+    row = probe("llama", backends=(name,)).rows[0]
+    assert row.backend == name
+    if name == "eager":
+        assert row.status == "pass"
+    elif name == "paged|eager":  # runs, and leaks: paged attention serves generation from its cache, not training
+        assert row.status == "leak"
+    elif not torch.cuda.is_available():
+        assert row.status == "skip" and "cannot build" in row.detail, row
+
+
 def test_half_precision_allows_rounding_steps_but_not_leaks():
     from packtool.loader.probe import _moved
 

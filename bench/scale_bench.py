@@ -4,6 +4,7 @@
     python bench/scale_bench.py --mb 200 --memory-mb 50,500 --skip-ray
     python bench/scale_bench.py --only samples --samples 20000,1000000 --samples-workers 1,2   # issue 43's targets
     python bench/scale_bench.py --only plan-memory --plan-samples 20000,200000   # the plan phase alone, traced
+    python bench/scale_bench.py --only ray-driver --ray-samples 20000,200000    # the Ray driver, two loopback nodes
 
 Input: a synthetic chat set written here (seeded, so every run reads the same bytes): JSON Lines
 files of FILE_MB each, `messages` rows of 1-3 user/assistant turns (a system prompt in one row of
@@ -36,7 +37,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -208,6 +212,15 @@ def _status(pid: int) -> dict[str, int]:
     return {key: int(fields[key].split()[0]) for key in ("RssAnon", "RssFile") if key in fields}
 
 
+def _command(pid: int) -> str:
+    """The program a process runs: its command line's first word, or the script a Python runs ("" once gone)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    return next((word for word in words if word.endswith(".py")), words[0])
+
+
 def _descendants(root: int) -> list[int]:
     parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -223,26 +236,48 @@ def _descendants(root: int) -> list[int]:
 
 
 def measured_build(
-    config: Path, output: Path, workers: str, *, cache: bool = False, overrides=(), traced: bool = False
+    config: Path,
+    output: Path,
+    workers: str,
+    *,
+    cache: bool = False,
+    overrides=(),
+    traced: bool = False,
+    beside: int | None = None,
 ) -> dict:
-    """Run one build in a child process; its JSON report plus the sampled memory peaks in MB."""
+    """Run one build in a child process; its JSON report plus the sampled memory peaks in MB.
+
+    `beside`: a process whose descendants outside the build's tree are sampled too (this one, for the Ray
+    cluster it started); the peak RssAnon and RssFile of each, by pid, come back in report["beside_mb"], and
+    the command each ran when first seen (a Ray worker's names its task) in report["beside_commands"]."""
     command = [sys.executable, "-c", CHILD, str(config), str(output), workers, "cache" if cache else "no-cache"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env["PACKTOOL_TRACE"] = "1" if traced else ""
-    env.pop("RAY_ADDRESS", None)  # Ray rows start their own one-machine cluster and stop it
+    env.pop("RAY_ADDRESS", None)  # Ray rows start their own one-machine cluster and stop it, or name one
     child = subprocess.Popen([*command, *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = {"driver_anon": 0, "driver_file": 0, "all_anon": 0}
+    peak_beside: dict[int, dict[str, int]] = {}
+    commands: dict[int, str] = {}
     tree: list[int] = []
+    others_beside: list[int] = []
     ticks = 0
     while child.poll() is None:
         if ticks % 10 == 0:  # the process tree changes rarely; scanning /proc is the costly part
             tree = _descendants(child.pid)
+            outside = {child.pid, *tree}
+            others_beside = [pid for pid in _descendants(beside) if pid not in outside] if beside else []
         driver = _status(child.pid)
         others = [_status(pid) for pid in tree]
         peak["driver_anon"] = max(peak["driver_anon"], driver.get("RssAnon", 0))
         peak["driver_file"] = max(peak["driver_file"], driver.get("RssFile", 0))
         total = driver.get("RssAnon", 0) + sum(s.get("RssAnon", 0) for s in others)
         peak["all_anon"] = max(peak["all_anon"], total)
+        for pid in others_beside:
+            if pid not in commands:
+                commands[pid] = _command(pid)
+            seen = peak_beside.setdefault(pid, {"RssAnon": 0, "RssFile": 0})
+            for key, kb in _status(pid).items():
+                seen[key] = max(seen[key], kb)
         ticks += 1
         time.sleep(SAMPLE_S)
     out, err = child.communicate()
@@ -250,6 +285,8 @@ def measured_build(
         raise SystemExit(f"build of {config} failed ({child.returncode}):\n{err[-3000:]}")
     report = json.loads(out.strip().splitlines()[-1])
     report["memory_mb"] = {key: value / 1024 for key, value in peak.items()}
+    report["beside_mb"] = {pid: {key: kb / 1024 for key, kb in seen.items()} for pid, seen in peak_beside.items()}
+    report["beside_commands"] = commands
     return report
 
 
@@ -392,17 +429,24 @@ TRACE_SCALE = 0.1  # short turns (~167 tokens a sample with Qwen2.5's default sy
 TRACED_PHASES = ("encode", "plan", "emit", "publish")
 
 
+@contextmanager
+def short_chats(folder: Path, count: int) -> Iterator[Path]:
+    """The config of a build of about `count` short conversations (the trace's), its data removed on leaving."""
+    data = folder / f"chat-{count}"
+    write_chat_set(data, count * 415 / 1e6, scale=TRACE_SCALE)  # ~415 bytes a row at this scale
+    try:
+        yield write_config(folder, data, f"chat{count}")
+    finally:
+        shutil.rmtree(data)
+
+
 def traced_builds(folder: Path, samples: list[int], workers: str) -> list[dict]:
     """Builds of about `samples` short conversations with tracemalloc in the driver (the build process)."""
     rows = []
     for count in samples:
-        data = folder / f"chat-{count}"
-        files = write_chat_set(data, count * 415 / 1e6, scale=TRACE_SCALE)  # ~415 bytes a row at this scale
-        config = write_config(folder, data, f"chat{count}")
-        rows.append(measured_build(config, folder / "out", workers, traced=True))
-        shutil.rmtree(folder / "out", ignore_errors=True)
-        shutil.rmtree(data)
-        del files
+        with short_chats(folder, count) as config:
+            rows.append(measured_build(config, folder / "out", workers, traced=True))
+            shutil.rmtree(folder / "out", ignore_errors=True)
     return rows
 
 
@@ -428,13 +472,10 @@ def sample_builds(folder: Path, samples: list[int], workers: list[str]) -> list[
     """Untraced builds of about `samples` short conversations (the trace's), each count at every `workers`."""
     rows = []
     for count in samples:
-        data = folder / f"chat-{count}"
-        write_chat_set(data, count * 415 / 1e6, scale=TRACE_SCALE)
-        config = write_config(folder, data, f"chat{count}")
-        for j in workers:
-            rows.append((f"{count:,} short samples, -j {j}", measured_build(config, folder / "out", j)))
-            shutil.rmtree(folder / "out", ignore_errors=True)
-        shutil.rmtree(data)
+        with short_chats(folder, count) as config:
+            for j in workers:
+                rows.append((f"{count:,} short samples, -j {j}", measured_build(config, folder / "out", j)))
+                shutil.rmtree(folder / "out", ignore_errors=True)
     return rows
 
 
@@ -458,6 +499,81 @@ def print_samples(rows: list[tuple[str, dict]], workers: list[str]) -> None:
         print(line)
 
 
+# Each node of the loopback cluster as the tests' (tests/conftest.py): one CPU, a small object store (items and
+# results are small; nothing else goes through it).
+RAY_NODE = {"num_cpus": 1, "object_store_memory": 128 * 1024**2}
+
+
+@contextmanager
+def loopback_cluster(nodes: int = 2) -> Iterator[Any]:
+    """A Ray cluster of `nodes` one-CPU nodes on 127.0.0.1, its processes children of this one, shut down on
+    leaving however the block ends (through its own object: `ray stop` would stop every Ray on the machine)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read at import: every node on 127.0.0.1
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={**RAY_NODE, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**RAY_NODE)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def ray_role(command: str) -> str:
+    """What a process of the cluster is, by its command: a worker (`ray::` and the task it runs, or IDLE; before
+    it names itself, default_worker.py), or the
+    program of a service (raylet, gcs_server, and Ray's Python services: dashboard.py, agent.py (the dashboard's
+    agent on each node), main.py (the runtime-env agent), monitor.py (the autoscaler's), log_monitor.py)."""
+    program = Path(command).name
+    return "workers" if command.startswith("ray::") or program in ("setup_worker.py", "default_worker.py") else program
+
+
+def shard_hashes(output: Path) -> list[str]:
+    manifest = json.loads((output / "manifest.json").read_text(encoding="utf-8"))
+    return [shard["sha256"] for shard in manifest["shards"]]
+
+
+def ray_driver_builds(folder: Path, samples: list[int], reference: str | None) -> list[tuple[str, dict]]:
+    """Builds of about `samples` short conversations with executor ray, each joining a loopback two-node cluster
+    that this process started (the build process is the driver; the cluster's processes are sampled beside it).
+    With `reference` (a -j), the same build runs again on local processes and the shards' hashes are compared."""
+    rows = []
+    with loopback_cluster() as cluster:
+        for count in samples:
+            with short_chats(folder, count) as config:
+                overrides = ("executor=ray", f"ray_address={cluster.address}")
+                report = measured_build(config, folder / "out", "2", overrides=overrides, beside=os.getpid())
+                if reference is not None:
+                    ray_shards = shard_hashes(folder / "out")
+                    measured_build(config, folder / "reference", reference)  # not OUT: that build is up to date
+                    same = ray_shards == shard_hashes(folder / "reference")
+                    shutil.rmtree(folder / "reference")
+                    report["reference"] = f"; shards {'byte-identical to' if same else 'DIFFER from'} -j {reference}'s"
+                shutil.rmtree(folder / "out", ignore_errors=True)
+            rows.append((f"{count:,} short samples, ray 2 nodes", report))
+    return rows
+
+
+def print_ray_driver(rows: list[tuple[str, dict]]) -> None:
+    """The Ray builds as print_samples prints builds, then per build the peaks of the cluster's processes by role:
+    not the driver's memory, but what the nodes held (a node is a whole machine in a real cluster)."""
+    print_samples(rows, ["ray"])
+    for name, r in rows:
+        by_role: dict[str, list[dict[str, float]]] = {}
+        for pid, peak in r["beside_mb"].items():
+            by_role.setdefault(ray_role(r["beside_commands"][pid]), []).append(peak)
+        parts = []
+        for role, peaks in sorted(by_role.items()):
+            anon = [p["RssAnon"] for p in peaks]
+            summed = f" ({sum(anon):.0f} summed)" if len(peaks) > 1 else ""
+            parts.append(f"{role} x{len(peaks)} {max(anon):.0f}{summed}")
+        nodes = {phase: sorted(ran.values()) for phase, ran in r["nodes"].items()}
+        print(f"  {name}: items per node {nodes}{r.get('reference', '')}")
+        print(f"    Ray's processes, peak RssAnon MB (the largest of each kind): {', '.join(parts)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=60, help="size of the synthetic chat set for the executors table")
@@ -467,7 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["executors", "plan", "repack", "memory", "trace", "samples", "plan-memory"],
+        choices=["executors", "plan", "repack", "memory", "trace", "samples", "plan-memory", "ray-driver"],
         action="append",
         help="run only these parts",
     )
@@ -482,8 +598,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--plan-samples", default="20000,200000", help="stored sample counts (comma-separated) of plan-memory"
     )
+    parser.add_argument(
+        "--ray-samples", default="20000,200000", help="sample counts (comma-separated) of the ray-driver builds"
+    )
+    parser.add_argument(
+        "--ray-reference",
+        default="2",
+        help="the -j of a local build of each ray-driver count whose shards must be the Ray build's ('none': skip)",
+    )
     args = parser.parse_args(argv)
-    parts = set(args.only or ["executors", "plan", "repack", "memory"])  # trace, samples, plan-memory: when asked
+    # trace, samples, plan-memory, ray-driver: when asked
+    parts = set(args.only or ["executors", "plan", "repack", "memory"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     tokenizer = "Qwen2.5" if QWEN.is_dir() else "the quickstart's"
     print(
@@ -548,6 +673,11 @@ def main(argv: list[str] | None = None) -> None:
             rows = sample_builds(folder / "samples", [int(n) for n in args.samples.split(",")], workers)
             print()
             print_samples(rows, workers)
+        if "ray-driver" in parts:
+            reference = None if args.ray_reference == "none" else args.ray_reference
+            rows = ray_driver_builds(folder / "ray", [int(n) for n in args.ray_samples.split(",")], reference)
+            print()
+            print_ray_driver(rows)
         if "memory" in parts:
             sizes = [float(s) for s in args.memory_mb.split(",")]
             rows = memory_flatness(folder / "memory", sizes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 from itertools import pairwise
 
 import numpy as np
@@ -11,9 +12,148 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packtool.errors import PacktoolError
-from packtool.format import read_manifest
+from packtool.format import Interleaving, read_manifest
 from packtool.labels import IGNORE_INDEX
-from packtool.summaries import attention_slots, length_bin_edges, length_summary, summarize
+from packtool.summaries import (
+    Histogram,
+    Tally,
+    WindowTotals,
+    attention_slots,
+    interleave_stats,
+    length_bin_edges,
+    length_summary,
+    spread,
+    summarize,
+    window_mix,
+)
+
+
+# The references: the statistics as numpy computes them from every length kept (what summarize did before it
+# kept histograms, issue 43). The histograms' numbers must be these, bit for bit.
+def length_summary_of_lengths(values: np.ndarray, capacity: int) -> dict:
+    edges = length_bin_edges(capacity)
+    bins = np.clip(np.searchsorted(np.asarray(edges), values, side="left") - 1, 0, len(edges) - 1)
+    counts = np.bincount(bins, minlength=len(edges))
+    p50, p90, p99 = (
+        (int(np.percentile(values, q, method="inverted_cdf")) for q in (50, 90, 99)) if len(values) else (0, 0, 0)
+    )
+    return {
+        "count": len(values),
+        "mean": round(float(values.mean()), 3) if len(values) else 0.0,
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "max": int(values.max()) if len(values) else 0,
+        "capacity": int(capacity),
+        "over_capacity": int(counts[-1]),
+        "histogram": {"edges": edges, "counts": counts.tolist()},
+    }
+
+
+def spread_of_values(values: np.ndarray) -> dict:
+    """numpy's spread, but for cv: numpy's float sums fall either side of a rounding tie depending on the values'
+    order (256 ones among 481 0/1 values, cv exactly 0.9375, read 0.937); here cv is the float nearest its exact
+    value, rounded as before."""
+    if not len(values):
+        return {"mean": 0.0, "min": 0, "p50": 0, "p90": 0, "max": 0, "cv": 0.0}
+    mean = float(values.mean())
+    return {
+        "mean": round(mean, 3),
+        "min": int(values.min()),
+        "p50": int(np.percentile(values, 50, method="inverted_cdf")),
+        "p90": int(np.percentile(values, 90, method="inverted_cdf")),
+        "max": int(values.max()),
+        "cv": round(exact_cv(values), 3) if mean else 0.0,
+    }
+
+
+def exact_cv(values: np.ndarray) -> float:
+    """std / mean = sqrt(n S2 - S1^2) / S1, to the float nearest it (60 digits, then one rounding)."""
+    n, s1, s2 = len(values), int(values.sum()), sum(int(v) ** 2 for v in values)
+    with decimal.localcontext(decimal.Context(prec=60)):
+        return float(decimal.Decimal(n * s2 - s1 * s1).sqrt() / decimal.Decimal(s1))
+
+
+def attention_slots_of_lengths(lengths: np.ndarray, pack_lengths: np.ndarray) -> dict:
+    longest = int(lengths.max()) if len(lengths) else 0
+    return {
+        "token_slots_padded": len(lengths) * longest,
+        "token_slots_packed": int(lengths.sum()),
+        "score_slots_padded": len(lengths) * longest**2,
+        "score_slots_packed": int((lengths**2).sum()),
+        "score_slots_flat": int((pack_lengths**2).sum()),
+        "causal_pairs": int((lengths * (lengths + 1) // 2).sum()),
+        "causal_pairs_flat": int((pack_lengths * (pack_lengths + 1) // 2).sum()),
+    }
+
+
+lengths_lists = st.lists(st.integers(1, 600), max_size=120)
+
+
+@given(st.lists(lengths_lists, max_size=4), st.integers(1, 700))
+def test_histograms_give_the_statistics_of_the_lengths_they_counted(shards, capacity):
+    """Lengths counted shard by shard into a Histogram: the same summary, spread and slots as every length kept."""
+    counted = Histogram()
+    for shard in shards:
+        counted.add(np.array(shard, dtype=np.int64))
+    lengths = np.array([n for shard in shards for n in shard], dtype=np.int64)
+    tally = counted.tally()
+    assert tally.n == len(lengths) and counted.counts.sum() == len(lengths)
+    assert length_summary(tally, capacity) == length_summary_of_lengths(lengths, capacity)
+    assert length_summary(lengths, capacity) == length_summary_of_lengths(lengths, capacity)
+    assert spread(tally) == spread_of_values(lengths)
+    packs = lengths[::3] * 2
+    assert attention_slots(tally, Tally.of(packs)) == attention_slots_of_lengths(lengths, packs)
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=300))
+def test_percentiles_and_spread_fall_as_numpys_at_every_count(values):
+    """inverted_cdf's position is taken in floating point (n * 0.9 - 1 may land just above an integer):
+    the tally's must land the same for every count; cv is numpy's to its last rounding."""
+    array = np.array(values, dtype=np.int64)
+    tally = Tally.of(array)
+    for p in (1, 10, 33, 50, 90, 99, 100):
+        assert tally.percentile(p) == int(np.percentile(array, p, method="inverted_cdf")), p
+    assert spread(tally) == spread_of_values(array)
+    assert abs(spread(tally)["cv"] - round(float(array.std()) / max(float(array.mean()), 1e-300), 3)) <= 0.001
+
+
+def test_cv_is_numpys_with_exact_sums():
+    ones = np.array([0] * 225 + [1] * 256)  # cv exactly 0.9375: numpy's float sums read 0.93749999...
+    assert round(float(ones.std()) / float(ones.mean()), 3) == 0.937
+    assert spread(Tally.of(ones))["cv"] == round(exact_cv(ones), 3) == 0.938
+    assert spread(np.array([79, 81]))["cv"] == 0.013  # 1 / 80: the float above 0.0125, as numpy's
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 3), st.integers(1, 50), st.integers(0, 50)), min_size=1, max_size=6),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 5),
+    st.integers(1, 7),
+    st.sampled_from(["samples", "tokens", "target_tokens"]),
+)
+def test_window_totals_measure_the_mix_as_the_amounts_of_every_pack(packs, window, per_shard, unit):
+    """Documents (source, tokens, targets) of packs in order, added shard by shard (`per_shard` packs each): the
+    same interleave block as window_mix over the [packs, sources] amounts."""
+    names = ["s0", "s1", "s2", "s3"]
+    interleave = Interleaving(window, 0.1, unit)
+    totals = WindowTotals(interleave)
+    for first in range(0, len(packs), per_shard):
+        shard = packs[first : first + per_shard]
+        pack = np.array([first + p for p, documents in enumerate(shard) for _ in documents], dtype=np.int64)
+        source, tokens, targets = (np.array([d[i] for documents in shard for d in documents]) for i in range(3))
+        met = list(dict.fromkeys(names[s] for s in source))  # the shard's own codes, by order of meeting
+        codes = np.array([met.index(names[s]) for s in source], dtype=np.int64)
+        totals.add(pack, met, codes, tokens, np.minimum(targets, tokens))
+    seen = sorted({names[d[0]] for documents in packs for d in documents})
+    amounts = np.zeros((len(packs), len(seen)), dtype=np.int64)
+    for p, documents in enumerate(packs):
+        for s, n, t in documents:
+            amounts[p, seen.index(names[s])] += {"samples": 1, "tokens": n, "target_tokens": min(t, n)}[unit]
+    assert totals.stats(len(packs)) == interleave_stats(seen, window_mix(amounts, window), len(packs), interleave)
 
 
 def test_length_summary_worked_example():

@@ -34,7 +34,7 @@ from packtool.builder.cache import CACHE_KIND, TokenCache, cache_root, encode_ke
 from packtool.builder.emit import emit_item, emit_items, release, share
 from packtool.builder.encode import CachedRanges, EncodeItem, encode_item
 from packtool.builder.executors import make_executor
-from packtool.builder.manifest import write_outputs, write_rejects
+from packtool.builder.manifest import copy_rejects, write_outputs
 from packtool.builder.mixing import quota_misses, source_quotas, unsampled_sources
 from packtool.builder.owned import check_apart, claim, locked, unlinked
 from packtool.builder.plan import make_plan, plan_inputs, plan_key
@@ -156,9 +156,9 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
             folder = staging.root / f"dry-run-{key}"
             try:
                 plan = make_plan(config, partitions, folder, key)
+                _check_outcome(config, plan)  # before the folder goes: a failure copies the plan's rejects
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            _check_outcome(config, plan)
             shown = preview(config, plan)
             return Built(
                 shown,
@@ -358,13 +358,12 @@ def preview(config: BuildConfig, plan: Plan) -> dict[str, Any]:
             "tokens": tokens,
             "token_efficiency": round(tokens / (folder.n_packs * folder.capacity), 6) if folder.n_packs else 0.0,
         }
-    by_reason = Counter(r["reason"] for r in plan.rejects)
     return {
         "dry_run": True,
         "plan_hash": plan.key,
         "outputs": outputs,
         "accounting": plan.accounting,
-        "rejects": {"count": len(plan.rejects), "by_reason": dict(sorted(by_reason.items()))},
+        "rejects": {"count": plan.rejects.count, "by_reason": plan.rejects.by_reason},
     }
 
 
@@ -399,10 +398,11 @@ def failed_rejects_path(output: str | Path) -> Path:
 def _rejects_problem(config: BuildConfig, plan: Plan, summary: str) -> BuildError:
     """The failure with the first rejects named and all of them written where the message says."""
     path = failed_rejects_path(config.run.output)
-    write_rejects(path, plan.rejects)
-    first = "".join(f"\n  {r['location']}: [{r['reason']}] {r['detail']}" for r in plan.rejects[:3])
-    more = f"\n  ... {len(plan.rejects) - 3} more" if len(plan.rejects) > 3 else ""
-    return BuildError(f"{summary}\nfirst rejects:{first}{more}\nall {len(plan.rejects)} rejects: {path}")
+    copy_rejects(plan.rejects.path, path)
+    count = plan.rejects.count
+    first = "".join(f"\n  {r['location']}: [{r['reason']}] {r['detail']}" for r in plan.rejects.first(3))
+    more = f"\n  ... {count - 3} more" if count > 3 else ""
+    return BuildError(f"{summary}\nfirst rejects:{first}{more}\nall {count} rejects: {path}")
 
 
 def _check_outcome(config: BuildConfig, plan: Plan) -> None:
@@ -423,10 +423,9 @@ def _check_outcome(config: BuildConfig, plan: Plan) -> None:
         raise _rejects_problem(config, plan, summary)
     if sum(f.n_packs for f in plan.folders) == 0:
         read = sum(a["read"] for a in plan.accounting.values())
-        by_reason = Counter(r["reason"] for r in plan.rejects)
-        listed = ", ".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "no input records"
+        listed = ", ".join(f"{k}={v}" for k, v in plan.rejects.by_reason.items()) or "no input records"
         summary = f"no pack to write: none of {read} record(s) was kept ({listed}); nothing was published"
-        raise _rejects_problem(config, plan, summary) if plan.rejects else BuildError(summary)
+        raise _rejects_problem(config, plan, summary) if plan.rejects.count else BuildError(summary)
     held_out = sum(f.n_packs for f in plan.folders if f.name == "validation")
     if held_out and not sum(f.n_packs for f in plan.folders if f.name != "validation"):
         asked = f"samples: {config.validation.samples:,}" if config.validation.samples else "share"

@@ -14,6 +14,7 @@ records that start in the prompt (a token holding the header's last character an
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +38,9 @@ class Counts:
     special_token_literals: int = 0
     straddling_targets: int = 0
     segments: int = 0  # what reached a pack: mixing copies, split pieces and the bucket included
-    # (record ordinal, straddling targets) of an encode item's records that have some: a report cut by
-    # max_samples counts those within its budget (the plan's sums leave it empty)
-    straddling_at: list[tuple[int, int]] = field(default_factory=list)
-    # record ordinals of samples kept with an overlap with an eval set (decontamination action: report); the
-    # dropped ones are dropped[CONTAMINATED]
-    contamination_reported: list[int] = field(default_factory=list)
+    # samples kept with an overlap with an eval set (decontamination action: report); the dropped ones are
+    # dropped[CONTAMINATED]
+    contamination_reported: int = 0
 
     def __add__(self, other: Counts) -> Counts:
         truncated = {k: dict(v) for k, v in self.truncated.items()}
@@ -60,7 +58,6 @@ class Counts:
             special_token_literals=self.special_token_literals + other.special_token_literals,
             straddling_targets=self.straddling_targets + other.straddling_targets,
             segments=self.segments + other.segments,
-            straddling_at=self.straddling_at + other.straddling_at,
             contamination_reported=self.contamination_reported + other.contamination_reported,
         )
 
@@ -70,16 +67,14 @@ class Counts:
         *,
         bad_input: bool = False,
         literal: bool = False,
-        straddling: tuple[int, int] = (0, 0),
+        straddling: int = 0,
     ) -> None:
         """One record read: stored (`lost` None) or lost under its reason, rejected when `bad_input`
-        else dropped; `literal`: its content spells a special token; `straddling`: its ordinal and its
-        target tokens that start in the prompt (Tokenized.straddled)."""
+        else dropped; `literal`: its content spells a special token; `straddling`: its target tokens that
+        start in the prompt (Tokenized.straddled)."""
         self.read += 1
         self.special_token_literals += literal or lost == SPECIAL_TOKEN_LITERAL
-        if straddling[1]:
-            self.straddling_targets += straddling[1]
-            self.straddling_at.append(straddling)
+        self.straddling_targets += straddling
         if lost is not None:
             (self.rejected if bad_input else self.dropped)[lost] += 1
 
@@ -102,7 +97,7 @@ class Counts:
             "straddling_targets": self.straddling_targets,
             "segments": self.segments,
             # only where a sample was reported: an output without decontamination keeps its bytes
-            **({"contamination_reported": len(self.contamination_reported)} if self.contamination_reported else {}),
+            **({"contamination_reported": self.contamination_reported} if self.contamination_reported else {}),
         }
 
     def as_report(self) -> dict[str, Any]:
@@ -117,20 +112,23 @@ class Counts:
                 for k in sorted(self.truncated)
             },
             "special_token_literals": self.special_token_literals,
-            "straddling_targets": [list(at) for at in self.straddling_at],
+            "straddling_targets": self.straddling_targets,
             **({"contamination_reported": self.contamination_reported} if self.contamination_reported else {}),
         }
 
     @classmethod
-    def from_report(cls, report: dict[str, Any], budget: int, stored_literals: int) -> Counts:
+    def from_report(
+        cls, report: dict[str, Any], budget: int, stored: Counts, lost: Callable[[int], Iterable[tuple[str, bool]]]
+    ) -> Counts:
         """An encode item's counts (its cache report, as_report) limited to its first `budget` records
-        (max_samples); `stored_literals`: stored samples among them whose content spells a special token.
+        (max_samples). `stored`: what its stored records within the budget hold (special-token literals,
+        straddling targets, reported overlaps: summed by the plan from the partition's columns);
+        `lost(budget)`: the (reason, bad input) of each of its rejects before record `budget`, asked for only
+        when the budget cuts the item short.
 
-        Cut short, the item is counted again from its rejects (one per record not stored: bad input,
-        which alone carries its error `message`, rejected; valid input not trained (a special-token
-        literal, a pair too long) dropped); its `items_truncated` is not counted then."""
-        # the plan needs their sum only: a list of pairs held per record would grow with the build (issue 43)
-        straddling = sum(n for at, n in report["straddling_targets"] if at < budget)
+        Cut short, the item is counted again from those rejects (bad input, which alone carries its error
+        `message`, rejected; valid input not trained (a special-token literal, a pair too long) dropped); its
+        `items_truncated` is not counted then."""
         if budget >= report["read"]:
             counts = cls(
                 read=report["read"],
@@ -141,10 +139,10 @@ class Counts:
             for strategy, cut in report.get("items_truncated", {}).items():
                 counts.note_truncation(strategy, cut["tokens"], 0, samples=cut["items"])
         else:
-            lost = [r for r in report["rejects"] if r["ordinal"] < budget]
-            counts = cls(read=budget - len(lost), special_token_literals=stored_literals)
-            for reject in lost:
-                counts.note_record(reject["reason"], bad_input="message" in reject)
-        counts.contamination_reported = [at for at in report.get("contamination_reported", []) if at < budget]
-        counts.straddling_targets = straddling
+            counts = cls(special_token_literals=stored.special_token_literals)
+            for reason, bad_input in lost(budget):
+                counts.note_record(reason, bad_input=bad_input)
+            counts.read = budget
+        counts.contamination_reported = stored.contamination_reported
+        counts.straddling_targets = stored.straddling_targets
         return counts

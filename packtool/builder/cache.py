@@ -2,9 +2,11 @@
 
     CACHE/packtool-owned.json         marks the folder as a packtool cache (builder.owned); nothing else is touched
     CACHE/packtool.lock               shared by the builds using the cache, exclusive for `cache clear`
-    CACHE/tokens/ab/abcdef....arrow   one encode work item's samples (Arrow IPC, see builder.encode)
-    CACHE/tokens/ab/abcdef....json    its report (counts by reason, rejects); written last, sealed:
-                                      {..., "key", "partition_bytes", "partition_sha256", "entry_sha256"}
+    CACHE/tokens/ab/abcdef....arrow          one encode work item's samples (Arrow IPC, see builder.store)
+    CACHE/tokens/ab/abcdef....rejects.arrow  its records not stored, each with its reason (Arrow IPC, builder.store)
+    CACHE/tokens/ab/abcdef....json           its report (counts by reason); written last, sealed:
+                                             {..., "key", "partition_bytes", "partition_sha256", "rejects_bytes",
+                                              "rejects_sha256", "entry_sha256"}
     CACHE/files/ab/abcdef....json     per input file, its ranges at the last build (builder.reencoded)
 
 An entry's key hashes the content of its row range of the input file (the bytes of JSON Lines lines, the
@@ -16,7 +18,8 @@ never looked up. Entries are write-once: written under a temporary name and rena
 two builds sharing a cache write identical bytes to the same name and a reader sees an entry whole or not at all.
 
 Nothing read back is trusted: before reuse, the report must name its own key and hash to its seal,
-and the partition must have the bytes and sha256 the report recorded when it was written. An entry
+and the partition and its rejects table must have the bytes and sha256 the report recorded when they were
+written. An entry
 that fails (a changed byte, a zeroed or truncated file, an entry swapped with another) is encoded
 again and reported, never used.
 """
@@ -34,6 +37,7 @@ from typing import Any
 
 import packtool
 from packtool.builder.owned import fresh_temporary, is_marked, locked
+from packtool.builder.store import rejects_path
 from packtool.config import (
     ITEM_FORMATS,
     BuildConfig,
@@ -52,8 +56,10 @@ CACHE_DIR = ".packtool-cache"
 # 3: keyed by the content of the row range, not of the whole file; 4: settings hashed as whole config
 # sections, Parquet and Arrow ranges keyed by their rows, and a report says what its content hash covered
 # (builder.encode.carried_prefix); 5: a report records the lines or rows its partition was encoded from, which
-# the read stops at (content_lines); 6: a partition holds each sample's images (builder.store.IMAGE_TYPE)
-CACHE_VERSION = 6
+# the read stops at (content_lines); 6: a partition holds each sample's images (builder.store.IMAGE_TYPE); 7: the
+# rejects go to a table beside the partition, whose rows hold their straddling targets and reported overlaps
+# (the report keeps counts only)
+CACHE_VERSION = 7
 CACHE_FOLDERS = ("tokens", "files")  # the entries; the per-file index of the last build (builder.reencoded)
 CACHE_KIND = "token-cache"  # the kind in the folder's ownership marker (builder.owned)
 
@@ -135,6 +141,9 @@ class TokenCache:
     def report(self, key: str) -> Path:
         return self.root / "tokens" / key[:2] / f"{key}.json"
 
+    def rejects(self, key: str) -> Path:
+        return rejects_path(self.partition(key))
+
     def load_report(self, key: str) -> dict[str, Any] | None:
         """The report of a complete entry, or None (missing or unreadable); not checked (see `check`)."""
         try:
@@ -153,9 +162,12 @@ class TokenCache:
             return None, f"cache entry {report_path}: unreadable or without its partition"
         if report.get("key") != key or report.get("entry_sha256") != entry_digest(report):
             return None, f"cache entry {report_path}: its report is not the one written for this key"
-        size = partition.stat().st_size
-        if size != report.get("partition_bytes") or file_sha256(partition) != report.get("partition_sha256"):
-            return None, f"cache entry {partition}: its bytes changed since it was written ({size:,} bytes)"
+        for path, name in ((partition, "partition"), (rejects_path(partition), "rejects")):
+            if not path.is_file():
+                return None, f"cache entry {path}: missing"
+            size = path.stat().st_size
+            if size != report.get(f"{name}_bytes") or file_sha256(path) != report.get(f"{name}_sha256"):
+                return None, f"cache entry {path}: its bytes changed since it was written ({size:,} bytes)"
         return report, None
 
     def temporary(self, final: Path) -> Path:
@@ -186,9 +198,10 @@ class TokenCache:
         Partitions are not hashed, so a listing stays quick on a large cache."""
         found = []
         tokens = self.root / "tokens"
-        for key in sorted({p.stem for p in tokens.glob("*/*") if p.suffix in (".json", ".arrow")}):
+        for key in sorted({p.name.partition(".")[0] for p in tokens.glob("*/*") if p.suffix in (".json", ".arrow")}):
             report = self.load_report(key)
-            size = sum(p.stat().st_size for p in (self.report(key), self.partition(key)) if p.is_file())
+            files = (self.report(key), self.partition(key), self.rejects(key))
+            size = sum(p.stat().st_size for p in files if p.is_file())
             if report is None or report.get("key") != key or report.get("entry_sha256") != entry_digest(report):
                 found.append({"key": key, "bytes": size, "damaged": True})
                 continue
@@ -227,13 +240,16 @@ def entry_digest(report: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in report.items() if k != "entry_sha256"}).encode()).hexdigest()
 
 
-def seal_report(report: dict[str, Any], key: str, partition: Path) -> dict[str, Any]:
-    """The report to store beside a partition just written: its key, the partition's size and hash, sealed."""
+def seal_report(report: dict[str, Any], key: str, partition: Path, rejects: Path) -> dict[str, Any]:
+    """The report to store beside a partition and its rejects table just written: its key, each file's size and
+    hash, sealed."""
     sealed = {
         **report,
         "key": key,
         "partition_bytes": partition.stat().st_size,
         "partition_sha256": file_sha256(partition),
+        "rejects_bytes": rejects.stat().st_size,
+        "rejects_sha256": file_sha256(rejects),
     }
     return {**sealed, "entry_sha256": entry_digest(sealed)}
 

@@ -5,7 +5,8 @@
     file --read_file--> PreferencePair | CompletionGroup --encode_answers--> one Tokenized per answer
          --truncate_item--> segments fit for one pack, cut jointly (or a drop: pair_too_long, group_too_long)
          --PartitionWriter--> consecutive rows with the record's ordinal, each with its SegmentRole
-         --report-----------> CACHE/tokens/KEY.json       (read, rejected/dropped by reason, each reject)
+    a record not stored --RejectsWriter--> CACHE/tokens/KEY.rejects.arrow   (its reason, detail, error message)
+         --report-----------> CACHE/tokens/KEY.json       (read, rejected/dropped by reason: counts only)
 
 The steps live by job: a file's row ranges and their hashes in packtool.ranges, render and encode on
 threads in builder.stages, a pair's or group's answers in builder.answers; this module stores what they
@@ -33,7 +34,14 @@ import pyarrow as pa
 from packtool.builder.accounting import DROP_KINDS, Counts
 from packtool.builder.cache import TokenCache, code_fingerprint, publish_file, seal_report
 from packtool.builder.stages import Outcome, outcomes, stages_for
-from packtool.builder.store import PartitionReader, PartitionWriter
+from packtool.builder.store import (
+    PartitionReader,
+    PartitionWriter,
+    Reject,
+    RejectsWriter,
+    read_rejects,
+    reject_ordinals,
+)
 from packtool.config import BuildConfig, canonical_json, config_folder
 from packtool.errors import RecordError
 from packtool.format import REJECTS
@@ -143,11 +151,12 @@ class EncodeResult:
 
 @dataclass(frozen=True)
 class Carried:
-    """The first lines or rows of a range that grew, as encoded at an earlier build: that entry's report and
-    partition."""
+    """The first lines or rows of a range that grew, as encoded at an earlier build: that entry's report,
+    partition and rejects table."""
 
     report: dict[str, Any]
     partition: Path
+    rejects: Path
     lines: int  # lines or rows of the file it covers, from the range's first
 
     @property
@@ -172,7 +181,7 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> tuple[Carried | None,
     size, content = report.get("content_size"), report.get("content_sha256")
     if not isinstance(size, int) or not 0 < size < item.size or not isinstance(content, str):
         return None, None
-    if any(reject.get("reason") == "unreadable_file" for reject in report["rejects"]):
+    if report["rejected"].get("unreadable_file"):
         return None, None  # a read that broke part way stopped there: the lines after it were never encoded
     if item.unit == "rows":
         lines: int | None = size if table_rows_digest(item.file, item.start, item.start + size) == content else None
@@ -186,9 +195,10 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> tuple[Carried | None,
     if item.config.processor and (stale := stale_image(partition, item)) is not None:
         return None, stale
     first = item.start + (item.unit == "bytes")  # JSON Lines locations count lines from 1, tables rows from 0
-    if (problem := _holds(report, partition, first, lines)) is not None:
+    rejects = cache.rejects(item.grown_from)
+    if (problem := _holds(report, partition, rejects, first, lines)) is not None:
         return None, f"cache entry {partition}: {problem}"
-    return Carried(report, partition, lines), None
+    return Carried(report, partition, rejects, lines), None
 
 
 def stale_image(partition: Path, item: EncodeItem) -> str | None:
@@ -215,7 +225,7 @@ def stale_image(partition: Path, item: EncodeItem) -> str | None:
     return None
 
 
-def _holds(report: dict[str, Any], partition: Path, first: int, lines: int) -> str | None:
+def _holds(report: dict[str, Any], partition: Path, rejects: Path, first: int, lines: int) -> str | None:
     """Why an entry does not hold exactly the records of `lines` lines or rows from the one numbered `first`; None
     when it does: its report was written for that many, each record it read is stored or rejected (a pair's or
     group's rows share their record's ordinal), and each one it stores comes from one of those lines or rows."""
@@ -225,7 +235,7 @@ def _holds(report: dict[str, Any], partition: Path, first: int, lines: int) -> s
         return f"its report's count of records read is {report.get('read')!r}, not a number"
     reader = PartitionReader(partition)
     try:
-        ordinals = {*reader.column("ordinal").tolist(), *(r.get("ordinal") for r in report["rejects"])}
+        ordinals = {*reader.column("ordinal").tolist(), *reject_ordinals(rejects).tolist()}
         numbers = [location.rpartition(":")[2] for location in reader.batch_column("location")]
     finally:
         reader.close()
@@ -238,14 +248,14 @@ def _holds(report: dict[str, Any], partition: Path, first: int, lines: int) -> s
 
 @dataclass
 class Report:
-    """What happened to each record of one file (its counts are added up per source into the manifest's accounting)."""
+    """What happened to each record of one file, counted (added up per source into the manifest's accounting);
+    each record not stored is a row of the item's rejects table."""
 
     source: str
     file: str
     samples: int = 0
     tokens: int = 0
     counts: Counts = field(default_factory=Counts)
-    rejects: list[dict[str, Any]] = field(default_factory=list)  # {id, location, reason, detail, ordinal}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -254,7 +264,6 @@ class Report:
             "samples": self.samples,
             "tokens": self.tokens,
             **self.counts.as_report(),
-            "rejects": self.rejects,
         }
 
 
@@ -265,24 +274,31 @@ def encode_item(item: EncodeItem) -> EncodeResult:
     if cached is not None and item.config.processor and (stale := stale_image(cache.partition(item.key), item)):
         cached, damaged = None, stale  # its images are not the files now: encoded again
     if cached is not None:
-        return EncodeResult(item.key, reused=True, failure=_stop_message(cached, item), left=_grown_since(item))
+        failure = _stop_message(cached, cache.rejects(item.key), item)
+        return EncodeResult(item.key, reused=True, failure=failure, left=_grown_since(item))
     carried, refused = carried_prefix(item, cache)
     damaged = damaged or refused
-    if carried is not None and (failure := _stop_message(carried.report, item)) is not None:
+    if carried is not None and (failure := _stop_message(carried.report, carried.rejects, item)) is not None:
         return EncodeResult(item.key, reused=False, failure=failure)
     source = next(s for s in item.config.sources if s.name == item.source)
     stages = stages_for(item.config)
-    final = cache.partition(item.key)
-    temporary = cache.temporary(final)
+    final, final_rejects = cache.partition(item.key), cache.rejects(item.key)
+    temporary, temporary_rejects = cache.temporary(final), cache.temporary(final_rejects)
     report = Report(source.name, item.file)
     routes_before = Counter(stages.accelerators.routes)
     try:
         writer = PartitionWriter(temporary, source.name)
+        lost = RejectsWriter(temporary_rejects)
         try:
             if carried is not None:
                 writer.extend(carried.partition)
-                report.counts = Counts.from_report(carried.report, carried.records, 0)
-                report.rejects = list(carried.report["rejects"])
+                lost.extend(carried.rejects)
+                totals = Counts(
+                    special_token_literals=carried.report["special_token_literals"],
+                    straddling_targets=carried.report["straddling_targets"],
+                    contamination_reported=carried.report.get("contamination_reported", 0),
+                )
+                report.counts = Counts.from_report(carried.report, carried.records, totals, _nothing_lost)
             first = carried.records if carried is not None else 0
             skip = carried.lines if carried is not None else 0
             span = item.span()
@@ -292,11 +308,12 @@ def encode_item(item: EncodeItem) -> EncodeResult:
             images = item.config.processor is not None
             records = islice(read_file(source, item.file, item.start + skip, end, span, images=images), item.stop)
             for ordinal, outcome in enumerate(outcomes(stages, source, records), start=first):
-                failure = _record(outcome, ordinal, report, writer, item.stop_at_bad)
+                failure = _record(outcome, ordinal, report, writer, lost, item.stop_at_bad)
                 if failure is not None:  # a file rewritten under the build reads as bad records: name the change
                     return EncodeResult(item.key, reused=False, failure=_changed_since_hashed(item) or failure)
         finally:
             writer.close()
+            lost.close()
         if span is not None and (changed := _changed_while_read(item, span)) is not None:
             return EncodeResult(
                 item.key, reused=False, failure=changed
@@ -312,10 +329,12 @@ def encode_item(item: EncodeItem) -> EncodeResult:
                 "content_unit": item.unit,
                 "content_lines": span.lines if item.unit == "bytes" else item.size,
             }
-        sealed = seal_report({**report.as_dict(), **content}, item.key, temporary)
+        sealed = seal_report({**report.as_dict(), **content}, item.key, temporary, temporary_rejects)
         publish_file(temporary, final)
+        publish_file(temporary_rejects, final_rejects)
     finally:
         temporary.unlink(missing_ok=True)  # a full disk or a failure leaves no temporary behind
+        temporary_rejects.unlink(missing_ok=True)
     report_path = cache.report(item.key)
     report_temporary = cache.temporary(report_path)
     try:
@@ -381,33 +400,42 @@ def _grown_since(item: EncodeItem) -> bool:
         return False
 
 
-def _stop_message(report: dict[str, Any], item: EncodeItem) -> str | None:
+def _stop_message(report: dict[str, Any], rejects: Path, item: EncodeItem) -> str | None:
     """The message of the first bad record in an entry written under on_error: skip, when the item runs under
     on_error: fail (that record stops the build); None otherwise. Only bad input carries a message."""
-    bad = (r["message"] for r in report["rejects"] if "message" in r)
-    return next(bad, None) if item.stop_at_bad else None
+    if not item.stop_at_bad or not sum(report["rejected"].values()):
+        return None
+    return next((r.message for r in read_rejects(rejects) if r.message is not None), None)
 
 
-def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter, stop_at_bad: bool) -> str | None:
+def _nothing_lost(budget: int) -> list[tuple[str, bool]]:
+    """Counts.from_report's rejects of an item counted whole (never asked for: the budget cuts nothing)."""
+    return []
+
+
+def _record(
+    outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter, lost: RejectsWriter, stop_at_bad: bool
+) -> str | None:
     """Store one outcome or count it under its reason; the fail message when bad input must stop the build."""
     result = outcome.result
     kept = isinstance(result, Tokenized) or (isinstance(result, ItemTruncation) and result.drop_reason is None)
-    if kept and outcome.finding is not None:
-        report.counts.contamination_reported.append(ordinal)  # kept: its overlap is reported (action: report)
+    reported = kept and outcome.finding is not None  # kept: its overlap is reported (action: report)
+    report.counts.contamination_reported += reported
     if isinstance(result, Tokenized):
-        report.counts.note_record(literal=outcome.special_literal, straddling=(ordinal, result.straddled))
-        writer.append(result, outcome.location, ordinal, outcome.special_literal)
+        report.counts.note_record(literal=outcome.special_literal, straddling=result.straddled)
+        writer.append(result, outcome.location, ordinal, outcome.special_literal, reported=reported)
         return None
     if isinstance(result, ItemTruncation):
-        _record_item(result, outcome, ordinal, report, writer)
+        _record_item(result, outcome, ordinal, report, writer, lost, reported)
         return None
     if not isinstance(result, RecordError):
         raise RuntimeError(f"{outcome.location}: rendered but not encoded")
     if result.kind in DROP_KINDS:
         # valid input that this source's policy chose not to train: dropped, never a failure
         report.counts.note_record(result.kind)
-        reject = _reject(outcome.example_id, outcome.location, result.kind, result.reason, ordinal)
-        report.rejects.append({**reject, "eval": outcome.finding.as_dict()} if outcome.finding else reject)
+        finding = outcome.finding
+        overlap = json.dumps(finding.as_dict(), ensure_ascii=False, sort_keys=True) if finding else None
+        lost.append(Reject(ordinal, outcome.example_id, outcome.location, result.kind, result.reason, eval=overlap))
         return None
     result.sample_id = result.sample_id or outcome.example_id
     if not result.file and outcome.location:
@@ -418,25 +446,28 @@ def _record(outcome: Outcome, ordinal: int, report: Report, writer: PartitionWri
     report.counts.note_record(result.kind, bad_input=True, literal=outcome.special_literal)
     where = result.file if result.row is None else f"{result.file}:{result.row}"
     detail = f"field '{result.field}': {result.reason}" if result.field else result.reason
-    report.rejects.append({**_reject(result.sample_id, where, result.kind, detail, ordinal), "message": message})
+    lost.append(Reject(ordinal, result.sample_id, where, result.kind, detail, message=message))
     return None
 
 
 def _record_item(
-    fitted: ItemTruncation, outcome: Outcome, ordinal: int, report: Report, writer: PartitionWriter
+    fitted: ItemTruncation,
+    outcome: Outcome,
+    ordinal: int,
+    report: Report,
+    writer: PartitionWriter,
+    lost: RejectsWriter,
+    reported: bool,
 ) -> None:
-    """A pair or group: its segments as consecutive rows of one ordinal, or its drop (valid input that cannot fit)."""
+    """A pair or group: its segments as consecutive rows of one ordinal, or its drop (valid input that cannot fit).
+    A reported overlap is the record's: its first row alone carries it, so that the rows count it once."""
     if fitted.drop_reason is not None:
         report.counts.note_record(fitted.drop_reason)
-        report.rejects.append(_reject(outcome.example_id, outcome.location, fitted.drop_reason, fitted.detail, ordinal))
+        lost.append(Reject(ordinal, outcome.example_id, outcome.location, fitted.drop_reason, fitted.detail))
         return
-    report.counts.note_record(straddling=(ordinal, sum(segment.straddled for segment in fitted.segments)))
+    report.counts.note_record(straddling=sum(segment.straddled for segment in fitted.segments))
     if fitted.removed_prompt_tokens:
         # a pair's or group's answers stay whole: only prompt tokens, never targets, are cut
         report.counts.note_truncation(fitted.strategy, fitted.removed_prompt_tokens * len(fitted.segments), 0)
-    for segment, role in zip(fitted.segments, outcome.roles):
-        writer.append(segment, outcome.location, ordinal, role=role)
-
-
-def _reject(example_id: str, location: str, reason: str, detail: str, ordinal: int) -> dict[str, Any]:
-    return {"id": example_id, "location": location, "reason": reason, "detail": detail, "ordinal": ordinal}
+    for n, (segment, role) in enumerate(zip(fitted.segments, outcome.roles)):
+        writer.append(segment, outcome.location, ordinal, role=role, reported=reported and n == 0)

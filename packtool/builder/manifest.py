@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import Counter
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -61,10 +61,10 @@ def write_outputs(
             continue
         path = out / folder.name
         path.mkdir(parents=True, exist_ok=True)
-        write_rejects(path / REJECTS, [])
+        copy_rejects(None, path / REJECTS)  # a sub-output's records are the main output's
         published = Path(config.run.output) / folder.name
         shards = infos[folder.name]
-        fields = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, [], published)
+        fields = assemble_manifest(config, stages, plan, folder.capacity, folder.stream, shards, {}, published)
         stats = _stats(fields, path, shards)
         fields = replace(fields, stats=stats, vision=vision_record(config, plan, path, stats, shards))
         written[folder.name] = write_manifest(path, fields.as_dict())
@@ -79,9 +79,10 @@ def write_outputs(
             parts["validation"]["samples"] = config.validation.samples
     main = plan.folders[0]
     out.mkdir(parents=True, exist_ok=True)
-    write_rejects(out / REJECTS, plan.rejects)
+    copy_rejects(plan.rejects.path, out / REJECTS)
     published = Path(config.run.output)
-    fields = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], plan.rejects, published)
+    by_reason = plan.rejects.by_reason
+    fields = assemble_manifest(config, stages, plan, main.capacity, main.stream, infos[""], by_reason, published)
     fields = replace(fields, overflow=parts.get("overflow"), validation=parts.get("validation"))
     if stages.evals is not None:
         fields = replace(fields, decontamination=decontamination_record(stages.evals, plan.accounting))
@@ -174,11 +175,13 @@ def _canaries(
     return choose_canaries(files, fields.capacity, fields.accounting, decoder, config.sources, images=images).as_dict()
 
 
-def write_rejects(path: Path, entries: list[dict[str, Any]]) -> None:
+def copy_rejects(planned: Path | None, path: Path) -> None:
+    """A rejects.jsonl: the plan's (PLAN/rejects.jsonl, copied a block at a time), or an empty one (None)."""
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        for entry in entries:
-            handle.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+    if planned is None:
+        temporary.write_bytes(b"")
+    else:
+        shutil.copyfile(planned, temporary)
     temporary.replace(path)
 
 
@@ -189,12 +192,12 @@ def assemble_manifest(
     capacity: int,
     stream: bool,
     shards: list[ShardInfo],
-    rejects: list[dict[str, Any]],
+    by_reason: dict[str, int],
     published: Path,
 ) -> ManifestFields:
-    """Every field but the stats and the sub-outputs (write_outputs adds them once they are written)."""
+    """Every field but the stats and the sub-outputs (write_outputs adds them once they are written);
+    `by_reason`: the records of this output not trained, counted by reason."""
     tokenizer, template = stages.tokenizer, stages.template
-    by_reason = Counter(r["reason"] for r in rejects)
     items = any(s.format in ITEM_FORMATS for s in config.sources)
     quotas = {s.name: asdict(s.plan.quota) for s in config.sources if s.plan.quota is not None}
     return ManifestFields(
@@ -255,7 +258,7 @@ def assemble_manifest(
             name: {when: length_summary(values, capacity) for when, values in before_after.items()}
             for name, before_after in plan.lengths.items()
         },
-        rejects={"file": REJECTS, "count": len(rejects), "by_reason": dict(sorted(by_reason.items()))},
+        rejects={"file": REJECTS, "count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))},
         # what segment_kinds holds; a v1 build keeps the v1 manifest byte for byte
         kind_codes=None if plan.schema_version == SCHEMA_VERSION else KIND_CODES,
     )

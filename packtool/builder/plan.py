@@ -7,6 +7,8 @@
         no target                            -> dropped.no_targets
     kept segments --mixing (repeat_plan)--> (ref, repeat) --plan_packs / plan_groups / plan_stream--> packs
     packs --mixing.interleave (interleave_order, checked by summaries.window_mix)--> the same packs in windows of K
+    each partition's rejects table (within max_samples) + the plan's drops (arrays) --merged in input order-->
+        PLAN/rejects.jsonl, a line at a time, counted by reason (no dict per reject is ever held)
 
 Pairs and groups (format: preference | group) arrive fitted to one pack by encode, as consecutive
 rows of one record; the plan keeps them whole: an item is a record's rows (a plain sample is an
@@ -16,15 +18,20 @@ A plan with at least one such item gives every segment its group id (`FolderPlan
 Only samples longer than capacity are read token by token (truncation needs their message
 structure); everything else is arrays of lengths and indices. Counting is `accounting.Counts`, the
 copies of each source `mixing`. The plan is written to its folder (`plan_files`: plan.npz, pieces.arrow,
-plan.json last) under a key that hashes the partitions and every plan
+rejects.jsonl, plan.json last) under a key that hashes the partitions and every plan
 setting, so a resumed build reuses it and emit work items in other processes read it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
+from array import array
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +53,16 @@ from packtool.builder.mixing import (
 from packtool.builder.plan_files import (
     PIECES_FILE,
     PLAN_FILE,
+    REJECTS_FILE,
     FolderPlan,
     Partition,
     Plan,
+    PlanRejects,
     VisionPlan,
     load_plan,
     write_plan,
 )
-from packtool.builder.store import PartitionReader, PartitionWriter
+from packtool.builder.store import PartitionReader, PartitionWriter, read_rejects, rejects_path
 from packtool.config import ITEM_FORMATS, BuildConfig, canonical_json, config_folder, keyed_parts, section_data
 from packtool.errors import BuildError
 from packtool.format import SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION, Interleaving
@@ -124,7 +133,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         folders.append(_overflow_folder(config, fitted, counts))
     if fitted.held_out.any():
         folders.append(_validation_folder(config, fitted))
-    rejects = _ordered_rejects(partitions, _budgets(config, partitions), fitted.drops)
+    rejects = _write_rejects(folder / REJECTS_FILE, partitions, _budgets(config, partitions), fitted.drops)
     lengths_by_source = {
         name: {"before": before[name], "after": fitted.length[(fitted.source == i) & ~fitted.bucket]}
         for i, name in enumerate(names)
@@ -167,19 +176,30 @@ def _fit_partitions(
         completion = _concat([r.column("completion") for r in readers])
         # a rejected side, or a completion after the first, continues the item its previous row opened
         starts = ~((kinds == KIND_CODES["rejected"]) | ((kinds == KIND_CODES["completion"]) & (completion > 0)))
-        for p, partition in enumerate(partitions):
-            stored = int(literals[bases[p] : bases[p + 1]].sum())
-            counts[partition.source] += Counts.from_report(partition.report, budgets[p], stored)
+        for p, (partition, reader) in enumerate(zip(partitions, readers)):
+            mine = within[bases[p] : bases[p + 1]]
+            stored = Counts(
+                special_token_literals=int(literals[bases[p] : bases[p + 1]].sum()),
+                straddling_targets=int(reader.column("straddled")[mine].sum()),
+                contamination_reported=int(reader.column("reported")[mine].sum()),
+            )
+            lost = partial(_lost, rejects_path(Path(partition.path)))
+            counts[partition.source] += Counts.from_report(partition.report, budgets[p], stored, lost)
         stored_rows = _Stored(readers, bases, lengths, n_targets, source, ordinals, within, starts, kinds)
         fitted = _fit(config, stored_rows, folder / PIECES_FILE, counts)
         if config.validation.share is not None or config.validation.samples is not None:
-            hashes = [h for r in readers for h in r.batch_column("sample_hash")]
-            fitted = _hold_out(config, fitted, hashes)
+            row_hash = np.concatenate([np.zeros(0, np.uint64), *(r.hash_numbers() for r in readers)])
+            fitted = _hold_out(config, fitted, row_hash)
         before = {name: lengths[(source == i) & within] for i, name in enumerate(names)}
     finally:
         for reader in readers:
             reader.close()
     return fitted, before
+
+
+def _lost(rejects: Path, budget: int) -> Iterator[tuple[str, bool]]:
+    """(reason, bad input) of each reject of a table before record `budget` (Counts.from_report)."""
+    return ((r.reason, r.message is not None) for r in read_rejects(rejects, before=budget))
 
 
 @dataclass(frozen=True)
@@ -215,7 +235,7 @@ class _Fitted:
     bucket: np.ndarray  # bool: routed to the overflow bucket
     start: np.ndarray  # bool: the segment opens an item (every plain sample and piece does)
     kind: np.ndarray  # int8 KIND_CODES of each segment
-    drops: list[tuple[int, int, dict[str, Any]]]  # (partition, ordinal, reject entry)
+    drops: _Drops
     row: np.ndarray  # the global row of each segment's sample
     held_out: np.ndarray  # bool: in the validation split
     piece_numbers: np.ndarray  # piece k of pieces.arrow is part piece_numbers[k] of its sample ...
@@ -255,31 +275,12 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
     # stream mode cuts windows itself; nothing is removed
     cut = (lengths > limit) & (config.packing.strategy != "stream")
     trains = (stored.n_targets > 0) & stored.within
-    drops: list[tuple[int, int, dict[str, Any]]] = []
-
-    def drop(g: int, reason: str, detail: str, **extra: str) -> None:
-        p, row = stored.locate(g)
-        reader = stored.readers[p]
-        sample = reader.get(row)
-        counts[reader.source].dropped[reason] += 1
-        entry = {
-            "id": sample.example_id,
-            "source": reader.source,
-            "location": reader.location(row),
-            "reason": reason,
-            "detail": detail,
-            **extra,
-        }
-        drops.append((p, int(stored.ordinals[g]), entry))
-
-    for untrained in np.flatnonzero(stored.within & ~trains):
-        drop(int(untrained), "no_targets", "no token of this sample is a target (check the train policy and template)")
-    for first, end, kept in _duplicates(config, stored, trains):
-        trains[first:end] = False  # a pair or group goes whole
-        p, kept_row = stored.locate(kept)
-        kept_id = stored.readers[p].get(kept_row).example_id
-        detail = f"same tokens and targets as {kept_id!r} ({stored.readers[p].location(kept_row)}), which is kept"
-        drop(first, "duplicate", detail, duplicate_of=kept_id)
+    drops = _DropLog()
+    untrained = np.flatnonzero(stored.within & ~trains)
+    drops.add(untrained, "no_targets", "no token of this sample is a target (check the train policy and template)")
+    first, end, kept = _duplicates(config, stored, trains)
+    trains[_segments_of(first, end - first)] = False  # a pair or group goes whole
+    drops.add(first, "duplicate", None, kept)
     whole = trains & ~cut
 
     piece_rows: list[tuple[int, int, int, int, int, int]] = []  # (global row, piece number, ref, length, offset,
@@ -310,7 +311,7 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
                     else result.detail,
                     "no_targets": f"no target left after '{result.strategy}' truncation to {cap} tokens",
                 }.get(result.drop_reason, result.detail)
-                drop(g, result.drop_reason, detail)
+                drops.add(np.array([g]), result.drop_reason, detail)
                 continue
             for number, offset, piece in zip(result.numbers, result.offsets, result.samples):
                 k = writer.append(piece, "", g)  # a piece's ordinal is its sample's global row
@@ -332,10 +333,13 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
 
     kept_samples = np.unique(row_of)
     kept_samples = kept_samples[stored.starts[kept_samples]]  # a pair or group is kept once, not once per segment
+    logged = drops.done(stored)
     for i, name in enumerate(names):
         mine = kept_samples[stored.source[kept_samples] == i]
         counts[name].kept += len(mine)
         counts[name].overflow += int(bucket[mine].sum())
+        for reason, n in zip(*np.unique(logged.reason[stored.source[logged.row] == i], return_counts=True)):
+            counts[name].dropped[logged.reasons[reason]] += int(n)
     no = np.zeros(len(ref), dtype=bool)
     return _Fitted(
         ref=ref,
@@ -345,7 +349,7 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
         bucket=bucket[row_of],
         start=start,
         kind=stored.kinds[row_of],
-        drops=drops,
+        drops=logged,
         row=row_of,
         held_out=no,
         piece_numbers=pieces[:, 1].astype(np.int32),  # piece_rows are in append order: row k is piece k
@@ -353,8 +357,9 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
     )
 
 
-def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> list[tuple[int, int, int]]:
-    """(first row, end row, first row of the kept copy) of every item that repeats an earlier one under `dedup: exact`.
+def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """First row, end row and first row of the kept copy of every item that repeats an earlier one under `dedup:
+    exact`, as three arrays (a tuple per copy held millions of them in a mixture with many copies).
 
     Two items are the same when their segments hold the same tokens, targets and roles (a group's rewards
     included): what the model would be trained on, whatever the id, the columns or the format of the records.
@@ -364,13 +369,13 @@ def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> lis
                                               dedup: exact:    a:2 of a:0, b:0 of a:1
     """
     scoped = [config.dedup is not None or s.plan.dedup is not None for s in config.sources]
+    found = array("q")  # first, end, kept of each copy in turn
     if not any(scoped):
-        return []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     opens = np.flatnonzero(stored.starts)
     closes = np.append(opens[1:], len(stored.starts))
     partition_of = np.repeat(np.arange(len(stored.readers)), np.diff(stored.bases)).tolist()
     kept: dict[Any, int] = {}
-    found = []
     for first, end in zip(opens.tolist(), closes.tolist()):
         if not trains[first] or not scoped[stored.source[first]]:
             continue
@@ -383,10 +388,16 @@ def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> lis
             digest.update(sample.targets.tobytes())
         key = digest.digest() if config.dedup is not None else (int(stored.source[first]), digest.digest())
         if key in kept:
-            found.append((first, end, kept[key]))
+            found.extend((first, end, kept[key]))
         else:
             kept[key] = first
-    return found
+    table = _int64s(found).reshape(-1, 3)
+    return table[:, 0], table[:, 1], table[:, 2]
+
+
+def _int64s(values: array) -> np.ndarray:
+    """A flat array of int64 (array "q") as a numpy array of its own."""
+    return np.frombuffer(values, dtype=np.int64).copy() if len(values) else np.zeros(0, np.int64)
 
 
 def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]) -> FolderPlan:
@@ -485,14 +496,14 @@ def _interleaved(
     return reordered(layout, order)
 
 
-def _hold_out(config: BuildConfig, fitted: _Fitted, hashes: list[str]) -> _Fitted:
+def _hold_out(config: BuildConfig, fitted: _Fitted, row_hash: np.ndarray) -> _Fitted:
     """The validation split, chosen by content: a seeded hash of each sample's record hash decides, so
     records with identical content always land on the same side (no copy straddles the split).
 
     share s: a sample is held out when its hash, read as a number in [0, 1), is below s.
     samples n: whole groups of identical records in hash order until at least n samples are held out.
+    `row_hash`: each stored row's sample_hash as a number (PartitionReader.hash_numbers).
     """
-    row_hash = np.array([int(h[:16], 16) for h in hashes], dtype=np.uint64)
     score = splitmix64(row_hash, config.seed)
     eligible = ~fitted.bucket
     sample_score = score[fitted.row]
@@ -615,16 +626,112 @@ def _budgets(config: BuildConfig, partitions: list[Partition]) -> list[int]:
     return budgets
 
 
-def _ordered_rejects(
-    partitions: list[Partition], budgets: list[int], drops: list[tuple[int, int, dict[str, Any]]]
-) -> list[dict[str, Any]]:
-    """Encode rejects and plan drops merged in input order (source, file, record number)."""
-    keyed = [
-        (p, d["ordinal"], {**d, "source": part.source})
-        for p, part in enumerate(partitions)
-        for d in part.report["rejects"]
-        if d["ordinal"] < budgets[p]
-    ]
-    keyed += drops
-    keyed.sort(key=lambda item: (item[0], item[1]))
-    return [{k: v for k, v in entry.items() if k not in ("ordinal", "message")} for _, _, entry in keyed]
+@dataclass(frozen=True)
+class _Drops:
+    """The plan's own drops, one entry per dropped sample as arrays, in the order rejects.jsonl lists them
+    (partition, record, then the order they were decided in). Details are held once per distinct text; a
+    duplicate's (-1) names its kept copy, read from the store as its line is written."""
+
+    row: np.ndarray  # the global row of the sample (of an item's first row)
+    partition: np.ndarray
+    ordinal: np.ndarray
+    reason: np.ndarray  # index into reasons
+    detail: np.ndarray  # index into details; -1: a duplicate's
+    kept: np.ndarray  # the global row of the copy kept (a duplicate's), -1 otherwise
+    reasons: list[str]
+    details: list[str]
+
+
+class _DropLog:
+    """The plan's drops as they are decided, four int64 columns in flat arrays: never a dict per dropped sample,
+    which held ~0.5 KB each (dedup can drop millions, issue 43)."""
+
+    def __init__(self) -> None:
+        self._rows, self._reasons, self._details, self._kept = array("q"), array("q"), array("q"), array("q")
+        self._reason_index: dict[str, int] = {}
+        self._detail_index: dict[str, int] = {}
+
+    def add(self, rows: np.ndarray, reason: str, detail: str | None, kept: np.ndarray | None = None) -> None:
+        """Drop `rows` for `reason` with one `detail` (None: a duplicate's, with its `kept` rows)."""
+        n = len(rows)
+        code = self._reason_index.setdefault(reason, len(self._reason_index))
+        text = -1 if detail is None else self._detail_index.setdefault(detail, len(self._detail_index))
+        self._rows.frombytes(np.asarray(rows, np.int64).tobytes())
+        self._reasons.frombytes(np.full(n, code, np.int64).tobytes())
+        self._details.frombytes(np.full(n, text, np.int64).tobytes())
+        self._kept.frombytes((np.full(n, -1, np.int64) if kept is None else np.asarray(kept, np.int64)).tobytes())
+
+    def done(self, stored: _Stored) -> _Drops:
+        row, reason, detail, kept = map(_int64s, (self._rows, self._reasons, self._details, self._kept))
+        partition = np.searchsorted(stored.bases, row, side="right") - 1
+        ordinal = stored.ordinals[row]
+        order = np.lexsort((np.arange(len(row)), ordinal, partition))  # stable: decided first, listed first
+        return _Drops(
+            row[order],
+            partition[order],
+            ordinal[order],
+            reason[order],
+            detail[order],
+            kept[order],
+            list(self._reason_index),
+            list(self._detail_index),
+        )
+
+
+def _write_rejects(path: Path, partitions: list[Partition], budgets: list[int], drops: _Drops) -> PlanRejects:
+    """Encode rejects and plan drops merged in input order (source, file, record number) into PLAN/rejects.jsonl,
+    a line at a time: each partition's rejects table within its budget beside the plan's drops of its rows (an
+    encode reject first where both name one record), counted by reason as they are written."""
+    by_reason: Counter[str] = Counter()
+    bases = np.concatenate([[0], np.cumsum([p.report["samples"] for p in partitions])]).astype(np.int64)
+    readers: dict[int, PartitionReader] = {}
+
+    def reader(g: int) -> tuple[PartitionReader, int]:
+        p = int(np.searchsorted(bases, g, side="right") - 1)
+        if p not in readers:
+            readers[p] = PartitionReader(Path(partitions[p].path))
+        return readers[p], g - int(bases[p])
+
+    def dropped(d: int, source: str) -> dict[str, Any]:
+        held, row = reader(int(drops.row[d]))
+        entry = {"id": held.example_id(row), "source": source, "location": held.location(row)}
+        if drops.detail[d] >= 0:
+            return {**entry, "reason": drops.reasons[drops.reason[d]], "detail": drops.details[drops.detail[d]]}
+        kept, kept_row = reader(int(drops.kept[d]))
+        kept_id = kept.example_id(kept_row)
+        detail = f"same tokens and targets as {kept_id!r} ({kept.location(kept_row)}), which is kept"
+        return {**entry, "reason": "duplicate", "detail": detail, "duplicate_of": kept_id}
+
+    spans = np.searchsorted(drops.partition, np.arange(len(partitions) + 1))
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            for p, partition in enumerate(partitions):
+                encoded = read_rejects(rejects_path(Path(partition.path)), before=budgets[p])
+                waiting = next(encoded, None)
+                for d in range(int(spans[p]), int(spans[p + 1])):
+                    while waiting is not None and waiting.ordinal <= drops.ordinal[d]:
+                        by_reason[waiting.reason] += 1
+                        handle.write(_line(waiting.entry(partition.source)))
+                        waiting = next(encoded, None)
+                    entry = dropped(d, partition.source)
+                    by_reason[entry["reason"]] += 1
+                    handle.write(_line(entry))
+                while waiting is not None:
+                    by_reason[waiting.reason] += 1
+                    handle.write(_line(waiting.entry(partition.source)))
+                    waiting = next(encoded, None)
+                _close(readers)  # their pages go: a kept copy's partition is opened again when named
+    finally:
+        _close(readers)
+    return PlanRejects(path, dict(sorted(by_reason.items())))
+
+
+def _close(readers: dict[int, PartitionReader]) -> None:
+    for reader in readers.values():
+        reader.close()
+    readers.clear()
+
+
+def _line(entry: dict[str, Any]) -> str:
+    """One line of rejects.jsonl."""
+    return json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n"

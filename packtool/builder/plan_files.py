@@ -1,8 +1,9 @@
 """The plan's types and its files: what the plan phase hands to emit, written once and read back checked.
 
-PLAN/plan.npz      every folder's segments and pack layout, the length summaries, the pieces' places
-PLAN/pieces.arrow  the pieces of samples split by truncation (written by the plan phase)
-PLAN/plan.json     partitions, folders, accounting, rejects, each file's sha256; written last, sealed
+PLAN/plan.npz        every folder's segments and pack layout, the length summaries, the pieces' places
+PLAN/pieces.arrow    the pieces of samples split by truncation (written by the plan phase)
+PLAN/rejects.jsonl   every record not trained, in input order: the bytes of OUT/rejects.jsonl (streamed, never held)
+PLAN/plan.json       partitions, folders, accounting, rejects by reason, each file's sha256; written last, sealed
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from packtool.packing import PackPlan, StreamPlan
 PLAN_FILE = "plan.json"
 ARRAYS_FILE = "plan.npz"
 PIECES_FILE = "pieces.arrow"
+REJECTS_FILE = "rejects.jsonl"
 PLAN_SEAL = "plan_sha256"
 
 
@@ -72,13 +75,30 @@ class VisionPlan:
 
 
 @dataclass(frozen=True)
+class PlanRejects:
+    """PLAN/rejects.jsonl, one line per record not trained ({id, source, location, reason, detail}, in input order),
+    and how many each reason lost: the file is read line by line, never held (issue 43)."""
+
+    path: Path
+    by_reason: dict[str, int]  # sorted by reason
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_reason.values())
+
+    def first(self, n: int) -> list[dict[str, Any]]:
+        with open(self.path, encoding="utf-8") as handle:
+            return [json.loads(line) for line in islice(handle, n)]
+
+
+@dataclass(frozen=True)
 class Plan:
     key: str
     folder: Path
     partitions: list[Partition]
     folders: list[FolderPlan]
     accounting: dict[str, dict[str, Any]]
-    rejects: list[dict[str, Any]]  # in input order: {id, source, location, reason, detail}
+    rejects: PlanRejects
     lengths: dict[str, dict[str, np.ndarray]]  # source -> before/after truncation, for the manifest's length summary
     piece_numbers: np.ndarray  # per row of pieces.arrow: which part of its sample it is (_Fitted)
     piece_offsets: np.ndarray
@@ -126,12 +146,12 @@ def write_plan(plan: Plan) -> None:
             for f in plan.folders
         ],
         "accounting": plan.accounting,
-        "rejects": plan.rejects,
+        "rejects": plan.rejects.by_reason,
         "sources": list(plan.lengths),
         "schema_version": plan.schema_version,
         **({"vision": asdict(plan.vision)} if plan.vision is not None else {}),
         # what a resumed build checks before reusing the plan (stored_plan_problem)
-        "files": {name: sha256_file(plan.folder / name) for name in (ARRAYS_FILE, PIECES_FILE)},
+        "files": {name: sha256_file(plan.folder / name) for name in (ARRAYS_FILE, PIECES_FILE, REJECTS_FILE)},
     }
     meta[PLAN_SEAL] = _plan_digest(meta)
     write_json_atomic(plan.folder / PLAN_FILE, meta)  # last: the plan is complete
@@ -193,7 +213,7 @@ def load_plan(folder: Path) -> Plan:
         partitions=[Partition(*p) for p in meta["partitions"]],
         folders=folders,
         accounting=meta["accounting"],
-        rejects=meta["rejects"],
+        rejects=PlanRejects(folder / REJECTS_FILE, meta["rejects"]),
         lengths={
             name: {"before": arrays[f"lengths.{i}.before"], "after": arrays[f"lengths.{i}.after"]}
             for i, name in enumerate(meta["sources"])

@@ -1,7 +1,9 @@
 """Token-store partitions: the tokenized samples of one encode work item, on disk, memory-mapped when read.
 
     encode --PartitionWriter.append--> PART.arrow (Arrow IPC file, record batches of BATCH_ROWS samples)
-    plan   <--lengths(), n_targets()-- two int32 columns, read without touching any token
+    encode --RejectsWriter.append-->   PART.rejects.arrow (each record read and not stored, with its reason)
+    plan   <--column(name)--            scalar columns, read without touching any token; the rejects table
+                                        batch by batch (read_rejects), never whole
     emit   <--get(row)--                numpy views of the mapped buffers: a pack pages in its own samples only
 
 Columns, one row per sample (token columns share their offsets):
@@ -13,6 +15,8 @@ Columns, one row per sample (token columns share their offsets):
     kind: int8 (format.KIND_CODES)    completion: int16 (-1 unless a group's)
     reward, advantage: float64 (NaN: none)
     images: list<struct>: the sample's images in token order (records.PlacedImage's fields; data empty: none)
+    straddled: int32 (target tokens that start in the prompt)    reported: uint8 (kept with an eval overlap; a
+    record's first row)    what the accounting sums within max_samples, so no report lists them per record
 
 The segments of one pair or group are consecutive rows with the same ordinal (their record's).
 
@@ -23,13 +27,14 @@ comparison of two offsets).
 
 from __future__ import annotations
 
+import json
 import math
 import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +50,7 @@ from packtool.arrow import (
     strings,
     true_counts,
 )
+from packtool.errors import BuildError
 from packtool.format import TOKEN_COLUMNS
 from packtool.records import PlacedImage, Tokenized
 
@@ -92,6 +98,8 @@ PARTITION_SCHEMA = pa.schema(
         pa.field("reward", pa.float64()),
         pa.field("advantage", pa.float64()),
         pa.field("images", pa.list_(IMAGE_TYPE)),
+        pa.field("straddled", pa.int32()),
+        pa.field("reported", pa.uint8()),
     ]
 )
 
@@ -156,12 +164,18 @@ class PartitionWriter:
         self._sink = pa.OSFile(str(path), "wb")
         self._writer = pa.ipc.new_file(self._sink, schema)
         self._schema = schema
-        self._pending: list[tuple[Tokenized, str, int, bool, SegmentRole]] = []
+        self._pending: list[StoredRow] = []
 
     def append(
-        self, sample: Tokenized, location: str, ordinal: int, special_literal: bool = False, role: SegmentRole = SINGLE
+        self,
+        sample: Tokenized,
+        location: str,
+        ordinal: int,
+        special_literal: bool = False,
+        role: SegmentRole = SINGLE,
+        reported: bool = False,
     ) -> int:
-        self._pending.append((sample, location, ordinal, special_literal, role))
+        self._pending.append((sample, location, ordinal, special_literal, role, reported))
         self.rows += 1
         self.tokens += len(sample.input_ids)
         if len(self._pending) == BATCH_ROWS:
@@ -195,6 +209,8 @@ class PartitionWriter:
             "reward": numbers([role.reward for role in roles], np.float64),
             "advantage": numbers([role.advantage for role in roles], np.float64),
             "images": image_lists([sample.images for sample in samples]),
+            "straddled": numbers([sample.straddled for sample in samples], np.int32),
+            "reported": numbers([row[5] for row in pending], np.uint8),
         }
         self._writer.write_batch(pa.record_batch([arrays[name] for name in self._schema.names], schema=self._schema))
         self._pending = []
@@ -280,7 +296,7 @@ def images_at(column: pa.ListArray, r: int) -> tuple[PlacedImage, ...]:
     )
 
 
-StoredRow = tuple[Tokenized, str, int, bool, SegmentRole]  # PartitionWriter.append's arguments
+StoredRow = tuple[Tokenized, str, int, bool, SegmentRole, bool]  # PartitionWriter.append's arguments
 
 
 def _source_of(schema: pa.Schema) -> str:
@@ -306,15 +322,17 @@ def _stored_rows(batch: pa.RecordBatch, source: str) -> Iterator[StoredRow]:
             message_index=tokens["message_index"][start:end],
             message_roles=tuple(cells["message_roles"][r]),
             structured_messages=frozenset(cells["structured"][r]),
+            straddled=cells["straddled"][r],
             images=images_at(images, r),
         )
         role = SegmentRole(cells["kind"][r], cells["completion"][r], cells["reward"][r], cells["advantage"][r])
-        yield sample, cells["location"][r], cells["ordinal"][r], bool(cells["special_literal"][r]), role
+        literal, reported = bool(cells["special_literal"][r]), bool(cells["reported"][r])
+        yield sample, cells["location"][r], cells["ordinal"][r], literal, role, reported
 
 
 _ROW_COLUMNS = (
     *("example_id", "sample_hash", "location", "ordinal", "special_literal", "message_roles", "structured"),
-    *("kind", "completion", "reward", "advantage"),
+    *("kind", "completion", "reward", "advantage", "straddled", "reported"),
 )
 
 
@@ -342,8 +360,13 @@ class PartitionReader:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def batch_column(self, name: str) -> list:
-        """One string column of every row as Python values (the validation split reads sample_hash)."""
+        """One string column of every row as Python values (a cache entry's images, its locations)."""
         return [value for b in self._batches for value in b.batch.column(name).to_pylist()]
+
+    def hash_numbers(self) -> np.ndarray:
+        """Every row's sample_hash as the number its first 16 hex digits spell (the validation split's key)."""
+        parts = [hex_prefixes(b.batch.column("sample_hash"), self.path) for b in self._batches]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
     def get(self, row: int, repeat: int = 0) -> StoredSample:
         parts = self.parts(row)
@@ -385,6 +408,9 @@ class PartitionReader:
 
     def location(self, row: int) -> str:
         return self._batches[row // BATCH_ROWS].batch.column("location")[row % BATCH_ROWS].as_py()
+
+    def example_id(self, row: int) -> str:
+        return self._batches[row // BATCH_ROWS].example_id(row % BATCH_ROWS)
 
     def drop_pages(self) -> None:
         """Unmap every page read so far; they stay in the page cache, and a later read maps them again."""
@@ -455,3 +481,154 @@ class _Strings:
 
     def __getitem__(self, r: int) -> str:
         return str(self.data[self.offsets[r] : self.offsets[r + 1]], "utf-8")
+
+
+_HEX_DIGITS = 16  # of a sample_hash: the 64 bits the validation split hashes (int(h[:16], 16))
+_NIBBLES = np.full(256, 255, dtype=np.uint8)  # an ASCII byte's value as a hex digit; 255: not one
+_NIBBLES[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+_NIBBLES[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_NIBBLES[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+
+
+def hex_prefixes(column: pa.Array, path: Path) -> np.ndarray:
+    """The number the first 16 hex digits of each string spell, as `int(h[:16], 16)` reads it, decoded from the
+    string buffer with numpy: a Python string per row cost ~110 bytes a sample while the split was chosen.
+
+        "3fa0..." "00ff..."  ->  bytes (n, 16) -> digits (n, 16) -> pairs (n, 8) -> big-endian uint64 (n,)
+    """
+    n = len(column)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    _, offset_buffer, data = column.buffers()
+    offsets = np.frombuffer(offset_buffer, np.int32, count=column.offset + n + 1)[column.offset :]
+    if data is None or (np.diff(offsets) < _HEX_DIGITS).any():
+        raise BuildError(f"{path}: a sample_hash shorter than {_HEX_DIGITS} hex digits; clear the cache entry")
+    digits = _NIBBLES[np.frombuffer(data, np.uint8)[offsets[:-1, None] + np.arange(_HEX_DIGITS)]]
+    if (digits > 15).any():
+        raise BuildError(f"{path}: a sample_hash that is not hexadecimal; clear the cache entry")
+    pairs = (digits[:, 0::2] << 4) | digits[:, 1::2]
+    return pairs.view(">u8").reshape(n).astype(np.uint64)
+
+
+# One work item's records read and not stored, beside its partition (KEY.rejects.arrow), in record order: what
+# rejects.jsonl says of each. `message`: bad input's error, which on_error: fail stops at (null: valid input not
+# trained); `eval`: the overlap with an eval set as JSON text (null: none). Written as the encode goes, so no
+# process holds a dict per reject (~0.5 KB each: 1 GB at 10M samples and 20% rejects, issue 43).
+REJECTS_SCHEMA = pa.schema(
+    [
+        pa.field("ordinal", pa.int64()),
+        pa.field("id", pa.string()),
+        pa.field("location", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+        pa.field("message", pa.string()),
+        pa.field("eval", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """One record read and not stored: bad input (with its `message`) or valid input not trained."""
+
+    ordinal: int  # its record number in the work item, as a stored row's
+    id: str
+    location: str
+    reason: str
+    detail: str
+    message: str | None = None
+    eval: str | None = None  # JSON text
+
+    def entry(self, source: str) -> dict[str, object]:
+        """Its line of rejects.jsonl (the ordinal and the message stay in the store)."""
+        entry: dict[str, object] = {
+            "id": self.id,
+            "source": source,
+            "location": self.location,
+            "reason": self.reason,
+            "detail": self.detail,
+        }
+        if self.eval is not None:
+            entry["eval"] = json.loads(self.eval)
+        return entry
+
+
+def rejects_path(partition: Path) -> Path:
+    """The rejects table of a partition: KEY.arrow -> KEY.rejects.arrow."""
+    return partition.with_name(f"{partition.stem}.rejects.arrow")
+
+
+class RejectsWriter:
+    """Append-only, in record order; `close()` finishes the file (a table without rows when nothing was lost)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.rows = 0
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_file(self._sink, REJECTS_SCHEMA)
+        self._pending: list[Reject] = []
+
+    def append(self, reject: Reject) -> None:
+        self._pending.append(reject)
+        self.rows += 1
+        if len(self._pending) == BATCH_ROWS:
+            self._flush()
+
+    def extend(self, path: Path) -> None:
+        """Append every reject of another table (a grown range's earlier entry), as appending each would."""
+        for reject in read_rejects(path):
+            self.append(reject)
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        arrays = [
+            numbers([r.ordinal for r in pending], np.int64),
+            *(strings([getattr(r, name) for r in pending]) for name in ("id", "location", "reason", "detail")),
+            _optional_strings([r.message for r in pending]),
+            _optional_strings([r.eval for r in pending]),
+        ]
+        self._writer.write_batch(pa.record_batch(arrays, schema=REJECTS_SCHEMA))
+        self._pending = []
+
+    def close(self) -> None:
+        if self._sink.closed:
+            return
+        self._flush()
+        self._writer.close()
+        self._sink.close()
+
+
+def read_rejects(path: Path, before: int | None = None) -> Iterator[Reject]:
+    """The rejects of a table in record order (those of records before `before` alone, when given). Each batch
+    becomes Python values when reached and goes once it is read: a build's rejects are never held whole."""
+    with pa.OSFile(str(path), "rb") as handle:
+        reader = pa.ipc.open_file(handle)
+        for i in range(reader.num_record_batches):
+            columns = reader.get_batch(i).to_pydict()
+            for values in zip(*(columns[name] for name in REJECTS_SCHEMA.names)):
+                reject = Reject(*values)
+                if before is not None and reject.ordinal >= before:
+                    return
+                yield reject
+
+
+def reject_ordinals(path: Path) -> np.ndarray:
+    """The record number of every reject of a table."""
+    with pa.OSFile(str(path), "rb") as handle:
+        reader = pa.ipc.open_file(handle)
+        parts = [np.array(as_numpy(reader.get_batch(i).column("ordinal"))) for i in range(reader.num_record_batches)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _optional_strings(values: list[str | None]) -> pa.Array:
+    """A string array whose None values are nulls (no validity buffer when there are none, as `strings`)."""
+    present = np.array([value is not None for value in values], dtype=bool)
+    if present.all():
+        return strings(cast(list[str], values))
+    data = strings([value or "" for value in values])
+    validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    _, offsets, chars = data.buffers()
+    return pa.Array.from_buffers(pa.string(), len(values), [validity, offsets, chars], null_count=int((~present).sum()))

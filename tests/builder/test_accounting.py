@@ -4,7 +4,6 @@ counts."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 from support import QUICKSTART, chat_rows
@@ -16,7 +15,7 @@ from packtool.config import load_config
 
 def test_counts_add_up_field_by_field_and_leave_both_operands_alone():
     a = Counts(read=3, kept=2, rejected=Counter(bad_record=1), special_token_literals=1, segments=4)
-    a.note_record(straddling=(3, 2))
+    a.note_record(straddling=2)
     a.note_truncation("right", tokens=10, targets=4)
     b = Counts(read=2, overflow=1, dropped=Counter(no_targets=1), rejected=Counter(bad_record=2, bad_json=1))
     b.note_truncation("right", tokens=5, targets=1)
@@ -50,17 +49,22 @@ def test_a_special_token_literal_counts_once_whatever_the_policy_did():
     assert counts.dropped == {SPECIAL_TOKEN_LITERAL: 1} and counts.rejected == {"bad_record": 1}
 
 
+def _never_cut(budget: int) -> list[tuple[str, bool]]:
+    raise AssertionError("an item counted whole reads no reject")
+
+
 def test_an_encode_report_reads_back_as_the_counts_it_was_written_from():
     counts = Counts()
     for ordinal in range(3):
-        counts.note_record(straddling=(ordinal, ordinal))  # a target token starting in the prompt: counted
+        counts.note_record(straddling=ordinal)  # a target token starting in the prompt: counted
     counts.note_record("pair_too_long")
     counts.note_truncation("left", tokens=12, targets=0)
-    report = {**counts.as_report(), "rejects": [{"reason": "pair_too_long", "ordinal": 2}]}
+    report = counts.as_report()
     assert report["items_truncated"] == {"left": {"items": 1, "tokens": 12}}
-    assert report["straddling_targets"] == [[1, 1], [2, 2]]
-    # the plan keeps their sum, not the list of (ordinal, targets) pairs (issue 43)
-    assert Counts.from_report(report, budget=4, stored_literals=0) == replace(counts, straddling_at=[])
+    # a sum: the stored rows hold each record's (their `straddled` column), not the report (issue 43)
+    assert report["straddling_targets"] == 3
+    stored = Counts(straddling_targets=3)
+    assert Counts.from_report(report, budget=4, stored=stored, lost=_never_cut) == counts
 
 
 def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget():
@@ -70,15 +74,21 @@ def test_a_report_cut_by_max_samples_counts_only_the_records_within_its_budget()
         "dropped": {SPECIAL_TOKEN_LITERAL: 1},
         "items_truncated": {},
         "special_token_literals": 2,
-        "straddling_targets": [[1, 1], [4, 3]],
-        "rejects": [
-            {"reason": "bad_record", "ordinal": 0, "message": "..."},
-            {"reason": SPECIAL_TOKEN_LITERAL, "ordinal": 2},
-            {"reason": "pair_too_long", "ordinal": 3},  # valid input not trained: no error message
-            {"reason": "bad_record", "ordinal": 5, "message": "..."},
-        ],
+        "straddling_targets": 4,
     }
-    counts = Counts.from_report(report, budget=4, stored_literals=1)
+    rejects = [  # (ordinal, reason, bad input: only bad input carries an error message)
+        (0, "bad_record", True),
+        (2, SPECIAL_TOKEN_LITERAL, False),
+        (3, "pair_too_long", False),  # valid input not trained
+        (5, "bad_record", True),
+    ]
+
+    def lost(budget: int) -> list[tuple[str, bool]]:
+        return [(reason, bad) for ordinal, reason, bad in rejects if ordinal < budget]
+
+    # what the stored records 1 and 4 hold within the budget: record 1's literal and straddling target
+    stored = Counts(special_token_literals=1, straddling_targets=1)
+    counts = Counts.from_report(report, budget=4, stored=stored, lost=lost)
     assert counts.read == 4
     assert counts.rejected == {"bad_record": 1}
     assert counts.dropped == {SPECIAL_TOKEN_LITERAL: 1, "pair_too_long": 1}  # counted as the uncut path does

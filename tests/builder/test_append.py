@@ -95,13 +95,13 @@ def _append(file: Path, rows: range) -> None:
         handle.write("".join(_line(i) for i in rows))
 
 
-def _entry(cache: Path, key: str) -> tuple[bytes, bytes]:
+def _entry(cache: Path, key: str) -> tuple[bytes, bytes, bytes]:
     folder = cache / "tokens" / key[:2]
-    return (folder / f"{key}.arrow").read_bytes(), (folder / f"{key}.json").read_bytes()
+    return tuple((folder / f"{key}{suffix}").read_bytes() for suffix in (".arrow", ".rejects.arrow", ".json"))
 
 
 def _keys(cache: Path) -> set[str]:
-    return {p.stem for p in (cache / "tokens").glob("*/*.arrow")}
+    return {p.stem for p in (cache / "tokens").glob("*/*.json")}
 
 
 def test_a_grown_range_writes_the_entry_a_whole_encode_writes(data):
@@ -173,7 +173,7 @@ def test_a_last_line_without_newline_is_not_carried_over(data):
 
 def test_a_damaged_earlier_entry_is_not_carried_over(data):
     cache = data / ".packtool-cache"
-    (last,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[1])["read"] == 6]  # rows 24-30
+    (last,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[2])["read"] == 6]  # rows 24-30
     partition = cache / "tokens" / last[:2] / f"{last}.arrow"
     partition.write_bytes(partition.read_bytes()[:-8] + bytes(8))  # its sha256 no longer matches its report
     _append(data / "data" / "a.jsonl", range(30, 32))
@@ -592,7 +592,7 @@ def _reseal(report_path: Path, **changes: object) -> None:
 
 
 def _last_entry(cache: Path, rows: int) -> str:
-    (key,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[1])["read"] == rows]
+    (key,) = [k for k in _keys(cache) if json.loads(_entry(cache, k)[2])["read"] == rows]
     return key
 
 
@@ -618,14 +618,14 @@ def test_an_entry_holding_rows_past_its_recorded_lines_is_reported_and_never_car
     (longer,) = [
         k
         for k in _keys(data / "more-cache") - _keys(cache)
-        if json.loads(_entry(data / "more-cache", k)[1])["read"] == 8
+        if json.loads(_entry(data / "more-cache", k)[2])["read"] == 8
     ]
     partition, report = (cache / "tokens" / last[:2] / f"{last}{suffix}" for suffix in (".arrow", ".json"))
     partition.write_bytes(_entry(data / "more-cache", longer)[0])
     _reseal(
         report,
         read=8,
-        samples=json.loads(_entry(data / "more-cache", longer)[1])["samples"],
+        samples=json.loads(_entry(data / "more-cache", longer)[2])["samples"],
         partition_bytes=partition.stat().st_size,
         partition_sha256=hashlib.sha256(partition.read_bytes()).hexdigest(),
     )

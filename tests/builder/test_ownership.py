@@ -23,6 +23,7 @@ from test_phases import _chat_rows, _cli, _digest, _raw
 from packtool.builder import build
 from packtool.builder.owned import LOCK, MARKER, locked
 from packtool.builder.publish import CARRY, Staging
+from packtool.builder.store import rejects_path
 from packtool.cli import main
 from packtool.commands.verify import verify
 from packtool.config import load_config
@@ -273,7 +274,7 @@ def test_a_second_build_of_the_same_out_is_refused_naming_the_first(inputs, writ
 
 
 def _partitions(root: Path) -> list[Path]:
-    return sorted((root / ".packtool-cache" / "tokens").glob("*/*.arrow"))
+    return sorted(p for p in (root / ".packtool-cache" / "tokens").glob("*/*.arrow") if ".rejects" not in p.suffixes)
 
 
 def _flip_a_byte(path: Path) -> None:
@@ -283,13 +284,33 @@ def _flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["changed_byte", "zeroed", "truncated", "zeroed_report", "swapped", "edited_report"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "changed_byte",
+        "zeroed",
+        "truncated",
+        "zeroed_report",
+        "swapped",
+        "edited_report",
+        "rejects_changed_byte",  # the entry's rejects table (KEY.rejects.arrow), sealed as its partition is
+        "rejects_truncated",
+        "rejects_missing",
+    ],
+)
 def test_a_damaged_cache_entry_is_encoded_again_reported_and_never_used(inputs, write_config, damage):
     config = write_config(_raw())
     assert _build(config).exit_code == 0
     first, second = _partitions(inputs)
+    rejects = rejects_path(first)
     if damage == "changed_byte":
         _flip_a_byte(first)
+    elif damage == "rejects_changed_byte":
+        _flip_a_byte(rejects)
+    elif damage == "rejects_truncated":
+        rejects.write_bytes(rejects.read_bytes()[:100])
+    elif damage == "rejects_missing":
+        rejects.unlink()
     elif damage == "zeroed":
         first.write_bytes(b"\0" * first.stat().st_size)
     elif damage == "truncated":
@@ -304,9 +325,7 @@ def test_a_damaged_cache_entry_is_encoded_again_reported_and_never_used(inputs, 
     else:
         report = first.with_suffix(".json")
         entry = json.loads(report.read_text())
-        entry["rejects"].append(
-            {"id": "x", "location": "a.jsonl:1", "reason": "bad_record", "detail": "", "ordinal": 0}
-        )
+        entry["rejected"]["bad_record"] = 1
         report.write_text(json.dumps(entry))
     result = CliRunner().invoke(main, ["build", str(config), "--capacity", "96"])  # with its summary
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output

@@ -368,31 +368,31 @@ def _duplicates(config: BuildConfig, stored: _Stored, trains: np.ndarray) -> tup
         source a: x, y, x    source b: y      per-source (a):  a:2 duplicate of a:0
                                               dedup: exact:    a:2 of a:0, b:0 of a:1
     """
-    scoped = [config.dedup is not None or s.plan.dedup is not None for s in config.sources]
-    found = array("q")  # first, end, kept of each copy in turn
-    if not any(scoped):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    opens = np.flatnonzero(stored.starts)
-    closes = np.append(opens[1:], len(stored.starts))
-    partition_of = np.repeat(np.arange(len(stored.readers)), np.diff(stored.bases)).tolist()
-    kept: dict[Any, int] = {}
-    for first, end in zip(opens.tolist(), closes.tolist()):
-        if not trains[first] or not scoped[stored.source[first]]:
-            continue
+    scoped = np.array([config.dedup is not None or s.plan.dedup is not None for s in config.sources])
+    items = np.flatnonzero(stored.starts)
+    ends = np.append(items[1:], len(stored.starts))
+    compared = trains[items] & scoped[stored.source[items]]
+    items, ends = items[compared], ends[compared]
+    if not len(items):
+        return items, ends, items
+    # Each item's key, in an array rather than a dict of digests (~150 B an item, held while comparing): its
+    # source where copies count within a source, then its 16-byte digest; the first of equal keys is kept.
+    keys = np.zeros((len(items), 3), np.uint64)
+    if config.dedup is None:
+        keys[:, 0] = stored.source[items]
+    for k in range(len(items)):
         digest = hashlib.blake2b(digest_size=16)
-        for g in range(first, end):
-            p = partition_of[g]
-            sample = stored.readers[p].get(g - int(stored.bases[p]))
+        for g in range(int(items[k]), int(ends[k])):
+            p, row = stored.locate(g)
+            sample = stored.readers[p].get(row)
             digest.update(repr((len(sample.input_ids), sample.role)).encode())
             digest.update(sample.input_ids.tobytes())
             digest.update(sample.targets.tobytes())
-        key = digest.digest() if config.dedup is not None else (int(stored.source[first]), digest.digest())
-        if key in kept:
-            found.extend((first, end, kept[key]))
-        else:
-            kept[key] = first
-    table = _int64s(found).reshape(-1, 3)
-    return table[:, 0], table[:, 1], table[:, 2]
+        keys[k, 1:] = np.frombuffer(digest.digest(), np.uint64)
+    _, firsts, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    kept = firsts[inverse.reshape(-1)]
+    copies = np.flatnonzero(kept != np.arange(len(items)))
+    return items[copies], ends[copies], items[kept[copies]]
 
 
 def _int64s(values: array) -> np.ndarray:

@@ -640,6 +640,7 @@ class _Drops:
     kept: np.ndarray  # the global row of the copy kept (a duplicate's), -1 otherwise
     reasons: list[str]
     details: list[str]
+    bases: np.ndarray  # each partition's first global row, then the row count (_Stored.bases)
 
 
 class _DropLog:
@@ -675,6 +676,7 @@ class _DropLog:
             kept[order],
             list(self._reason_index),
             list(self._detail_index),
+            stored.bases,
         )
 
 
@@ -683,7 +685,7 @@ def _write_rejects(path: Path, partitions: list[Partition], budgets: list[int], 
     a line at a time: each partition's rejects table within its budget beside the plan's drops of its rows (an
     encode reject first where both name one record), counted by reason as they are written."""
     by_reason: Counter[str] = Counter()
-    bases = np.concatenate([[0], np.cumsum([p.report["samples"] for p in partitions])]).astype(np.int64)
+    bases = drops.bases
     readers: dict[int, PartitionReader] = {}
 
     def reader(g: int) -> tuple[PartitionReader, int]:
@@ -706,7 +708,10 @@ def _write_rejects(path: Path, partitions: list[Partition], budgets: list[int], 
     try:
         with open(path, "w", encoding="utf-8") as handle:
             for p, partition in enumerate(partitions):
-                encoded = read_rejects(rejects_path(Path(partition.path)), before=budgets[p])
+                # a work item that lost no record has an empty table: not opened (thousands of them at scale)
+                lost = sum(partition.report["rejected"].values()) + sum(partition.report["dropped"].values())
+                table = rejects_path(Path(partition.path))
+                encoded = read_rejects(table, before=budgets[p]) if lost else iter(())
                 waiting = next(encoded, None)
                 for d in range(int(spans[p]), int(spans[p + 1])):
                     while waiting is not None and waiting.ordinal <= drops.ordinal[d]:

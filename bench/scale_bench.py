@@ -248,16 +248,19 @@ def measured_build(
     """Run one build in a child process; its JSON report plus the sampled memory peaks in MB.
 
     `beside`: a process whose descendants outside the build's tree are sampled too (this one, for the Ray
-    cluster it started); the peak RssAnon and RssFile of each, by pid, come back in report["beside_mb"], and
-    the command each ran when first seen (a Ray worker's names its task) in report["beside_commands"]."""
+    cluster it started); the peak RssAnon and RssFile of each, by pid, come back in report["beside_mb"], the
+    command each ran when first seen (a Ray worker's names its task) in report["beside_commands"], and every
+    sample's RssAnon (kB) by pid, with its seconds since the child started, in report["beside_series"]."""
     command = [sys.executable, "-c", CHILD, str(config), str(output), workers, "cache" if cache else "no-cache"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env["PACKTOOL_TRACE"] = "1" if traced else ""
     env.pop("RAY_ADDRESS", None)  # Ray rows start their own one-machine cluster and stop it, or name one
     child = subprocess.Popen([*command, *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    started = time.perf_counter()
     peak = {"driver_anon": 0, "driver_file": 0, "all_anon": 0}
     peak_beside: dict[int, dict[str, int]] = {}
     commands: dict[int, str] = {}
+    series: list[tuple[float, dict[int, int]]] = []
     tree: list[int] = []
     others_beside: list[int] = []
     ticks = 0
@@ -272,12 +275,17 @@ def measured_build(
         peak["driver_file"] = max(peak["driver_file"], driver.get("RssFile", 0))
         total = driver.get("RssAnon", 0) + sum(s.get("RssAnon", 0) for s in others)
         peak["all_anon"] = max(peak["all_anon"], total)
+        anon_beside = {}
         for pid in others_beside:
             if pid not in commands:
                 commands[pid] = _command(pid)
+            status = _status(pid)
             seen = peak_beside.setdefault(pid, {"RssAnon": 0, "RssFile": 0})
-            for key, kb in _status(pid).items():
+            for key, kb in status.items():
                 seen[key] = max(seen[key], kb)
+            anon_beside[pid] = status.get("RssAnon", 0)
+        if anon_beside:
+            series.append((time.perf_counter() - started, anon_beside))
         ticks += 1
         time.sleep(SAMPLE_S)
     out, err = child.communicate()
@@ -287,6 +295,7 @@ def measured_build(
     report["memory_mb"] = {key: value / 1024 for key, value in peak.items()}
     report["beside_mb"] = {pid: {key: kb / 1024 for key, kb in seen.items()} for pid, seen in peak_beside.items()}
     report["beside_commands"] = commands
+    report["beside_series"] = series
     return report
 
 
@@ -572,6 +581,26 @@ def print_ray_driver(rows: list[tuple[str, dict]]) -> None:
         nodes = {phase: sorted(ran.values()) for phase, ran in r["nodes"].items()}
         print(f"  {name}: items per node {nodes}{r.get('reference', '')}")
         print(f"    Ray's processes, peak RssAnon MB (the largest of each kind): {', '.join(parts)}")
+        workers = {pid for pid, command in r["beside_commands"].items() if ray_role(command) == "workers"}
+        by_phase = ", ".join(
+            f"{phase} {largest:.0f} / {together:.0f}" if together else f"{phase} -"  # - : too short to be sampled
+            for phase, (largest, together) in worker_peaks(r, workers).items()
+        )
+        print(f"    workers' RssAnon MB by phase, the largest worker / all together: {by_phase}")
+
+
+def worker_peaks(report: dict, workers: set[int]) -> dict[str, tuple[float, float]]:
+    """Per build phase, the peak RssAnon (MB) of the largest of `workers` and of all of them together. A sample's
+    seconds count from the child's start, its phases' from its first line: the interpreter's start (a fraction of
+    a second) moves each boundary that much, against phases of seconds to minutes."""
+    ends = dict(zip(PHASES, np.cumsum([report["phases"][phase] for phase in PHASES]).tolist(), strict=True))
+    peaks = {phase: (0.0, 0.0) for phase in PHASES}
+    for seconds, anon in report["beside_series"]:
+        phase = next((p for p in PHASES if seconds <= ends[p]), PHASES[-1])
+        ours = [kb / 1024 for pid, kb in anon.items() if pid in workers]
+        largest, together = peaks[phase]
+        peaks[phase] = (max(largest, max(ours, default=0.0)), max(together, sum(ours)))
+    return peaks
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,8 +55,8 @@ class MeasuredRay(RayExecutor):
 
 
 def payload_sizes(folder: Path, records: int, monkeypatch) -> dict[tuple[str, str], list[int]]:
-    """The sizes MeasuredRay saw in a Ray build of FILES files of `records` chats each, a tenth of them bad and
-    some too long (so its reports hold rejects and truncations that grow with the records)."""
+    """The sizes MeasuredRay saw in a Ray build of FILES files of `records` chats each, a tenth of them bad JSON
+    and the last one too long (so each item's report holds rejects that grow with its records, and a truncation)."""
     folder.mkdir()
     for f in range(FILES):
         rows = chat_rows(records, 20 + 30 * (f % 2), f"f{f}-")

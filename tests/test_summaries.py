@@ -15,6 +15,7 @@ from packtool.errors import PacktoolError
 from packtool.format import Interleaving, read_manifest
 from packtool.labels import IGNORE_INDEX
 from packtool.summaries import (
+    DENSE_TALLY_LIMIT,
     Histogram,
     Tally,
     WindowTotals,
@@ -116,6 +117,13 @@ def test_percentiles_and_spread_fall_as_numpys_at_every_count(values):
         assert tally.percentile(p) == int(np.percentile(array, p, method="inverted_cdf")), p
     assert spread(tally) == spread_of_values(array)
     assert abs(spread(tally)["cv"] - round(float(array.std()) / max(float(array.mean()), 1e-300), 3)) <= 0.001
+
+
+def test_lengths_past_the_dense_limit_are_tallied_sorted():
+    lengths = np.array([3, DENSE_TALLY_LIMIT + 5, 3, 70, DENSE_TALLY_LIMIT * 4], dtype=np.int64)
+    assert Tally.of(lengths).values.tolist() == [3, 70, DENSE_TALLY_LIMIT + 5, DENSE_TALLY_LIMIT * 4]
+    assert length_summary(lengths, 64) == length_summary_of_lengths(lengths, 64)
+    assert spread(lengths) == spread_of_values(lengths)
 
 
 def test_cv_is_numpys_with_exact_sums():

@@ -9,6 +9,9 @@ control token counts once as a literal, whatever its source's policy did with it
 escaped, or dropped under `special_token_literal`). `straddling_targets` counts the target tokens of stored
 records that start in the prompt (a token holding the header's last character and the target's first, as
 `\\n\\n` after Qwen's header when a content opens with a newline): each is trained (packtool.encode).
+Counts hold totals only: what the plan needs per record (its straddling targets, a reported overlap, why it was
+lost) is in the token store (the stored rows' `straddled` and `reported` columns, the rejects table), summed or
+counted within a source's max_samples from there (issue 43).
 """
 
 from __future__ import annotations

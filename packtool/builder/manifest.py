@@ -242,6 +242,8 @@ def assemble_manifest(
             "group_by": config.packing.group_by,
             "max_segments": config.packing.max_segments,
             "shuffle": config.packing.shuffle,
+            # only where pictures are placed: a text build packs the same either way, and its manifest stays as it was
+            **({"balance_vision": config.packing.balance_vision} if config.processor is not None else {}),
         },
         mixing={
             "by": config.mixing.by,

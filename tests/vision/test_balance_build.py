@@ -84,9 +84,12 @@ def pack_amounts(out: Path) -> tuple[np.ndarray, np.ndarray, int]:
 def test_balance_vision_evens_out_the_patches_per_pack(tmp_path):
     pytest.importorskip("PIL")
     mixed_records(tmp_path)
-    tokens_before, before, pictures = pack_amounts(vision_build(tmp_path, False))
+    unbalanced = vision_build(tmp_path, False)
+    tokens_before, before, pictures = pack_amounts(unbalanced)
     balanced = vision_build(tmp_path, True)
     assert verify(balanced).ok
+    # the manifest says whether packing balanced vision work (it held only the config copy's say)
+    assert [read_manifest(out).raw["packing"]["balance_vision"] for out in (unbalanced, balanced)] == [False, True]
     tokens_after, after, pictures_after = pack_amounts(balanced)
     assert pictures_after == pictures > 0 and tokens_after.sum() == tokens_before.sum()  # every document kept
     cv_before, cv_after = before.std() / before.mean(), after.std() / after.mean()
@@ -114,6 +117,8 @@ def test_a_text_build_is_the_same_whatever_balance_vision_says(tmp_path):
         path.write_text(json.dumps(config))
         build(load_config(path), use_cache=False)
         outs.append(shard_digests(tmp_path / f"out-{balance}"))
+        # nothing to balance, so nothing recorded: a text build's manifest reads as it did before the setting
+        assert "balance_vision" not in read_manifest(tmp_path / f"out-{balance}").raw["packing"]
     assert outs[0] == outs[1]
 
 

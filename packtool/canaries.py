@@ -119,6 +119,9 @@ class _Best:
     # (tokens, -documents, shard, row, its sample ids)
     pack: tuple[int, int, Path, int, tuple[str, ...]] | None = None
     grouped: dict[str, tuple[Path, int, tuple[int, ...], tuple[str, ...], int]] = field(default_factory=dict)
+    # the sample hashes of the records with an empty field, read before the packs, and the first document of each
+    # met: a document per hash of every pack read was ~300 B a document, ~10 MB at 2,048 packs of 15 (issue 43)
+    empty: set[str] = field(default_factory=set)
     by_hash: dict[str, tuple[int, _Doc]] = field(default_factory=dict)
 
     def offer(self, kind: str, length: int, doc: _Doc) -> None:
@@ -141,13 +144,18 @@ def choose_canaries(
     SourceConfigs (None: the records cannot be read, `unreadable` says why), their records read with their
     images when the build had an image processor (`images`), as the build read them."""
     truncating = {name for name, counts in accounting.items() if _truncated(counts)}
-    best = _Best()
-    for shard, row, pack in _packs(files):
-        _offer_pack(best, shard, row, pack, decoder, capacity, truncating)
     if sources is None:
+        empty: list[tuple[str, str]] = []
         empty_why = f"the build's source records could not be read ({unreadable})"
     else:
-        empty_why = _offer_empty(best, sources, images)
+        empty, empty_why = _empty_records(sources, images)
+    best = _Best(empty={sample_hash for sample_hash, _ in empty})
+    for shard, row, pack in _packs(files):
+        _offer_pack(best, shard, row, pack, decoder, capacity, truncating)
+    for sample_hash, source in empty:
+        hit = best.by_hash.get(sample_hash)
+        if hit is not None and hit[1].source == source:
+            best.offer("empty_field", *hit)
     canaries = [
         Canary(k, d.shard, d.row, (d.document,), (d.sample_id,), n)
         for k in KINDS
@@ -221,7 +229,8 @@ def _offer_pack(
     for d in range(count):
         start, end = docs[d], docs[d + 1]
         doc = _Doc(shard, row, d, start, end, pack["sample_ids"][d], pack["sample_hashes"][d], pack["sources"][d])
-        best.by_hash.setdefault(doc.sample_hash, (end - start, doc))
+        if doc.sample_hash in best.empty:
+            best.by_hash.setdefault(doc.sample_hash, (end - start, doc))
         if kinds is not None and kinds[d] != KIND_CODES["single"]:
             _offer_grouped(best, shard, row, pack, d)
             continue
@@ -277,22 +286,21 @@ def _offer_grouped(best: _Best, shard: Path, row: int, pack: dict[str, Any], d: 
     best.grouped[kind] = (shard, row, docs, tuple(pack["sample_ids"][i] for i in docs), tokens)
 
 
-def _offer_empty(best: _Best, sources: Sequence[Any], images: bool) -> str:
-    """Offer the shortest kept sample whose record holds an empty message or text; the reason when none."""
+def _empty_records(sources: Sequence[Any], images: bool) -> tuple[list[tuple[str, str]], str]:
+    """(sample hash, source) of each record, in order, whose record holds an empty message or text (the shortest
+    kept document of them is the empty_field canary), and the reason when none is kept."""
     from packtool.records import Example
     from packtool.sources import read_source
 
+    found = []
     for source in sources:
         for number, example in enumerate(read_source(source, images=images)):
             if number == MAX_RECORDS:
                 break
             # a pair or a group is chosen whole (preference_pair, completion_group); a bad record was never kept
-            if not isinstance(example, Example) or not _has_empty_field(example):
-                continue
-            hit = best.by_hash.get(example.sample_hash)
-            if hit is not None and hit[1].source == source.name:
-                best.offer("empty_field", *hit)
-    return f"no kept record with an empty message or text in the first {MAX_RECORDS} records of each source"
+            if isinstance(example, Example) and _has_empty_field(example):
+                found.append((example.sample_hash, source.name))
+    return found, f"no kept record with an empty message or text in the first {MAX_RECORDS} records of each source"
 
 
 def _has_empty_field(example: Any) -> bool:

@@ -17,11 +17,11 @@ in rejects.jsonl with its reason.
 Source files are found through the config recorded in the manifest. Its relative paths are
 relative to the config's folder, which is taken from `--config`, or else from the manifest's
 `config_folder` (relative to OUT first, then the absolute path at build time: the first where every
-relative source path is), or else, for an older output, inferred: from where the manifest says the
-tokenizer was (the config names it relative to the same folder), or else as the first of the working
-folder and the folders above OUT where every relative source path is (a hub dataset id may be missing
-there). A wrong folder cannot pass unseen: each record read is checked against the sample hash the
-shard holds.
+relative source and eval-set path is), or else, for an older output, inferred: from where the manifest says
+the tokenizer was (the config names it relative to the same folder), or else as the first of the working
+folder and the folders above OUT where every relative source and eval-set path is (a hub dataset id may be
+missing there): find reads no eval set (`decontamination.against`), but parsing the config expands them. A
+wrong folder cannot pass unseen: each record read is checked against the sample hash the shard holds.
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ class SourceFiles:
         raw = dict(self.manifest.raw.get("config") or {})
         base = self._inferred_base
         if base is None:
-            relative = source_paths(raw)
+            relative = anchored_paths(raw)
             if relative:
                 recorded = "the config folder the manifest records, " if self.manifest.config_folders else ""
                 raise PacktoolError(
@@ -377,7 +377,7 @@ class SourceFiles:
     @functools.cached_property
     def _inferred_base(self) -> Path | None:
         """The config's folder as the manifest records it, or tells it (the tokenizer), else where its sources are."""
-        patterns = source_paths(self.manifest.raw.get("config") or {})
+        patterns = anchored_paths(self.manifest.raw.get("config") or {})
         recorded = [folder for folder in self.manifest.config_folders if folder.is_dir()]
         held = (folder_holding(patterns, recorded) if patterns else recorded[0]) if recorded else None
         if held is not None:
@@ -500,18 +500,27 @@ def config_folder_from_tokenizer(manifest: dict[str, Any], folder: Path | None =
     return None
 
 
-def source_paths(raw_config: dict[str, Any]) -> list[str]:
-    """The config's relative paths that only its folder anchors: its sources' patterns and a template file
-    (the tokenizer is where the manifest says it was read)."""
+def anchored_paths(raw_config: dict[str, Any]) -> list[str]:
+    """The config's relative paths that only its folder anchors: its sources' patterns, its eval sets
+    (`decontamination.against`: parsing the config expands them) and a template file (the tokenizer is where
+    the manifest says it was read)."""
     sources = raw_config.get("sources")
     patterns = []
     for source in sources if isinstance(sources, list) else ():
-        path = source.get("path") if isinstance(source, dict) else None
-        patterns += [path] if isinstance(path, str) else [p for p in path or () if isinstance(p, str)]
+        patterns += _strings(source.get("path") if isinstance(source, dict) else None)
+    decontamination = raw_config.get("decontamination")
+    patterns += _strings(decontamination.get("against") if isinstance(decontamination, dict) else None)
     template = raw_config.get("template")
     if isinstance(template, str) and template.endswith(".jinja"):
         patterns.append(template)
     return [path for path in patterns if _relative(path)]
+
+
+def _strings(value: Any) -> list[str]:
+    """A path setting's patterns as a config may write them: one string or a list of them."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _relative(path: Any) -> bool:

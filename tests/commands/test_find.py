@@ -263,6 +263,38 @@ def test_the_recorded_config_folder_finds_relative_sources_from_anywhere(tmp_pat
     assert "matches" in _find(str(moved / "b" / "out"), f"{moved / 'a' / 'configs' / 'data.jsonl'}:2")
 
 
+def test_the_recorded_config_folder_anchors_the_eval_sets_too(tmp_path, monkeypatch):
+    """Absolute sources, a relative eval set, OUT moved away from its config (its recorded relative folder, `..`,
+    now a folder without the eval set) and find run from a third folder: the config parses in the recorded
+    absolute folder, where the eval set is, so the sources are read (they were `not read`: no file matches)."""
+    configs, moved, anywhere = tmp_path / "a" / "configs", tmp_path / "d", tmp_path / "c"
+    (configs / "evals").mkdir(parents=True)
+    moved.mkdir()
+    anywhere.mkdir()
+    words = [" ".join(f"w{i}x{j}" for j in range(20)) for i in range(3)]
+    rows = [{"id": f"doc-{i}", "text": text} for i, text in enumerate(words)]
+    (configs / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    evals = [{"id": "ev-a", "question": "q", "answer": words[1]}]
+    (configs / "evals" / "eval.jsonl").write_text(json.dumps(evals[0]) + "\n", encoding="utf-8")
+    settings = {
+        "sources": [{"name": "t", "path": str(configs / "data.jsonl"), "format": "text", "fields": {"id": "id"}}],
+        "tokenizer": str(QUICKSTART / "tokenizer" / "tokenizer.json"),
+        "capacity": 64,
+        "decontamination": {"against": ["evals/eval.jsonl"], "ngram": 8},
+        "output": "out",
+    }
+    (configs / "config.yaml").write_text(json.dumps(settings), encoding="utf-8")
+    built = CliRunner().invoke(main, ["build", str(configs / "config.yaml"), "-q"])
+    assert built.exit_code == 0, built.output
+    shutil.move(configs / "out", moved / "out")
+    monkeypatch.chdir(anywhere)
+    assert "doc-0 (sample id): 1 document(s)" in (trained := _find(str(moved / "out"), "doc-0"))
+    assert "data.jsonl:1 (source t, sample doc-0): matches" in trained and "not read" not in trained
+    contaminated = _find(str(moved / "out"), f"{configs / 'data.jsonl'}:2")  # the eval file named as the config does
+    assert "contaminated (target overlaps eval evals/eval.jsonl:1 (id ev-a)" in contaminated
+    assert "data.jsonl:2 (source t, sample doc-1): matches: the record at this location now has the id" in contaminated
+
+
 def test_a_config_of_hub_ids_is_read_from_the_cache_wherever_it_was(tmp_path, tmp_path_factory, monkeypatch):
     """A dataset and a tokenizer named ORG/NAME are relative paths no folder holds: the hub cache does."""
     cache = tmp_path / "hub"

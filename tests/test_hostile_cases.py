@@ -122,3 +122,23 @@ def test_a_dry_run_says_what_the_build_would_warn_of_or_fail_on(two_sources, wri
     assert failed.exit_code == 1 and failed.output.startswith("Error: quota 'b' missed: realized 0 of 1,000")
     unsampled = _build(two_sources({"path": "a.jsonl", "weight": 1e-300}), "--dry-run")
     assert unsampled.exit_code == 0 and "warning: source 'b' kept 4 records and none reached a pack" in unsampled.output
+
+
+def test_a_dry_run_judges_quotas_on_what_the_plan_gives_out(two_sources, write_jsonl):
+    """Every record of b kept but over capacity, so the overflow bucket holds them all and OUT none: the build
+    warned (or failed) of the quota while the dry run, which counted the bucket's segments as b's, said nothing.
+    Judged on the plan's amounts in OUT, the dry run says the build's own line; a quota met says nothing."""
+    write_jsonl([_chat("word " * 200)] * 3, "b.jsonl")
+    config = two_sources({"quota": {"target_tokens": 1_000}}, overflow="bucket")
+    line = (
+        "warning: quota 'b' missed: realized 0 of 1,000 target_tokens (short by 1,000; a quota is met within one "
+        "sample); the source holds none in OUT: see packtool stats; --strict makes this an error"
+    )
+    dry = _build(config, "--dry-run")
+    assert dry.exit_code == 0 and line in dry.output.splitlines() and "no shard was written" in dry.output
+    failed = _build(config, "--dry-run", "--set", "on_quota_miss=fail")
+    assert failed.exit_code == 1 and failed.output.startswith("Error: quota 'b' missed: realized 0 of 1,000")
+    built = _build(config)
+    assert built.exit_code == 0 and built.output.splitlines() == [line]  # the build's line, word for word
+    met = _build(two_sources({"quota": {"target_tokens": 1_000}}), "--dry-run")
+    assert met.exit_code == 0 and "warning" not in met.output

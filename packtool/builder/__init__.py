@@ -170,7 +170,7 @@ def _build(config: BuildConfig, progress: Progress, staging: Staging, cache: Tok
                 nodes,
                 tuple(repaired),
                 records,
-                quota_misses=_planned_quota_misses(config, plan.accounting),
+                quota_misses=_planned_quota_misses(config, plan.quota_reached),
                 render_routes=dict(routes),
                 unsampled=_unsampled(config, {"accounting": plan.accounting}),
             )
@@ -258,11 +258,11 @@ def _quota_misses(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, .
     return _judged(config, tuple(quota_misses(source_quotas(config), manifest["stats"]["sources"])))
 
 
-def _planned_quota_misses(config: BuildConfig, accounting: dict[str, dict[str, Any]]) -> tuple[str, ...]:
-    """A dry run's quota misses: a plan holds no per-source amounts, but a quota whose source reaches no pack
-    is missed whole (realized 0), as the shards would show; under on_quota_miss: fail, the dry run's end."""
-    empty = {n: q for n, q in source_quotas(config).items() if not accounting.get(n, {}).get("segments")}
-    return _judged(config, tuple(quota_misses(empty, {})))
+def _planned_quota_misses(config: BuildConfig, reached: dict[str, dict[str, int]]) -> tuple[str, ...]:
+    """A dry run's quota misses, judged as the build's are but on what the plan gives OUT of each quota's unit
+    (Plan.quota_reached): short by a part or whole (every sample rejected, or gone to the overflow bucket, which
+    the accounting's segments count); under on_quota_miss: fail, the dry run's end."""
+    return _judged(config, tuple(quota_misses(source_quotas(config), reached)))
 
 
 def _judged(config: BuildConfig, missed: tuple[str, ...]) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from packtool.arrow import as_numpy
 from packtool.builder.accounting import Counts
 from packtool.builder.cache import code_fingerprint
 from packtool.builder.mixing import (
+    REALIZED,
     interleave_order,
     quota_plan,
     repeat_plan,
@@ -128,7 +129,8 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         rows = [_file_patches(Path(p.path)) for p in partitions]
         fitted = replace(fitted, patches=np.concatenate([*rows, _file_patches(folder / PIECES_FILE)]))
 
-    folders = [_main_folder(config, fitted, counts)]
+    reached: dict[str, dict[str, int]] = {}
+    folders = [_main_folder(config, fitted, counts, reached)]
     if config.overflow.mode == "bucket":
         folders.append(_overflow_folder(config, fitted, counts))
     if fitted.held_out.any():
@@ -146,6 +148,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         accounting={name: c.as_dict() for name, c in counts.items()},
         rejects=rejects,
         lengths=lengths_by_source,
+        quota_reached=reached,
         piece_numbers=fitted.piece_numbers,
         piece_offsets=fitted.piece_offsets,
         schema_version=shard_schema_version(config),
@@ -400,9 +403,11 @@ def _int64s(values: array) -> np.ndarray:
     return np.frombuffer(values, dtype=np.int64).copy() if len(values) else np.zeros(0, np.int64)
 
 
-def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]) -> FolderPlan:
+def _main_folder(
+    config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts], reached: dict[str, dict[str, int]]
+) -> FolderPlan:
     """Source weights realized by seeded up- or down-sampling; copies keep their id and get a repeat number."""
-    segments, repeat, item_sizes = _mixed(config, fitted, counts)
+    segments, repeat, item_sizes = _mixed(config, fitted, counts, reached)
     seg_ref, seg_len, seg_src = fitted.ref[segments], fitted.length[segments], fitted.source[segments]
     seg_kind = fitted.kind[segments]
     if config.packing.strategy == "stream":
@@ -418,10 +423,11 @@ def _main_folder(config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
 
 
 def _mixed(
-    config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts]
+    config: BuildConfig, fitted: _Fitted, counts: dict[str, Counts], reached: dict[str, dict[str, int]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The main folder's segments after mixing, as indices into `fitted` (whole items, sources in order, an item
-    once per copy), each one's repeat number, and each chosen item's segment count.
+    once per copy), each one's repeat number, and each chosen item's segment count. `reached` gets what each
+    quota's copies hold of its unit, named as the shards' per-source stats name it (a dry run judges quotas by it).
 
     Indices alone leave, so each column is gathered once: gathered per source and then joined, every column
     was held twice while the packs were planned, ~60 B a sample (issue 43)."""
@@ -446,6 +452,7 @@ def _mixed(
             item_amounts = np.add.reduceat(per_segment, offsets[:-1])[mine] if len(mine) else np.zeros(0, np.int64)
             amount, seed = quotas[name].amount, source_seed(config.seed, name)
             positions, repeat = quota_plan(item_amounts, amount, seed=seed, source=name)
+            reached[name] = {REALIZED[quotas[name].unit]: int(item_amounts[positions].sum())}
         else:
             multiplier, seed = multipliers.get(name, 1.0), source_seed(config.seed, name)
             positions, repeat = repeat_plan(len(mine), multiplier, seed=seed, source=name)

@@ -100,6 +100,8 @@ class Plan:
     accounting: dict[str, dict[str, Any]]
     rejects: PlanRejects
     lengths: dict[str, dict[str, np.ndarray]]  # source -> before/after truncation, for the manifest's length summary
+    # per source with a quota: what OUT's copies hold of its unit ({"targets": n} or {"tokens": n}), as planned
+    quota_reached: dict[str, dict[str, int]]
     piece_numbers: np.ndarray  # per row of pieces.arrow: which part of its sample it is (_Fitted)
     piece_offsets: np.ndarray
     schema_version: int  # of the shards this plan gives (shard_schema_version)
@@ -148,6 +150,7 @@ def write_plan(plan: Plan) -> None:
         "accounting": plan.accounting,
         "rejects": plan.rejects.by_reason,
         "sources": list(plan.lengths),
+        "quota_reached": plan.quota_reached,
         "schema_version": plan.schema_version,
         **({"vision": asdict(plan.vision)} if plan.vision is not None else {}),
         # what a resumed build checks before reusing the plan (stored_plan_problem)
@@ -218,6 +221,7 @@ def load_plan(folder: Path) -> Plan:
             name: {"before": arrays[f"lengths.{i}.before"], "after": arrays[f"lengths.{i}.after"]}
             for i, name in enumerate(meta["sources"])
         },
+        quota_reached=meta["quota_reached"],
         piece_numbers=arrays["pieces.number"],
         piece_offsets=arrays["pieces.offset"],
         schema_version=meta["schema_version"],

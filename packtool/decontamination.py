@@ -38,7 +38,8 @@ import numpy as np
 
 from packtool.config import DEFAULT_MAX_RECORD_BYTES, Decontamination, canonical_json
 from packtool.errors import PacktoolError, RecordError
-from packtool.reading import file_sha256, raw_records
+from packtool.format import sha256_file
+from packtool.reading import raw_records
 
 RULES = ("exact", "ngram", "short")  # in the order a sample's findings are preferred
 PARTS = ("target", "prompt")
@@ -541,7 +542,7 @@ class EvalSet:
 def eval_set_key(settings: Decontamination) -> tuple[str, list[tuple[str, str]]]:
     """(the sha256 of what an eval set's index is built from, each file's (label, sha256)): its files by content
     and the settings (the actions too: they decide which samples an encode keeps)."""
-    hashes = [(label, file_sha256(path)) for path, label in settings.labels.items()]
+    hashes = [(label, sha256_file(path)) for path, label in settings.labels.items()]
     d = settings
     facts = [hashes, d.ngram, d.min_line_words, d.action, d.prompt_action, list(d.fields)]
     return hashlib.sha256(canonical_json(facts).encode()).hexdigest(), hashes

@@ -239,10 +239,11 @@ def first_broken_pack(
     return int(np.argmax(bad)) if bad.any() else -1
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The file's sha256, read a MiB at a time: a shard, an eval set or a data file is never held whole."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while block := handle.read(chunk):
+        while block := handle.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
 

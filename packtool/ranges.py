@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.arrow import content_digest
-from packtool.reading import BOM, READ_ERRORS, file_sha256, open_text, sniff
+from packtool.format import sha256_file
+from packtool.reading import BOM, READ_ERRORS, open_text, sniff
 
 RANGE_ROWS = 4096  # lines or rows per encode work item of a large file (see row_ranges)
 
@@ -78,7 +79,7 @@ def row_ranges(file: str, max_samples: int | None, memo: RangeMemo | None = None
     except READ_ERRORS:
         pass  # keyed by its bytes below, or unreadable; the read reports the problem, once
     try:
-        return [RowRange(0, None, file_sha256(file))]
+        return [RowRange(0, None, sha256_file(file))]
     except OSError:
         return [RowRange(0, None, "unreadable")]
 
@@ -136,7 +137,7 @@ class RangeMemo(Protocol):
 def _remembered_ranges(file: str, memo: RangeMemo | None, ranges_of: Callable[[str], list[RowRange]]) -> list[RowRange]:
     """`ranges_of(the file's sha256)`, or the ranges `memo` recorded for a file of these bytes at an earlier
     build: reading the bytes (~1 GB/s) costs less than decoding a table's rows or decompressing a file."""
-    whole = file_sha256(file)
+    whole = sha256_file(file)
     remembered = memo.recall(whole, RANGE_ROWS) if memo is not None else None
     if remembered is not None:
         return remembered

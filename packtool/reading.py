@@ -104,14 +104,6 @@ def sniff(path: str) -> str:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "text")
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class Span:
     """What one encode may read of a file: exactly what the plan hashed, and a record of what it read.
 

@@ -202,3 +202,19 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
 )
 def test_the_cycle_check_finds_module_level_cycles_only(tmp_path, files, cycle):
     assert find_cycle(import_graph(write_package(tmp_path, files))) == cycle
+
+
+def test_one_function_hashes_a_file_a_block_at_a_time():
+    """STYLE, no copies of a helper: packtool.reading.file_sha256 repeated packtool.format.sha256_file. format's
+    stays: the loader may import packtool.format and nothing of the reading side (LOADER_READS)."""
+    hashers = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            calls = {ast.unparse(call.func) for call in ast.walk(node) if isinstance(call, ast.Call)}
+            looped = any(isinstance(inner, ast.While) for inner in ast.walk(node))
+            whole = {"open", "hashlib.sha256"} <= calls  # a prefix of a decompressed text (ranges) is no copy
+            if looped and whole and any(name.endswith(".read") for name in calls):
+                hashers.append(f"{module_name(path, ROOT)}.{node.name}")
+    assert hashers == ["packtool.format.sha256_file"]

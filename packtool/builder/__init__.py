@@ -45,10 +45,9 @@ from packtool.builder.reencoded import Reencoded, last_range, reencoded
 from packtool.builder.stages import Stages, stages_for
 from packtool.config import BuildConfig, canonical_json
 from packtool.errors import BuildError, PacktoolError
-from packtool.format import REJECTS
+from packtool.format import REJECTS, sha256_file
 from packtool.packing import PackPlan
 from packtool.ranges import row_ranges
-from packtool.reading import file_sha256
 from packtool.shards import ShardInfo
 from packtool.sources import file_label, source_files
 from packtool.vision.processors import PROCESSOR_FILES
@@ -280,12 +279,12 @@ def _unsampled(config: BuildConfig, manifest: dict[str, Any]) -> tuple[str, ...]
 
 
 def _encode_items(config: BuildConfig, stages: Stages, cache: TokenCache) -> list[EncodeItem]:
-    tokenizer_hash = file_sha256(config.tokenizer.path)
+    tokenizer_hash = sha256_file(config.tokenizer.path)
     if config.tokenizer.config_path:
-        tokenizer_hash += file_sha256(config.tokenizer.config_path)
+        tokenizer_hash += sha256_file(config.tokenizer.config_path)
     if config.processor:  # images' token counts come from these files: a changed one encodes again
         folder = Path(config.processor)
-        tokenizer_hash += "".join(file_sha256(folder / name) for name in PROCESSOR_FILES if (folder / name).is_file())
+        tokenizer_hash += "".join(sha256_file(folder / name) for name in PROCESSOR_FILES if (folder / name).is_file())
     template = stages.template
     template_hash = "none" if template is None else f"{template.key}:{canonical_json(template.variables)}"
     items = []

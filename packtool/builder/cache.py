@@ -49,7 +49,7 @@ from packtool.config import (
 )
 from packtool.decontamination import eval_set_key
 from packtool.errors import OwnershipError
-from packtool.reading import file_sha256
+from packtool.format import sha256_file
 
 CACHE_DIR = ".packtool-cache"
 # The layout and report of an entry: part of every key, so entries of another layout are never looked up.
@@ -166,7 +166,7 @@ class TokenCache:
             if not path.is_file():
                 return None, f"cache entry {path}: missing"
             size = path.stat().st_size
-            if size != report.get(f"{name}_bytes") or file_sha256(path) != report.get(f"{name}_sha256"):
+            if size != report.get(f"{name}_bytes") or sha256_file(path) != report.get(f"{name}_sha256"):
                 return None, f"cache entry {path}: its bytes changed since it was written ({size:,} bytes)"
         return report, None
 
@@ -247,9 +247,9 @@ def seal_report(report: dict[str, Any], key: str, partition: Path, rejects: Path
         **report,
         "key": key,
         "partition_bytes": partition.stat().st_size,
-        "partition_sha256": file_sha256(partition),
+        "partition_sha256": sha256_file(partition),
         "rejects_bytes": rejects.stat().st_size,
-        "rejects_sha256": file_sha256(rejects),
+        "rejects_sha256": sha256_file(rejects),
     }
     return {**sealed, "entry_sha256": entry_digest(sealed)}
 

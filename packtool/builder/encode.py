@@ -44,9 +44,9 @@ from packtool.builder.store import (
 )
 from packtool.config import BuildConfig, canonical_json, config_folder
 from packtool.errors import RecordError
-from packtool.format import REJECTS
+from packtool.format import REJECTS, sha256_file
 from packtool.ranges import RowRange, rows_digest, table_rows_digest, text_prefix
-from packtool.reading import READ_ERRORS, Span, file_sha256, sniff
+from packtool.reading import READ_ERRORS, Span, sniff
 from packtool.records import Tokenized
 from packtool.sources import read_file
 from packtool.truncate import ItemTruncation
@@ -217,7 +217,7 @@ def stale_image(partition: Path, item: EncodeItem) -> str | None:
         if not reference:  # bytes the record carried: stored with the entry, sealed with it
             continue
         try:
-            found = file_sha256(root / reference)
+            found = sha256_file(root / reference)
         except OSError:
             return f"cache entry {partition}: its image {reference} cannot be read now"
         if found != sha256:

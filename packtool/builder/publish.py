@@ -50,7 +50,6 @@ from packtool.format import (
     sha256_file,
     write_json_atomic,
 )
-from packtool.reading import file_sha256
 from packtool.seal import SEAL, manifest_digest
 
 STAGING_KIND = "staging"
@@ -74,7 +73,7 @@ def holds_build(output: Path, plan_key: str, config_hash: str) -> dict | None:
             return None
         for folder in [output, *(output / name for name in manifest.parts.values())]:
             listed = manifest if folder == output else read_manifest(folder)
-            if not listed.sealed or any(file_sha256(entry.file) != entry.sha256 for entry in listed.shards):
+            if not listed.sealed or any(sha256_file(entry.file) != entry.sha256 for entry in listed.shards):
                 return None
             if not _card_is_ours(folder, listed.raw.get("card")):
                 return None

@@ -12,8 +12,7 @@ from support import QUICKSTART
 from packtool.builder import build
 from packtool.commands.verify import verify
 from packtool.config import load_config
-from packtool.format import read_manifest
-from packtool.reading import file_sha256
+from packtool.format import read_manifest, sha256_file
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "so", "ta", "vi", "ze", "po", "da", "fe"]
 
@@ -89,7 +88,7 @@ def test_a_copied_answer_and_a_rewrapped_output_drop_exactly_those_samples(built
     manifest = read_manifest(out).raw
     record = manifest["decontamination"]
     assert record["against"][0]["file"] == "eval.jsonl"
-    assert record["against"][0]["sha256"] == file_sha256(eval_file)
+    assert record["against"][0]["sha256"] == sha256_file(eval_file)
     assert (record["contaminated"], record["reported"]) == (2, 1)  # chat-8's prompt is ev-c's question: reported
     assert record["sources"] == {
         "chat": {"contaminated": 1, "reported": 1},
@@ -107,7 +106,7 @@ def test_a_changed_eval_file_checks_again_and_the_prompt_action_drops(tmp_path, 
     assert again.encode_reused == 0
     rejects = [json.loads(line) for line in (again.output / "rejects.jsonl").read_text().splitlines()]
     assert [(r["id"], r["eval"]["part"], r["eval"]["rule"]) for r in rejects] == [("chat-8", "prompt", "exact")]
-    assert read_manifest(again.output).raw["decontamination"]["against"][0]["sha256"] == file_sha256(eval_file)
+    assert read_manifest(again.output).raw["decontamination"]["against"][0]["sha256"] == sha256_file(eval_file)
 
 
 def test_verify_names_a_record_that_disagrees_with_the_accounting(built):

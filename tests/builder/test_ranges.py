@@ -15,9 +15,8 @@ from support import QUICKSTART
 import packtool.ranges as file_ranges
 from packtool.builder import build
 from packtool.config import load_config
-from packtool.format import read_manifest
+from packtool.format import read_manifest, sha256_file
 from packtool.ranges import row_ranges
-from packtool.reading import file_sha256
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -119,8 +118,8 @@ def test_a_memo_keeps_a_table_s_ranges_by_its_bytes_and_range_rows(inputs, monke
     monkeypatch.setattr(file_ranges, "RANGE_ROWS", 7)
     memo, table = _Memo(), inputs / "chat.parquet"
     hashed = row_ranges(str(table), None, memo)
-    assert hashed == row_ranges(str(table), None) and list(memo.kept) == [(file_sha256(table), 7)]
-    memo.kept[(file_sha256(table), 7)] = hashed[:1]
+    assert hashed == row_ranges(str(table), None) and list(memo.kept) == [(sha256_file(table), 7)]
+    memo.kept[(sha256_file(table), 7)] = hashed[:1]
     assert row_ranges(str(table), None, memo) == hashed[:1]  # what a file of these bytes was split into
     monkeypatch.setattr(file_ranges, "RANGE_ROWS", 8)
     assert [(r.start, r.end) for r in row_ranges(str(table), None, memo)] == [(0, 8), (8, 16), (16, 24), (24, None)]

@@ -12,7 +12,7 @@ from support import QUICKSTART
 from packtool.builder import build
 from packtool.cli import main
 from packtool.config import load_config
-from packtool.reading import file_sha256
+from packtool.format import sha256_file
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "so", "ta", "vi", "ze", "po"]
 
@@ -59,7 +59,7 @@ def test_a_copied_answer_is_found_named_and_fails(out, tmp_path):
     assert [(e["id"], e["eval"]["record"], e["eval"]["part"]) for e in report["contaminated"]] == [
         ("chat-4", f"{tmp_path / 'hit.jsonl'}:1 (id q1)", "target")
     ]
-    assert report["decontamination"]["against"][0]["sha256"] == file_sha256(tmp_path / "hit.jsonl")
+    assert report["decontamination"]["against"][0]["sha256"] == sha256_file(tmp_path / "hit.jsonl")
     assert report["documents"] == 12 and report["prompt_only"] == []
 
 

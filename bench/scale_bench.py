@@ -24,7 +24,8 @@ every process below it: RssAnon (anonymous: Python objects, numpy arrays, tokeni
 (file-backed pages mapped and resident: the memory-mapped token store, shared libraries). Peaks
 are the largest sample; VmHWM (the kernel's exact peak of the driver's whole RSS) is printed beside
 them as a check on the sampling. RssFile is page cache the kernel reclaims at will, so it is
-reported apart from RssAnon, which is what a build really holds.
+reported apart from RssAnon, which is what a build really holds. The ray-driver part also samples
+the processes of the loopback Ray cluster it starts, which are this process's children, not the build's.
 """
 
 from __future__ import annotations

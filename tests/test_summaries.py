@@ -6,17 +6,19 @@ import decimal
 from itertools import pairwise
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packtool.errors import PacktoolError
+from packtool.errors import PackFormatError, PacktoolError
 from packtool.format import Interleaving, read_manifest
 from packtool.labels import IGNORE_INDEX
 from packtool.summaries import (
     DENSE_TALLY_LIMIT,
     Histogram,
+    ImageTally,
     Tally,
     WindowTotals,
     attention_slots,
@@ -88,6 +90,7 @@ def attention_slots_of_lengths(lengths: np.ndarray, pack_lengths: np.ndarray) ->
     }
 
 
+IMAGE_SCHEMA = pa.schema([("image_spans", pa.list_(pa.int32())), ("image_documents", pa.list_(pa.int32()))])
 lengths_lists = st.lists(st.integers(1, 600), max_size=120)
 
 
@@ -124,6 +127,26 @@ def test_lengths_past_the_dense_limit_are_tallied_sorted():
     assert Tally.of(lengths).values.tolist() == [3, 70, DENSE_TALLY_LIMIT + 5, DENSE_TALLY_LIMIT * 4]
     assert length_summary(lengths, 64) == length_summary_of_lengths(lengths, 64)
     assert spread(lengths) == spread_of_values(lengths)
+
+
+def test_image_spans_outside_their_pack_are_a_damaged_shard(tmp_path):
+    """Image tokens are counted by value: a span that is negative or runs past its pack is one line, never a
+    histogram the size of the bad number."""
+    good = {"image_spans": [[1, 3], []], "image_documents": [[0], []]}
+    for spans in ([[3, 1], []], [[-2, 3], []], [[1, 2**30], []]):
+        table = pa.table({**good, "image_spans": spans}, schema=IMAGE_SCHEMA)
+        with pytest.raises(PackFormatError, match="an image span is not inside its pack"):
+            ImageTally().add(tmp_path / "s.parquet", table, np.array([8, 4]), np.array([1, 1]), ["a"], np.zeros(2))
+    tally = ImageTally()
+    tally.add(
+        tmp_path / "s.parquet",
+        pa.table(good, schema=IMAGE_SCHEMA),
+        np.array([8, 4]),
+        np.array([1, 1]),
+        ["a"],
+        np.zeros(2),
+    )
+    assert tally.as_dict()["image_tokens"] == 2 and tally.as_dict()["sources"]["a"]["images_per_document"]["max"] == 1
 
 
 def test_cv_is_numpys_with_exact_sums():

@@ -2,7 +2,8 @@
 
     python bench/build_bench.py --scale              # the same as: python bench/scale_bench.py
     python bench/scale_bench.py --mb 200 --memory-mb 50,500 --skip-ray
-    python bench/scale_bench.py --only samples --samples 20000,1000000 --samples-workers 1,2   # issue 43's targets
+    python bench/scale_bench.py --only samples --samples-workers 1,2   # issue 43's targets: 20k, 200k, 1M
+    python bench/scale_bench.py --only samples --samples 20000,10000000 --samples-workers 2   # its opt-in 10M row
     python bench/scale_bench.py --only plan-memory --plan-samples 20000,200000   # the plan phase alone, traced
     python bench/scale_bench.py --only ray-driver --ray-samples 20000,200000    # the Ray driver, two loopback nodes
 
@@ -622,7 +623,9 @@ def main(argv: list[str] | None = None) -> None:
         "--trace-samples", default="20000,200000", help="sample counts (comma-separated) of the traced builds"
     )
     parser.add_argument(
-        "--samples", default="20000,1000000", help="sample counts (comma-separated) of the untraced short builds"
+        "--samples",
+        default="20000,200000,1000000",
+        help="sample counts (comma-separated) of the untraced short builds; 10000000 is the opt-in row (~4 GB input)",
     )
     parser.add_argument("--samples-workers", default="1,2", help="the -j values (comma-separated) of each count")
     parser.add_argument(

@@ -22,7 +22,7 @@ import numpy as np
 
 import packtool
 from packtool.arrow import int32_offsets
-from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, VisionPlan, load_plan
+from packtool.builder.plan_files import PIECES_FILE, FolderPlan, Plan, VisionPlan, map_plan
 from packtool.builder.store import PartitionReader, SegmentRole, StoredParts
 from packtool.errors import BuildError
 from packtool.format import SCHEMA_VERSION, WHOLE, sha256_file, write_json_atomic
@@ -69,7 +69,7 @@ def emit_items(plan: Plan, out: Path, done: Path, rows_per_shard: int, row_group
     return items
 
 
-# Plans and partitions opened by this process, reused across the shards it writes.
+# The plan and partitions opened by this process, reused across the shards it writes for one build (one plan).
 _PLANS: dict[str, Plan] = {}
 _READERS: dict[str, PartitionReader] = {}
 
@@ -83,11 +83,14 @@ def _reader(path: str) -> PartitionReader:
 def share(plan: Plan) -> None:
     """Let shards written in this process (the serial executor's) gather from the plan the driver holds,
     instead of a second copy read from plan.npz (~45 B a sample more at `-j 1`, issue 43)."""
+    release()
     _PLANS[str(plan.folder)] = plan
 
 
 def release() -> None:
-    """Close what this process mapped (the driver calls it before publishing, so files can be removed)."""
+    """Close what this process mapped: the driver calls it before publishing, so files can be removed, and a worker
+    before an item of another plan (a Ray worker or a process pool outlives a build: the plans and store files of
+    builds before, maybe deleted since, stayed mapped)."""
     for reader in _READERS.values():
         reader.close()
     _READERS.clear()
@@ -101,7 +104,8 @@ def emit_item(item: EmitItem) -> EmitResult:
     if staged is not None:
         return EmitResult(staged, reused=True)
     if item.plan_folder not in _PLANS:
-        _PLANS[item.plan_folder] = load_plan(Path(item.plan_folder))
+        release()
+        _PLANS[item.plan_folder] = map_plan(Path(item.plan_folder))
     plan = _PLANS[item.plan_folder]
     folder = next(f for f in plan.folders if f.name == item.folder)
     gather = _Gather(plan, folder)

@@ -257,7 +257,7 @@ def assemble_manifest(
         accounting=_item_accounting(config, plan.accounting) if items else plan.accounting,
         # per source, sample lengths as encoded (before) and as packed (after truncation), against capacity
         lengths={
-            name: {when: length_summary(values, capacity) for when, values in before_after.items()}
+            name: {when: length_summary(tally, capacity) for when, tally in before_after.items()}
             for name, before_after in plan.lengths.items()
         },
         rejects={"file": REJECTS, "count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))},

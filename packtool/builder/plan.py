@@ -69,7 +69,7 @@ from packtool.errors import BuildError
 from packtool.format import SCHEMA_VERSION, SEGMENTS_SCHEMA_VERSION, Interleaving
 from packtool.packing import PackPlan, StreamPlan, plan_groups, plan_packs, plan_stream, reordered
 from packtool.packing_items import KIND_CODES, plan_items, segment_columns
-from packtool.summaries import WINDOW_SLACK, mix_amounts, window_mix
+from packtool.summaries import WINDOW_SLACK, Tally, mix_amounts, window_mix
 from packtool.truncate import truncate
 from packtool.vision.processors import QwenVLProcessor, load_processor
 
@@ -137,7 +137,7 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
         folders.append(_validation_folder(config, fitted))
     rejects = _write_rejects(folder / REJECTS_FILE, partitions, _budgets(config, partitions), fitted.drops)
     lengths_by_source = {
-        name: {"before": before[name], "after": fitted.length[(fitted.source == i) & ~fitted.bucket]}
+        name: {"before": before[name], "after": Tally.of(fitted.length[(fitted.source == i) & ~fitted.bucket])}
         for i, name in enumerate(names)
     }
     plan = Plan(
@@ -160,8 +160,8 @@ def make_plan(config: BuildConfig, partitions: list[Partition], folder: Path, ke
 
 def _fit_partitions(
     config: BuildConfig, partitions: list[Partition], folder: Path, counts: dict[str, Counts]
-) -> tuple[_Fitted, dict[str, np.ndarray]]:
-    """The fit of every stored row, and each source's lengths before it (its samples within max_samples). The
+) -> tuple[_Fitted, dict[str, Tally]]:
+    """The fit of every stored row, and each source's lengths before it, tallied (its samples within max_samples). The
     stored rows' columns (~30 B a sample) go when it returns: the folders are planned without them (issue 43)."""
     names = [s.name for s in config.sources]
     budgets = _budgets(config, partitions)
@@ -193,7 +193,7 @@ def _fit_partitions(
         if config.validation.share is not None or config.validation.samples is not None:
             row_hash = np.concatenate([np.zeros(0, np.uint64), *(r.hash_numbers() for r in readers)])
             fitted = _hold_out(config, fitted, row_hash)
-        before = {name: lengths[(source == i) & within] for i, name in enumerate(names)}
+        before = {name: Tally.of(lengths[(source == i) & within]) for i, name in enumerate(names)}
     finally:
         for reader in readers:
             reader.close()

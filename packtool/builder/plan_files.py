@@ -1,6 +1,6 @@
 """The plan's types and its files: what the plan phase hands to emit, written once and read back checked.
 
-PLAN/plan.npz        every folder's segments and pack layout, the length summaries, the pieces' places
+PLAN/plan.npz        every folder's segments and pack layout, each source's length tallies, the pieces' places
 PLAN/pieces.arrow    the pieces of samples split by truncation (written by the plan phase)
 PLAN/rejects.jsonl   every record not trained, in input order: the bytes of OUT/rejects.jsonl (streamed, never held)
 PLAN/plan.json       partitions, folders, accounting, rejects by reason, each file's sha256; written last, sealed
@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
+import zipfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from packtool.config import canonical_json
 from packtool.format import sha256_file, write_json_atomic
 from packtool.packing import PackPlan, StreamPlan
+from packtool.summaries import Tally
 
 PLAN_FILE = "plan.json"
 ARRAYS_FILE = "plan.npz"
@@ -99,7 +104,8 @@ class Plan:
     folders: list[FolderPlan]
     accounting: dict[str, dict[str, Any]]
     rejects: PlanRejects
-    lengths: dict[str, dict[str, np.ndarray]]  # source -> before/after truncation, for the manifest's length summary
+    # source -> before/after truncation -> its lengths tallied (O(distinct lengths)), for the manifest's length summary
+    lengths: dict[str, dict[str, Tally]]
     # per source with a quota: what OUT's copies hold of its unit ({"targets": n} or {"tokens": n}), as planned
     quota_reached: dict[str, dict[str, int]]
     piece_numbers: np.ndarray  # per row of pieces.arrow: which part of its sample it is (_Fitted)
@@ -129,9 +135,10 @@ def write_plan(plan: Plan) -> None:
         else:
             arrays[f"{prefix}.members"] = f.layout.members
             arrays[f"{prefix}.offsets"] = f.layout.offsets
-    for i, when in enumerate(plan.lengths.values()):
-        arrays[f"lengths.{i}.before"] = when["before"]
-        arrays[f"lengths.{i}.after"] = when["after"]
+    for i, tallies in enumerate(plan.lengths.values()):
+        for when, tally in tallies.items():
+            arrays[f"lengths.{i}.{when}.values"] = tally.values
+            arrays[f"lengths.{i}.{when}.counts"] = tally.counts
     arrays["pieces.number"] = plan.piece_numbers
     arrays["pieces.offset"] = plan.piece_offsets
     np.savez(plan.folder / ARRAYS_FILE, allow_pickle=False, **arrays)
@@ -182,8 +189,51 @@ def stored_plan_problem(folder: Path, key: str, partitions: list[Partition]) -> 
 
 
 def load_plan(folder: Path) -> Plan:
+    """The plan in `folder`, its arrays read into memory (the caller has checked it: stored_plan_problem)."""
+    with np.load(folder / ARRAYS_FILE) as arrays:
+        return _plan_of(folder, {name: arrays[name] for name in arrays.files})
+
+
+def map_plan(folder: Path) -> Plan:
+    """The plan in `folder`, its arrays read-only maps of plan.npz: an emit worker writes a few shards, and holds
+    the pages of their packs alone, where loading held every folder's arrays (~65 B a sample a worker, issue 43).
+    Only for a plan this build wrote or checked (stored_plan_problem): the map is not hashed again."""
+    return _plan_of(folder, mapped_npz(folder / ARRAYS_FILE))
+
+
+_NPY_HEADERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+
+
+def mapped_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an uncompressed .npz (np.savez's) as a read-only np.memmap of its bytes in the zip.
+
+    A stored member lies whole after its local header (30 bytes, its name, its extra field: the zip64 sizes
+    np.savez writes), and is a .npy file: its own header (dtype, shape, order), then the array's bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
+        for member in archive.infolist():
+            if member.compress_type != zipfile.ZIP_STORED or not member.filename.endswith(".npy"):
+                raise ValueError(f"{path}: {member.filename} is not an uncompressed .npy (as np.savez writes)")
+            handle.seek(member.header_offset)
+            local = handle.read(30)
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            handle.seek(member.header_offset + 30 + name_length + extra_length)
+            version = npy_format.read_magic(handle)
+            if version not in _NPY_HEADERS:
+                raise ValueError(f"{path}: member {member.filename} is .npy version {version}, not one np.savez writes")
+            shape, fortran, dtype = _NPY_HEADERS[version](handle)
+            name = member.filename.removesuffix(".npy")
+            if 0 in shape:  # mmap cannot map no bytes
+                arrays[name] = np.empty(shape, dtype=dtype)
+                arrays[name].flags.writeable = False
+            else:
+                at = handle.tell()
+                arrays[name] = np.memmap(path, dtype, "r", at, shape, order="F" if fortran else "C")
+    return arrays
+
+
+def _plan_of(folder: Path, arrays: Mapping[str, np.ndarray]) -> Plan:
     meta = json.loads((folder / PLAN_FILE).read_text(encoding="utf-8"))
-    arrays = np.load(folder / ARRAYS_FILE)
     folders = []
     for f in meta["folders"]:
         prefix = f["name"] or "main"
@@ -198,7 +248,6 @@ def load_plan(folder: Path) -> Plan:
             )
         else:
             layout = PackPlan(members=arrays[f"{prefix}.members"], offsets=arrays[f"{prefix}.offsets"])
-        group = arrays[f"{prefix}.group"] if f"{prefix}.group" in arrays.files else None
         folders.append(
             FolderPlan(
                 f["name"],
@@ -207,7 +256,7 @@ def load_plan(folder: Path) -> Plan:
                 arrays[f"{prefix}.repeat"],
                 arrays[f"{prefix}.length"],
                 layout,
-                group,
+                arrays.get(f"{prefix}.group"),
             )
         )
     return Plan(
@@ -218,7 +267,10 @@ def load_plan(folder: Path) -> Plan:
         accounting=meta["accounting"],
         rejects=PlanRejects(folder / REJECTS_FILE, meta["rejects"]),
         lengths={
-            name: {"before": arrays[f"lengths.{i}.before"], "after": arrays[f"lengths.{i}.after"]}
+            name: {
+                when: Tally(arrays[f"lengths.{i}.{when}.values"], arrays[f"lengths.{i}.{when}.counts"])
+                for when in ("before", "after")
+            }
             for i, name in enumerate(meta["sources"])
         },
         quota_reached=meta["quota_reached"],

@@ -18,8 +18,10 @@ from packtool.config import load_config
 from packtool.records import Tokenized
 
 SMALL, LARGE = 500, 4000
-HELD_PER_SAMPLE = 160  # bytes the plan keeps per sample (its arrays: ref, repeat, length, members, lengths); ~55 now
-PEAK_PER_SAMPLE = 300  # bytes the plan phase allocates at most per sample, arrays being built included; ~145 now
+# bytes the plan keeps per sample (its arrays: ref, repeat, length, members, offsets): ~37 now; 53 while it kept
+# each source's lengths before and after truncation (16 B a sample), which it tallies now
+HELD_PER_SAMPLE = 48
+PEAK_PER_SAMPLE = 300  # bytes the plan phase allocates at most per sample, arrays being built included; ~112 now
 # Python objects (gc-tracked) the plan keeps per sample: none. One per sample reads 1.0; a few dozen objects made
 # once in the process (a cache, a lazy import) read up to ~0.011 between these sizes (seen in CI), hence 0.1
 OBJECTS_PER_SAMPLE = 0.1

@@ -25,6 +25,7 @@ setting, so a resumed build reuses it and emit work items in other processes rea
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import shutil
 from array import array
@@ -32,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -739,20 +741,13 @@ def _write_rejects(path: Path, partitions: list[Partition], budgets: list[int], 
                 # a work item that lost no record has an empty table: not opened (thousands of them at scale)
                 lost = sum(partition.report["rejected"].values()) + sum(partition.report["dropped"].values())
                 table = rejects_path(Path(partition.path))
-                encoded = read_rejects(table, before=budgets[p]) if lost else iter(())
-                waiting = next(encoded, None)
-                for d in range(int(spans[p]), int(spans[p + 1])):
-                    while waiting is not None and waiting.ordinal <= drops.ordinal[d]:
-                        by_reason[waiting.reason] += 1
-                        handle.write(_line(waiting.entry(partition.source)))
-                        waiting = next(encoded, None)
-                    entry = dropped(d, partition.source)
+                rejects = read_rejects(table, before=budgets[p]) if lost else iter(())
+                encoded = ((r.ordinal, r.entry(partition.source)) for r in rejects)
+                planned = ((int(drops.ordinal[d]), dropped(d, partition.source)) for d in range(spans[p], spans[p + 1]))
+                # merge is stable: where both name one record, the encode reject (the first iterable) comes first
+                for _, entry in heapq.merge(encoded, planned, key=itemgetter(0)):
                     by_reason[entry["reason"]] += 1
                     handle.write(_line(entry))
-                while waiting is not None:
-                    by_reason[waiting.reason] += 1
-                    handle.write(_line(waiting.entry(partition.source)))
-                    waiting = next(encoded, None)
                 _close(readers)  # their pages go: a kept copy's partition is opened again when named
     finally:
         _close(readers)

@@ -36,17 +36,22 @@ def resident_kb(paths: set[str]) -> dict[str, int]:
     return found
 
 
-def test_a_shard_keeps_one_store_file_mapped_at_a_time(tmp_path, write_config, write_jsonl, monkeypatch):
+def serial_build(write_config, write_jsonl, **settings):
+    """A config of FILES input files (so FILES store partitions), built by the serial executor in this process."""
     for f in range(FILES):
         write_jsonl(chat_rows(150, 40, f"f{f}-"), f"{f}.jsonl")
     raw = {
         "sources": [{"name": "a", "path": "*.jsonl", "format": "messages", "fields": {"id": "id"}}],
         "tokenizer": str(QUICKSTART / "tokenizer"),
         "capacity": 256,
-        "rows_per_shard": 40,
         "output": "out",
+        **settings,
     }
-    config = load_config(write_config(raw), workers="1")  # the serial executor emits in this process
+    return load_config(write_config(raw), workers="1")
+
+
+def test_a_shard_keeps_one_store_file_mapped_at_a_time(tmp_path, write_config, write_jsonl, monkeypatch):
+    config = serial_build(write_config, write_jsonl, rows_per_shard=40)  # the serial executor emits in this process
     while_reading: list[dict[str, int]] = []  # the maps' resident kB each time a reader's pages are dropped
     after_shard: list[int] = []
     drop_pages = PartitionReader.drop_pages
@@ -73,15 +78,7 @@ def test_a_shard_keeps_one_store_file_mapped_at_a_time(tmp_path, write_config, w
 def test_the_plan_drops_each_partitions_pages_once_its_columns_are_read(
     tmp_path, write_config, write_jsonl, monkeypatch
 ):
-    for f in range(FILES):
-        write_jsonl(chat_rows(150, 40, f"f{f}-"), f"{f}.jsonl")
-    raw = {
-        "sources": [{"name": "a", "path": "*.jsonl", "format": "messages", "fields": {"id": "id"}}],
-        "tokenizer": str(QUICKSTART / "tokenizer"),
-        "capacity": 256,
-        "output": "out",
-    }
-    config = load_config(write_config(raw), workers="1")
+    config = serial_build(write_config, write_jsonl)
     fit = plan_module._fit
     at_fit: list[dict[str, int]] = []  # the store maps' resident kB as the fit starts, every column read by then
 

@@ -284,7 +284,12 @@ def cache_command(action: str, folder: Path | None) -> None:
             raise _fail(error) from None
         click.echo(f"cleared {folder}: {freed:,} bytes freed")
         return
-    if folder.exists() and not is_marked(folder, CACHE_KIND):  # a mistyped folder read as an empty cache
+    if not folder.exists():  # "0 entries" would read as an empty cache where there is none
+        raise click.ClickException(
+            f"no cache at {folder}: no build has written one there. Name a build's output folder (its cache is "
+            f"{CACHE_DIR} beside it) or the folder a build used as --cache"
+        )
+    if not is_marked(folder, CACHE_KIND):  # a mistyped folder read as an empty cache
         raise click.ClickException(f"{folder} is not a packtool cache (no packtool-owned.json marking it as one)")
     entries = store.entries()
     for entry in entries:

@@ -94,7 +94,7 @@ def test_a_quota_on_a_source_its_filter_empties_is_a_warning_and_fails_strict(tw
     assert strict.exit_code == 1 and "Traceback" not in strict.output
 
 
-def test_cache_list_counts_damaged_entries_and_refuses_a_folder_that_is_no_cache(two_sources, tmp_path):
+def test_cache_list_counts_damaged_entries_and_refuses_a_folder_that_is_no_cache(two_sources, tmp_path, monkeypatch):
     """A report edited to `"samples": "many"` was a traceback; one cut short, or a list, was left out of the
     listing without a word; a folder that is no cache listed as an empty one."""
     cache = tmp_path / "cache"
@@ -110,6 +110,11 @@ def test_cache_list_counts_damaged_entries_and_refuses_a_folder_that_is_no_cache
     (tmp_path / "mine").mkdir()
     refused = CliRunner().invoke(main, ["cache", "list", str(tmp_path / "mine")])
     assert refused.exit_code == 1 and "is not a packtool cache" in refused.output
+    # a folder that is not there: "0 entries, 0 bytes" with exit 0 before, while the cache lay elsewhere
+    monkeypatch.chdir(tmp_path)  # the default, out/.packtool-cache, is not there
+    for args in ([str(tmp_path / "nowhere")], []):
+        missing = CliRunner().invoke(main, ["cache", "list", *args])
+        assert missing.exit_code == 1 and "no cache at" in missing.output and "entries" not in missing.output
 
 
 def test_a_dry_run_says_what_the_build_would_warn_of_or_fail_on(two_sources, write_jsonl):

@@ -347,7 +347,7 @@ class SourceFiles:
                 raise PacktoolError(
                     f"cannot tell which folder the build's config was in, where its relative paths "
                     f"({', '.join(map(repr, relative))}) start: they are not all in {recorded}the working folder "
-                    "or a folder above the output; pass --config CONFIG"
+                    f"or a folder above the output{self._missing_from_recorded_folder(relative)}; pass --config CONFIG"
                 )
             base = self.folder  # every path find reads is absolute: any folder reads them alike
         tokenizer = (self.manifest.raw.get("tokenizer") or {}).get("file")
@@ -355,6 +355,16 @@ class SourceFiles:
             raw["tokenizer"] = str(self.folder.resolve() / tokenizer)  # where the build read it, whatever the base
         raw["output"] = str(self.folder)
         return parse_config(raw, base_dir=base, config_file=str(base / "<config from the manifest>"))
+
+    def _missing_from_recorded_folder(self, relative: list[str]) -> str:
+        """The relative paths that no recorded config folder holds now, naming those folders: a file deleted or
+        moved since the build reads as no folder holding them all."""
+        folders = list(dict.fromkeys(folder for folder in self.manifest.config_folders if folder.is_dir()))
+        missing = [path for path in relative if folders and folder_holding([path], folders) is None]
+        if not missing:
+            return ""
+        where = " or ".join(map(str, folders))
+        return f" ({', '.join(map(repr, missing))}: no such file in {where} now; moved or deleted?)"
 
     def describe(self) -> str:
         if self.config is None:

@@ -293,6 +293,11 @@ def test_the_recorded_config_folder_anchors_the_eval_sets_too(tmp_path, monkeypa
     contaminated = _find(str(moved / "out"), f"{configs / 'data.jsonl'}:2")  # the eval file named as the config does
     assert "contaminated (target overlaps eval evals/eval.jsonl:1 (id ev-a)" in contaminated
     assert "data.jsonl:2 (source t, sample doc-1): matches: the record at this location now has the id" in contaminated
+    # the eval file deleted since: the recorded folder is named with what it lacks, not only "cannot tell"
+    (configs / "evals" / "eval.jsonl").unlink()
+    lost = _find(str(moved / "out"), f"{configs / 'data.jsonl'}:2", exit_code=1)
+    assert f"('evals/eval.jsonl': no such file in {moved} or {configs} now; moved or deleted?)" in lost
+    assert "pass --config CONFIG" in lost
 
 
 def test_a_config_of_hub_ids_is_read_from_the_cache_wherever_it_was(tmp_path, tmp_path_factory, monkeypatch):

@@ -9,6 +9,7 @@ any adapter (packtool.adapters) sees it.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import json
@@ -492,7 +493,8 @@ def _text_records(
     """JSON Lines (line N, 1-based) or one JSON array (row N, 0-based), plain or compressed.
 
     A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
-    `record_too_large` reject, so one 1 GB line never sits in memory (a JSON array is read whole).
+    `record_too_large` reject, so one 1 GB line never sits in memory. A JSON array is read a block at a
+    time too (_json_array): memory holds the row being parsed, not the file.
     A `span` (a range of JSON Lines) bounds the read to the bytes the plan hashed; one that starts past
     byte 0 starts at its line, so the lines before it are not read (reading them cost every range after
     the first a pass over all the lines before it). Its caller checks that they are the bytes it hashed.
@@ -511,7 +513,8 @@ def _text_records(
             if not first:
                 return  # only blank lines: a file with no records
             if first.startswith(b"["):
-                yield from _sized(_json_array(b"".join(head) + handle.read(), start, stop), limit)
+                _check_array_text(path, kind)
+                yield from _sized(_json_array(b"".join(head), handle, start, stop), limit)
                 return
             if not first.startswith(b"{"):
                 raise _ReadError(
@@ -577,56 +580,141 @@ def _text_bytes(value: Any, limit: int) -> int:
     return total
 
 
-def _json_array(data: bytes, start: int, stop: int | None) -> Iterator[Raw]:
-    """Rows of a JSON array.
+ARRAY_BLOCK = 1 << 22  # bytes of a JSON array read at a time; a row longer than that reads on to its end
 
-    A clean array is parsed in one call; one whose text holds a suspect escape or literal, or that
-    does not parse, is parsed an element at a time, so each row is checked on its own text span
-    and the rows before a break are still read.
-    """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _ReadError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-    if not _suspect(text):
-        made = _NotFinite.made
+
+def _check_array_text(path: str, kind: str) -> None:
+    """Read a JSON array's whole text once before its rows are parsed, so that a byte that is not UTF-8,
+    or a compressed file cut short, leaves the file unread (as when the array was read whole) rather than
+    its rows before the fault trained. A block at a time: the text is not kept."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    fed = 0
+    with open_text(path, kind) as handle:
+        data = handle.read(len(BOM)).removeprefix(BOM)  # a BOM is not text (_text_records drops it too)
+        while True:
+            ended = not (more := handle.read(ARRAY_BLOCK))
+            buffered = len(decoder.getstate()[0])
+            try:
+                decoder.decode(data, final=ended)
+            except UnicodeDecodeError as exc:
+                offset = fed - buffered + exc.start
+                raise _ReadError(f"not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {offset})") from None
+            if ended:
+                return
+            fed += len(data)
+            data = more
+
+
+_NUMBER_GOES_ON = ("", *"0123456789.eE+-")  # what may follow a number's text inside a longer number
+
+
+class _ArrayText:
+    """The text of a JSON array, read `block` bytes at a time: `text` holds it from `pos` (the row being
+    read) to as far as has been read. `lines` and `column` place text[0] in the file, for messages."""
+
+    def __init__(self, first: bytes, handle: io.BufferedIOBase, block: int):
+        self._handle, self._block = handle, block
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self.text = self._decoded(first)
+        self.pos = 0
+        self.lines = self.column = 0
+        self.ended = False
+
+    def _decoded(self, data: bytes) -> str:
         try:
-            records = _DECODER.decode(text)
-        except (json.JSONDecodeError, RecursionError):
-            records = None
-        if isinstance(records, list) and _NotFinite.made == made:
-            yield from islice(enumerate(records), start, stop)
-            return
-    yield from _json_array_rows(text, start, stop)
+            return self._decoder.decode(data, final=not data)
+        except UnicodeDecodeError:  # the file changed since _check_array_text read it whole
+            raise _ReadError("not valid UTF-8: the file changed while it was read") from None
+
+    def more(self) -> bool:
+        """Drop the text before `pos` and read another block (at least as much as is held, so a long row
+        is parsed a bounded number of times); False at the end of the file."""
+        if self.ended:
+            return False
+        last_newline = self.text.rfind("\n", 0, self.pos)
+        self.column = self.pos - last_newline - 1 if last_newline >= 0 else self.column + self.pos
+        self.lines += self.text.count("\n", 0, self.pos)
+        data = self._handle.read(max(self._block, len(self.text) - self.pos))
+        self.text = self.text[self.pos :] + self._decoded(data)
+        self.pos = 0
+        self.ended = not data
+        return not self.ended
+
+    def skip_blanks(self) -> None:
+        while (pos := _skip_blanks(self.text, self.pos)) == len(self.text) and not self.ended:
+            self.pos = pos
+            self.more()
+        self.pos = pos
+
+    def at(self, char: str) -> bool:
+        return self.text.startswith(char, self.pos)
+
+    def value(self) -> tuple[Any, int]:
+        """The JSON value at `pos` and where it ends in `text`, reading on until it is whole."""
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError:
+                if self.ended:
+                    raise
+            else:
+                # a number may go on in the next block: "1." of "1.5e-3" parses as 1
+                cut = type(value) in (int, float) and self.text[end : end + 1] in _NUMBER_GOES_ON
+                if not cut or self.ended:
+                    return value, end
+            self.more()  # then parsed again: the error or the end found so far are in the text before it
+
+    def where(self, exc: json.JSONDecodeError) -> str:
+        """`line L column C` of a parse error, in the file."""
+        return f"line {self.lines + exc.lineno} column {exc.colno + (self.column if exc.lineno == 1 else 0)}"
+
+    def rest_is_blank(self) -> bool:
+        """Whether nothing but whitespace follows the character at `pos`, to the end of the file."""
+        rest = self.text[self.pos + 1 :]
+        while not rest.strip():
+            if self.ended:
+                return True
+            data = self._handle.read(self._block)
+            rest, self.ended = self._decoded(data), not data
+        return False
 
 
-def _json_array_rows(text: str, start: int, stop: int | None) -> Iterator[Raw]:
-    pos = _skip_blanks(text, _skip_blanks(text, 0) + 1)  # past "["
+def _json_array(first: bytes, handle: io.BufferedIOBase, start: int, stop: int | None) -> Iterator[Raw]:
+    """Rows of a JSON array whose text begins with `first` (its "[" included) and goes on in `handle`.
+
+    One row at a time, each checked on its own text span (_suspect), so the rows before a break are still
+    read; ARRAY_BLOCK bytes are read at a time, and a row is parsed again only when a read ended inside it."""
+    text = _ArrayText(first, handle, ARRAY_BLOCK)
+    text.skip_blanks()
+    text.pos += 1  # past "["
+    text.skip_blanks()
     row = 0
-    while not text.startswith("]", pos):
+    while not text.at("]"):
         where = None if row == 0 else row
         made = _NotFinite.made
         try:
-            record, end = _DECODER.raw_decode(text, pos)
+            record, end = text.value()
         except json.JSONDecodeError as exc:
-            reason = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            reason = f"not valid JSON: {exc.msg.removesuffix(' at')} at {text.where(exc)}"  # "starting at at"
             raise _ReadError(
                 reason if row == 0 else f"{reason} (row {row}; the rows before it are read)", where
             ) from None
         except RecursionError:
             raise _ReadError(f"row {row} is nested too deeply to read", where) from None
         if row >= start:
-            check = _NotFinite.made != made or _suspect(text, pos, end)
+            check = _NotFinite.made != made or _suspect(text.text, text.pos, end)
             yield row, _checked(record) if check else record
         row += 1
-        pos = _skip_blanks(text, end)
-        if text.startswith(",", pos):
-            pos = _skip_blanks(text, pos + 1)
-        elif not text.startswith("]", pos):
+        text.pos = end
+        text.skip_blanks()
+        if text.at(","):
+            text.pos += 1
+            text.skip_blanks()
+        elif not text.at("]"):
             raise _ReadError(f"not valid JSON: expected ',' or ']' after row {row - 1}", row)
         if stop is not None and row >= stop:
             return
-    if text[pos + 1 :].strip():
+    if not text.rest_is_blank():
         raise _ReadError("not valid JSON: extra data after the closing ']'", row)
 
 

@@ -23,6 +23,7 @@ from packtool.format import sha256_file
 from packtool.reading import BOM, READ_ERRORS, open_text, sniff
 
 RANGE_ROWS = 4096  # lines or rows per encode work item of a large file (see row_ranges)
+UNREADABLE = "unreadable"  # the content of a file that could not be hashed: its read reports why
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def row_ranges(file: str, max_samples: int | None, memo: RangeMemo | None = None
     try:
         return [RowRange(0, None, sha256_file(file))]
     except OSError:
-        return [RowRange(0, None, "unreadable")]
+        return [RowRange(0, None, UNREADABLE)]
 
 
 def _table_ranges(file: str, kind: str) -> list[RowRange]:

@@ -45,7 +45,7 @@ from packtool.builder.store import (
 from packtool.config import BuildConfig, canonical_json, config_folder
 from packtool.errors import RecordError
 from packtool.format import REJECTS, sha256_file
-from packtool.ranges import RowRange, rows_digest, table_rows_digest, text_prefix
+from packtool.ranges import UNREADABLE, RowRange, rows_digest, table_rows_digest, text_prefix
 from packtool.reading import READ_ERRORS, Span, sniff
 from packtool.records import Tokenized
 from packtool.sources import read_file
@@ -314,10 +314,9 @@ def encode_item(item: EncodeItem) -> EncodeResult:
         finally:
             writer.close()
             lost.close()
-        if span is not None and (changed := _changed_while_read(item, span)) is not None:
-            return EncodeResult(
-                item.key, reused=False, failure=changed
-            )  # nothing is written under a key it does not fit
+        changed = _changed_while_read(item, span) if span is not None else _file_changed(item)
+        if changed is not None:  # nothing is written under a key it does not fit
+            return EncodeResult(item.key, reused=False, failure=changed)
         report.samples, report.tokens = writer.rows, writer.tokens
         # what a later build checks before it reuses this entry's rows for the range grown (carried_prefix): the
         # lines or rows the entry was encoded from, exactly (the read stopped at the end of what was hashed)
@@ -372,12 +371,30 @@ def _changed_message(item: EncodeItem, end: int | None) -> str:
     )
 
 
+def _file_changed(item: EncodeItem) -> str | None:
+    """Why a range keyed by its whole file's bytes (a JSON array, a source with max_samples: no span bounds
+    their read) is not what the plan hashed; None when the file's sha256 is still the key's. Hashed again
+    after the read: a row appended or changed while the build ran would be trained under the earlier key."""
+    if item.unit is not None:
+        return None
+    try:
+        now = sha256_file(item.file)
+    except OSError:  # unreadable now: as at the plan, the read's reject says why; since, a change
+        now = UNREADABLE
+    if now == item.content:
+        return None
+    return (
+        f"{item.file}: its bytes changed while the build read it (they are not those it hashed when it planned); "
+        "nothing was published: run the build again once the file is written"
+    )
+
+
 def _changed_since_hashed(item: EncodeItem) -> str | None:
     """Whether the range's bytes or rows on disk are no longer those its key hashed, read again once a bad record
     stops the encode early (the read's own check runs at the range's end): a file replaced under the build reads
     as lines cut at the old offsets, and the change, not those lines, is what stops it."""
     if item.unit is None or item.size is None:
-        return None
+        return _file_changed(item)
     try:
         if item.unit == "rows":
             same = table_rows_digest(item.file, item.start, item.start + item.size) == item.content

@@ -743,3 +743,31 @@ def test_an_input_replaced_by_a_link_while_a_build_runs(data, monkeypatch, targe
                 _build(data, "out", on_error=on_error)
     _build(data, "out")
     _same_as_fresh(data)
+
+
+@pytest.mark.parametrize("kind", ["json_array", "max_samples"])
+def test_a_file_keyed_by_its_bytes_that_changes_while_a_build_runs_stops_it(tmp_path, monkeypatch, kind):
+    """A JSON array, or any file of a source with max_samples, is one range keyed by the whole file's sha256.
+    A row appended after the plan hashed it was encoded under the key of the bytes before and trained, while
+    the manifest named those earlier bytes."""
+    (tmp_path / "data").mkdir()
+    file = tmp_path / "data" / ("a.json" if kind == "json_array" else "a.jsonl")
+    rows = [json.loads(_line(i)) for i in range(10)]
+
+    def write(records: list[dict]) -> None:
+        lines = "".join(json.dumps(record) + "\n" for record in records)
+        file.write_text(json.dumps(records) if kind == "json_array" else lines, encoding="utf-8")
+
+    write(rows)
+    source = {"name": "chat", "path": f"data/{file.name}", "format": "messages"}
+    if kind == "max_samples":
+        source["max_samples"] = 100
+    config = {"sources": [source], "tokenizer": str(QUICKSTART / "tokenizer"), "capacity": 128, "output": "out"}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: write([*rows, json.loads(_line(99))]))
+        with pytest.raises(PacktoolError, match=rf"{file.name}: its bytes changed while the build read it .*run the"):
+            build(load_config(tmp_path / "config.json", workers="1"))
+    assert not _keys(tmp_path / ".packtool-cache")  # nothing under the key of the bytes hashed
+    again = build(load_config(tmp_path / "config.json", workers="1"))
+    assert again.records.records == 11

@@ -309,8 +309,8 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
     drops.add(first, "duplicate", None, kept)
     whole = trains & ~cut
 
-    piece_rows: list[tuple[int, int, int, int, int, int]] = []  # (global row, piece number, ref, length, offset,
-    # targets)
+    # per piece: global row, piece number, ref, length, offset, targets; six int64 each, not a tuple of ints
+    piece_rows = array("q")
     writer = PartitionWriter(pieces_path, "")
     try:
         for row in np.flatnonzero(cut & trains):
@@ -341,12 +341,12 @@ def _fit(config: BuildConfig, stored: _Stored, pieces_path: Path, counts: dict[s
                 continue
             for number, offset, piece in zip(result.numbers, result.offsets, result.samples):
                 k = writer.append(piece, "", g)  # a piece's ordinal is its sample's global row
-                piece_rows.append((g, number, -(k + 1), len(piece), offset, piece.n_targets))
+                piece_rows.extend((g, number, -(k + 1), len(piece), offset, piece.n_targets))
     finally:
         writer.close()
 
     kept_rows = np.flatnonzero(whole)
-    pieces = np.array(piece_rows, dtype=np.int64).reshape(-1, 6)
+    pieces = np.frombuffer(piece_rows, dtype=np.int64).reshape(-1, 6)
     order_row = np.concatenate([kept_rows, pieces[:, 0]])
     order_piece = np.concatenate([np.zeros(len(kept_rows), dtype=np.int64), pieces[:, 1]])
     order = np.lexsort((order_piece, order_row))

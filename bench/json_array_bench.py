@@ -16,11 +16,19 @@ array. Each row reads every record through `packtool.reading.raw_records` in a f
   LLaMA-Factory load JSON data through it), into a fresh cache folder; skipped when not installed.
 
 The rows alternate pair by pair; the table gives each run and the median of the pairs' ratios.
+
+    python bench/json_array_bench.py --build --mb 32 --pairs 3
+
+builds the array instead (Qwen2.5 of ../shared/data, capacity 2048, `-j 2`, no cache), with this tree
+(`ranges`: a plain array of more than 4,096 elements splits into ranges that the workers share) against
+--whole-ref checked out beside it (`one item`: the whole array one work item); each build's shards are
+checked to be the same files.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -79,11 +87,69 @@ def run(path: Path, module: str, scratch: Path) -> dict:
     return json.loads(done.stdout)
 
 
+BUILD = """
+import json, resource, subprocess, sys, time
+started = time.perf_counter()
+command = ["build", sys.argv[1], "-o", sys.argv[2], "--no-cache", "-q", "-j", "2"]
+subprocess.run([sys.executable, "-m", "packtool", *command], check=True)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+print(json.dumps({"wall": time.perf_counter() - started, "peak": peak}))
+"""
+
+
+def run_builds(array: Path, rows: int, scratch: Path, whole_ref: str, pairs: int) -> None:
+    """Build the array with this tree and with `whole_ref`, alternating; print the table."""
+    tree = scratch / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), whole_ref], check=True)
+    try:
+        config = scratch / "config.yaml"
+        tokenizer = ROOT.parent / "shared" / "data" / "tokenizers" / "qwen2.5"
+        config.write_text(
+            json.dumps(
+                {
+                    "sources": [{"name": "alpaca", "path": str(array), "format": "alpaca"}],
+                    "tokenizer": str(tokenizer),
+                    "capacity": 2048,
+                }
+            )
+        )
+        trees = {"ranges": ROOT, "one item": tree}
+        results: dict[str, list[dict]] = {name: [] for name in trees}
+        shards: dict[str, set[str]] = {}
+        for pair in range(pairs):
+            for name in list(trees) if pair % 2 == 0 else list(trees)[::-1]:
+                out = scratch / f"out-{pair}-{name.replace(' ', '-')}"
+                env = {**os.environ, "PYTHONPATH": str(trees[name])}
+                done = subprocess.run(
+                    [sys.executable, "-c", BUILD, str(config), str(out)], capture_output=True, text=True, env=env
+                )
+                if done.returncode:
+                    raise SystemExit(f"{name}: {done.stderr.strip()[-2000:]}")
+                results[name].append(json.loads(done.stdout.splitlines()[-1]))
+                digests = {
+                    f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in sorted(out.glob("*.parquet"))
+                }
+                if shards.setdefault(name, digests) != digests or shards[name] != shards[next(iter(shards))]:
+                    raise SystemExit(f"{name}: its shards differ from the other build's")
+                subprocess.run(["rm", "-rf", str(out)], check=False)
+        print(f"builds of {rows:,} rows at -j 2; the same shards from both\n")
+        print("| build | wall s | largest process's peak RSS MB | wall vs ranges |")
+        print("|---|---|---|---|")
+        for name, runs in results.items():
+            wall = statistics.median(r["wall"] for r in runs)
+            peak = statistics.median(r["peak"] for r in runs)
+            ratio = statistics.median(r["wall"] / b["wall"] for r, b in zip(runs, results["ranges"]))
+            print(f"| {name} | {wall:.1f} | {peak:,.0f} | {ratio:.2f}x |")
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=256, help="the array's size in MB")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--whole-ref", default=BEFORE_BLOCKS, help="the commit whose reader is the `whole` row")
+    parser.add_argument("--build", action="store_true", help="build the array with this tree and --whole-ref")
     args = parser.parse_args()
     if not DATA.is_dir():
         raise SystemExit(f"{DATA} not found: the bench reads the alpaca demo sets there")
@@ -108,6 +174,9 @@ def main() -> None:
         array = scratch / "array.json"
         rows = write_array(array, args.mb)
         size = array.stat().st_size
+        if args.build:
+            run_builds(array, rows, scratch, args.whole_ref, args.pairs)
+            return
         print(f"{array.name}: {size / 1e6:,.0f} MB, {rows:,} rows; {args.pairs} alternating pairs\n")
         results: dict[str, list[dict]] = {peer: [] for peer in peers}
         for pair in range(args.pairs):

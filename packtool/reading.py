@@ -111,15 +111,18 @@ class Span:
     Text (JSON Lines; decompressed, for a compressed file): `size` bytes from byte `offset`, whose first line
     is line `line` (0-based). The reader passes on no byte past them, hashes each byte it passes on, and
     reads to their end even when its lines stop earlier, so `read` and `sha256()` cover what it gave.
+    A JSON array's range (`elements`): `size` bytes from byte `offset`, where element `line` starts (the
+    first range also holds the "[", the last the "]").
     Tables (Parquet, Arrow): `size` rows from row `line`; the reader keeps those rows' batches (`batches`,
     `schema`), the prefix a range carries over included, for the caller to hash as the plan did.
     `more`: the file held more past the span when the read ended (appended after the plan hashed it).
     """
 
-    __slots__ = ("_digest", "batches", "line", "lines", "more", "offset", "read", "schema", "size")
+    __slots__ = ("_digest", "batches", "elements", "line", "lines", "more", "offset", "read", "schema", "size")
 
-    def __init__(self, offset: int, line: int, size: int):
+    def __init__(self, offset: int, line: int, size: int, *, elements: bool = False):
         self.offset, self.line, self.size = offset, line, size
+        self.elements = elements  # the text is elements of a JSON array, the first numbered `line` (0-based)
         self.read = 0  # bytes (text) or rows (tables) read of it
         self.lines = 0  # newlines in the text read
         self.more = False
@@ -495,11 +498,16 @@ def _text_records(
     A line is read `limit` bytes at most: a longer one is passed over in blocks and becomes a
     `record_too_large` reject, so one 1 GB line never sits in memory. A JSON array is read a block at a
     time too (_json_array): memory holds the row being parsed, not the file.
-    A `span` (a range of JSON Lines) bounds the read to the bytes the plan hashed; one that starts past
-    byte 0 starts at its line, so the lines before it are not read (reading them cost every range after
-    the first a pass over all the lines before it). Its caller checks that they are the bytes it hashed.
+    A `span` (a range of JSON Lines or of a JSON array's elements) bounds the read to the bytes the plan
+    hashed; one that starts past byte 0 starts at its line or element, so the lines before it are not read
+    (reading them cost every range after the first a pass over all the lines before it). Its caller checks
+    that they are the bytes it hashed.
     """
     with open_text(path, kind, span) as handle:
+        if span is not None and span.elements and span.line:  # a JSON array's range after its first
+            yield from _sized(_json_array(b"", handle, start, stop, row=span.line), limit)
+            handle.raw.finish()  # type: ignore[attr-defined]
+            return
         read_line = partial(handle.readline, limit + 1)  # limit + 1: the record and its newline
         lines: Iterator[bytes] = iter(read_line, b"")
         at = 0 if span is None else span.line  # the index of the next line
@@ -513,8 +521,11 @@ def _text_records(
             if not first:
                 return  # only blank lines: a file with no records
             if first.startswith(b"["):
-                _check_array_text(path, kind)
+                if span is None:  # a range's text was checked whole by the plan's scan, and its read is hashed
+                    _check_array_text(path, kind)
                 yield from _sized(_json_array(b"".join(head), handle, start, stop), limit)
+                if span is not None:
+                    handle.raw.finish()  # type: ignore[attr-defined]
                 return
             if not first.startswith(b"{"):
                 raise _ReadError(
@@ -612,13 +623,19 @@ class _ArrayText:
     """The text of a JSON array, read `block` bytes at a time: `text` holds it from `pos` (the row being
     read) to as far as has been read. `lines` and `column` place text[0] in the file, for messages."""
 
-    def __init__(self, first: bytes, handle: io.BufferedIOBase, block: int):
+    def __init__(self, first: bytes, handle: io.BufferedIOBase, block: int, *, count_bytes: bool = False):
         self._handle, self._block = handle, block
         self._decoder = codecs.getincrementaldecoder("utf-8")()
         self.text = self._decoded(first)
         self.pos = 0
         self.lines = self.column = 0
         self.ended = False
+        self._count_bytes = count_bytes
+        self._bytes_before = 0  # the UTF-8 bytes of the text dropped before `text` (kept when count_bytes)
+
+    def byte_offset(self) -> int:
+        """Where `pos` is, in bytes of the text from its start (count_bytes only)."""
+        return self._bytes_before + len(self.text[: self.pos].encode("utf-8"))
 
     def _decoded(self, data: bytes) -> str:
         try:
@@ -634,6 +651,8 @@ class _ArrayText:
         last_newline = self.text.rfind("\n", 0, self.pos)
         self.column = self.pos - last_newline - 1 if last_newline >= 0 else self.column + self.pos
         self.lines += self.text.count("\n", 0, self.pos)
+        if self._count_bytes:
+            self._bytes_before = self.byte_offset()
         data = self._handle.read(max(self._block, len(self.text) - self.pos))
         self.text = self.text[self.pos :] + self._decoded(data)
         self.pos = 0
@@ -679,16 +698,19 @@ class _ArrayText:
         return False
 
 
-def _json_array(first: bytes, handle: io.BufferedIOBase, start: int, stop: int | None) -> Iterator[Raw]:
-    """Rows of a JSON array whose text begins with `first` (its "[" included) and goes on in `handle`.
+def _json_array(
+    first: bytes, handle: io.BufferedIOBase, start: int, stop: int | None, *, row: int = 0
+) -> Iterator[Raw]:
+    """Rows of a JSON array whose text begins with `first` (its "[" included) and goes on in `handle`; from
+    row `row` on, the text starts at that element (a range of the array, read to row `stop`).
 
     One row at a time, each checked on its own text span (_suspect), so the rows before a break are still
     read; ARRAY_BLOCK bytes are read at a time, and a row is parsed again only when a read ended inside it."""
     text = _ArrayText(first, handle, ARRAY_BLOCK)
     text.skip_blanks()
-    text.pos += 1  # past "["
-    text.skip_blanks()
-    row = 0
+    if not row:
+        text.pos += 1  # past "["
+        text.skip_blanks()
     while not text.at("]"):
         where = None if row == 0 else row
         made = _NotFinite.made
@@ -716,6 +738,39 @@ def _json_array(first: bytes, handle: io.BufferedIOBase, start: int, stop: int |
             return
     if not text.rest_is_blank():
         raise _ReadError("not valid JSON: extra data after the closing ']'", row)
+
+
+def json_array_starts(path: str, every: int) -> tuple[list[int], int] | None:
+    """The byte offsets in a plain file's JSON array at which elements every, 2 * every, ... start, and the
+    number of its elements; None for a file that is not one sound JSON array to its last byte (not UTF-8,
+    broken, extra data after it, a row nested too deeply), which is read whole and says why. Parsed a
+    block at a time, as _json_array reads it: its elements' values may still be rejects of their own."""
+    with open_text(path, "text") as handle:
+        head = handle.read(len(BOM))
+        first = head.removeprefix(BOM)
+        before = len(head) - len(first)  # the BOM: bytes that are not text
+        try:
+            text = _ArrayText(first, handle, ARRAY_BLOCK, count_bytes=True)
+            text.skip_blanks()
+            if not text.at("["):
+                return None
+            text.pos += 1
+            text.skip_blanks()
+            starts, rows = [], 0
+            while not text.at("]"):
+                if rows and not rows % every:
+                    starts.append(before + text.byte_offset())
+                _, text.pos = text.value()
+                rows += 1
+                text.skip_blanks()
+                if text.at(","):
+                    text.pos += 1
+                    text.skip_blanks()
+                elif not text.at("]"):
+                    return None
+            return (starts, rows) if text.rest_is_blank() else None
+        except (_ReadError, json.JSONDecodeError, RecursionError):
+            return None
 
 
 def _parse_line(line: bytes, label: str, n: int) -> Any:

@@ -84,7 +84,7 @@ class EncodeItem:
         """What the encode may read: the bytes or rows `content` hashes (None: the whole file, keyed by its bytes)."""
         if self.unit is None or self.size is None:
             return None
-        return Span(self.offset or 0, self.start, self.size)
+        return Span(self.offset or 0, self.start, self.size, elements=self.unit == "elements")
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,8 @@ def carried_prefix(item: EncodeItem, cache: TokenCache) -> tuple[Carried | None,
     Each line or row gives its records alone (its location is FILE:N, its outcome depends on its content
     only), so the rows of those lines are the rows a whole encode of the grown range would write first,
     and the records after them continue at the entry's record count."""
-    if item.grown_from is None or item.size is None:
-        return None, None
+    if item.grown_from is None or item.size is None or item.unit not in ("bytes", "rows"):
+        return None, None  # a JSON array's rows are not appended: its file is written again, to its "]"
     report, damaged = cache.check(item.grown_from)  # a damaged entry is not used (the range is encoded whole)
     if report is None or report.get("content_unit") != item.unit:
         return None, damaged
@@ -326,7 +326,7 @@ def encode_item(item: EncodeItem) -> EncodeResult:
                 "content_sha256": item.content,
                 "content_size": item.size,
                 "content_unit": item.unit,
-                "content_lines": span.lines if item.unit == "bytes" else item.size,
+                "content_lines": span.lines if item.unit == "bytes" else _rows_of(item),
             }
         sealed = seal_report({**report.as_dict(), **content}, item.key, temporary, temporary_rejects)
         publish_file(temporary, final)
@@ -358,8 +358,16 @@ def _changed_while_read(item: EncodeItem, span: Span) -> str | None:
         same = span.read == item.size and span.sha256() == item.content
     if same:
         return None
-    end = item.end if item.end is not None else item.start + (span.lines if item.unit == "bytes" else span.size)
+    rows = span.lines if item.unit == "bytes" else _rows_of(item)
+    end = item.end if item.end is not None else None if rows is None else item.start + rows
     return _changed_message(item, end)
+
+
+def _rows_of(item: EncodeItem) -> int | None:
+    """The rows of a table's range, or the elements of a JSON array's, that its content hashes."""
+    if item.unit == "rows":
+        return item.size
+    return None if item.rows is None else (item.end if item.end is not None else item.rows) - item.start
 
 
 def _changed_message(item: EncodeItem, end: int | None) -> str:

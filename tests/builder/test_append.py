@@ -771,3 +771,94 @@ def test_a_file_keyed_by_its_bytes_that_changes_while_a_build_runs_stops_it(tmp_
     assert not _keys(tmp_path / ".packtool-cache")  # nothing under the key of the bytes hashed
     again = build(load_config(tmp_path / "config.json", workers="1"))
     assert again.records.records == 11
+
+
+# --- a JSON array splits into ranges of its elements ---------------------------------------------------------
+
+
+def _array_rows(rows: range) -> list[Any]:
+    """Chats, with a reject of each kind a JSON array's element can be every seventh row."""
+    out: list[Any] = []
+    for i in rows:
+        record: Any = json.loads(_line(i))
+        if i % 7 == 3:
+            record = [1, 2] if i % 2 else "not an object"
+        elif i % 7 == 5:
+            record["messages"][0]["content"] = "bin\u0000ary"
+        out.append(record)
+    return out
+
+
+def _write_array(path: Path, rows: range, *, indent: int | None = 2, bom: bool = False) -> None:
+    text = json.dumps(_array_rows(rows), indent=indent, ensure_ascii=False)
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8") + b"\n")
+
+
+@pytest.fixture
+def array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
+    (tmp_path / "data").mkdir()
+    _write_array(tmp_path / "data" / "a.json", range(30), bom=True)  # ranges 0-8, 8-16, 16-24, 24-30
+    return tmp_path
+
+
+def _array_outputs(folder: Path) -> dict[str, str]:
+    """The shards and rejects: the manifest's plan_hash holds the encode keys, which the split changes."""
+    return {name: digest for name, digest in _files(folder).items() if name != "manifest.json"}
+
+
+def test_a_json_array_splits_into_ranges_that_build_what_it_builds_whole(array, monkeypatch):
+    """A JSON array was one work item: one worker read and encoded all of it, however many there were."""
+    split = _build(array, "out", path="data/a.json", on_error="skip", max_reject_share=1.0)
+    assert (split.encode_items, split.records.records) == (4, 30)
+    assert split.manifest["rejects"]["by_reason"] == {"bad_record": 8}
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", 4096)
+    whole = _build(array, "whole", use_cache=False, path="data/a.json", on_error="skip", max_reject_share=1.0)
+    assert whole.encode_items == 1
+    assert _array_outputs(array / "out") == _array_outputs(array / "whole")
+    assert (array / "out" / "rejects.jsonl").read_bytes().count(b'"location": "data/a.json:') == 8
+
+
+def test_a_json_array_written_again_with_more_rows_reencodes_its_last_range_and_the_new_ones(array, monkeypatch):
+    settings = {"path": "data/a.json", "on_error": "skip", "max_reject_share": 1.0}
+    scans = []
+    found = file_ranges.json_array_starts
+    monkeypatch.setattr(file_ranges, "json_array_starts", lambda *args: scans.append(args) or found(*args))
+    _build(array, "out", **settings)
+    assert _build(array, "out", **settings).records.records_reencoded == 0  # the same bytes: ranges remembered
+    assert len(scans) == 1
+    _write_array(array / "data" / "a.json", range(37), bom=True)  # the "]" moves: 24-32 changed, 32-37 new
+    again = _build(array, "out", **settings)
+    assert (again.encode_items, again.encode_reused, again.records.records) == (5, 3, 37)
+    assert again.records.records_reencoded == 13  # the last range is encoded whole: an array is not appended to
+    assert len(scans) == 2
+    _build(array, "fresh", use_cache=False, **settings)
+    assert _files(array / "out") == _files(array / "fresh")
+
+
+def test_an_element_of_a_json_array_changed_while_a_build_runs_stops_it(array, monkeypatch):
+    file = array / "data" / "a.json"
+    changed = _array_rows(range(30))
+    changed[10] = json.loads(_line(99))  # in range 8-16, the same size: only its bytes tell
+    changed[10]["messages"][0]["content"] = changed[10]["messages"][0]["content"][: len("question 10?")]
+    with monkeypatch.context() as race:
+        _after_hashing(race, file, lambda: file.write_bytes(b"\xef\xbb\xbf" + json.dumps(changed, indent=2).encode()))
+        with pytest.raises(PacktoolError, match=r"a\.json: rows 9-16 changed while the build read them"):
+            _build(array, "out", path="data/a.json", on_error="skip", max_reject_share=1.0)
+    assert len(_keys(array / ".packtool-cache")) == 1  # 0-8, as hashed; the build stopped at 8-16, storing nothing
+
+
+@pytest.mark.parametrize("case", ["small", "broken", "gzip"])
+def test_a_json_array_that_cannot_split_is_one_range_keyed_by_its_bytes(tmp_path, monkeypatch, case):
+    """RANGE_ROWS elements or fewer, an array that does not parse to its end, or a compressed one (read from its
+    first byte whatever the range): one work item, as before, whose read reports what is wrong."""
+    monkeypatch.setattr(file_ranges, "RANGE_ROWS", RANGE)
+    file = tmp_path / "a.json"
+    _write_array(file, range(RANGE if case == "small" else 30))
+    if case == "broken":
+        file.write_bytes(file.read_bytes().rstrip()[:-1] + b"}, x]")
+    elif case == "gzip":
+        file.write_bytes(gzip.compress(file.read_bytes()))
+    (range_,) = file_ranges.row_ranges(str(file), None)
+    assert (range_.start, range_.end, range_.unit) == (0, None, None)
+    assert range_.content == hashlib.sha256(file.read_bytes()).hexdigest()

@@ -93,7 +93,8 @@ def test_row_ranges_cover_the_file_at_fixed_multiples(inputs, monkeypatch):
     assert _spans(inputs / "chat.arrow") == [(0, 7), (7, 14), (14, None)]  # ranges cut across its batches
     assert _spans(inputs / "chat.jsonl", 10) == [(0, None)]  # max_samples counts records across the file
     (inputs / "array.json").write_text(json.dumps(_rows(20)), encoding="utf-8")
-    assert _spans(inputs / "array.json") == [(0, None)]  # parsed whole whatever the range
+    assert _spans(inputs / "array.json") == [(0, 7), (7, 14), (14, None)]  # at element starts, found by parsing it
+    assert _spans(inputs / "array.json", 10) == [(0, None)]
     assert _spans(inputs / "missing.jsonl") == [(0, None)]  # the read reports it, once
 
 

@@ -19,10 +19,11 @@ The rows alternate pair by pair; the table gives each run and the median of the 
 
     python bench/json_array_bench.py --build --mb 32 --pairs 3
 
-builds the array instead (Qwen2.5 of ../shared/data, capacity 2048, `-j 2`, no cache), with this tree
-(`ranges`: a plain array of more than 4,096 elements splits into ranges that the workers share) against
---whole-ref checked out beside it (`one item`: the whole array one work item); each build's shards are
-checked to be the same files.
+builds the array instead (Qwen2.5 of ../shared/data, capacity 2048, `-j 2`), with this tree (`ranges`: a
+plain array of more than 4,096 elements splits into ranges that the workers share) against --whole-ref
+checked out beside it (`one item`: the whole array one work item): a first build into an empty cache, then
+the array written again with 1% more rows and built again; each build's shards are checked to be the same
+files.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ print(json.dumps({"rows": rows, "wall": time.perf_counter() - started, "cpu": ti
 """
 
 
-def write_array(path: Path, megabytes: int) -> int:
-    """The demo rows repeated to `megabytes`, each instruction numbered; the number of rows written."""
+def write_array(path: Path, megabytes: int, rows_wanted: int | None = None) -> int:
+    """The demo rows repeated to `megabytes` (or `rows_wanted` rows), each instruction numbered; the number of
+    rows written. The same arguments write the same bytes."""
     rows = [row for name in SOURCES for row in json.loads((DATA / name).read_text(encoding="utf-8"))]
     target, written, count = megabytes << 20, 0, 0
     with path.open("w", encoding="utf-8") as out:
         out.write("[\n")
-        while written < target:
+        while written < target if rows_wanted is None else count < rows_wanted:
             row = dict(rows[count % len(rows)])
             row["instruction"] = f"{count}: {row['instruction']}"
             text = ("" if not count else ",\n") + json.dumps(row, ensure_ascii=False)
@@ -89,16 +91,18 @@ def run(path: Path, module: str, scratch: Path) -> dict:
 
 BUILD = """
 import json, resource, subprocess, sys, time
+config, out, cache = sys.argv[1:4]
 started = time.perf_counter()
-command = ["build", sys.argv[1], "-o", sys.argv[2], "--no-cache", "-q", "-j", "2"]
+command = ["build", config, "-o", out, "-q", "-j", "2", "--cache", cache]
 subprocess.run([sys.executable, "-m", "packtool", *command], check=True)
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
 print(json.dumps({"wall": time.perf_counter() - started, "peak": peak}))
 """
 
 
-def run_builds(array: Path, rows: int, scratch: Path, whole_ref: str, pairs: int) -> None:
-    """Build the array with this tree and with `whole_ref`, alternating; print the table."""
+def run_builds(array: Path, megabytes: int, scratch: Path, whole_ref: str, pairs: int) -> None:
+    """Build the array with this tree and with `whole_ref`, alternating: a first build into an empty cache, then
+    a build after the array is written again with 1% more rows; print the table."""
     tree = scratch / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), whole_ref], check=True)
     try:
@@ -116,30 +120,48 @@ def run_builds(array: Path, rows: int, scratch: Path, whole_ref: str, pairs: int
         trees = {"ranges": ROOT, "one item": tree}
         results: dict[str, list[dict]] = {name: [] for name in trees}
         shards: dict[str, set[str]] = {}
+        rows = write_array(array, megabytes)
+        grown = rows + rows // 100
         for pair in range(pairs):
             for name in list(trees) if pair % 2 == 0 else list(trees)[::-1]:
-                out = scratch / f"out-{pair}-{name.replace(' ', '-')}"
+                cache, out = scratch / "cache", scratch / "out"
                 env = {**os.environ, "PYTHONPATH": str(trees[name])}
-                done = subprocess.run(
-                    [sys.executable, "-c", BUILD, str(config), str(out)], capture_output=True, text=True, env=env
+                walls = {}
+                for build, wanted in (("first", rows), ("grown", grown)):
+                    write_array(array, megabytes, wanted)
+                    done = subprocess.run(
+                        [sys.executable, "-c", BUILD, str(config), str(out), str(cache)],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                    )
+                    if done.returncode:
+                        raise SystemExit(f"{name}: {done.stderr.strip()[-2000:]}")
+                    walls[build] = json.loads(done.stdout.splitlines()[-1])
+                results[name].append(
+                    {
+                        "first": walls["first"]["wall"],
+                        "grown": walls["grown"]["wall"],
+                        "peak": max(w["peak"] for w in walls.values()),
+                    }
                 )
-                if done.returncode:
-                    raise SystemExit(f"{name}: {done.stderr.strip()[-2000:]}")
-                results[name].append(json.loads(done.stdout.splitlines()[-1]))
                 digests = {
                     f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in sorted(out.glob("*.parquet"))
                 }
                 if shards.setdefault(name, digests) != digests or shards[name] != shards[next(iter(shards))]:
                     raise SystemExit(f"{name}: its shards differ from the other build's")
-                subprocess.run(["rm", "-rf", str(out)], check=False)
-        print(f"builds of {rows:,} rows at -j 2; the same shards from both\n")
-        print("| build | wall s | largest process's peak RSS MB | wall vs ranges |")
-        print("|---|---|---|---|")
+                subprocess.run(["rm", "-rf", str(out), str(cache)], check=False)
+        print(f"{rows:,} rows, then written again with {grown:,}; -j 2; the same shards from both\n")
+        print("| build | first build s | after 1% more rows s | peak RSS MB | first vs ranges | again vs ranges |")
+        print("|---|---|---|---|---|---|")
         for name, runs in results.items():
-            wall = statistics.median(r["wall"] for r in runs)
+            first, again = (statistics.median(r[key] for r in runs) for key in ("first", "grown"))
             peak = statistics.median(r["peak"] for r in runs)
-            ratio = statistics.median(r["wall"] / b["wall"] for r, b in zip(runs, results["ranges"]))
-            print(f"| {name} | {wall:.1f} | {peak:,.0f} | {ratio:.2f}x |")
+            ratios = [
+                statistics.median(r[key] / b[key] for r, b in zip(runs, results["ranges"]))
+                for key in ("first", "grown")
+            ]
+            print(f"| {name} | {first:.1f} | {again:.1f} | {peak:,.0f} | {ratios[0]:.2f}x | {ratios[1]:.2f}x |")
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
 
@@ -172,11 +194,11 @@ def main() -> None:
         )
         modules = {"blocks": str(ROOT / "packtool" / "reading.py"), "whole": str(whole), "datasets": "datasets"}
         array = scratch / "array.json"
+        if args.build:
+            run_builds(array, args.mb, scratch, args.whole_ref, args.pairs)
+            return
         rows = write_array(array, args.mb)
         size = array.stat().st_size
-        if args.build:
-            run_builds(array, rows, scratch, args.whole_ref, args.pairs)
-            return
         print(f"{array.name}: {size / 1e6:,.0f} MB, {rows:,} rows; {args.pairs} alternating pairs\n")
         results: dict[str, list[dict]] = {peer: [] for peer in peers}
         for pair in range(args.pairs):

@@ -91,12 +91,13 @@ def run(path: Path, module: str, scratch: Path) -> dict:
 
 BUILD = """
 import json, resource, subprocess, sys, time
+import packtool
 config, out, cache = sys.argv[1:4]
 started = time.perf_counter()
 command = ["build", config, "-o", out, "-q", "-j", "2", "--cache", cache]
 subprocess.run([sys.executable, "-m", "packtool", *command], check=True)
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
-print(json.dumps({"wall": time.perf_counter() - started, "peak": peak}))
+print(json.dumps({"wall": time.perf_counter() - started, "peak": peak, "package": packtool.__file__}))
 """
 
 
@@ -129,15 +130,18 @@ def run_builds(array: Path, megabytes: int, scratch: Path, whole_ref: str, pairs
                 walls = {}
                 for build, wanted in (("first", rows), ("grown", grown)):
                     write_array(array, megabytes, wanted)
-                    done = subprocess.run(
+                    done = subprocess.run(  # run from scratch: `-m` puts the working folder first on sys.path
                         [sys.executable, "-c", BUILD, str(config), str(out), str(cache)],
                         capture_output=True,
                         text=True,
                         env=env,
+                        cwd=scratch,
                     )
                     if done.returncode:
                         raise SystemExit(f"{name}: {done.stderr.strip()[-2000:]}")
                     walls[build] = json.loads(done.stdout.splitlines()[-1])
+                    if not walls[build]["package"].startswith(str(trees[name])):  # the tree meant, not another
+                        raise SystemExit(f"{name} ran {walls[build]['package']}")
                 results[name].append(
                     {
                         "first": walls["first"]["wall"],

@@ -138,20 +138,7 @@ def _json_array_ranges(file: str, whole: str) -> list[RowRange]:
     prefixes = [text_prefix(file, offset, end - offset) for offset, end in itertools.pairwise(bounds)]
     if any(prefix is None for prefix in prefixes):  # cut short since it was parsed: its read says what it is now
         return [RowRange(0, None, whole)]
-    digests = [prefix.sha256 for prefix in prefixes if prefix is not None]
-    n = len(digests)
-    return [
-        RowRange(
-            i * RANGE_ROWS,
-            (i + 1) * RANGE_ROWS if i < n - 1 else None,
-            digest,
-            rows,
-            bounds[i],
-            bounds[i + 1] - bounds[i],
-            "elements",
-        )
-        for i, digest in enumerate(digests)
-    ]
+    return _byte_ranges([prefix.sha256 for prefix in prefixes if prefix is not None], bounds, rows, "elements")
 
 
 def _compressed_ranges(file: str, kind: str, whole: str) -> list[RowRange]:
@@ -264,18 +251,24 @@ def _json_lines_ranges(file: str, kind: str) -> list[RowRange]:
     if lines > len(digests) * RANGE_ROWS or not digests:  # lines after the last closed range (or one range in all)
         digests.append(digest.hexdigest())
         bounds.append(read)
+    return _byte_ranges(digests, bounds, lines, "bytes")
+
+
+def _byte_ranges(digests: list[str], bounds: list[int], rows: int, unit: str) -> list[RowRange]:
+    """Range i: rows i * RANGE_ROWS on (the last to the end), bytes bounds[i]..bounds[i + 1] of the text, hashed
+    to digests[i]."""
     n = len(digests)
     return [
         RowRange(
             i * RANGE_ROWS,
             (i + 1) * RANGE_ROWS if i < n - 1 else None,
-            d,
-            lines,
+            digest,
+            rows,
             bounds[i],
             bounds[i + 1] - bounds[i],
-            "bytes",
+            unit,
         )
-        for i, d in enumerate(digests)
+        for i, digest in enumerate(digests)
     ]
 
 

@@ -707,15 +707,27 @@ def _json_array(
     One row at a time, each checked on its own text span (_suspect), so the rows before a break are still
     read; ARRAY_BLOCK bytes are read at a time, and a row is parsed again only when a read ended inside it."""
     text = _ArrayText(first, handle, ARRAY_BLOCK)
+    for n, record, end, made in _array_elements(text, row, stop):
+        if n >= start:
+            check = _NotFinite.made != made or _suspect(text.text, text.pos, end)
+            yield n, _checked(record) if check else record
+
+
+def _array_elements(text: _ArrayText, row: int, stop: int | None) -> Iterator[tuple[int, Any, int, int]]:
+    """(row, value, where it ends in text.text, _NotFinite.made before it was parsed) of each element of the
+    array in `text`, from row `row` (0: the text starts with the "[", else at that element) to row `stop` or
+    the "]"; text.pos is the element's start while it is given out. A fault raises _ReadError, saying where."""
     text.skip_blanks()
     if not row:
-        text.pos += 1  # past "["
+        if not text.at("["):
+            raise _ReadError("not a JSON array")
+        text.pos += 1
         text.skip_blanks()
     while not text.at("]"):
         where = None if row == 0 else row
         made = _NotFinite.made
         try:
-            record, end = text.value()
+            value, end = text.value()
         except json.JSONDecodeError as exc:
             reason = f"not valid JSON: {exc.msg.removesuffix(' at')} at {text.where(exc)}"  # "starting at at"
             raise _ReadError(
@@ -723,9 +735,7 @@ def _json_array(
             ) from None
         except RecursionError:
             raise _ReadError(f"row {row} is nested too deeply to read", where) from None
-        if row >= start:
-            check = _NotFinite.made != made or _suspect(text.text, text.pos, end)
-            yield row, _checked(record) if check else record
+        yield row, value, end, made
         row += 1
         text.pos = end
         text.skip_blanks()
@@ -749,28 +759,16 @@ def json_array_starts(path: str, every: int) -> tuple[list[int], int] | None:
         head = handle.read(len(BOM))
         first = head.removeprefix(BOM)
         before = len(head) - len(first)  # the BOM: bytes that are not text
+        starts, rows = [], 0
         try:
             text = _ArrayText(first, handle, ARRAY_BLOCK, count_bytes=True)
-            text.skip_blanks()
-            if not text.at("["):
-                return None
-            text.pos += 1
-            text.skip_blanks()
-            starts, rows = [], 0
-            while not text.at("]"):
-                if rows and not rows % every:
+            for row, _, _, _ in _array_elements(text, 0, None):
+                if row and not row % every:
                     starts.append(before + text.byte_offset())
-                _, text.pos = text.value()
-                rows += 1
-                text.skip_blanks()
-                if text.at(","):
-                    text.pos += 1
-                    text.skip_blanks()
-                elif not text.at("]"):
-                    return None
-            return (starts, rows) if text.rest_is_blank() else None
-        except (_ReadError, json.JSONDecodeError, RecursionError):
+                rows = row + 1
+        except _ReadError:
             return None
+        return starts, rows
 
 
 def _parse_line(line: bytes, label: str, n: int) -> Any:

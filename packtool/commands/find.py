@@ -360,7 +360,7 @@ class SourceFiles:
         """The relative paths that no recorded config folder holds now, naming those folders: a file deleted or
         moved since the build reads as no folder holding them all."""
         folders = list(dict.fromkeys(folder for folder in self.manifest.config_folders if folder.is_dir()))
-        missing = [path for path in relative if folders and folder_holding([path], folders) is None]
+        missing = [path for path in relative if folder_holding([path], folders) is None] if folders else []
         if not missing:
             return ""
         where = " or ".join(map(str, folders))

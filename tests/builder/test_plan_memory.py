@@ -43,6 +43,14 @@ def planned(tmp_path, write_config, write_jsonl, samples: int, monkeypatch) -> d
         "output": "out",
     }
     config = load_config(write_config(raw, f"{samples}/config.yaml"), workers="1")
+    measured = _trace_make_plan(monkeypatch)
+    manifest = build(config, use_cache=False).manifest
+    assert sum(a["read"] for a in manifest["accounting"].values()) == samples
+    return measured
+
+
+def _trace_make_plan(monkeypatch) -> dict[str, int]:
+    """What the build's make_plan call holds, peaks at and keeps as gc-tracked objects, filled in when it runs."""
     measured: dict[str, int] = {}
 
     def traced(*args):
@@ -59,8 +67,6 @@ def planned(tmp_path, write_config, write_jsonl, samples: int, monkeypatch) -> d
         return plan
 
     monkeypatch.setattr(builder_module, "make_plan", traced)
-    manifest = build(config, use_cache=False).manifest
-    assert sum(a["read"] for a in manifest["accounting"].values()) == samples
     return measured
 
 
@@ -216,19 +222,7 @@ def split_planned(tmp_path, write_config, write_jsonl, documents: int, monkeypat
         "truncation": {"strategy": "split"},
     }
     config = load_config(write_config(raw, f"split-{documents}/config.yaml"), workers="1")
-    measured: dict[str, int] = {}
-
-    def traced(*args):
-        gc.collect()
-        tracemalloc.start()
-        try:
-            plan = make_plan(*args)
-            measured["held"], measured["peak"] = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        return plan
-
-    monkeypatch.setattr(builder_module, "make_plan", traced)
+    measured = _trace_make_plan(monkeypatch)
     manifest = build(config, use_cache=False).manifest
     measured["pieces"] = manifest["stats"]["segments"]
     return measured
